@@ -1,0 +1,37 @@
+// MappedFile: a read-only memory mapping of a whole file. Model weights are
+// read straight from the mapping (no copy); the OS pages them in on demand.
+// Thread-safety: immutable after Open; safe to read from many threads.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "util/status.h"
+
+namespace kvx {
+
+class MappedFile {
+ public:
+  // Opens and maps `path`. Errors name the path and the OS reason.
+  static Result<std::unique_ptr<MappedFile>> Open(const std::string& path);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  MappedFile() = default;
+  std::string path_;
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// Reads a whole file into a string (for text inputs).
+Result<std::string> ReadFileToString(const std::string& path);
+
+}  // namespace kvx
