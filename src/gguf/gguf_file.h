@@ -69,6 +69,9 @@ class GgufFile {
   uint32_t version() const { return version_; }
   uint64_t alignment() const { return alignment_; }
   const std::string& name() const { return name_; }
+  // File offset where the tensor data section starts (a multiple of
+  // alignment()); TensorInfo::offset is relative to it.
+  uint64_t data_offset() const { return data_offset_; }
 
   // Metadata in file order.
   const std::vector<std::pair<std::string, Value>>& metadata() const { return kv_; }
@@ -107,6 +110,7 @@ class GgufFile {
   std::string name_;
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;
+  uint64_t data_offset_ = 0;
   std::vector<std::pair<std::string, Value>> kv_;
   std::map<std::string, size_t, std::less<>> kv_index_;
   std::vector<TensorInfo> tensors_;

@@ -57,9 +57,10 @@ std::string TensorTypeName(TensorType type);
 // True for the weight types kvx can dequantize and multiply:
 // F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K.
 bool IsSupportedWeightType(TensorType type);
-// "f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k" (for error messages).
+// "f32, f16, bf16, q8_0, q4_0, q4_K, q5_K, q6_K" (for error messages).
 std::string SupportedWeightTypesList();
-// Parses a type name ("q8_0", "Q8_0", "f16"); false if unknown.
+// Parses a type name, case-insensitively ("q8_0", "Q8_0", "q4_k", "f16");
+// false if unknown.
 bool ParseTensorType(const std::string& name, TensorType* out);
 // Bytes of a row of n elements. REQUIRES: known type, n % block_size == 0.
 uint64_t RowBytes(TensorType type, uint64_t n);

@@ -1,9 +1,27 @@
 // kvx: the command line. Thin: parses flags and calls the library.
-#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "tools/commands.h"
+
+namespace kvx::tools {
+
+int ReportStatus(const Status& status) {
+  if (status.ok()) return 0;
+  std::fprintf(stderr, "kvx: error: %s\n", status.message().c_str());
+  return 1;
+}
+
+}  // namespace kvx::tools
 
 int main(int argc, char** argv) {
   CLI::App app{"kvx: a CPU LLM inference runtime whose KV cache is the product"};
   app.require_subcommand(1);
+  app.set_help_all_flag("--help-all", "Show help for every subcommand");
+  int exit_code = 0;
+  kvx::tools::RegisterRun(app, &exit_code);
+  kvx::tools::RegisterInspect(app, &exit_code);
+  kvx::tools::RegisterPerplexity(app, &exit_code);
+  kvx::tools::RegisterGenModel(app, &exit_code);
   CLI11_PARSE(app, argc, argv);
-  return 0;
+  return exit_code;
 }

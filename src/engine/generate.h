@@ -1,0 +1,42 @@
+// Generate: the prompt -> tokens loop on a Session, with streaming output and
+// the timing figures `kvx run` prints.
+// Thread-safety: as Session.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "engine/session.h"
+#include "model/sampler.h"
+
+namespace kvx::engine {
+
+struct GenerateOptions {
+  int n_predict = 128;             // tokens to generate at most; -1 = until EOS or context end
+  model::SamplerOptions sampler;
+  bool stop_at_eog = true;
+};
+
+struct GenerateStats {
+  int prompt_tokens = 0;
+  double prompt_seconds = 0;
+  int generated_tokens = 0;
+  double generate_seconds = 0;  // the decode steps (the first token comes from the prompt pass)
+  size_t kv_bytes_in_use = 0;
+  bool hit_eog = false;
+  double PromptTokensPerSecond() const { return prompt_seconds > 0 ? prompt_tokens / prompt_seconds : 0; }
+  double GenerateTokensPerSecond() const;
+  std::string ToString() const;
+};
+
+// Called for every generated token with its text piece; return false to stop.
+using TokenCallback = std::function<bool(int32_t token, const std::string& piece)>;
+
+// Feeds `prompt` (REQUIRES: non-empty) and samples up to n_predict tokens.
+// Fills `out_tokens` (generated ids, the EOG token included when hit).
+Status Generate(Session* session, const std::vector<int32_t>& prompt, const GenerateOptions& options,
+                const TokenCallback& on_token, std::vector<int32_t>* out_tokens, GenerateStats* stats);
+
+}  // namespace kvx::engine

@@ -1,0 +1,233 @@
+#include "kv/attention.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "util/fp16.h"
+
+namespace kvx::kv {
+namespace {
+
+#define EXPECT_INVARIANTS(pool) EXPECT_TRUE((pool).CheckInvariants().ok()) << (pool).CheckInvariants().ToString()
+
+// Dense reference in double: per query head, softmax over entries with
+// position <= q_pos. keys/values are [n][kv_heads][dim] as appended.
+std::vector<double> DenseAttention(const std::vector<float>& k, const std::vector<float>& v,
+                                   const std::vector<int32_t>& pos, const std::vector<float>& q,
+                                   const std::vector<int32_t>& q_pos, int n_heads, int kv_heads, int dim,
+                                   double scale) {
+  const int n = static_cast<int>(pos.size()), n_q = static_cast<int>(q_pos.size());
+  const int group = n_heads / kv_heads;
+  std::vector<double> out(static_cast<size_t>(n_q) * n_heads * dim, 0.0);
+  for (int i = 0; i < n_q; ++i) {
+    for (int h = 0; h < n_heads; ++h) {
+      const int kh = h / group;
+      const float* qi = &q[(static_cast<size_t>(i) * n_heads + h) * dim];
+      std::vector<double> s(n, -INFINITY);
+      double mx = -INFINITY;
+      for (int j = 0; j < n; ++j) {
+        if (pos[j] > q_pos[i]) continue;
+        double dot = 0;
+        for (int c = 0; c < dim; ++c) dot += static_cast<double>(qi[c]) * k[(static_cast<size_t>(j) * kv_heads + kh) * dim + c];
+        s[j] = dot * scale;
+        mx = std::max(mx, s[j]);
+      }
+      if (mx == -INFINITY) continue;
+      double sum = 0;
+      for (int j = 0; j < n; ++j) sum += (s[j] = std::exp(s[j] - mx));
+      for (int j = 0; j < n; ++j) {
+        for (int c = 0; c < dim; ++c) {
+          out[(static_cast<size_t>(i) * n_heads + h) * dim + c] +=
+              s[j] / sum * v[(static_cast<size_t>(j) * kv_heads + kh) * dim + c];
+        }
+      }
+    }
+  }
+  return out;
+}
+
+struct Case {
+  int head_dim, group, n_q;
+};
+
+class AttentionTest : public ::testing::TestWithParam<std::tuple<CodecId, Case>> {};
+
+TEST_P(AttentionTest, MatchesDenseReference) {
+  const auto [codec, c] = GetParam();
+  const int kv_heads = 2, n_heads = kv_heads * c.group, dim = c.head_dim;
+  const KVLayout layout{2, kv_heads, dim, 16};
+  auto pool_r = BlockPool::Create({.budget_bytes = 64ull << 20, .page_bytes = PageBytes(layout, codec)});
+  ASSERT_TRUE(pool_r.ok());
+  BlockPool& bp = **pool_r;
+  SequenceKV kv(&bp, layout, codec);
+  std::mt19937 rng(dim * 131 + c.group * 7 + c.n_q);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+
+  // 75 entries appended in chunks, positions with gaps and out of order.
+  const int n = 75;
+  std::vector<int32_t> pos(n);
+  for (int j = 0; j < n; ++j) pos[j] = 3 * j + static_cast<int>(rng() % 3);
+  std::shuffle(pos.begin() + 20, pos.begin() + 40, rng);
+  std::vector<float> k(static_cast<size_t>(n) * kv_heads * dim), v(k.size());
+  for (auto& x : k) x = nd(rng);
+  for (auto& x : v) x = nd(rng);
+  // Layer 1 is the one we test; layer 0 gets different data to catch mix-ups.
+  for (int start = 0; start < n;) {
+    const int len = std::min(n - start, 1 + static_cast<int>(rng() % 20));
+    const size_t off = static_cast<size_t>(start) * kv_heads * dim;
+    ASSERT_TRUE(kv.Append(1, len, &pos[start], &k[off], &v[off]).ok());
+    ASSERT_TRUE(kv.Append(0, len, &pos[start], &v[off], &k[off]).ok());
+    start += len;
+  }
+  EXPECT_INVARIANTS(bp);
+
+  // Queries: the decode case (after everything), plus positions inside the
+  // range (partial visibility) and one before every entry (sees nothing).
+  std::vector<int32_t> q_pos(c.n_q);
+  for (int i = 0; i < c.n_q; ++i) q_pos[i] = c.n_q == 1 ? 1000 : static_cast<int32_t>(rng() % 240) - 5;
+  if (c.n_q > 2) q_pos[1] = -1;
+  std::vector<float> q(static_cast<size_t>(c.n_q) * n_heads * dim);
+  for (auto& x : q) x = nd(rng);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
+
+  // Reference on the stored (possibly f16-rounded) K and V.
+  std::vector<float> ks = k, vs = v;
+  if (codec == CodecId::kF16) {
+    for (auto& x : ks) x = Fp16ToFloat(FloatToFp16(x));
+    for (auto& x : vs) x = Fp16ToFloat(FloatToFp16(x));
+  }
+  const std::vector<double> ref = DenseAttention(ks, vs, pos, q, q_pos, n_heads, kv_heads, dim, scale);
+
+  std::vector<float> out(q.size(), 123.0f), out_mt(q.size(), -1.0f);
+  Attention(kv, 1, q.data(), q_pos.data(), c.n_q, n_heads, scale, out.data(), nullptr);
+  ThreadPool threads(3);
+  Attention(kv, 1, q.data(), q_pos.data(), c.n_q, n_heads, scale, out_mt.data(), &threads);
+  double max_err = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    ASSERT_EQ(FloatToBits(out[i]), FloatToBits(out_mt[i])) << "thread count changed result at " << i;
+    max_err = std::max(max_err, std::fabs(out[i] - ref[i]));
+  }
+  // Outputs are O(1) (convex combinations of N(0,1) values); 1e-6 relative to that.
+  EXPECT_LT(max_err, 2e-6) << "dim " << dim << " group " << c.group << " n_q " << c.n_q;
+  if (c.n_q > 2) {
+    for (int x = 0; x < n_heads * dim; ++x) EXPECT_EQ(out[static_cast<size_t>(n_heads) * dim + x], 0.0f);
+  }
+  EXPECT_INVARIANTS(bp);
+}
+
+std::vector<Case> Cases() {
+  std::vector<Case> cases;
+  for (int dim : {8, 16, 64}) {
+    for (int group : {1, 2, 4}) {
+      for (int n_q : {1, 37}) cases.push_back({dim, group, n_q});
+    }
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(All, AttentionTest,
+                         ::testing::Combine(::testing::Values(CodecId::kF32, CodecId::kF16),
+                                            ::testing::ValuesIn(Cases())),
+                         [](const auto& info) {
+                           const Case& c = std::get<1>(info.param);
+                           return std::string(CodecName(std::get<0>(info.param))) + "_d" +
+                                  std::to_string(c.head_dim) + "_g" + std::to_string(c.group) + "_q" +
+                                  std::to_string(c.n_q);
+                         });
+
+TEST(AttentionTest2, F16CacheIsCloseToF32Cache) {
+  const KVLayout layout{1, 1, 64, 16};
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int n = 300;
+  std::vector<int32_t> pos(n);
+  std::iota(pos.begin(), pos.end(), 0);
+  std::vector<float> k(n * 64), v(n * 64), q(64);
+  for (auto* vec : {&k, &v, &q}) for (auto& x : *vec) x = nd(rng);
+  std::vector<float> out32(64), out16(64);
+  for (CodecId codec : {CodecId::kF32, CodecId::kF16}) {
+    auto bp = std::move(BlockPool::Create({.budget_bytes = 8 << 20, .page_bytes = PageBytes(layout, codec)})).value();
+    SequenceKV kv(bp.get(), layout, codec);
+    ASSERT_TRUE(kv.Append(0, n, pos.data(), k.data(), v.data()).ok());
+    int32_t qp = n;
+    Attention(kv, 0, q.data(), &qp, 1, 1, 0.125f, codec == CodecId::kF32 ? out32.data() : out16.data(), nullptr);
+    EXPECT_INVARIANTS(*bp);
+  }
+  for (int c = 0; c < 64; ++c) EXPECT_NEAR(out16[c], out32[c], 2e-3);
+}
+
+// Records probabilities per (query, head) to check the observer contract.
+class RecordingObserver : public AttentionObserver {
+ public:
+  void OnProbabilities(int layer, int query_index, int head, int kv_head, const float* probs,
+                       const int32_t* positions, int n) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    calls_.push_back({layer, query_index, head, kv_head, std::vector<float>(probs, probs + n),
+                      std::vector<int32_t>(positions, positions + n)});
+  }
+  struct Call {
+    int layer, query_index, head, kv_head;
+    std::vector<float> probs;
+    std::vector<int32_t> positions;
+  };
+  std::mutex mu_;
+  std::vector<Call> calls_;
+};
+
+TEST(AttentionTest2, ObserverSeesNormalisedMaskedProbabilities) {
+  const KVLayout layout{1, 2, 8, 4};
+  auto bp = std::move(BlockPool::Create({.budget_bytes = 1 << 20, .page_bytes = PageBytes(layout, CodecId::kF32)})).value();
+  SequenceKV kv(bp.get(), layout, CodecId::kF32);
+  const int n = 10;
+  std::vector<int32_t> pos = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+  std::vector<float> k(n * 2 * 8), v(k.size()), q(2 * 4 * 8);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd;
+  for (auto* vec : {&k, &v, &q}) for (auto& x : *vec) x = nd(rng);
+  ASSERT_TRUE(kv.Append(0, n, pos.data(), k.data(), v.data()).ok());
+  std::vector<int32_t> q_pos = {4, 20};
+  std::vector<float> out(q.size()), out_plain(q.size());
+  RecordingObserver obs;
+  ThreadPool threads(2);
+  Attention(kv, 0, q.data(), q_pos.data(), 2, 4, 0.3f, out.data(), &threads, &obs);
+  Attention(kv, 0, q.data(), q_pos.data(), 2, 4, 0.3f, out_plain.data(), nullptr);
+  EXPECT_EQ(out, out_plain);  // observing does not change the output
+  ASSERT_EQ(obs.calls_.size(), 8u);
+  for (const auto& call : obs.calls_) {
+    EXPECT_EQ(call.layer, 0);
+    EXPECT_EQ(call.kv_head, call.head / 2);
+    ASSERT_EQ(call.probs.size(), 10u);
+    EXPECT_EQ(call.positions, pos);
+    double sum = 0;
+    for (int j = 0; j < n; ++j) {
+      sum += call.probs[j];
+      if (pos[j] > q_pos[call.query_index]) {
+        EXPECT_EQ(call.probs[j], 0.0f);
+      } else {
+        EXPECT_GT(call.probs[j], 0.0f);
+      }
+    }
+    EXPECT_NEAR(sum, 1.0, 1e-5);
+  }
+  EXPECT_INVARIANTS(*bp);
+}
+
+TEST(AttentionTest2, EmptyCacheGivesZeros) {
+  const KVLayout layout{1, 1, 8, 4};
+  auto bp = std::move(BlockPool::Create({.budget_bytes = 1 << 16, .page_bytes = PageBytes(layout, CodecId::kF16)})).value();
+  SequenceKV kv(bp.get(), layout, CodecId::kF16);
+  std::vector<float> q(8, 1.0f), out(8, 5.0f);
+  int32_t qp = 0;
+  Attention(kv, 0, q.data(), &qp, 1, 1, 1.0f, out.data(), nullptr);
+  for (float x : out) EXPECT_EQ(x, 0.0f);
+  EXPECT_INVARIANTS(*bp);
+}
+
+}  // namespace
+}  // namespace kvx::kv

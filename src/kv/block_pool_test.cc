@@ -1,0 +1,209 @@
+#include "kv/block_pool.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+#include <vector>
+
+namespace kvx::kv {
+namespace {
+
+#define EXPECT_INVARIANTS(pool) EXPECT_TRUE((pool).CheckInvariants().ok()) << (pool).CheckInvariants().ToString()
+
+std::unique_ptr<BlockPool> MakePool(uint64_t budget, size_t page_bytes) {
+  auto r = BlockPool::Create({.budget_bytes = budget, .page_bytes = page_bytes});
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return std::move(r).value();
+}
+
+TEST(BlockPoolTest, CreateRejectsBudgetBelowOnePage) {
+  auto r = BlockPool::Create({.budget_bytes = 100, .page_bytes = 128});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("smaller than one page"), std::string::npos);
+  EXPECT_FALSE(BlockPool::Create({.budget_bytes = 1024, .page_bytes = 0}).ok());
+}
+
+TEST(BlockPoolTest, PageBytesRoundedToCacheLine) {
+  auto pool = MakePool(10000, 100);
+  EXPECT_EQ(pool->page_bytes(), 128u);
+  EXPECT_EQ(pool->pages_total(), 10000 / 128);
+  EXPECT_INVARIANTS(*pool);
+}
+
+TEST(BlockPoolTest, AllocateFreeRefAndStats) {
+  auto pool = MakePool(8 * 256, 256);
+  EXPECT_INVARIANTS(*pool);
+  EXPECT_EQ(pool->pages_total(), 8);
+  EXPECT_EQ(pool->Stats().bytes_committed_estimate, 0u);
+  auto a = pool->Allocate();
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(*a, 0);  // fresh pages come in address order
+  EXPECT_EQ(pool->RefCount(*a), 1);
+  EXPECT_FALSE(pool->IsShared(*a));
+  EXPECT_EQ(pool->pages_in_use(), 1);
+  EXPECT_EQ(pool->bytes_in_use(), 256u);
+  EXPECT_INVARIANTS(*pool);
+
+  // Pages are writable and 64-byte aligned.
+  uint8_t* data = pool->PageData(*a);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(data) % 64, 0u);
+  std::memset(data, 0xAB, pool->page_bytes());
+
+  pool->Ref(*a);
+  EXPECT_TRUE(pool->IsShared(*a));
+  EXPECT_EQ(pool->RefCount(*a), 2);
+  EXPECT_INVARIANTS(*pool);
+  pool->Unref(*a);
+  EXPECT_FALSE(pool->IsShared(*a));
+  EXPECT_EQ(pool->pages_in_use(), 1);
+  EXPECT_INVARIANTS(*pool);
+  pool->Unref(*a);
+  EXPECT_EQ(pool->pages_in_use(), 0);
+  EXPECT_EQ(pool->bytes_in_use(), 0u);
+  EXPECT_EQ(pool->Stats().bytes_committed_estimate, 256u);
+  EXPECT_INVARIANTS(*pool);
+}
+
+TEST(BlockPoolTest, ExhaustionGivesActionableError) {
+  auto pool = MakePool(4 * 128, 128);
+  std::vector<PageId> ids;
+  for (int i = 0; i < 4; ++i) {
+    auto r = pool->Allocate();
+    ASSERT_TRUE(r.ok());
+    ids.push_back(*r);
+    EXPECT_INVARIANTS(*pool);
+  }
+  auto r = pool->Allocate();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(r.status().message().find("KV budget exhausted: 4 pages of 128 bytes in use (budget 512 bytes)"),
+            std::string::npos)
+      << r.status().message();
+  EXPECT_NE(r.status().message().find("raise the budget"), std::string::npos);
+  EXPECT_INVARIANTS(*pool);
+  pool->Unref(ids[2]);
+  auto again = pool->Allocate();
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, ids[2]);
+  EXPECT_INVARIANTS(*pool);
+}
+
+TEST(BlockPoolTest, ReuseOrderIsMostRecentlyFreedFirstThenFresh) {
+  auto pool = MakePool(6 * 64, 64);
+  PageId a = *pool->Allocate(), b = *pool->Allocate(), c = *pool->Allocate();
+  EXPECT_EQ(a, 0);
+  EXPECT_EQ(b, 1);
+  EXPECT_EQ(c, 2);
+  pool->Unref(a);
+  pool->Unref(c);
+  EXPECT_EQ(pool->FreeListForTest(), (std::vector<PageId>{2, 0, 3, 4, 5}));
+  EXPECT_INVARIANTS(*pool);
+  EXPECT_EQ(*pool->Allocate(), c);
+  EXPECT_EQ(*pool->Allocate(), a);
+  EXPECT_EQ(*pool->Allocate(), 3);
+  EXPECT_INVARIANTS(*pool);
+}
+
+TEST(BlockPoolTest, ReleaseFreeMemoryReturnsWholeOsPages) {
+  const size_t os_page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  // Pages of os_page / 2 bytes: two pool pages per OS page.
+  const size_t pb = os_page / 2;
+  auto pool = MakePool(8 * pb, pb);
+  std::vector<PageId> ids;
+  for (int i = 0; i < 8; ++i) {
+    ids.push_back(*pool->Allocate());
+    std::memset(pool->PageData(ids.back()), 0x5A, pb);
+  }
+  EXPECT_EQ(pool->Stats().bytes_committed_estimate, 8 * pb);
+  EXPECT_EQ(pool->ReleaseFreeMemory(), 0u);  // nothing free
+  // Free pages 1, 2 (one from each of two OS pages) and 4, 5 (one whole OS page).
+  for (int i : {1, 2, 4, 5}) pool->Unref(ids[i]);
+  EXPECT_INVARIANTS(*pool);
+  EXPECT_EQ(pool->ReleaseFreeMemory(), os_page);
+  EXPECT_INVARIANTS(*pool);
+  EXPECT_EQ(pool->Stats().bytes_committed_estimate, 6 * pb);
+  // Live pages keep their contents.
+  for (int i : {0, 3, 6, 7}) {
+    const uint8_t* d = pool->PageData(ids[i]);
+    EXPECT_TRUE(std::all_of(d, d + pb, [](uint8_t x) { return x == 0x5A; })) << i;
+  }
+  // Released pages read back as zero once reallocated (MADV_DONTNEED on private anonymous memory).
+  std::vector<PageId> again;
+  for (int i = 0; i < 4; ++i) again.push_back(*pool->Allocate());
+  for (PageId id : again) {
+    if (id == ids[4] || id == ids[5]) {
+      const uint8_t* d = pool->PageData(id);
+      EXPECT_TRUE(std::all_of(d, d + pb, [](uint8_t x) { return x == 0; })) << id;
+    }
+  }
+  EXPECT_INVARIANTS(*pool);
+  // Free everything: the whole mapping is released.
+  for (int i : {0, 3, 6, 7}) pool->Unref(ids[i]);
+  for (PageId id : again) pool->Unref(id);
+  EXPECT_EQ(pool->ReleaseFreeMemory(), 4 * os_page);
+  EXPECT_EQ(pool->Stats().bytes_committed_estimate, 0u);
+  EXPECT_INVARIANTS(*pool);
+}
+
+TEST(BlockPoolTest, HugeBudgetCostsNothingUntilTouched) {
+  // 64 GiB of address space; only the pages we touch are committed.
+  auto r = BlockPool::Create({.budget_bytes = 64ull << 30, .page_bytes = 1 << 20});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  BlockPool& pool = **r;
+  EXPECT_EQ(pool.pages_total(), 64 * 1024);
+  PageId id = *pool.Allocate();
+  std::memset(pool.PageData(id), 1, pool.page_bytes());
+  EXPECT_EQ(pool.Stats().bytes_committed_estimate, 1u << 20);
+  pool.Unref(id);
+  EXPECT_INVARIANTS(pool);
+}
+
+TEST(BlockPoolTest, RandomizedStressKeepsInvariants) {
+  std::mt19937 rng(1234);
+  auto pool = MakePool(64 * 64, 64);
+  std::vector<PageId> held;  // one entry per reference we hold
+  for (int step = 0; step < 5000; ++step) {
+    const int op = static_cast<int>(rng() % 10);
+    if (op < 4) {
+      auto r = pool->Allocate();
+      if (pool->pages_in_use() == pool->pages_total() && !r.ok()) {
+        EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted);
+      }
+      if (r.ok()) {
+        held.push_back(*r);
+      } else {
+        EXPECT_EQ(pool->pages_free(), 0);
+      }
+    } else if (op < 6 && !held.empty()) {
+      const PageId id = held[rng() % held.size()];
+      pool->Ref(id);
+      held.push_back(id);
+    } else if (op < 9 && !held.empty()) {
+      const size_t i = rng() % held.size();
+      pool->Unref(held[i]);
+      held[i] = held.back();
+      held.pop_back();
+    } else {
+      pool->ReleaseFreeMemory();
+    }
+    if (step % 50 == 0 || step > 4900) {
+      ASSERT_TRUE(pool->CheckInvariants().ok()) << pool->CheckInvariants().ToString() << " at step " << step;
+    }
+    // Refcounts match our own bookkeeping.
+    if (step % 500 == 0) {
+      for (PageId id = 0; id < pool->pages_total(); ++id) {
+        EXPECT_EQ(pool->RefCount(id), std::count(held.begin(), held.end(), id));
+      }
+    }
+  }
+  for (PageId id : held) pool->Unref(id);
+  EXPECT_EQ(pool->pages_in_use(), 0);
+  EXPECT_INVARIANTS(*pool);
+}
+
+}  // namespace
+}  // namespace kvx::kv

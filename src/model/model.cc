@@ -1,0 +1,223 @@
+#include "model/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kv/attention.h"
+#include "ops/dequant.h"
+#include "ops/nn.h"
+
+namespace kvx::model {
+
+namespace {
+
+std::string DimsToString(const std::vector<uint64_t>& d) {
+  std::string s = "[";
+  for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + "]";
+}
+
+// Finds a tensor and checks its ggml-order dims.
+Result<const gguf::TensorInfo*> FindTensor(const gguf::GgufFile& f, const std::string& name,
+                                           const std::vector<uint64_t>& dims) {
+  const gguf::TensorInfo* t = f.FindTensor(name);
+  if (t == nullptr) return NotFound("model is missing tensor '" + name + "'");
+  if (t->dims != dims) {
+    return InvalidArgument("tensor '" + name + "' has shape " + DimsToString(t->dims) + ", expected " +
+                           DimsToString(dims) + " from the model's metadata");
+  }
+  return t;
+}
+
+Result<ops::WeightView> MatrixView(const gguf::GgufFile& f, const std::string& name, int n_in, int n_out) {
+  KVX_ASSIGN_OR_RETURN(const gguf::TensorInfo* t,
+                       FindTensor(f, name, {static_cast<uint64_t>(n_in), static_cast<uint64_t>(n_out)}));
+  if (!gguf::IsSupportedWeightType(t->type)) {
+    return Unimplemented("tensor '" + name + "' has type " + gguf::TensorTypeName(t->type) +
+                         "; kvx supports " + gguf::SupportedWeightTypesList());
+  }
+  ops::WeightView w;
+  w.type = t->type;
+  w.data = t->data;
+  w.n_in = n_in;
+  w.n_out = n_out;
+  w.row_bytes = gguf::RowBytes(t->type, n_in);
+  return w;
+}
+
+// Vectors (norm weights, biases) are small: dequantize them once.
+Result<std::vector<float>> VectorTensor(const gguf::GgufFile& f, const std::string& name, int n) {
+  KVX_ASSIGN_OR_RETURN(const gguf::TensorInfo* t, FindTensor(f, name, {static_cast<uint64_t>(n)}));
+  if (!gguf::IsSupportedWeightType(t->type)) {
+    return Unimplemented("tensor '" + name + "' has unsupported type " + gguf::TensorTypeName(t->type));
+  }
+  std::vector<float> out(n);
+  ops::DequantizeRow(t->type, t->data, out.data(), n);
+  return out;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Model>> Model::Load(const std::string& path) {
+  std::unique_ptr<Model> m(new Model());
+  KVX_ASSIGN_OR_RETURN(m->file_, gguf::GgufFile::Open(path));
+  auto config = ModelConfig::FromGguf(*m->file_);
+  if (!config.ok()) return config.status().WithContext(path);
+  m->config_ = *config;
+  auto tok = Tokenizer::FromGguf(*m->file_);
+  if (!tok.ok()) return tok.status().WithContext(path);
+  m->tokenizer_ = std::move(tok).value();
+  if (m->tokenizer_->n_vocab() != m->config_.n_vocab) return Internal("tokenizer/config vocab size mismatch");
+  Status s = m->LoadWeights();
+  if (!s.ok()) return s.WithContext(path);
+  return m;
+}
+
+Status Model::LoadWeights() {
+  const ModelConfig& c = config_;
+  const gguf::GgufFile& f = *file_;
+  const int q_dim = c.n_heads * c.head_dim, kv_dim = c.n_kv_heads * c.head_dim;
+  KVX_ASSIGN_OR_RETURN(token_embd_, MatrixView(f, "token_embd.weight", c.n_embd, c.n_vocab));
+  if (f.FindTensor("output.weight") != nullptr) {
+    KVX_ASSIGN_OR_RETURN(output_, MatrixView(f, "output.weight", c.n_embd, c.n_vocab));
+  } else {
+    output_ = token_embd_;  // tied embeddings
+  }
+  KVX_ASSIGN_OR_RETURN(output_norm_, VectorTensor(f, "output_norm.weight", c.n_embd));
+  if (f.FindTensor("rope_freqs.weight") != nullptr) {
+    KVX_ASSIGN_OR_RETURN(rope_freq_factors_, VectorTensor(f, "rope_freqs.weight", c.rope_dims / 2));
+  }
+  layers_.resize(c.n_layers);
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    LayerWeights& w = layers_[l];
+    KVX_ASSIGN_OR_RETURN(w.attn_norm, VectorTensor(f, p + "attn_norm.weight", c.n_embd));
+    KVX_ASSIGN_OR_RETURN(w.ffn_norm, VectorTensor(f, p + "ffn_norm.weight", c.n_embd));
+    KVX_ASSIGN_OR_RETURN(w.wq, MatrixView(f, p + "attn_q.weight", c.n_embd, q_dim));
+    KVX_ASSIGN_OR_RETURN(w.wk, MatrixView(f, p + "attn_k.weight", c.n_embd, kv_dim));
+    KVX_ASSIGN_OR_RETURN(w.wv, MatrixView(f, p + "attn_v.weight", c.n_embd, kv_dim));
+    KVX_ASSIGN_OR_RETURN(w.wo, MatrixView(f, p + "attn_output.weight", q_dim, c.n_embd));
+    KVX_ASSIGN_OR_RETURN(w.w_gate, MatrixView(f, p + "ffn_gate.weight", c.n_embd, c.n_ff));
+    KVX_ASSIGN_OR_RETURN(w.w_up, MatrixView(f, p + "ffn_up.weight", c.n_embd, c.n_ff));
+    KVX_ASSIGN_OR_RETURN(w.w_down, MatrixView(f, p + "ffn_down.weight", c.n_ff, c.n_embd));
+    if (c.has_qkv_bias) {
+      KVX_ASSIGN_OR_RETURN(w.bq, VectorTensor(f, p + "attn_q.bias", q_dim));
+      KVX_ASSIGN_OR_RETURN(w.bk, VectorTensor(f, p + "attn_k.bias", kv_dim));
+      KVX_ASSIGN_OR_RETURN(w.bv, VectorTensor(f, p + "attn_v.bias", kv_dim));
+    }
+  }
+  weight_bytes_ = 0;
+  for (const auto& t : f.tensors()) weight_bytes_ += t.n_bytes;
+  return Status::Ok();
+}
+
+kv::KVLayout Model::KVLayoutFor(int page_tokens) const {
+  kv::KVLayout layout;
+  layout.n_layers = config_.n_layers;
+  layout.n_kv_heads = config_.n_kv_heads;
+  layout.head_dim = config_.head_dim;
+  layout.page_tokens = page_tokens;
+  return layout;
+}
+
+namespace {
+
+void AddBias(float* x, const std::vector<float>& b, int n_rows) {
+  if (b.empty()) return;
+  const size_t d = b.size();
+  for (int r = 0; r < n_rows; ++r) {
+    for (size_t i = 0; i < d; ++i) x[r * d + i] += b[i];
+  }
+}
+
+}  // namespace
+
+Status Model::Forward(const ForwardBatch& batch, kv::SequenceKV* kv, ForwardScratch* s, ThreadPool* pool,
+                      float* logits) const {
+  const ModelConfig& c = config_;
+  const int n = static_cast<int>(batch.tokens.size());
+  if (n == 0) return Status::Ok();
+  if (batch.positions.size() != batch.tokens.size()) return InvalidArgument("batch positions/tokens mismatch");
+  for (int32_t t : batch.tokens) {
+    if (t < 0 || t >= c.n_vocab) {
+      return InvalidArgument("token id " + std::to_string(t) + " is outside the vocabulary [0, " +
+                             std::to_string(c.n_vocab) + ")");
+    }
+  }
+  for (int32_t r : batch.logit_rows) {
+    if (r < 0 || r >= n) return InvalidArgument("logit row out of range");
+  }
+  const int d = c.n_embd, q_dim = c.n_heads * c.head_dim, kv_dim = c.n_kv_heads * c.head_dim;
+  s->x.resize(static_cast<size_t>(n) * d);
+  s->h.resize(static_cast<size_t>(n) * d);
+  s->q.resize(static_cast<size_t>(n) * q_dim);
+  s->k.resize(static_cast<size_t>(n) * kv_dim);
+  s->v.resize(static_cast<size_t>(n) * kv_dim);
+  s->attn.resize(static_cast<size_t>(n) * q_dim);
+  s->o.resize(static_cast<size_t>(n) * d);
+  s->gate.resize(static_cast<size_t>(n) * c.n_ff);
+  s->up.resize(static_cast<size_t>(n) * c.n_ff);
+
+  // Token embeddings: one dequantized row per token.
+  const auto* embd = static_cast<const uint8_t*>(token_embd_.data);
+  for (int i = 0; i < n; ++i) {
+    ops::DequantizeRow(token_embd_.type, embd + static_cast<size_t>(batch.tokens[i]) * token_embd_.row_bytes,
+                       &s->x[static_cast<size_t>(i) * d], d);
+  }
+
+  ops::RopeParams rope;
+  rope.n_dims = c.rope_dims;
+  rope.freq_base = c.rope_freq_base;
+  rope.freq_scale = c.rope_freq_scale;
+  rope.freq_factors = rope_freq_factors_.empty() ? nullptr : rope_freq_factors_.data();
+  rope.neox = c.rope_neox;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& w = layers_[l];
+    // Attention block.
+    for (int i = 0; i < n; ++i) {
+      ops::RmsNorm(&s->x[static_cast<size_t>(i) * d], w.attn_norm.data(), d, c.rms_eps,
+                   &s->h[static_cast<size_t>(i) * d]);
+    }
+    ops::MatMul(w.wq, s->h.data(), n, s->q.data(), pool);
+    ops::MatMul(w.wk, s->h.data(), n, s->k.data(), pool);
+    ops::MatMul(w.wv, s->h.data(), n, s->v.data(), pool);
+    AddBias(s->q.data(), w.bq, n);
+    AddBias(s->k.data(), w.bk, n);
+    AddBias(s->v.data(), w.bv, n);
+    for (int i = 0; i < n; ++i) {
+      ops::Rope(&s->q[static_cast<size_t>(i) * q_dim], c.n_heads, c.head_dim, batch.positions[i], rope);
+      ops::Rope(&s->k[static_cast<size_t>(i) * kv_dim], c.n_kv_heads, c.head_dim, batch.positions[i], rope);
+    }
+    KVX_RETURN_IF_ERROR(kv->Append(l, n, batch.positions.data(), s->k.data(), s->v.data()));
+    kv::Attention(*kv, l, s->q.data(), batch.positions.data(), n, c.n_heads, scale, s->attn.data(), pool);
+    ops::MatMul(w.wo, s->attn.data(), n, s->o.data(), pool);
+    ops::Add(s->x.data(), s->o.data(), static_cast<int64_t>(n) * d, s->x.data());
+
+    // Feed-forward block (SwiGLU).
+    for (int i = 0; i < n; ++i) {
+      ops::RmsNorm(&s->x[static_cast<size_t>(i) * d], w.ffn_norm.data(), d, c.rms_eps,
+                   &s->h[static_cast<size_t>(i) * d]);
+    }
+    ops::MatMul(w.w_gate, s->h.data(), n, s->gate.data(), pool);
+    ops::MatMul(w.w_up, s->h.data(), n, s->up.data(), pool);
+    ops::SwiGLU(s->gate.data(), s->up.data(), static_cast<int64_t>(n) * c.n_ff, s->gate.data());
+    ops::MatMul(w.w_down, s->gate.data(), n, s->o.data(), pool);
+    ops::Add(s->x.data(), s->o.data(), static_cast<int64_t>(n) * d, s->x.data());
+  }
+
+  // Output head, only for the rows whose logits are wanted.
+  const int n_out = static_cast<int>(batch.logit_rows.size());
+  if (n_out == 0) return Status::Ok();
+  s->logits_in.resize(static_cast<size_t>(n_out) * d);
+  for (int r = 0; r < n_out; ++r) {
+    ops::RmsNorm(&s->x[static_cast<size_t>(batch.logit_rows[r]) * d], output_norm_.data(), d, c.rms_eps,
+                 &s->logits_in[static_cast<size_t>(r) * d]);
+  }
+  ops::MatMul(output_, s->logits_in.data(), n_out, logits, pool);
+  return Status::Ok();
+}
+
+}  // namespace kvx::model

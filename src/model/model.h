@@ -1,0 +1,86 @@
+// Model: a loaded llama-family model (config, tokenizer, weight views into the
+// memory-mapped GGUF) and its forward pass.
+//
+// One Model serves many sessions: it is immutable after Load, and Forward
+// takes everything per-sequence (the KV cache, scratch buffers) as arguments.
+// The forward pass reads and writes the KV cache only through kv/.
+//
+// Thread-safety: const methods are safe from many threads, provided each
+// caller passes its own SequenceKV and ForwardScratch.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gguf/gguf_file.h"
+#include "kv/layout.h"
+#include "kv/sequence_kv.h"
+#include "model/config.h"
+#include "model/tokenizer.h"
+#include "ops/matmul.h"
+#include "util/status.h"
+#include "util/thread_pool.h"
+
+namespace kvx::model {
+
+struct LayerWeights {
+  std::vector<float> attn_norm, ffn_norm;
+  std::vector<float> bq, bk, bv;  // qwen2 only
+  ops::WeightView wq, wk, wv, wo;
+  ops::WeightView w_gate, w_up, w_down;
+};
+
+// A batch of tokens of one sequence to run through the model.
+struct ForwardBatch {
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> positions;    // same length as tokens
+  // Batch indices whose logits are wanted, in the order they are written to
+  // the output (e.g. {n-1} for generation, a range for perplexity).
+  std::vector<int32_t> logit_rows;
+};
+
+// Per-sequence working memory, reused across calls to avoid allocations.
+struct ForwardScratch {
+  std::vector<float> x, h, q, k, v, attn, o, gate, up, logits_in;
+};
+
+class Model {
+ public:
+  // Opens and validates a GGUF model: architecture, every hyperparameter,
+  // every tensor's presence, shape and type. Errors say what is wrong.
+  static Result<std::unique_ptr<Model>> Load(const std::string& path);
+
+  const ModelConfig& config() const { return config_; }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  const gguf::GgufFile& file() const { return *file_; }
+
+  // The KV layout of this model with `page_tokens` entries per page.
+  kv::KVLayout KVLayoutFor(int page_tokens) const;
+
+  // Runs `batch` through the model, appending its K/V to `kv` and writing
+  // logits for batch.logit_rows to `logits` ([n_rows][n_vocab]).
+  // REQUIRES: token ids valid (checked: InvalidArgument), positions increasing.
+  // Returns ResourceExhausted when the KV budget is exhausted.
+  Status Forward(const ForwardBatch& batch, kv::SequenceKV* kv, ForwardScratch* scratch, ThreadPool* pool,
+                 float* logits) const;
+
+  // Bytes of weights (as stored).
+  uint64_t WeightBytes() const { return weight_bytes_; }
+
+ private:
+  Model() = default;
+  Status LoadWeights();
+
+  std::unique_ptr<gguf::GgufFile> file_;
+  ModelConfig config_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  ops::WeightView token_embd_;
+  ops::WeightView output_;  // == token_embd_ when embeddings are tied
+  std::vector<float> output_norm_;
+  std::vector<float> rope_freq_factors_;  // empty unless llama3-style scaling
+  std::vector<LayerWeights> layers_;
+  uint64_t weight_bytes_ = 0;
+};
+
+}  // namespace kvx::model

@@ -1,0 +1,58 @@
+// Sampler: picks the next token from logits.
+//
+// Chain (llama.cpp's common order): repetition penalty -> top-k -> top-p ->
+// min-p -> temperature -> random draw. temperature <= 0 means greedy (argmax,
+// lowest id on ties), which ignores every other setting but the penalty.
+// Same seed, same logits -> same tokens.
+//
+// Thread-safety: not thread-safe (owns an RNG); one per sequence.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "util/status.h"
+
+namespace kvx::model {
+
+struct SamplerOptions {
+  float temperature = 0.8f;    // <= 0: greedy
+  int top_k = 40;              // <= 0: off
+  float top_p = 0.95f;         // >= 1: off
+  float min_p = 0.05f;         // <= 0: off
+  float repeat_penalty = 1.0f; // 1: off. > 1 penalises tokens seen in the last repeat_last_n
+  int repeat_last_n = 64;
+  uint64_t seed = 0;
+
+  // InvalidArgument naming the bad option.
+  Status Validate() const;
+};
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplerOptions& options);
+
+  // Samples a token from `logits` (n_vocab values; modified by the penalty
+  // only in a private copy). Records the token for the repetition penalty.
+  int32_t Sample(const float* logits, int n_vocab);
+
+  // Tokens seen so far (prompt tokens count for the penalty too).
+  void Accept(int32_t token);
+
+ private:
+  struct Candidate {
+    int32_t id;
+    float logit;
+  };
+  SamplerOptions options_;
+  std::mt19937_64 rng_;
+  std::vector<int32_t> history_;
+  std::vector<Candidate> candidates_;
+};
+
+// Index of the largest value, lowest index on ties.
+int32_t ArgMax(const float* logits, int n);
+
+}  // namespace kvx::model

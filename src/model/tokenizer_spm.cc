@@ -1,0 +1,123 @@
+// SentencePiece-style (SPM) encoding of one raw-text fragment.
+//
+// The fragment (spaces already escaped to "▁") starts as one symbol per
+// UTF-8 character. A max-heap holds every adjacent pair whose concatenation
+// is a vocabulary token, keyed by that token's score (ties: leftmost pair).
+// Popping the best pair merges it and offers the two new neighbour pairs;
+// pairs made stale by an earlier merge are recognised by their length and
+// skipped. This is O(n log n) in the fragment length and reproduces
+// llama.cpp's llm_tokenizer_spm exactly.
+//
+// A final symbol is always either a vocabulary token (every merge produced
+// one) or a single character; a character that is not a token is spelled as
+// byte tokens, or, when the vocabulary lacks them, as the unknown token.
+#include <algorithm>
+#include <queue>
+#include <vector>
+
+#include "model/tokenizer_internal.h"
+
+namespace kvx::model {
+namespace {
+
+struct Symbol {
+  int32_t prev;
+  int32_t next;
+  size_t start;  // byte offset in the fragment
+  size_t n;      // bytes; 0 once merged into the left neighbour
+};
+
+struct Bigram {
+  float score;
+  int32_t left;
+  int32_t right;
+  size_t size;  // byte length of the merged text when the pair was offered
+};
+
+struct BigramLess {
+  // std::priority_queue pops the greatest: highest score, then lowest left.
+  bool operator()(const Bigram& a, const Bigram& b) const {
+    return a.score < b.score || (a.score == b.score && a.left > b.left);
+  }
+};
+
+class SpmSession {
+ public:
+  SpmSession(const TokenizerImpl& v, std::string_view text) : v_(v), text_(text) {}
+
+  void Run(std::vector<int32_t>* out) {
+    if (text_.empty()) return;
+    symbols_.reserve(text_.size());
+    for (size_t offs = 0; offs < text_.size();) {
+      const size_t len =
+          std::min(Utf8SeqLen(static_cast<uint8_t>(text_[offs])), text_.size() - offs);
+      const auto idx = static_cast<int32_t>(symbols_.size());
+      symbols_.push_back(Symbol{idx - 1, offs + len == text_.size() ? -1 : idx + 1, offs, len});
+      offs += len;
+    }
+    std::vector<Bigram> storage;
+    storage.reserve(symbols_.size());
+    queue_ = std::priority_queue<Bigram, std::vector<Bigram>, BigramLess>(BigramLess(),
+                                                                         std::move(storage));
+    for (int32_t i = 1; i < static_cast<int32_t>(symbols_.size()); ++i) TryAddBigram(i - 1, i);
+
+    while (!queue_.empty()) {
+      const Bigram b = queue_.top();
+      queue_.pop();
+      Symbol& l = symbols_[b.left];
+      Symbol& r = symbols_[b.right];
+      if (l.n == 0 || r.n == 0 || l.n + r.n != b.size) continue;  // stale
+      l.n += r.n;
+      r.n = 0;
+      l.next = r.next;
+      if (r.next >= 0) symbols_[r.next].prev = b.left;
+      TryAddBigram(l.prev, b.left);
+      TryAddBigram(b.left, l.next);
+    }
+
+    bool prev_was_fallback_unk = false;
+    for (int32_t i = 0; i != -1; i = symbols_[i].next) {
+      const Symbol& s = symbols_[i];
+      const std::string_view piece = text_.substr(s.start, s.n);
+      const int32_t id = v_.Find(piece);
+      if (id >= 0) {
+        out->push_back(id);
+        prev_was_fallback_unk = false;
+        continue;
+      }
+      // Byte fallback: all bytes of the character, or the unknown token.
+      bool all_bytes = true;
+      for (char c : piece) all_bytes &= v_.byte_token[static_cast<uint8_t>(c)] >= 0;
+      if (all_bytes) {
+        for (char c : piece) out->push_back(v_.byte_token[static_cast<uint8_t>(c)]);
+        prev_was_fallback_unk = false;
+      } else if (v_.unk >= 0 && !prev_was_fallback_unk) {
+        out->push_back(v_.unk);  // runs of unknown characters fuse into one
+        prev_was_fallback_unk = true;
+      }
+    }
+  }
+
+ private:
+  void TryAddBigram(int32_t left, int32_t right) {
+    if (left < 0 || right < 0) return;
+    const size_t size = symbols_[left].n + symbols_[right].n;
+    if (size > v_.max_token_len) return;
+    const int32_t id = v_.Find(text_.substr(symbols_[left].start, size));
+    if (id < 0) return;
+    queue_.push(Bigram{v_.tokens[id].score, left, right, size});
+  }
+
+  const TokenizerImpl& v_;
+  std::string_view text_;
+  std::vector<Symbol> symbols_;
+  std::priority_queue<Bigram, std::vector<Bigram>, BigramLess> queue_;
+};
+
+}  // namespace
+
+void SpmEncodeFragment(const TokenizerImpl& v, std::string_view text, std::vector<int32_t>* out) {
+  SpmSession(v, text).Run(out);
+}
+
+}  // namespace kvx::model

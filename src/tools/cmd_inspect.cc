@@ -1,0 +1,78 @@
+// kvx inspect: a model's metadata, tensor table, config and KV bytes per token.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "gguf/gguf_file.h"
+#include "kv/kv_spec.h"
+#include "kv/sequence_kv.h"
+#include "model/config.h"
+#include "tools/commands.h"
+
+namespace kvx::tools {
+
+namespace {
+
+struct InspectFlags {
+  std::string model_path;
+  bool all_tensors = false;
+};
+
+Status Inspect(const InspectFlags& flags) {
+  KVX_ASSIGN_OR_RETURN(auto file, gguf::GgufFile::Open(flags.model_path));
+  std::printf("file: %s\nGGUF version %u, alignment %llu, %zu metadata keys, %zu tensors\n\n",
+              flags.model_path.c_str(), file->version(), static_cast<unsigned long long>(file->alignment()),
+              file->metadata().size(), file->tensors().size());
+  std::printf("metadata:\n");
+  for (const auto& [key, value] : file->metadata()) {
+    std::printf("  %-44s %s\n", key.c_str(), gguf::GgufFile::ValueToString(value).c_str());
+  }
+  std::printf("\ntensors:\n  %-36s %-6s %-22s %12s\n", "name", "type", "shape", "bytes");
+  uint64_t total = 0;
+  size_t shown = 0;
+  for (const auto& t : file->tensors()) {
+    total += t.n_bytes;
+    if (!flags.all_tensors && shown >= 40) continue;
+    ++shown;
+    std::string shape;
+    for (size_t i = 0; i < t.dims.size(); ++i) shape += (i ? " x " : "") + std::to_string(t.dims[i]);
+    std::printf("  %-36s %-6s %-22s %12llu\n", t.name.c_str(), gguf::TensorTypeName(t.type).c_str(), shape.c_str(),
+                static_cast<unsigned long long>(t.n_bytes));
+  }
+  if (shown < file->tensors().size()) {
+    std::printf("  ... %zu more (use --all)\n", file->tensors().size() - shown);
+  }
+  std::printf("  total tensor bytes: %llu (%.2f MiB)\n\n", static_cast<unsigned long long>(total),
+              total / (1024.0 * 1024.0));
+
+  auto config = model::ModelConfig::FromGguf(*file);
+  if (!config.ok()) {
+    std::printf("model: not runnable by kvx: %s\n", config.status().message().c_str());
+    return Status::Ok();
+  }
+  std::printf("model: %s\n\n", config->ToString().c_str());
+  kv::KVLayout layout;
+  layout.n_layers = config->n_layers;
+  layout.n_kv_heads = config->n_kv_heads;
+  layout.head_dim = config->head_dim;
+  std::printf("KV cache bytes per token (all layers, K+V, %d-token pages):\n", layout.page_tokens);
+  for (const char* spec_text : {"codec=f32", "codec=f16"}) {
+    KVX_ASSIGN_OR_RETURN(kv::KVSpec spec, kv::ParseKVSpec(spec_text));
+    const size_t per_token = kv::BytesPerToken(layout, spec.codec);
+    std::printf("  %-12s %8zu bytes/token, %10.2f MiB at the trained context (%d tokens)\n", spec_text, per_token,
+                per_token * static_cast<double>(config->n_ctx_train) / (1024.0 * 1024.0), config->n_ctx_train);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+void RegisterInspect(CLI::App& app, int* exit_code) {
+  auto flags = std::make_shared<InspectFlags>();
+  CLI::App* cmd = app.add_subcommand("inspect", "Show a GGUF model's metadata, tensors and KV bytes per token");
+  cmd->add_option("model", flags->model_path, "GGUF model file")->required();
+  cmd->add_flag("--all", flags->all_tensors, "List every tensor");
+  cmd->callback([flags, exit_code] { *exit_code = ReportStatus(Inspect(*flags)); });
+}
+
+}  // namespace kvx::tools

@@ -1,0 +1,61 @@
+// kvx perplexity: llama.cpp's perplexity protocol (see eval/perplexity.h).
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "engine/runtime.h"
+#include "eval/perplexity.h"
+#include "tools/commands.h"
+#include "util/mmap_file.h"
+
+namespace kvx::tools {
+
+namespace {
+
+struct PerplexityFlags {
+  engine::RuntimeOptions runtime;
+  std::string file;
+  int max_chunks = -1;
+};
+
+Status RunPerplexity(PerplexityFlags flags) {
+  KVX_ASSIGN_OR_RETURN(std::string text, ReadFileToString(flags.file));
+  // As llama.cpp's -f: one trailing newline is dropped.
+  if (!text.empty() && text.back() == '\n') text.pop_back();
+  eval::PerplexityOptions po;
+  po.n_ctx = flags.runtime.n_ctx;
+  po.max_chunks = flags.max_chunks;
+  flags.runtime.n_batch = po.n_ctx;
+  KVX_ASSIGN_OR_RETURN(auto rt, engine::Runtime::Create(flags.runtime));
+  KVX_ASSIGN_OR_RETURN(std::vector<int32_t> tokens,
+                       rt->model().tokenizer().Encode(text, /*add_special=*/true, /*parse_special=*/false));
+  std::fprintf(stderr, "perplexity: %zu tokens, %d-token chunks, KV spec '%s'\n", tokens.size(), po.n_ctx,
+               rt->kv_spec().ToString().c_str());
+  KVX_ASSIGN_OR_RETURN(auto session, rt->NewSession());
+  KVX_ASSIGN_OR_RETURN(eval::PerplexityResult r,
+                       eval::Perplexity(session.get(), tokens, po, [](int c, int, double ppl) {
+                         std::printf("[%d]%.4f,", c + 1, ppl);
+                         std::fflush(stdout);
+                       }));
+  std::printf("\nFinal estimate: PPL = %.4f +/- %.5f (%d chunks, %d scored tokens)\n", r.ppl, r.ppl_stderr,
+              r.n_chunks, r.n_scored);
+  return Status::Ok();
+}
+
+}  // namespace
+
+void RegisterPerplexity(CLI::App& app, int* exit_code) {
+  auto flags = std::make_shared<PerplexityFlags>();
+  flags->runtime.n_ctx = 512;
+  CLI::App* cmd = app.add_subcommand("perplexity", "Perplexity of a text file (llama.cpp's protocol)");
+  cmd->add_option("-m,--model", flags->runtime.model_path, "GGUF model file")->required();
+  cmd->add_option("-f,--file", flags->file, "Text file")->required();
+  cmd->add_option("-c,--ctx-size", flags->runtime.n_ctx, "Chunk length in tokens")->capture_default_str()
+      ->check(CLI::Range(4, 1 << 20));
+  cmd->add_option("-t,--threads", flags->runtime.n_threads, "Threads (0: all cores)")->capture_default_str();
+  cmd->add_option("--kv", flags->runtime.kv_spec, "KV cache spec (see README)");
+  cmd->add_option("--chunks", flags->max_chunks, "Score at most this many chunks (-1: all)")->capture_default_str();
+  cmd->callback([flags, exit_code] { *exit_code = ReportStatus(RunPerplexity(*flags)); });
+}
+
+}  // namespace kvx::tools

@@ -1,0 +1,81 @@
+// kvx run: generate text from a prompt, streaming it to stdout, and print one
+// stats line on stderr.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "engine/generate.h"
+#include "engine/runtime.h"
+#include "tools/commands.h"
+#include "util/mmap_file.h"
+
+namespace kvx::tools {
+
+namespace {
+
+struct RunFlags {
+  engine::RuntimeOptions runtime;
+  std::string prompt;
+  std::string prompt_file;
+  engine::GenerateOptions gen;
+  bool parse_special = false;
+};
+
+Status Run(const RunFlags& flags) {
+  std::string prompt = flags.prompt;
+  if (!flags.prompt_file.empty()) {
+    KVX_ASSIGN_OR_RETURN(prompt, ReadFileToString(flags.prompt_file));
+  }
+  KVX_ASSIGN_OR_RETURN(auto rt, engine::Runtime::Create(flags.runtime));
+  const model::Tokenizer& tok = rt->model().tokenizer();
+  KVX_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok.Encode(prompt, /*add_special=*/true, flags.parse_special));
+  if (ids.empty()) return InvalidArgument("the prompt is empty and the model adds no BOS token; give a prompt with -p");
+  KVX_ASSIGN_OR_RETURN(auto session, rt->NewSession());
+  std::fputs(prompt.c_str(), stdout);
+  std::fflush(stdout);
+  std::vector<int32_t> out;
+  engine::GenerateStats stats;
+  KVX_RETURN_IF_ERROR(engine::Generate(
+      session.get(), ids, flags.gen,
+      [](int32_t, const std::string& piece) {
+        std::fwrite(piece.data(), 1, piece.size(), stdout);
+        std::fflush(stdout);
+        return true;
+      },
+      &out, &stats));
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+  std::fprintf(stderr, "%s\n", stats.ToString().c_str());
+  return Status::Ok();
+}
+
+}  // namespace
+
+void RegisterRun(CLI::App& app, int* exit_code) {
+  auto flags = std::make_shared<RunFlags>();
+  CLI::App* cmd = app.add_subcommand("run", "Generate text from a prompt (streams to stdout, stats on stderr)");
+  cmd->add_option("-m,--model", flags->runtime.model_path, "GGUF model file")->required();
+  auto* p = cmd->add_option("-p,--prompt", flags->prompt, "Prompt text");
+  cmd->add_option("-f,--file", flags->prompt_file, "Read the prompt from a file")->excludes(p);
+  cmd->add_option("-n,--n-predict", flags->gen.n_predict, "Tokens to generate (-1: until EOS or context end)")
+      ->capture_default_str();
+  cmd->add_option("-c,--ctx-size", flags->runtime.n_ctx, "Context length (0: the model's trained context)")
+      ->capture_default_str();
+  cmd->add_option("-t,--threads", flags->runtime.n_threads, "Threads (0: all cores)")->capture_default_str();
+  cmd->add_option("-b,--batch-size", flags->runtime.n_batch, "Prompt tokens per forward pass")->capture_default_str();
+  cmd->add_option("--kv", flags->runtime.kv_spec, "KV cache spec, e.g. 'codec=f16,page=16' (see README)");
+  cmd->add_option("--temp", flags->gen.sampler.temperature, "Temperature (<= 0: greedy)")->capture_default_str();
+  cmd->add_option("--top-k", flags->gen.sampler.top_k, "Top-k (<= 0: off)")->capture_default_str();
+  cmd->add_option("--top-p", flags->gen.sampler.top_p, "Top-p (1: off)")->capture_default_str();
+  cmd->add_option("--min-p", flags->gen.sampler.min_p, "Min-p (0: off)")->capture_default_str();
+  cmd->add_option("--repeat-penalty", flags->gen.sampler.repeat_penalty, "Repetition penalty (1: off)")
+      ->capture_default_str();
+  cmd->add_option("--repeat-last-n", flags->gen.sampler.repeat_last_n, "Tokens the penalty looks back over")
+      ->capture_default_str();
+  cmd->add_option("--seed", flags->gen.sampler.seed, "Random seed (same seed, same text)")->capture_default_str();
+  cmd->add_flag("--special", flags->parse_special, "Parse special-token text (e.g. <s>) in the prompt");
+  cmd->add_flag("--ignore-eos", [flags](int64_t) { flags->gen.stop_at_eog = false; }, "Do not stop at end-of-text");
+  cmd->callback([flags, exit_code] { *exit_code = ReportStatus(Run(*flags)); });
+}
+
+}  // namespace kvx::tools
