@@ -206,7 +206,9 @@ TEST_P(GoldenTokenizerTest, Tokenize) {
     EXPECT_GT(n_runs, 0u) << text;
     EXPECT_EQ(static_cast<size_t>(std::count(ids->begin(), ids->end(), tok->unk())), n_runs)
         << "text '" << text << "' ids " << IdsToString(*ids);
-    if (add_bos) EXPECT_EQ(ids->front(), tok->bos());
+    if (add_bos) {
+      EXPECT_EQ(ids->front(), tok->bos());
+    }
   }
   EXPECT_EQ(n_null, std::string(GetParam().name) == "tinystories656K" ? 17 : 0);
 }

@@ -148,6 +148,22 @@ TEST(MatMulTest, PaddedRowsAndHandValues) {
   EXPECT_EQ(y[1], 496.0f + 1024);  // 32+...+63
 }
 
+TEST(MatMulTest, BatchInvariant) {
+  // A token's output does not depend on how many tokens share the call
+  // (decode vs prefill give bit-identical rows), for every type.
+  for (TensorType t : kTypes) {
+    SCOPED_TRACE(TensorTypeName(t));
+    auto m = MakeMatrix(t, 512, 11, 31);
+    const auto x = Gaussian(512 * 70, 32);
+    std::vector<float> batch(11 * 70), one(11);
+    MatMul(m.view, x.data(), 70, batch.data(), nullptr);
+    for (int64_t tok : {0, 3, 5, 63, 64, 69}) {
+      MatMul(m.view, x.data() + tok * 512, 1, one.data(), nullptr);
+      for (int o = 0; o < 11; ++o) ASSERT_EQ(one[o], batch[tok * 11 + o]) << "token " << tok;
+    }
+  }
+}
+
 TEST(MatMulTest, ManyTokensAcrossTilesThreaded) {
   // 130 tokens = 3 tiles of 64; many threads over few rows.
   ThreadPool pool(4);

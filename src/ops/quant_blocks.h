@@ -26,6 +26,7 @@
 // Thread-safety: pure functions.
 #pragma once
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -81,11 +82,17 @@ inline float HalfToFloat(uint16_t h) {
   const uint32_t w = static_cast<uint32_t>(h) << 16;
   const uint32_t sign = w & 0x80000000u;
   const uint32_t two_w = w + w;  // exponent+mantissa, sign shifted out
-  const float normalized = BitsToFloat((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
-  const float denormalized = BitsToFloat((two_w >> 17) | (126u << 23)) - 0.5f;
-  const uint32_t magnitude = two_w < (1u << 27) ? FloatToBits(denormalized) : FloatToBits(normalized);
-  return BitsToFloat(sign | magnitude);
+  const float normalized = std::bit_cast<float>((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
+  const float denormalized = std::bit_cast<float>((two_w >> 17) | (126u << 23)) - 0.5f;
+  // Branch-free select (a mask, not ?:, so loops over halves stay straight-line).
+  const uint32_t is_sub = 0u - static_cast<uint32_t>(two_w < (1u << 27));
+  const uint32_t magnitude =
+      (std::bit_cast<uint32_t>(denormalized) & is_sub) | (std::bit_cast<uint32_t>(normalized) & ~is_sub);
+  return std::bit_cast<float>(sign | magnitude);
 }
+
+// bf16 is the top half of an fp32.
+inline float BfloatToFloat(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
 
 inline float LoadF16(const uint8_t* p) {
   uint16_t h;
@@ -136,6 +143,11 @@ inline void DecodeBlockQ4_0(const uint8_t* b, float* y) {
   }
 }
 
+// The k-quant decoders run in two passes: unpack the bit fields into one
+// byte per element, then scale each sub-block with one float expression.
+// Both passes are simple loops the compiler vectorizes, and the float math is
+// exactly ggml's (same products in the same order).
+
 // q4_K (kHighBits = false) and q5_K (kHighBits = true) share everything but
 // the 5th quant bit.
 template <bool kHighBits>
@@ -145,22 +157,24 @@ inline void DecodeBlockQxK(const uint8_t* b, float* y) {
   const uint8_t* scales = b + 4;
   const uint8_t* qh = b + 4 + kKScaleBytes;                      // q5_K only
   const uint8_t* qs = b + 4 + kKScaleBytes + (kHighBits ? 32 : 0);
+  uint8_t q[kQK_K];
   for (int g = 0; g < 4; ++g) {  // groups of 64 = two sub-blocks
-    int sc, m;
-    UnpackScaleMinK4(2 * g, scales, &sc, &m);
-    const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
-    UnpackScaleMinK4(2 * g + 1, scales, &sc, &m);
-    const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(m);
-    const uint8_t* q = qs + 32 * g;
     for (int l = 0; l < 32; ++l) {
-      int lo = q[l] & 0xF, hi = q[l] >> 4;
-      if constexpr (kHighBits) {
-        lo += ((qh[l] >> (2 * g)) & 1) << 4;
-        hi += ((qh[l] >> (2 * g + 1)) & 1) << 4;
-      }
-      y[64 * g + l] = d1 * static_cast<float>(lo) - m1;
-      y[64 * g + 32 + l] = d2 * static_cast<float>(hi) - m2;
+      q[64 * g + l] = qs[32 * g + l] & 0xF;
+      q[64 * g + 32 + l] = qs[32 * g + l] >> 4;
     }
+    if constexpr (kHighBits) {
+      for (int l = 0; l < 32; ++l) {
+        q[64 * g + l] |= ((qh[l] >> (2 * g)) & 1) << 4;
+        q[64 * g + 32 + l] |= ((qh[l] >> (2 * g + 1)) & 1) << 4;
+      }
+    }
+  }
+  for (int j = 0; j < 8; ++j) {  // sub-blocks of 32: x = (d*sc)*q - dmin*m
+    int sc, m;
+    UnpackScaleMinK4(j, scales, &sc, &m);
+    const float dj = d * static_cast<float>(sc), mj = dmin * static_cast<float>(m);
+    for (int l = 0; l < 32; ++l) y[32 * j + l] = dj * static_cast<float>(q[32 * j + l]) - mj;
   }
 }
 inline void DecodeBlockQ4_K(const uint8_t* b, float* y) { DecodeBlockQxK<false>(b, y); }
@@ -171,28 +185,21 @@ inline void DecodeBlockQ6_K(const uint8_t* b, float* y) {
   const uint8_t* qh = b + 128;
   const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
   const float d = LoadF16(b + 208);
+  int8_t q[kQK_K];  // q - 32, in [-32, 31]
   for (int h = 0; h < 2; ++h) {
-    // Each 32-run k (elements 32k..32k+31 of this half) spans two 16-element
-    // sub-blocks: scales sc[2k] and sc[2k+1], i.e. sc[is + 2k] with is = l/16.
-    for (int is = 0; is < 2; ++is) {
-      const float s1 = static_cast<float>(sc[is]), s2 = static_cast<float>(sc[is + 2]);
-      const float s3 = static_cast<float>(sc[is + 4]), s4 = static_cast<float>(sc[is + 6]);
-      for (int l = 16 * is; l < 16 * is + 16; ++l) {
-        const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
-        const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-        const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-        const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-        // (d * scale) * q, in ggml's order.
-        y[l] = d * s1 * static_cast<float>(q1);
-        y[l + 32] = d * s2 * static_cast<float>(q2);
-        y[l + 64] = d * s3 * static_cast<float>(q3);
-        y[l + 96] = d * s4 * static_cast<float>(q4);
-      }
+    const uint8_t* l4 = ql + 64 * h;
+    const uint8_t* h2 = qh + 32 * h;
+    int8_t* qq = q + 128 * h;
+    for (int l = 0; l < 32; ++l) {
+      qq[l] = static_cast<int8_t>(((l4[l] & 0xF) | (((h2[l] >> 0) & 3) << 4)) - 32);
+      qq[l + 32] = static_cast<int8_t>(((l4[l + 32] & 0xF) | (((h2[l] >> 2) & 3) << 4)) - 32);
+      qq[l + 64] = static_cast<int8_t>(((l4[l] >> 4) | (((h2[l] >> 4) & 3) << 4)) - 32);
+      qq[l + 96] = static_cast<int8_t>(((l4[l + 32] >> 4) | (((h2[l] >> 6) & 3) << 4)) - 32);
     }
-    y += 128;
-    ql += 64;
-    qh += 32;
-    sc += 8;
+  }
+  for (int j = 0; j < 16; ++j) {  // sub-blocks of 16: x = (d*scale)*q
+    const float dj = d * static_cast<float>(sc[j]);
+    for (int l = 0; l < 16; ++l) y[16 * j + l] = dj * static_cast<float>(q[16 * j + l]);
   }
 }
 

@@ -201,7 +201,9 @@ TEST(QuantizeTest, RoundTripErrorBounds) {
     const auto y = RoundTrip(c.type, x);
     const double err = RelRms(y, x);
     EXPECT_LE(err, c.max_rel_rms) << TensorTypeName(c.type);
-    if (c.max_rel_rms > 0) EXPECT_GT(err, 0.0) << TensorTypeName(c.type);
+    if (c.max_rel_rms > 0) {
+      EXPECT_GT(err, 0.0) << TensorTypeName(c.type);
+    }
   }
 }
 

@@ -15,6 +15,7 @@ struct GenModelFlags {
   std::string type = "q8_0";
   std::string output;
   uint64_t seed = 1;
+  float init_std = 0.02f;
   bool list = false;
 };
 
@@ -33,6 +34,8 @@ Status GenModel(const GenModelFlags& flags) {
   model::SyntheticModelOptions o;
   o.shape = flags.shape;
   o.seed = flags.seed;
+  o.init_std = flags.init_std;
+  if (!(o.init_std > 0 && o.init_std < 100)) return InvalidArgument("--init-std must be in (0, 100)");
   if (!gguf::ParseTensorType(flags.type, &o.type)) {
     return InvalidArgument("unknown weight type '" + flags.type + "'; use one of " +
                            gguf::SupportedWeightTypesList());
@@ -53,6 +56,9 @@ void RegisterGenModel(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("-o,--output", flags->output, "Output GGUF file");
   cmd->add_option("--seed", flags->seed, "Random seed")->capture_default_str();
+  cmd->add_option("--init-std", flags->init_std,
+                  "Standard deviation of the random weights (larger: peakier next-token distributions)")
+      ->capture_default_str();
   cmd->add_flag("--list", flags->list, "List the known shapes");
   cmd->callback([flags, exit_code] { *exit_code = ReportStatus(GenModel(*flags)); });
 }
