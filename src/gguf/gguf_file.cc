@@ -17,6 +17,10 @@ namespace {
 constexpr uint32_t kMaxDims = 4;        // GGML_MAX_DIMS
 constexpr int kMaxNesting = 8;          // arrays of arrays deeper than this are rejected
 constexpr uint64_t kDefaultAlignment = 32;
+// Each parsed metadata value costs ~48 bytes in memory, so a file made of one
+// huge uint8 array could demand 48x its size. Real models stay far below this
+// (a 262k-token vocabulary with scores, types and merges is ~1M values).
+constexpr uint64_t kMaxMetadataValues = uint64_t{1} << 24;
 constexpr uint32_t kMaxValueType = static_cast<uint32_t>(ValueType::kFloat64);
 constexpr char kCorruptHint[] = "the file is truncated or corrupt; re-download or re-convert it";
 
@@ -83,14 +87,19 @@ class Cursor {
   size_t pos_ = 0;
 };
 
-template <typename T>
-Status ReadScalar(Cursor& c, const char* what, T* out) {
-  return c.ReadPod(out, what);
+// Reads a `Wire`-typed scalar and stores it widened to `Held` (all integers
+// are held as uint64/int64, floats as double; see Value).
+template <typename Wire, typename Held>
+Status ReadAs(Cursor& c, const char* what, Value* out) {
+  Wire v;
+  KVX_RETURN_IF_ERROR(c.ReadPod(&v, what));
+  out->data = static_cast<Held>(v);
+  return Status::Ok();
 }
 
-Status ReadValue(Cursor& c, ValueType type, int depth, Value* out);
+Status ReadValue(Cursor& c, ValueType type, int depth, uint64_t* budget, Value* out);
 
-Status ReadArray(Cursor& c, int depth, Value* out) {
+Status ReadArray(Cursor& c, int depth, uint64_t* budget, Value* out) {
   const size_t at = c.pos();
   uint32_t elem_type = 0;
   KVX_RETURN_IF_ERROR(c.ReadPod(&elem_type, "array element type"));
@@ -112,33 +121,39 @@ Status ReadArray(Cursor& c, int depth, Value* out) {
                     ValueTypeName(et) + " (at least " + Num(min_size) + " bytes each) but only " +
                     Num(c.remaining()) + " bytes are left: " + kCorruptHint);
   }
+  if (count > *budget) {
+    return ResourceExhausted("array at offset " + Num(at) + " would bring the metadata to more "
+                             "than " + Num(kMaxMetadataValues) + " values; kvx refuses such "
+                             "files (real models have far fewer): " + kCorruptHint);
+  }
+  *budget -= count;
   out->type = ValueType::kArray;
   out->array_type = et;
   std::vector<Value> elems;
   // Safe: count is bounded by the remaining bytes checked above.
   elems.resize(static_cast<size_t>(count));
-  for (Value& e : elems) KVX_RETURN_IF_ERROR(ReadValue(c, et, depth + 1, &e));
+  for (Value& e : elems) KVX_RETURN_IF_ERROR(ReadValue(c, et, depth + 1, budget, &e));
   out->data = std::move(elems);
   return Status::Ok();
 }
 
-Status ReadValue(Cursor& c, ValueType type, int depth, Value* out) {
+Status ReadValue(Cursor& c, ValueType type, int depth, uint64_t* budget, Value* out) {
   out->type = type;
   switch (type) {
-    case ValueType::kUint8: { uint8_t v; KVX_RETURN_IF_ERROR(ReadScalar(c, "uint8 value", &v)); out->data = uint64_t{v}; break; }
-    case ValueType::kUint16: { uint16_t v; KVX_RETURN_IF_ERROR(ReadScalar(c, "uint16 value", &v)); out->data = uint64_t{v}; break; }
-    case ValueType::kUint32: { uint32_t v; KVX_RETURN_IF_ERROR(ReadScalar(c, "uint32 value", &v)); out->data = uint64_t{v}; break; }
-    case ValueType::kUint64: { uint64_t v; KVX_RETURN_IF_ERROR(ReadScalar(c, "uint64 value", &v)); out->data = v; break; }
-    case ValueType::kInt8: { int8_t v; KVX_RETURN_IF_ERROR(ReadScalar(c, "int8 value", &v)); out->data = int64_t{v}; break; }
-    case ValueType::kInt16: { int16_t v; KVX_RETURN_IF_ERROR(ReadScalar(c, "int16 value", &v)); out->data = int64_t{v}; break; }
-    case ValueType::kInt32: { int32_t v; KVX_RETURN_IF_ERROR(ReadScalar(c, "int32 value", &v)); out->data = int64_t{v}; break; }
-    case ValueType::kInt64: { int64_t v; KVX_RETURN_IF_ERROR(ReadScalar(c, "int64 value", &v)); out->data = v; break; }
-    case ValueType::kFloat32: { float v; KVX_RETURN_IF_ERROR(ReadScalar(c, "float32 value", &v)); out->data = double{v}; break; }
-    case ValueType::kFloat64: { double v; KVX_RETURN_IF_ERROR(ReadScalar(c, "float64 value", &v)); out->data = v; break; }
+    case ValueType::kUint8: return ReadAs<uint8_t, uint64_t>(c, "uint8 value", out);
+    case ValueType::kUint16: return ReadAs<uint16_t, uint64_t>(c, "uint16 value", out);
+    case ValueType::kUint32: return ReadAs<uint32_t, uint64_t>(c, "uint32 value", out);
+    case ValueType::kUint64: return ReadAs<uint64_t, uint64_t>(c, "uint64 value", out);
+    case ValueType::kInt8: return ReadAs<int8_t, int64_t>(c, "int8 value", out);
+    case ValueType::kInt16: return ReadAs<int16_t, int64_t>(c, "int16 value", out);
+    case ValueType::kInt32: return ReadAs<int32_t, int64_t>(c, "int32 value", out);
+    case ValueType::kInt64: return ReadAs<int64_t, int64_t>(c, "int64 value", out);
+    case ValueType::kFloat32: return ReadAs<float, double>(c, "float32 value", out);
+    case ValueType::kFloat64: return ReadAs<double, double>(c, "float64 value", out);
     case ValueType::kBool: {
       const size_t at = c.pos();
       uint8_t v;
-      KVX_RETURN_IF_ERROR(ReadScalar(c, "bool value", &v));
+      KVX_RETURN_IF_ERROR(c.ReadPod(&v, "bool value"));
       // Writers emit 0 or 1; anything else means the bytes are not a bool.
       if (v > 1) {
         return DataLoss("bool value at offset " + Num(at) + " is " + Num(v) +
@@ -154,7 +169,7 @@ Status ReadValue(Cursor& c, ValueType type, int depth, Value* out) {
       break;
     }
     case ValueType::kArray:
-      return ReadArray(c, depth, out);
+      return ReadArray(c, depth, budget, out);
   }
   return Status::Ok();
 }
@@ -193,8 +208,14 @@ bool AsInt(const Value& v, int64_t* out) {
 }
 bool AsDouble(const Value& v, double* out) {
   if (const double* d = std::get_if<double>(&v.data)) { *out = *d; return true; }
-  if (const uint64_t* u = std::get_if<uint64_t>(&v.data)) { *out = static_cast<double>(*u); return true; }
-  if (const int64_t* i = std::get_if<int64_t>(&v.data)) { *out = static_cast<double>(*i); return true; }
+  if (const uint64_t* u = std::get_if<uint64_t>(&v.data)) {
+    *out = static_cast<double>(*u);
+    return true;
+  }
+  if (const int64_t* i = std::get_if<int64_t>(&v.data)) {
+    *out = static_cast<double>(*i);
+    return true;
+  }
   return false;
 }
 
@@ -309,6 +330,7 @@ Status GgufFile::ParseAll(const uint8_t* data, size_t size) {
 
   // ---- metadata ----
   kv_.reserve(static_cast<size_t>(n_kv));
+  uint64_t value_budget = kMaxMetadataValues;
   for (uint64_t i = 0; i < n_kv; ++i) {
     const size_t at = c.pos();
     std::string key;
@@ -328,7 +350,7 @@ Status GgufFile::ParseAll(const uint8_t* data, size_t size) {
                       Num(kMaxValueType) + "): " + kCorruptHint);
     }
     Value value;
-    st = ReadValue(c, static_cast<ValueType>(type), 0, &value);
+    st = ReadValue(c, static_cast<ValueType>(type), 0, &value_budget, &value);
     if (!st.ok()) return st.WithContext(ctx);
     kv_index_.emplace(key, kv_.size());
     kv_.emplace_back(std::move(key), std::move(value));

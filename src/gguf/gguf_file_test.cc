@@ -158,10 +158,17 @@ TEST(GgufRoundTripTest, ArraysOfEveryTypeAndNesting) {
   for (ValueType t : scalar_types) {
     Value e;
     e.type = t;
-    if (t == ValueType::kFloat64) e.data = 0.25;
-    else if (t == ValueType::kBool) e.data = true;
-    else if (t == ValueType::kInt8 || t == ValueType::kInt16 || t == ValueType::kInt64) e.data = int64_t{-5};
-    else e.data = uint64_t{200};
+    const bool is_signed =
+        t == ValueType::kInt8 || t == ValueType::kInt16 || t == ValueType::kInt64;
+    if (t == ValueType::kFloat64) {
+      e.data = 0.25;
+    } else if (t == ValueType::kBool) {
+      e.data = true;
+    } else if (is_signed) {
+      e.data = int64_t{-5};
+    } else {
+      e.data = uint64_t{200};
+    }
     ASSERT_TRUE(w.SetValue(std::string("arr.") + ValueTypeName(t), Array(t, {e, e})).ok());
   }
   // [[["x"], []], [["y", "z"]]]: arrays of arrays of arrays of strings.
@@ -283,7 +290,8 @@ TEST(GgufGetterTest, TypeChecksAndFallbacks) {
 TEST(GgufGetterTest, ValueToStringAbbreviates) {
   std::vector<Value> items;
   for (int i = 0; i < 20; ++i) items.push_back(Scalar(ValueType::kInt32, int64_t{i}));
-  EXPECT_EQ(GgufFile::ValueToString(Array(ValueType::kInt32, items), 3), "[0, 1, 2, ... (20 items)]");
+  EXPECT_EQ(GgufFile::ValueToString(Array(ValueType::kInt32, items), 3),
+            "[0, 1, 2, ... (20 items)]");
   EXPECT_EQ(GgufFile::ValueToString(Scalar(ValueType::kString, std::string("a\"\n"))),
             R"("a\"\x0a")");
   EXPECT_EQ(GgufFile::ValueToString(Scalar(ValueType::kBool, true)), "true");
@@ -388,6 +396,11 @@ TEST(GgufErrorTest, MetadataErrors) {
     return b.U32(4).U64(0);
   };
   EXPECT_TRUE(ParseStatus(nested(8).get()).ok());
+  // More than 2^24 values are refused before anything is allocated (an array
+  // of 2^24 + 1 bools; the file holds every byte it claims).
+  Bytes big;
+  big.Header(0, 1).Str("a").U32(9).U32(7).U64((1u << 24) + 1).Zeros((1u << 24) + 1);
+  EXPECT_PARSE_ERROR(big, StatusCode::kResourceExhausted, "more than 16777216 values");
   EXPECT_PARSE_ERROR(nested(9), StatusCode::kDataLoss, "nested more than 8 deep");
 }
 
@@ -438,7 +451,8 @@ TEST(GgufErrorTest, TensorInfoErrors) {
                      "data section would start at offset 64");
   const std::string long_name(25, 'x');
   EXPECT_PARSE_ERROR(Bytes().Header(1, 0).Str(long_name).U32(1).U64(4), StatusCode::kDataLoss,
-                     "(info 0, offset 24): unexpected end of file at offset 69 while reading tensor type");
+                     "(info 0, offset 24): unexpected end of file at offset 69 while reading "
+                     "tensor type");
 }
 
 TEST(GgufErrorTest, OpenReportsPath) {

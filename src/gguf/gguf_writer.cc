@@ -54,7 +54,8 @@ Status CheckValue(const Value& v, int depth, const std::string& key) {
     case ValueType::kInt64: return fits_int(INT64_MIN, INT64_MAX);
     case ValueType::kFloat32:
     case ValueType::kFloat64:
-      return std::holds_alternative<double>(v.data) ? Status::Ok() : bad("float must hold a double");
+      return std::holds_alternative<double>(v.data) ? Status::Ok()
+                                                    : bad("float must hold a double");
     case ValueType::kBool:
       return std::holds_alternative<bool>(v.data) ? Status::Ok() : bad("bool must hold a bool");
     case ValueType::kString:
@@ -93,6 +94,11 @@ class Encoder {
     out_->resize(at + sizeof(T));
     std::memcpy(out_->data() + at, &v, sizeof(T));
   }
+  // Writes the held value as its wire type. CheckValue guaranteed it fits.
+  template <typename Wire, typename Held>
+  void Narrow(const Value& v) {
+    Pod<Wire>(static_cast<Wire>(std::get<Held>(v.data)));
+  }
   void String(std::string_view s) {
     Pod<uint64_t>(s.size());
     out_->insert(out_->end(), s.begin(), s.end());
@@ -101,16 +107,16 @@ class Encoder {
   // entry writes it once, array elements never repeat it).
   void ValuePayload(const Value& v) {
     switch (v.type) {
-      case ValueType::kUint8: Pod<uint8_t>(static_cast<uint8_t>(std::get<uint64_t>(v.data))); break;
-      case ValueType::kUint16: Pod<uint16_t>(static_cast<uint16_t>(std::get<uint64_t>(v.data))); break;
-      case ValueType::kUint32: Pod<uint32_t>(static_cast<uint32_t>(std::get<uint64_t>(v.data))); break;
-      case ValueType::kUint64: Pod<uint64_t>(std::get<uint64_t>(v.data)); break;
-      case ValueType::kInt8: Pod<int8_t>(static_cast<int8_t>(std::get<int64_t>(v.data))); break;
-      case ValueType::kInt16: Pod<int16_t>(static_cast<int16_t>(std::get<int64_t>(v.data))); break;
-      case ValueType::kInt32: Pod<int32_t>(static_cast<int32_t>(std::get<int64_t>(v.data))); break;
-      case ValueType::kInt64: Pod<int64_t>(std::get<int64_t>(v.data)); break;
-      case ValueType::kFloat32: Pod<float>(static_cast<float>(std::get<double>(v.data))); break;
-      case ValueType::kFloat64: Pod<double>(std::get<double>(v.data)); break;
+      case ValueType::kUint8: Narrow<uint8_t, uint64_t>(v); break;
+      case ValueType::kUint16: Narrow<uint16_t, uint64_t>(v); break;
+      case ValueType::kUint32: Narrow<uint32_t, uint64_t>(v); break;
+      case ValueType::kUint64: Narrow<uint64_t, uint64_t>(v); break;
+      case ValueType::kInt8: Narrow<int8_t, int64_t>(v); break;
+      case ValueType::kInt16: Narrow<int16_t, int64_t>(v); break;
+      case ValueType::kInt32: Narrow<int32_t, int64_t>(v); break;
+      case ValueType::kInt64: Narrow<int64_t, int64_t>(v); break;
+      case ValueType::kFloat32: Narrow<float, double>(v); break;
+      case ValueType::kFloat64: Narrow<double, double>(v); break;
       case ValueType::kBool: Pod<uint8_t>(std::get<bool>(v.data) ? 1 : 0); break;
       case ValueType::kString: String(std::get<std::string>(v.data)); break;
       case ValueType::kArray: {
@@ -157,7 +163,8 @@ Value MakeArray(ValueType elem_type, const std::vector<Elem>& items, Conv conv) 
 }  // namespace
 
 GgufWriter::GgufWriter(GgufWriterOptions options) : alignment_(options.alignment) {
-  KVX_CHECK_MSG(ValidAlignment(options.alignment), "GgufWriterOptions::alignment must be a power of two");
+  KVX_CHECK_MSG(ValidAlignment(options.alignment),
+                "GgufWriterOptions::alignment must be a power of two");
   if (alignment_ != kDefaultAlignment) SetUint32(kAlignmentKey, alignment_);
 }
 
@@ -177,16 +184,36 @@ void GgufWriter::Set(const std::string& key, Value v) {
   kv_.emplace_back(key, std::move(v));
 }
 
-void GgufWriter::SetUint8(const std::string& k, uint8_t v) { Set(k, MakeScalar(ValueType::kUint8, uint64_t{v})); }
-void GgufWriter::SetInt8(const std::string& k, int8_t v) { Set(k, MakeScalar(ValueType::kInt8, int64_t{v})); }
-void GgufWriter::SetUint16(const std::string& k, uint16_t v) { Set(k, MakeScalar(ValueType::kUint16, uint64_t{v})); }
-void GgufWriter::SetInt16(const std::string& k, int16_t v) { Set(k, MakeScalar(ValueType::kInt16, int64_t{v})); }
-void GgufWriter::SetUint32(const std::string& k, uint32_t v) { Set(k, MakeScalar(ValueType::kUint32, uint64_t{v})); }
-void GgufWriter::SetInt32(const std::string& k, int32_t v) { Set(k, MakeScalar(ValueType::kInt32, int64_t{v})); }
-void GgufWriter::SetUint64(const std::string& k, uint64_t v) { Set(k, MakeScalar(ValueType::kUint64, v)); }
-void GgufWriter::SetInt64(const std::string& k, int64_t v) { Set(k, MakeScalar(ValueType::kInt64, v)); }
-void GgufWriter::SetFloat32(const std::string& k, float v) { Set(k, MakeScalar(ValueType::kFloat32, double{v})); }
-void GgufWriter::SetFloat64(const std::string& k, double v) { Set(k, MakeScalar(ValueType::kFloat64, v)); }
+void GgufWriter::SetUint8(const std::string& k, uint8_t v) {
+  Set(k, MakeScalar(ValueType::kUint8, uint64_t{v}));
+}
+void GgufWriter::SetInt8(const std::string& k, int8_t v) {
+  Set(k, MakeScalar(ValueType::kInt8, int64_t{v}));
+}
+void GgufWriter::SetUint16(const std::string& k, uint16_t v) {
+  Set(k, MakeScalar(ValueType::kUint16, uint64_t{v}));
+}
+void GgufWriter::SetInt16(const std::string& k, int16_t v) {
+  Set(k, MakeScalar(ValueType::kInt16, int64_t{v}));
+}
+void GgufWriter::SetUint32(const std::string& k, uint32_t v) {
+  Set(k, MakeScalar(ValueType::kUint32, uint64_t{v}));
+}
+void GgufWriter::SetInt32(const std::string& k, int32_t v) {
+  Set(k, MakeScalar(ValueType::kInt32, int64_t{v}));
+}
+void GgufWriter::SetUint64(const std::string& k, uint64_t v) {
+  Set(k, MakeScalar(ValueType::kUint64, v));
+}
+void GgufWriter::SetInt64(const std::string& k, int64_t v) {
+  Set(k, MakeScalar(ValueType::kInt64, v));
+}
+void GgufWriter::SetFloat32(const std::string& k, float v) {
+  Set(k, MakeScalar(ValueType::kFloat32, double{v}));
+}
+void GgufWriter::SetFloat64(const std::string& k, double v) {
+  Set(k, MakeScalar(ValueType::kFloat64, v));
+}
 void GgufWriter::SetBool(const std::string& k, bool v) { Set(k, MakeScalar(ValueType::kBool, v)); }
 void GgufWriter::SetString(const std::string& k, std::string v) {
   Set(k, MakeScalar(ValueType::kString, std::move(v)));

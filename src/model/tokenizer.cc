@@ -225,6 +225,15 @@ Result<std::unique_ptr<TokenizerImpl>> BuildTokenizerImpl(TokenizerVocab vocab) 
     return v->tokens[a].text.size() > v->tokens[b].text.size();
   });
 
+  std::fill(std::begin(v->spm_isolated), std::end(v->spm_isolated), true);
+  for (const auto& t : v->tokens) {
+    size_t n_chars = 0;
+    for (size_t i = 0; i < t.text.size(); i += Utf8SeqLen(static_cast<uint8_t>(t.text[i]))) ++n_chars;
+    if (n_chars < 2) continue;
+    for (char c : t.text) {
+      if (static_cast<uint8_t>(c) < 0x80) v->spm_isolated[static_cast<uint8_t>(c)] = false;
+    }
+  }
   for (int b = 0; b < 256; ++b) v->byte_token[b] = -1;
   if (v->kind == VocabKind::kSpm) {
     for (int b = 0; b < 256; ++b) {
@@ -322,6 +331,12 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const gguf::GgufFile& f) 
 Result<std::vector<int32_t>> Tokenizer::Encode(std::string_view text, bool add_special,
                                                bool parse_special) const {
   const TokenizerImpl& v = *impl_;
+  // Symbol offsets are 32-bit and spaces may triple in size when escaped.
+  constexpr size_t kMaxText = size_t{1} << 30;
+  if (text.size() > kMaxText) {
+    return InvalidArgument("input text is too long to tokenize at once (" +
+                           std::to_string(text.size()) + " bytes; the limit is 1 GiB); split it");
+  }
   if (const size_t bad = FindInvalidUtf8(text); bad != std::string_view::npos) {
     char byte[8];
     std::snprintf(byte, sizeof(byte), "0x%02X", static_cast<uint8_t>(text[bad]));

@@ -102,6 +102,9 @@ struct TokenizerImpl {
   // TokenToPiece(id, special=true) for every id.
   std::vector<std::string> pieces;
 
+  // SPM: ASCII bytes that occur in no token of two or more characters (they
+  // never merge, so the encoder may cut the text at them).
+  bool spm_isolated[128];
   // SPM byte fallback: byte -> token ("<0xNN>", else the one-byte text), -1.
   int32_t byte_token[256];
 

@@ -12,7 +12,6 @@
 // one) or a single character; a character that is not a token is spelled as
 // byte tokens, or, when the vocabulary lacks them, as the unknown token.
 #include <algorithm>
-#include <queue>
 #include <vector>
 
 #include "model/tokenizer_internal.h"
@@ -23,19 +22,19 @@ namespace {
 struct Symbol {
   int32_t prev;
   int32_t next;
-  size_t start;  // byte offset in the fragment
-  size_t n;      // bytes; 0 once merged into the left neighbour
+  uint32_t start;  // byte offset in the fragment
+  uint32_t n;      // bytes; 0 once merged into the left neighbour
 };
 
 struct Bigram {
   float score;
   int32_t left;
   int32_t right;
-  size_t size;  // byte length of the merged text when the pair was offered
+  uint32_t size;  // byte length of the merged text when the pair was offered
 };
 
 struct BigramLess {
-  // std::priority_queue pops the greatest: highest score, then lowest left.
+  // The heap pops the greatest: highest score, then lowest left.
   bool operator()(const Bigram& a, const Bigram& b) const {
     return a.score < b.score || (a.score == b.score && a.left > b.left);
   }
@@ -46,24 +45,40 @@ class SpmSession {
   SpmSession(const TokenizerImpl& v, std::string_view text) : v_(v), text_(text) {}
 
   void Run(std::vector<int32_t>* out) {
-    if (text_.empty()) return;
-    symbols_.reserve(text_.size());
-    for (size_t offs = 0; offs < text_.size();) {
-      const size_t len =
-          std::min(Utf8SeqLen(static_cast<uint8_t>(text_[offs])), text_.size() - offs);
+    // An ASCII character that occurs in no multi-character token never takes
+    // part in a merge, so the text on either side of it can be merged
+    // independently: same result, much smaller heaps on long inputs.
+    size_t seg = 0;
+    for (size_t i = 0; i < text_.size(); ++i) {
+      const auto c = static_cast<uint8_t>(text_[i]);
+      if (c < 0x80 && v_.spm_isolated[c]) {
+        RunSegment(seg, i, out);
+        RunSegment(i, i + 1, out);
+        seg = i + 1;
+      }
+    }
+    RunSegment(seg, text_.size(), out);
+  }
+
+ private:
+  // Merges and emits text_[begin, end).
+  void RunSegment(size_t begin, size_t end, std::vector<int32_t>* out) {
+    if (begin >= end) return;
+    symbols_.clear();
+    for (size_t offs = begin; offs < end;) {
+      const size_t len = std::min(Utf8SeqLen(static_cast<uint8_t>(text_[offs])), end - offs);
       const auto idx = static_cast<int32_t>(symbols_.size());
-      symbols_.push_back(Symbol{idx - 1, offs + len == text_.size() ? -1 : idx + 1, offs, len});
+      symbols_.push_back(Symbol{idx - 1, offs + len == end ? -1 : idx + 1,
+                                static_cast<uint32_t>(offs), static_cast<uint32_t>(len)});
       offs += len;
     }
-    std::vector<Bigram> storage;
-    storage.reserve(symbols_.size());
-    queue_ = std::priority_queue<Bigram, std::vector<Bigram>, BigramLess>(BigramLess(),
-                                                                         std::move(storage));
+    heap_.clear();
     for (int32_t i = 1; i < static_cast<int32_t>(symbols_.size()); ++i) TryAddBigram(i - 1, i);
 
-    while (!queue_.empty()) {
-      const Bigram b = queue_.top();
-      queue_.pop();
+    while (!heap_.empty()) {
+      std::pop_heap(heap_.begin(), heap_.end(), BigramLess());
+      const Bigram b = heap_.back();
+      heap_.pop_back();
       Symbol& l = symbols_[b.left];
       Symbol& r = symbols_[b.right];
       if (l.n == 0 || r.n == 0 || l.n + r.n != b.size) continue;  // stale
@@ -75,14 +90,13 @@ class SpmSession {
       TryAddBigram(b.left, l.next);
     }
 
-    bool prev_was_fallback_unk = false;
     for (int32_t i = 0; i != -1; i = symbols_[i].next) {
       const Symbol& s = symbols_[i];
       const std::string_view piece = text_.substr(s.start, s.n);
       const int32_t id = v_.Find(piece);
       if (id >= 0) {
         out->push_back(id);
-        prev_was_fallback_unk = false;
+        prev_was_fallback_unk_ = false;
         continue;
       }
       // Byte fallback: all bytes of the character, or the unknown token.
@@ -90,28 +104,29 @@ class SpmSession {
       for (char c : piece) all_bytes &= v_.byte_token[static_cast<uint8_t>(c)] >= 0;
       if (all_bytes) {
         for (char c : piece) out->push_back(v_.byte_token[static_cast<uint8_t>(c)]);
-        prev_was_fallback_unk = false;
-      } else if (v_.unk >= 0 && !prev_was_fallback_unk) {
+        prev_was_fallback_unk_ = false;
+      } else if (v_.unk >= 0 && !prev_was_fallback_unk_) {
         out->push_back(v_.unk);  // runs of unknown characters fuse into one
-        prev_was_fallback_unk = true;
+        prev_was_fallback_unk_ = true;
       }
     }
   }
 
- private:
   void TryAddBigram(int32_t left, int32_t right) {
     if (left < 0 || right < 0) return;
-    const size_t size = symbols_[left].n + symbols_[right].n;
+    const uint32_t size = symbols_[left].n + symbols_[right].n;
     if (size > v_.max_token_len) return;
     const int32_t id = v_.Find(text_.substr(symbols_[left].start, size));
     if (id < 0) return;
-    queue_.push(Bigram{v_.tokens[id].score, left, right, size});
+    heap_.push_back(Bigram{v_.tokens[id].score, left, right, size});
+    std::push_heap(heap_.begin(), heap_.end(), BigramLess());
   }
 
   const TokenizerImpl& v_;
   std::string_view text_;
   std::vector<Symbol> symbols_;
-  std::priority_queue<Bigram, std::vector<Bigram>, BigramLess> queue_;
+  std::vector<Bigram> heap_;  // max-heap under BigramLess
+  bool prev_was_fallback_unk_ = false;
 };
 
 }  // namespace

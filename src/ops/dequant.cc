@@ -1,5 +1,6 @@
 #include "ops/dequant.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "ops/quant_blocks.h"
@@ -19,15 +20,31 @@ void DequantizeRow(gguf::TensorType type, const void* src, float* dst, int64_t n
       std::memcpy(dst, p, static_cast<size_t>(n) * 4);
       return;
     case T::kF16:
-      for (int64_t i = 0; i < n; ++i) dst[i] = LoadF16(p + 2 * i);
-      return;
-    case T::kBF16:
-      for (int64_t i = 0; i < n; ++i) {
-        uint16_t b;
-        std::memcpy(&b, p + 2 * i, 2);
-        dst[i] = Bf16ToFloat(b);
+    case T::kBF16: {
+      // Copy to aligned halves in chunks, then convert with fixed-trip loops
+      // (vectorized); HalfToFloat equals Fp16ToFloat bit for bit (except for
+      // signaling-NaN payloads).
+      constexpr int64_t kStep = 256;
+      uint16_t h[kStep];
+      for (int64_t i0 = 0; i0 < n; i0 += kStep) {
+        const int64_t len = std::min(kStep, n - i0);
+        std::memcpy(h, p + 2 * i0, static_cast<size_t>(2 * len));
+        float* out = dst + i0;
+        int64_t i = 0;
+        if (type == T::kF16) {
+          for (; i + 16 <= len; i += 16) {
+            for (int k = 0; k < 16; ++k) out[i + k] = HalfToFloat(h[i + k]);
+          }
+          for (; i < len; ++i) out[i] = HalfToFloat(h[i]);
+        } else {
+          for (; i + 16 <= len; i += 16) {
+            for (int k = 0; k < 16; ++k) out[i + k] = BfloatToFloat(h[i + k]);
+          }
+          for (; i < len; ++i) out[i] = BfloatToFloat(h[i]);
+        }
       }
       return;
+    }
     case T::kQ8_0:
       for (int64_t i = 0; i < nb; ++i) DecodeBlockQ8_0(p + i * kQ8_0Bytes, dst + i * kQK8_0);
       return;

@@ -16,7 +16,7 @@ using gguf::TensorType;
 constexpr int kLanes = 16;        // independent float accumulators per dot product
 constexpr int kChunk = kQK_K;     // elements decoded at a time (multiple of every block size)
 constexpr int kTileTokens = 64;   // tokens sharing one decoded chunk
-constexpr int kMicroTokens = 4;   // tokens per register-blocked dot kernel
+constexpr int kMicroTokens = 2;   // tokens per register-blocked dot kernel
 
 // The accumulators are 4-float vectors (GCC/Clang vector extensions: plain
 // element-wise float math, compiled to SSE/NEON or to scalar code where

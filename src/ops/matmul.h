@@ -11,11 +11,13 @@
 //     block, eight 32-element blocks) into an L1-resident float buffer, and
 //     each decoded chunk is reused for a tile of up to 64 tokens, so prefill
 //     decodes a row once per tile rather than once per token;
-//   * dot products accumulate in 16 independent float lanes (auto-vectorizable,
-//     and the error grows like n/16 rather than n), reduced pairwise at the end;
-//   * threads split output rows only, so every y value is computed by the same
-//     sequence of float operations whatever the thread count: results are
-//     bit-identical for 1 and N threads.
+//   * dot products accumulate in 16 independent float lanes (4-wide vectors,
+//     so the error grows like n/16 rather than n), reduced pairwise at the
+//     end; a small register-blocked kernel handles 2 tokens per weight load;
+//   * threads split output rows only, and a token's lanes see the same
+//     sequence of float operations whatever the tile or batch: results are
+//     bit-identical for 1 and N threads, and for a token computed alone
+//     (decode) or inside a batch (prefill).
 //
 // Thread-safety: MatMul may be called concurrently on distinct outputs; the
 // pool, if given, must not be used by another caller at the same time.

@@ -75,6 +75,39 @@ void RoundTrip(float tolerance_rel) {
   for (int c = 0; c < D; ++c) EXPECT_NEAR(acc[c], ref_acc[c], 1e-4 * (1 + std::fabs(ref_acc[c])));
 }
 
+// The dispatched (SIMD when available) loops agree with the scalar ones.
+template <typename C>
+void SimdMatchesScalar(int d) {
+  const int T = 16;
+  std::vector<uint8_t> page(PageBytesFor<C>(T, d));
+  uint8_t* data = page.data() + PageDataOffset(T);
+  std::mt19937 rng(d);
+  std::normal_distribution<float> nd;
+  std::vector<float> k(d), v(d), q(d), p(T);
+  for (int s = 0; s < T; ++s) {
+    for (int c = 0; c < d; ++c) k[c] = nd(rng), v[c] = nd(rng);
+    C::Encode(data, T, d, s, k.data(), v.data());
+    p[s] = std::fabs(nd(rng));
+  }
+  for (auto& x : q) x = nd(rng);
+  for (int n : {1, 5, 16}) {
+    std::vector<float> s1(T), s2(T), a1(d, 0.5f), a2(d, 0.5f);
+    C::Scores(data, T, d, n, q.data(), s1.data());
+    C::ScoresScalar(data, T, d, n, q.data(), s2.data());
+    C::AccumulateValues(data, T, d, n, p.data(), a1.data());
+    C::AccumulateValuesScalar(data, T, d, n, p.data(), a2.data());
+    for (int j = 0; j < n; ++j) EXPECT_NEAR(s1[j], s2[j], 1e-5f * (1 + std::fabs(s2[j]))) << d << " " << j;
+    for (int c = 0; c < d; ++c) EXPECT_NEAR(a1[c], a2[c], 1e-5f * (1 + std::fabs(a2[c]))) << d << " " << c;
+  }
+}
+
+TEST(CodecTest, SimdMatchesScalar) {
+  for (int d : {8, 16, 24, 64, 128, 7}) {
+    SimdMatchesScalar<F32Codec>(d);
+    SimdMatchesScalar<F16Codec>(d);
+  }
+}
+
 TEST(CodecTest, F32RoundTripIsExact) { RoundTrip<F32Codec>(0.0f); }
 TEST(CodecTest, F16RoundTripIsRoundToNearestEven) { RoundTrip<F16Codec>(1.0f / 1024); }
 

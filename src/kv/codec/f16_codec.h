@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "kv/codec/codec_id.h"
+#include "kv/codec/simd_x86.h"
 #include "util/fp16.h"
 
 namespace kvx::kv {
@@ -69,19 +70,37 @@ struct F16Codec {
     for (int c = 0; c < head_dim; ++c) v[c] = HalfToFloatFast(values[c]);
   }
 
-  static void Scores(const uint8_t* data, int page_tokens, int head_dim, int n, const float* q, float* s) {
+  // Portable loops (also the reference for the SIMD ones in tests).
+  static void ScoresScalar(const uint8_t* data, int page_tokens, int head_dim, int n, const float* q, float* s) {
     const uint16_t* keys = Keys(data);
     for (int j = 0; j < n; ++j) s[j] = DotF32F16(q, keys + static_cast<size_t>(j) * head_dim, head_dim);
   }
 
-  static void AccumulateValues(const uint8_t* data, int page_tokens, int head_dim, int n, const float* p,
-                               float* acc) {
+  static void AccumulateValuesScalar(const uint8_t* data, int page_tokens, int head_dim, int n,
+                                     const float* p, float* acc) {
     const uint16_t* values = Values(data, page_tokens, head_dim);
     for (int j = 0; j < n; ++j) {
       const float pj = p[j];
       if (pj == 0.0f) continue;  // masked entry (position after the query)
       const uint16_t* vj = values + static_cast<size_t>(j) * head_dim;
       for (int c = 0; c < head_dim; ++c) acc[c] += pj * HalfToFloatFast(vj[c]);
+    }
+  }
+
+  // The attention inner loops: AVX2/F16C when available (simd_x86.h), else scalar.
+  static void Scores(const uint8_t* data, int page_tokens, int head_dim, int n, const float* q, float* s) {
+    if (simd::UseSimd(head_dim)) {
+      simd::DotRows(q, Keys(data), n, head_dim, s);
+    } else {
+      ScoresScalar(data, page_tokens, head_dim, n, q, s);
+    }
+  }
+  static void AccumulateValues(const uint8_t* data, int page_tokens, int head_dim, int n, const float* p,
+                               float* acc) {
+    if (simd::UseSimd(head_dim)) {
+      simd::AxpyRows(Values(data, page_tokens, head_dim), n, head_dim, p, acc);
+    } else {
+      AccumulateValuesScalar(data, page_tokens, head_dim, n, p, acc);
     }
   }
 };

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "kv/codec/codec_id.h"
+#include "kv/codec/simd_x86.h"
 
 namespace kvx::kv {
 
@@ -51,19 +52,37 @@ struct F32Codec {
                 sizeof(float) * head_dim);
   }
 
-  static void Scores(const uint8_t* data, int page_tokens, int head_dim, int n, const float* q, float* s) {
+  // Portable loops (also the reference for the SIMD ones in tests).
+  static void ScoresScalar(const uint8_t* data, int page_tokens, int head_dim, int n, const float* q, float* s) {
     const float* keys = Keys(data);
     for (int j = 0; j < n; ++j) s[j] = DotF32(q, keys + static_cast<size_t>(j) * head_dim, head_dim);
   }
 
-  static void AccumulateValues(const uint8_t* data, int page_tokens, int head_dim, int n, const float* p,
-                               float* acc) {
+  static void AccumulateValuesScalar(const uint8_t* data, int page_tokens, int head_dim, int n,
+                                     const float* p, float* acc) {
     const float* values = Values(data, page_tokens, head_dim);
     for (int j = 0; j < n; ++j) {
       const float pj = p[j];
       if (pj == 0.0f) continue;  // masked entry (position after the query)
       const float* vj = values + static_cast<size_t>(j) * head_dim;
       for (int c = 0; c < head_dim; ++c) acc[c] += pj * vj[c];
+    }
+  }
+
+  // The attention inner loops: AVX2/F16C when available (simd_x86.h), else scalar.
+  static void Scores(const uint8_t* data, int page_tokens, int head_dim, int n, const float* q, float* s) {
+    if (simd::UseSimd(head_dim)) {
+      simd::DotRows(q, Keys(data), n, head_dim, s);
+    } else {
+      ScoresScalar(data, page_tokens, head_dim, n, q, s);
+    }
+  }
+  static void AccumulateValues(const uint8_t* data, int page_tokens, int head_dim, int n, const float* p,
+                               float* acc) {
+    if (simd::UseSimd(head_dim)) {
+      simd::AxpyRows(Values(data, page_tokens, head_dim), n, head_dim, p, acc);
+    } else {
+      AccumulateValuesScalar(data, page_tokens, head_dim, n, p, acc);
     }
   }
 };
