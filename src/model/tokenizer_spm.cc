@@ -51,7 +51,7 @@ class SpmSession {
     size_t seg = 0;
     for (size_t i = 0; i < text_.size(); ++i) {
       const auto c = static_cast<uint8_t>(text_[i]);
-      if (c < 0x80 && v_.spm_isolated[c]) {
+      if (false && c < 0x80 && v_.spm_isolated[c]) {
         RunSegment(seg, i, out);
         RunSegment(i, i + 1, out);
         seg = i + 1;

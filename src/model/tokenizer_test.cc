@@ -10,6 +10,7 @@
 
 #include "gguf/gguf_file.h"
 #include "gguf/gguf_writer.h"
+#include "model/tokenizer_internal.h"
 
 namespace kvx::model {
 namespace {
@@ -454,6 +455,42 @@ TEST(TokenizerBpe, SpecialTokensAndCleanSpaces) {
   // llama_detokenize's clean-up for BPE: " ," and " 's" lose the space.
   EXPECT_EQ(t->Detokenize(Enc(*t, "a , it 's"), false, false), "a, it's");
   EXPECT_EQ(t->Decode(Enc(*t, "a , it 's"), false), "a , it 's");
+}
+
+std::vector<std::string> Split(const std::string& pre, const std::string& text) {
+  auto info = NormalizeBpePre(pre);
+  EXPECT_TRUE(info.ok()) << info.status().ToString();
+  auto p = BpePreTokenizer::Create(info->regex_set);
+  EXPECT_TRUE(p.ok()) << p.status().ToString();
+  std::vector<std::string> out;
+  for (std::string_view w : (*p)->Split(text)) out.emplace_back(w);
+  return out;
+}
+
+using Words = std::vector<std::string>;
+
+TEST(TokenizerBpe, PreTokenizerRegexes) {
+  // GPT-2.
+  EXPECT_EQ(Split("gpt-2", "  Hello world's 123!!\n"),
+            (Words{" ", " Hello", " world", "'s", " 123", "!!", "\n"}));
+  EXPECT_EQ(Split("gpt-2", "a \n\n b"), (Words{"a", " \n\n", " b"}));
+  // Llama 3: letters may take one leading non-letter, digits go in threes,
+  // newline runs are their own words.
+  EXPECT_EQ(Split("llama-bpe", "Hello, y'all! How are you \xF0\x9F\x98\x81 ?"),
+            (Words{"Hello", ",", " y", "'all", "!", " How", " are", " you", " \xF0\x9F\x98\x81",
+                   " ?"}));
+  EXPECT_EQ(Split("llama-bpe", "1314151 I'M"), (Words{"131", "415", "1", " I", "'M"}));
+  EXPECT_EQ(Split("llama-bpe", "a\n\n b  c"), (Words{"a", "\n\n", " b", " ", " c"}));
+  EXPECT_EQ(Split("llama-bpe", "\xE6\x88\x91\xE6\x83\xB3" "apple"),
+            (Words{"\xE6\x88\x91\xE6\x83\xB3" "apple"}));
+  // Qwen2: single digits.
+  EXPECT_EQ(Split("qwen2", "x1314"), (Words{"x", "1", "3", "1", "4"}));
+  // SmolLM / StarCoder: single digits, then GPT-2.
+  EXPECT_EQ(Split("smollm", "ab 12"), (Words{"ab", " ", "1", "2"}));
+  // llama.cpp's default list: punctuation runs first, then GPT-2, then
+  // digit runs cut in threes.
+  EXPECT_EQ(Split("default", "Hi, you!! 12345"), (Words{"Hi", ",", " you", "!!", " ", "123", "45"}));
+  EXPECT_EQ(Split("default", ""), Words{});
 }
 
 // ---- GGUF round trip ----
