@@ -10,6 +10,8 @@
 #include <fstream>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "gguf/gguf_writer.h"
 #include "support/test_data.h"
 
@@ -51,8 +53,14 @@ void WriteFile(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary) << bytes;
 }
 
+void ExpectError(const std::string& args, const std::string& needle) {
+  const CommandResult r = RunKvx(args);
+  EXPECT_EQ(r.exit_code, 1) << args << "\n" << r.output;
+  EXPECT_NE(r.output.find(needle), std::string::npos) << args << "\n" << r.output;
+}
+
 TEST(CliTest, HelpForEveryCommand) {
-  for (const char* cmd : {"", "run ", "inspect ", "perplexity ", "gen-model "}) {
+  for (const char* cmd : {"", "run ", "inspect ", "perplexity ", "gen-model ", "bench ", "plan "}) {
     const CommandResult r = RunKvx(std::string(cmd) + "--help");
     EXPECT_EQ(r.exit_code, 0) << cmd << r.output;
     EXPECT_NE(r.output.find("Usage"), std::string::npos) << r.output;
@@ -73,6 +81,26 @@ TEST(CliTest, GenModelRunAndInspect) {
   EXPECT_NE(list.output.find("smollm2-135m"), std::string::npos);
 }
 
+TEST(CliTest, BenchAndPlan) {
+  const std::string json = TempDir() + "/bench.json";
+  const CommandResult bench =
+      RunKvx("bench -m " + TinyModel() + " -t 2 --depths 0,64 -p 32 -n 4 -r 1 --json " + json);
+  ASSERT_EQ(bench.exit_code, 0) << bench.output;
+  EXPECT_NE(bench.output.find("% of bound"), std::string::npos) << bench.output;
+  std::ifstream in(json);
+  const auto j = nlohmann::json::parse(in);
+  ASSERT_EQ(j["decode"].size(), 2u);
+  EXPECT_GT(j["decode"][1]["kv_bytes"].get<double>(), j["decode"][0]["kv_bytes"].get<double>());
+  EXPECT_GT(j["bandwidth"]["read_gbps"].get<double>(), 0);
+  const CommandResult plan = RunKvx("plan --shape smollm2-135m --ctx 4096 --mem 1G --kv codec=f16 -t 2");
+  ASSERT_EQ(plan.exit_code, 0) << plan.output;
+  EXPECT_NE(plan.output.find("concurrency"), std::string::npos);
+  const CommandResult measured = RunKvx("plan -m " + TinyModel() + " --ctx 128 --mem 64M --measure -t 2");
+  ASSERT_EQ(measured.exit_code, 0) << measured.output;
+  EXPECT_NE(measured.output.find("measured/bound"), std::string::npos);
+  ExpectError("bench -m " + TinyModel() + " --depths 0,x", "--depths");
+}
+
 TEST(CliTest, SameSeedSameText) {
   const std::string args = "run -m " + TinyModel() + " -p 'the cat' -n 16 --temp 1.0 --top-k 0 --min-p 0 ";
   const CommandResult a = RunKvx(args + "--seed 5"), b = RunKvx(args + "--seed 5"), c = RunKvx(args + "--seed 6");
@@ -90,12 +118,6 @@ TEST(CliTest, RunWritesCoherentTextWithRealModel) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   // Greedy TinyStories continues with a story made of ordinary English words.
   EXPECT_NE(r.output.find(" the "), std::string::npos) << r.output;
-}
-
-void ExpectError(const std::string& args, const std::string& needle) {
-  const CommandResult r = RunKvx(args);
-  EXPECT_EQ(r.exit_code, 1) << args << "\n" << r.output;
-  EXPECT_NE(r.output.find(needle), std::string::npos) << args << "\n" << r.output;
 }
 
 TEST(CliTest, MissingModelIsAClearError) { ExpectError("run -m /nonexistent.gguf -p hi", "cannot open"); }

@@ -321,7 +321,9 @@ TEST(TokenizerGoldenFiles, EncodeSpeed) {
     const size_t n = CountTokens(*tok, "wiki_head.txt", &seconds);
     std::printf("[ speed    ] %s: wiki_head.txt (200 KB) -> %zu tokens in %.1f ms\n", model, n,
                 seconds * 1e3);
-    EXPECT_LT(seconds, 1.0) << model;  // typically a few tens of ms
+#if defined(NDEBUG) && !defined(__SANITIZE_ADDRESS__)
+    EXPECT_LT(seconds, 1.0) << model;  // typically 20-60 ms in an optimized build
+#endif
   }
 }
 

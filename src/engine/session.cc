@@ -1,6 +1,7 @@
 #include "engine/session.h"
 
 #include <algorithm>
+#include <random>
 
 namespace kvx::engine {
 
@@ -72,6 +73,30 @@ Status Session::FeedWithLogits(const std::vector<int32_t>& tokens, int first_log
   logits->resize(static_cast<size_t>(n - first_logit_row) * model_->config().n_vocab);
   KVX_RETURN_IF_ERROR(model_->Forward(batch_, kv_.get(), &scratch_, threads_, logits->data()));
   n_past_ += n;
+  return Status::Ok();
+}
+
+Status Session::AppendSyntheticKV(int n_tokens, uint64_t seed) {
+  KVX_RETURN_IF_ERROR(CheckFits(static_cast<size_t>(n_tokens)));
+  const model::ModelConfig& c = model_->config();
+  const int kv_dim = c.n_kv_heads * c.head_dim;
+  constexpr int kChunk = 256;
+  std::vector<float> k(static_cast<size_t>(kChunk) * kv_dim), v(k.size());
+  std::vector<int32_t> pos(kChunk);
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int start = 0; start < n_tokens; start += kChunk) {
+    const int n = std::min(kChunk, n_tokens - start);
+    for (int i = 0; i < n; ++i) pos[i] = n_past_ + start + i;
+    for (int l = 0; l < c.n_layers; ++l) {
+      for (size_t i = 0; i < static_cast<size_t>(n) * kv_dim; ++i) {
+        k[i] = normal(rng);
+        v[i] = normal(rng);
+      }
+      KVX_RETURN_IF_ERROR(kv_->Append(l, n, pos.data(), k.data(), v.data()));
+    }
+  }
+  n_past_ += n_tokens;
   return Status::Ok();
 }
 

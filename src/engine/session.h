@@ -46,6 +46,12 @@ class Session {
   // Forgets every token and returns its KV pages to the pool.
   void Reset();
 
+  // Benchmarks only: appends `n_tokens` entries of seeded random K/V at the
+  // next positions of every layer, as if a prompt had been run, without the
+  // cost of running it. Decode cost depends on the cached bytes, not on their
+  // values, so `kvx bench` uses this to reach deep contexts quickly.
+  Status AppendSyntheticKV(int n_tokens, uint64_t seed);
+
   int n_past() const { return n_past_; }
   int n_ctx() const { return n_ctx_; }
   const kv::SequenceKV& kv() const { return *kv_; }

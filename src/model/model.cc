@@ -112,6 +112,22 @@ Status Model::LoadWeights() {
   return Status::Ok();
 }
 
+uint64_t Model::DecodeWeightBytesPerToken() const {
+  const uint64_t embd_bytes = token_embd_.row_bytes * token_embd_.n_out;
+  const bool tied = output_.data == token_embd_.data;
+  return weight_bytes_ - (tied ? 0 : embd_bytes) + token_embd_.row_bytes;
+}
+
+double Model::MatmulFlopsPerToken() const {
+  double macs = 0;
+  for (const LayerWeights& w : layers_) {
+    for (const ops::WeightView* m : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down}) {
+      macs += static_cast<double>(m->n_in) * m->n_out;
+    }
+  }
+  return 2 * macs;
+}
+
 kv::KVLayout Model::KVLayoutFor(int page_tokens) const {
   kv::KVLayout layout;
   layout.n_layers = config_.n_layers;

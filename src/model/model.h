@@ -67,6 +67,13 @@ class Model {
 
   // Bytes of weights (as stored).
   uint64_t WeightBytes() const { return weight_bytes_; }
+  // Weight bytes one decoded token must read: every matrix, the output head,
+  // and one embedding row (the whole embedding table only when it is tied
+  // to the output head).
+  uint64_t DecodeWeightBytesPerToken() const;
+  // Multiply-add FLOPs (x2) of the weight matrices for one token, excluding
+  // the output head and attention.
+  double MatmulFlopsPerToken() const;
 
  private:
   Model() = default;

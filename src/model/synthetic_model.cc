@@ -119,18 +119,35 @@ SyntheticVocab MakeSyntheticVocab(int n_vocab) {
   return v;
 }
 
-namespace {
-
-gguf::TensorType TypeForRow(gguf::TensorType wanted, uint64_t n_in) {
+gguf::TensorType SyntheticMatrixType(gguf::TensorType wanted, uint64_t n_in) {
   const gguf::TensorTypeTraits* t = gguf::GetTensorTypeTraits(static_cast<uint32_t>(wanted));
   if (n_in % t->block_size == 0) return wanted;
   if (n_in % 32 == 0) return gguf::TensorType::kQ8_0;
   return gguf::TensorType::kF16;
 }
 
+ShapeWeightBytes ComputeShapeWeightBytes(const ModelShape& s, gguf::TensorType type) {
+  const uint64_t head_dim = s.n_embd / s.n_heads, d = s.n_embd;
+  const uint64_t q_dim = s.n_heads * head_dim, kv_dim = s.n_kv_heads * head_dim;
+  auto bytes = [&](uint64_t n_in, uint64_t n_out) {
+    return static_cast<double>(gguf::RowBytes(SyntheticMatrixType(type, n_in), n_in) * n_out);
+  };
+  ShapeWeightBytes w;
+  const double layer = bytes(d, q_dim) + 2 * bytes(d, kv_dim) + bytes(q_dim, d) + 2 * bytes(d, s.n_ff) +
+                       bytes(s.n_ff, d) + 2 * 4.0 * d;
+  const double embd = bytes(d, s.n_vocab);
+  w.total = s.n_layers * layer + embd * (s.tied_embeddings ? 1 : 2) + 4.0 * d;
+  w.decode_per_token = s.n_layers * layer + embd + 4.0 * d;
+  w.matmul_flops_per_token =
+      2.0 * s.n_layers * (d * q_dim + 2.0 * d * kv_dim + q_dim * d + 3.0 * d * s.n_ff);
+  return w;
+}
+
+namespace {
+
 Status AddMatrix(gguf::GgufWriter* w, Rng* rng, const std::string& name, gguf::TensorType type, uint64_t n_in,
                  uint64_t n_out, float std_dev) {
-  type = TypeForRow(type, n_in);
+  type = SyntheticMatrixType(type, n_in);
   const uint64_t row_bytes = gguf::RowBytes(type, n_in);
   std::vector<uint8_t> bytes(row_bytes * n_out);
   std::vector<float> row(n_in);

@@ -45,6 +45,19 @@ struct SyntheticModelOptions {
 // q8_0, then f16, as llama.cpp's quantizer does; norms are f32.
 Status WriteSyntheticModel(const SyntheticModelOptions& options, const std::string& path);
 
+// The type a matrix with rows of n_in elements gets when `wanted` is asked
+// for: `wanted` if its block divides n_in, else q8_0, else f16.
+gguf::TensorType SyntheticMatrixType(gguf::TensorType wanted, uint64_t n_in);
+
+// Bytes of the weights WriteSyntheticModel writes for (shape, type), split
+// into everything and what one decoded token reads.
+struct ShapeWeightBytes {
+  double total = 0;
+  double decode_per_token = 0;
+  double matmul_flops_per_token = 0;  // 2 x multiply-adds of the layer matrices
+};
+ShapeWeightBytes ComputeShapeWeightBytes(const ModelShape& shape, gguf::TensorType type);
+
 // The synthetic byte-level BPE vocabulary for `n_vocab` tokens: 256 byte
 // tokens (GPT-2 byte-to-unicode alphabet), deterministic merges, and the
 // special tokens <|endoftext|>, <|im_start|>, <|im_end|> at the end.

@@ -13,6 +13,8 @@ void RegisterRun(CLI::App& app, int* exit_code);
 void RegisterInspect(CLI::App& app, int* exit_code);
 void RegisterPerplexity(CLI::App& app, int* exit_code);
 void RegisterGenModel(CLI::App& app, int* exit_code);
+void RegisterBench(CLI::App& app, int* exit_code);
+void RegisterPlan(CLI::App& app, int* exit_code);
 
 // Prints "kvx: error: <message>" to stderr and returns 1 (0 when ok).
 int ReportStatus(const Status& status);

@@ -22,6 +22,8 @@ int main(int argc, char** argv) {
   kvx::tools::RegisterInspect(app, &exit_code);
   kvx::tools::RegisterPerplexity(app, &exit_code);
   kvx::tools::RegisterGenModel(app, &exit_code);
+  kvx::tools::RegisterBench(app, &exit_code);
+  kvx::tools::RegisterPlan(app, &exit_code);
   CLI11_PARSE(app, argc, argv);
   return exit_code;
 }

@@ -1,0 +1,51 @@
+#include "eval/plan.h"
+
+#include <cmath>
+#include <cstdio>
+
+namespace kvx::eval {
+
+double PrefillFlops(const PlanInputs& in, double n) {
+  return n * in.matmul_flops_per_token + 4.0 * in.n_layers * in.n_heads * in.head_dim * (n * (n + 1) / 2) +
+         2.0 * in.n_vocab * in.n_embd;
+}
+
+PlanResult ComputePlan(const PlanInputs& in) {
+  PlanResult r;
+  r.kv_per_seq_bytes = in.kv_bytes_per_token * static_cast<double>(in.ctx);
+  const double room = in.mem_bytes - in.weight_bytes;
+  r.concurrency = room > 0 && r.kv_per_seq_bytes > 0 ? static_cast<long>(std::floor(room / r.kv_per_seq_bytes)) : 0;
+  r.prefill_flops = PrefillFlops(in, static_cast<double>(in.ctx));
+  r.prefill_seconds = r.prefill_flops / (in.peak_gflops * 1e9);
+  r.prefill_tok_s = in.ctx / r.prefill_seconds;
+  const double bw = in.bandwidth_gbps * 1e9;
+  r.decode_step_seconds = (in.decode_weight_bytes + r.concurrency * r.kv_per_seq_bytes) / bw;
+  r.decode_throughput_tok_s = r.concurrency > 0 ? r.concurrency / r.decode_step_seconds : 0;
+  r.single_decode_tok_s = bw / (in.decode_weight_bytes + r.kv_per_seq_bytes);
+  r.switch_seconds = in.tier_gbps > 0 ? r.kv_per_seq_bytes / (in.tier_gbps * 1e9) : 0;
+  return r;
+}
+
+std::string PlanResult::ToString(const PlanInputs& in) const {
+  char buf[2048];
+  std::snprintf(buf, sizeof(buf),
+                "model %s, KV `%s`, context %ld tokens, memory %.2f GiB\n"
+                "machine: bandwidth %.1f GB/s, peak %.1f GFLOP/s, tier %.2f GB/s\n\n"
+                "| quantity | value |\n|---|---|\n"
+                "| weights | %.1f MiB |\n"
+                "| KV bytes per token | %.0f |\n"
+                "| KV per sequence at context | %.1f MiB |\n"
+                "| concurrency (sequences that fit) | %ld |\n"
+                "| prefill of one context (compute bound) | %.3f s (%.0f tok/s, %.2f TFLOP) |\n"
+                "| decode step at full concurrency | %.2f ms |\n"
+                "| decode throughput at full concurrency | %.1f tok/s |\n"
+                "| decode, one sequence at full depth | %.1f tok/s |\n"
+                "| context switch (one sequence's KV to the tier) | %.3f s |\n",
+                in.model.c_str(), in.kv_spec.c_str(), in.ctx, in.mem_bytes / 1073741824.0, in.bandwidth_gbps,
+                in.peak_gflops, in.tier_gbps, in.weight_bytes / 1048576.0, in.kv_bytes_per_token,
+                kv_per_seq_bytes / 1048576.0, concurrency, prefill_seconds, prefill_tok_s, prefill_flops / 1e12,
+                decode_step_seconds * 1e3, decode_throughput_tok_s, single_decode_tok_s, switch_seconds);
+  return buf;
+}
+
+}  // namespace kvx::eval

@@ -1,0 +1,188 @@
+#include "eval/speed_bench.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+
+#include "kv/sequence_kv.h"
+#include "model/sampler.h"
+
+namespace kvx::eval {
+
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::vector<int32_t> RandomTokens(int n, int n_vocab, std::mt19937* rng) {
+  std::uniform_int_distribution<int32_t> pick(0, n_vocab - 1);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = pick(*rng);
+  return t;
+}
+
+}  // namespace
+
+PlanInputs ModelPlanInputs(const engine::Runtime& rt) {
+  const model::Model& m = rt.model();
+  const model::ModelConfig& c = m.config();
+  PlanInputs in;
+  in.model = c.name.empty() ? c.arch_name : c.name;
+  in.n_layers = c.n_layers;
+  in.n_heads = c.n_heads;
+  in.head_dim = c.head_dim;
+  in.n_embd = c.n_embd;
+  in.n_vocab = c.n_vocab;
+  in.weight_bytes = static_cast<double>(m.WeightBytes());
+  in.decode_weight_bytes = static_cast<double>(m.DecodeWeightBytesPerToken());
+  in.matmul_flops_per_token = m.MatmulFlopsPerToken();
+  in.kv_bytes_per_token =
+      static_cast<double>(kv::BytesPerToken(m.KVLayoutFor(rt.kv_spec().page_tokens), rt.kv_spec().codec));
+  in.kv_spec = rt.kv_spec().ToString();
+  return in;
+}
+
+double PeakRssBytes() {
+  struct rusage u;
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) * 1024.0;
+}
+
+Result<SpeedBenchResult> RunSpeedBench(engine::Runtime* rt, const SpeedBenchOptions& o) {
+  if (o.reps <= 0 || o.gen_tokens <= 0 || o.prompt_tokens <= 0) {
+    return InvalidArgument("repetitions, generated tokens and prompt tokens must be positive");
+  }
+  const model::Model& m = rt->model();
+  const model::ModelConfig& c = m.config();
+  const int max_depth = o.depths.empty() ? 0 : *std::max_element(o.depths.begin(), o.depths.end());
+  if (max_depth + o.gen_tokens + 1 > rt->n_ctx() || o.prompt_tokens > rt->n_ctx()) {
+    return InvalidArgument("the context (" + std::to_string(rt->n_ctx()) + ") is too small for depth " +
+                           std::to_string(max_depth) + " + " + std::to_string(o.gen_tokens) +
+                           " generated tokens; raise -c");
+  }
+  SpeedBenchResult r;
+  r.model = c.name.empty() ? c.arch_name : c.name;
+  r.kv_spec = rt->kv_spec().ToString();
+  r.threads = rt->threads().size();
+  r.weight_bytes = static_cast<double>(m.WeightBytes());
+  r.decode_weight_bytes = static_cast<double>(m.DecodeWeightBytesPerToken());
+  r.kv_bytes_per_token =
+      static_cast<double>(kv::BytesPerToken(m.KVLayoutFor(rt->kv_spec().page_tokens), rt->kv_spec().codec));
+  KVX_ASSIGN_OR_RETURN(auto session, rt->NewSession());
+  std::mt19937 rng(static_cast<uint32_t>(o.seed));
+
+  // Prefill.
+  r.prompt_tokens = o.prompt_tokens;
+  std::vector<double> prefill;
+  for (int rep = 0; rep < o.reps; ++rep) {
+    session->Reset();
+    const auto tokens = RandomTokens(o.prompt_tokens, c.n_vocab, &rng);
+    const double t0 = Now();
+    KVX_ASSIGN_OR_RETURN(const float* logits, session->Feed(tokens));
+    (void)logits;
+    prefill.push_back(o.prompt_tokens / (Now() - t0));
+  }
+  r.prefill_tok_s = Median(prefill);
+  const double p = o.prompt_tokens;
+  r.prefill_gflops = PrefillFlops(ModelPlanInputs(*rt), p) / (p / r.prefill_tok_s) / 1e9;
+
+  // Decode at each depth.
+  for (int depth : o.depths) {
+    DepthResult d;
+    d.depth = depth;
+    std::vector<double> per_token;
+    for (int rep = 0; rep < o.reps; ++rep) {
+      session->Reset();
+      KVX_RETURN_IF_ERROR(session->AppendSyntheticKV(depth, o.seed + rep));
+      int32_t token = RandomTokens(1, c.n_vocab, &rng)[0];
+      for (int i = 0; i < o.gen_tokens; ++i) {
+        const double t0 = Now();
+        KVX_ASSIGN_OR_RETURN(const float* logits, session->Feed({token}));
+        per_token.push_back(Now() - t0);
+        token = model::ArgMax(logits, c.n_vocab);
+      }
+      // KV held at the middle of the decode, measured from the pool.
+      d.kv_bytes = static_cast<double>(session->kv().BytesInUse());
+    }
+    d.decode_tok_s = 1.0 / Median(per_token);
+    d.bytes_per_token = r.decode_weight_bytes + d.kv_bytes;
+    r.depths.push_back(d);
+  }
+  session->Reset();
+  // Peak RSS before the probes, whose large arrays are not the model's.
+  r.peak_rss_bytes = PeakRssBytes();
+  r.bandwidth = MeasureBandwidth(&rt->threads());
+  r.peak = MeasurePeakFlops(&rt->threads());
+  r.prefill_pct_of_peak = 100.0 * r.prefill_gflops / r.peak.gflops;
+  for (DepthResult& d : r.depths) {
+    d.bound_tok_s = r.bandwidth.read_gbps * 1e9 / d.bytes_per_token;
+    d.pct_of_bound = 100.0 * d.decode_tok_s / d.bound_tok_s;
+  }
+  return r;
+}
+
+nlohmann::json SpeedBenchResult::ToJson() const {
+  nlohmann::json j;
+  j["model"] = model;
+  j["kv_spec"] = kv_spec;
+  j["threads"] = threads;
+  j["weight_bytes"] = weight_bytes;
+  j["decode_weight_bytes_per_token"] = decode_weight_bytes;
+  j["kv_bytes_per_token"] = kv_bytes_per_token;
+  j["bandwidth"] = {{"read_gbps", bandwidth.read_gbps}, {"triad_gbps", bandwidth.triad_gbps},
+                    {"array_bytes", bandwidth.bytes}};
+  j["peak_flops"] = {{"gflops", peak.gflops}, {"isa", peak.isa}};
+  j["prefill"] = {{"tokens", prompt_tokens},
+                  {"tok_s", prefill_tok_s},
+                  {"gflops", prefill_gflops},
+                  {"pct_of_peak", prefill_pct_of_peak}};
+  j["decode"] = nlohmann::json::array();
+  for (const DepthResult& d : depths) {
+    j["decode"].push_back({{"depth", d.depth},
+                           {"tok_s", d.decode_tok_s},
+                           {"kv_bytes", d.kv_bytes},
+                           {"bytes_per_token", d.bytes_per_token},
+                           {"bound_tok_s", d.bound_tok_s},
+                           {"pct_of_bound", d.pct_of_bound}});
+  }
+  j["peak_rss_bytes"] = peak_rss_bytes;
+  return j;
+}
+
+std::string SpeedBenchResult::ToTable() const {
+  char buf[512];
+  std::string s;
+  std::snprintf(buf, sizeof(buf),
+                "model %s, KV `%s`, %d threads; weights %.1f MiB (decode reads %.1f MiB/token); KV %.0f bytes/token\n"
+                "memory bandwidth: read %.1f GB/s, triad %.1f GB/s; peak %.1f GFLOP/s (%s FMA)\n\n",
+                model.c_str(), kv_spec.c_str(), threads, weight_bytes / 1048576.0, decode_weight_bytes / 1048576.0,
+                kv_bytes_per_token, bandwidth.read_gbps, bandwidth.triad_gbps, peak.gflops, peak.isa.c_str());
+  s += buf;
+  std::snprintf(buf, sizeof(buf),
+                "| prefill | tok/s | GFLOP/s | %% of peak |\n|---|---|---|---|\n| %d tokens | %.1f | %.1f | %.1f%% |\n\n",
+                prompt_tokens, prefill_tok_s, prefill_gflops, prefill_pct_of_peak);
+  s += buf;
+  s += "| decode depth | tok/s | KV MiB | bytes read/token (MiB) | bound tok/s | % of bound |\n"
+       "|---|---|---|---|---|---|\n";
+  for (const DepthResult& d : depths) {
+    std::snprintf(buf, sizeof(buf), "| %d | %.1f | %.2f | %.1f | %.1f | %.1f%% |\n", d.depth, d.decode_tok_s,
+                  d.kv_bytes / 1048576.0, d.bytes_per_token / 1048576.0, d.bound_tok_s, d.pct_of_bound);
+    s += buf;
+  }
+  std::snprintf(buf, sizeof(buf), "\npeak RSS: %.1f MiB\n", peak_rss_bytes / 1048576.0);
+  s += buf;
+  return s;
+}
+
+}  // namespace kvx::eval
