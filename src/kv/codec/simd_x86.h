@@ -23,7 +23,12 @@ namespace kvx::kv::simd {
 inline bool HasAvx2Fma() {
   static const bool has = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    // F16C is read from CPUID leaf 1 (ECX bit 29) directly: clang 14's
+    // __builtin_cpu_supports does not know "f16c".
+    unsigned eax, ebx, ecx, edx;
+    __asm__("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(1), "c"(0));
+    const bool f16c = (ecx >> 29) & 1u;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
   }();
   return has;
 }
