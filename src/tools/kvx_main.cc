@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   kvx::tools::RegisterGenModel(app, &exit_code);
   kvx::tools::RegisterBench(app, &exit_code);
   kvx::tools::RegisterPlan(app, &exit_code);
+  kvx::tools::RegisterEval(app, &exit_code);
   CLI11_PARSE(app, argc, argv);
   return exit_code;
 }

@@ -1,0 +1,218 @@
+// kvx eval: how much quality a KV-cache configuration costs, measured the way
+// the KV-cache papers do, side by side with an uncompressed baseline, in one
+// run over one loaded model.
+//
+// Tasks (docs/eval.md has the exact protocols and scoring rules):
+//   ppl      perplexity, llama.cpp's protocol (chunks of n tokens from an empty
+//            cache, BOS first, the second half scored), same numbers as
+//            `kvx perplexity`;
+//   kld      KL(baseline || spec) of the next-token distributions at every
+//            position ppl scores: mean (+- stderr), median, p90, p99, max; and
+//            top-1 agreement with the baseline;
+//   copy     induction probe: a span, filler, the span again; top-1 accuracy
+//            on the repeat (after its first `copy_skip` tokens) per distance,
+//            with random-token spans (chance = 1 / candidates) and, given a
+//            text, spans of real text; each with the first-occurrence
+//            accuracy as the no-copy control;
+//   passkey  llama.cpp's passkey prompt over a length x depth grid, greedy;
+//   lines    LongEval line retrieval, windows of the records that fit;
+//   needle   needle in a haystack (Paul Graham essays), length x depth grid,
+//            ROUGE-1 F1 of the answer sentence.
+//
+// Every task result carries KV bytes measured from the spec's BlockPool:
+// BlockPool::bytes_in_use() read at the end of every sequence (after its last
+// token, before the cache is cleared), the maximum kept, together with the
+// sequence length then; and the bytes a dense f16 K/V cache holds for that
+// many tokens (2 x 2 bytes x layers x kv_heads x head_dim per token), whose
+// ratio is the compression against f16.
+//
+// Execution: ppl and kld run chunk by chunk over the baseline and all specs
+// together (the baseline's log-probabilities of a chunk are computed once and
+// compared against every spec, nothing is stored across chunks); then each
+// spec, baseline first, runs the other tasks. After every task of every spec
+// `on_update` receives the report so far, so an interrupted run keeps them.
+//
+// Thread-safety: RunEval uses the given ThreadPool; one call at a time.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "eval/progress.h"
+#include "eval/prompts.h"
+#include "model/model.h"
+#include "util/status.h"
+#include "util/thread_pool.h"
+
+namespace kvx::eval {
+
+enum class Task { kPpl, kKld, kCopy, kPasskey, kLines, kNeedle };
+inline constexpr Task kAllTasks[] = {Task::kPpl, Task::kKld, Task::kCopy, Task::kPasskey, Task::kLines, Task::kNeedle};
+std::string_view TaskName(Task t);
+// "ppl,kld,copy" -> tasks in canonical order; "all" = every task.
+// InvalidArgument naming the unknown task and listing the valid ones.
+Result<std::vector<Task>> ParseTasks(std::string_view list);
+
+struct EvalOptions {
+  std::vector<Task> tasks = {Task::kPpl, Task::kKld, Task::kCopy};
+  std::string baseline = "codec=f32";  // the reference cache
+  std::vector<std::string> specs;      // the caches to judge (any --kv strings)
+  std::string model_path;              // for the report
+  int n_ctx = 0;                       // longest sequence of any task; 0 = the model's trained context
+  int n_batch = 512;
+  uint64_t seed = 42;
+
+  // ppl, kld (and copy spans from text): the text and its file name.
+  std::string text;
+  std::string text_name;
+  int chunk = 0;        // ppl/kld chunk length; 0 = n_ctx
+  int max_chunks = -1;  // -1 = every chunk
+
+  // copy
+  int copy_span = 32;
+  int copy_skip = 1;                // repeat tokens not scored (the first can't be known)
+  std::vector<int> copy_distances;  // empty = {0, n_ctx/32, n_ctx/8, n_ctx/2, max}
+  int copy_trials = 10;             // sequences per distance and source
+
+  // passkey, needle grid: total sequence lengths (prompt + answer) and depths
+  std::vector<int> lengths;    // empty = {n_ctx/4, n_ctx/2, 3 n_ctx/4, n_ctx}, minus those
+                               // too short for the bare prompt (+1/3 room for filler)
+  std::vector<double> depths;  // empty = {0, 0.25, 0.5, 0.75, 1}
+  int passkey_trials = 3;
+  int passkey_gen = 16;
+  int needle_gen = 32;
+
+  // lines
+  std::vector<int> line_counts;  // empty = {2, 5, 10, 20, 40, 80, 160}, those that fit
+  int lines_trials = 10;         // cases per count (the first of 200_lines.jsonl)
+  int lines_gen = 16;
+
+  std::string data_dir = "../shared/data";  // lines and needle data
+};
+
+// KV bytes held by a spec's pool (see the header comment).
+struct KvMeasure {
+  uint64_t peak_bytes = 0;  // max BlockPool::bytes_in_use() at the end of a sequence
+  int64_t peak_tokens = 0;  // that sequence's length
+  uint64_t f16_bytes = 0;   // dense f16 K+V bytes for peak_tokens tokens
+  double CompressionVsF16() const {
+    return peak_bytes > 0 ? static_cast<double>(f16_bytes) / static_cast<double>(peak_bytes) : 0.0;
+  }
+  // Keeps the larger measurement.
+  void Observe(uint64_t bytes, int64_t tokens, uint64_t f16_bytes_per_token);
+  void Merge(const KvMeasure& other);
+};
+
+struct TaskOutcome {
+  bool ok = true;
+  std::string error;  // when !ok
+  double seconds = 0;
+  KvMeasure kv;
+};
+
+struct PplResult : TaskOutcome {
+  double ppl = 0;
+  double ppl_stderr = 0;
+  int n_chunks = 0;
+  int n_scored = 0;
+  int chunk = 0;
+};
+
+struct KldResult : TaskOutcome {
+  double mean = 0, mean_stderr = 0, median = 0, p90 = 0, p99 = 0, max = 0;
+  double top1 = 0, top1_stderr = 0;  // fraction of positions where the argmax agrees
+  int64_t n_positions = 0;
+};
+
+struct CopyDistance {
+  int distance = 0;
+  int64_t n_scored = 0;
+  double accuracy = 0;        // repeat tokens predicted top-1
+  double first_accuracy = 0;  // the same span positions at their first occurrence
+};
+
+struct CopySource {
+  std::string source;  // "random" or "text"
+  double chance = -1;  // random: 1 / candidates; text: -1 (n/a)
+  int64_t n_sequences = 0;
+  int64_t n_scored = 0;
+  double accuracy = 0;
+  double first_accuracy = 0;
+  std::vector<CopyDistance> by_distance;
+};
+
+struct CopyResult : TaskOutcome {
+  int span = 0;
+  int skip = 0;
+  std::vector<CopySource> sources;
+};
+
+struct CellResult {
+  GridCell cell;
+  int n = 0;
+  int hits = 0;
+  double score_sum = 0;  // passkey/lines: hits; needle: sum of ROUGE-1 F1
+  double prompt_tokens_sum = 0;
+  std::string example;  // the first item's output
+  double Accuracy() const { return n > 0 ? static_cast<double>(hits) / n : 0.0; }
+  double Score() const { return n > 0 ? score_sum / n : 0.0; }
+};
+
+struct RetrievalResult : TaskOutcome {
+  std::string metric;  // "first_integer" (passkey, lines) or "rouge1_f1" (needle)
+  std::vector<CellResult> cells;
+  int n = 0;
+  int hits = 0;
+  double score_sum = 0;
+  double Accuracy() const { return n > 0 ? static_cast<double>(hits) / n : 0.0; }
+  double Score() const { return n > 0 ? score_sum / n : 0.0; }
+};
+
+struct SpecResult {
+  std::string spec;       // as given
+  std::string canonical;  // KVSpec::ToString()
+  bool is_baseline = false;
+  std::string error;  // set when the spec could not be set up
+  std::optional<PplResult> ppl;
+  std::optional<KldResult> kld;
+  std::optional<CopyResult> copy;
+  std::optional<RetrievalResult> passkey, lines, needle;
+  KvMeasure kv;  // the largest of the tasks' measurements
+  double seconds = 0;
+  bool done = false;  // every requested task has finished
+};
+
+struct ModelInfo {
+  std::string path, name, arch;
+  int n_layers = 0, n_kv_heads = 0, head_dim = 0, n_ctx_train = 0, n_vocab = 0;
+  uint64_t f16_bytes_per_token = 0;  // dense f16 K+V
+};
+
+struct EvalReport {
+  ModelInfo model;
+  EvalOptions settings;  // with every default resolved (grids, n_ctx, chunk)
+  std::vector<int> dropped_line_counts;
+  int copy_candidates = 0;
+  std::vector<SpecResult> specs;  // baseline first, then options.specs in order
+  bool complete = false;
+  std::string created_utc;
+};
+
+struct EvalHooks {
+  std::function<void(const EvalReport&)> on_update;  // after every finished task
+  ProgressBar* progress = nullptr;
+};
+
+// Validates the options (every spec parses, the grids fit in the context,
+// needed data present), builds every probe input, then runs. Setup errors
+// (bad spec, missing data, a grid that does not fit) return a Status before
+// anything runs; a spec that fails while running (e.g. its budget runs out)
+// gets the error in its task result and the run goes on.
+Result<EvalReport> RunEval(const model::Model& model, ThreadPool* threads, const EvalOptions& options,
+                           const EvalHooks& hooks);
+
+}  // namespace kvx::eval

@@ -1,0 +1,714 @@
+// RunEval: plans every probe input once, then runs the baseline and the specs
+// (see eval.h for the order and the measurement rules).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <filesystem>
+#include <memory>
+#include <set>
+
+#include "engine/generate.h"
+#include "engine/spec_runtime.h"
+#include "eval/eval.h"
+#include "eval/stats.h"
+#include "eval/text_score.h"
+#include "util/mmap_file.h"
+
+namespace kvx::eval {
+
+std::string_view TaskName(Task t) {
+  switch (t) {
+    case Task::kPpl:
+      return "ppl";
+    case Task::kKld:
+      return "kld";
+    case Task::kCopy:
+      return "copy";
+    case Task::kPasskey:
+      return "passkey";
+    case Task::kLines:
+      return "lines";
+    case Task::kNeedle:
+      return "needle";
+  }
+  return "?";
+}
+
+Result<std::vector<Task>> ParseTasks(std::string_view list) {
+  std::set<Task> chosen;
+  size_t pos = 0;
+  while (pos <= list.size()) {
+    size_t end = list.find(',', pos);
+    if (end == std::string_view::npos) end = list.size();
+    std::string_view name = list.substr(pos, end - pos);
+    while (!name.empty() && name.front() == ' ') name.remove_prefix(1);
+    while (!name.empty() && name.back() == ' ') name.remove_suffix(1);
+    pos = end + 1;
+    if (name.empty()) continue;
+    if (name == "all") {
+      chosen.insert(std::begin(kAllTasks), std::end(kAllTasks));
+      continue;
+    }
+    bool found = false;
+    for (Task t : kAllTasks) {
+      if (TaskName(t) == name) {
+        chosen.insert(t);
+        found = true;
+      }
+    }
+    if (!found) {
+      return InvalidArgument("unknown task '" + std::string(name) +
+                             "'; valid tasks: ppl, kld, copy, passkey, lines, needle (or all)");
+    }
+  }
+  if (chosen.empty()) return InvalidArgument("no task given; valid tasks: ppl, kld, copy, passkey, lines, needle");
+  return std::vector<Task>(chosen.begin(), chosen.end());
+}
+
+void KvMeasure::Observe(uint64_t bytes, int64_t tokens, uint64_t f16_bytes_per_token) {
+  if (bytes > peak_bytes || (bytes == peak_bytes && tokens > peak_tokens)) {
+    peak_bytes = bytes;
+    peak_tokens = tokens;
+    f16_bytes = static_cast<uint64_t>(tokens) * f16_bytes_per_token;
+  }
+}
+
+void KvMeasure::Merge(const KvMeasure& o) {
+  if (o.peak_bytes > peak_bytes || (o.peak_bytes == peak_bytes && o.peak_tokens > peak_tokens)) *this = o;
+}
+
+namespace {
+
+double Seconds() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+std::string UtcNow() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+bool Has(const std::vector<Task>& tasks, Task t) { return std::find(tasks.begin(), tasks.end(), t) != tasks.end(); }
+
+std::string Truncate(std::string s, size_t n) {
+  if (s.size() > n) {
+    s.resize(n);
+    while (!s.empty() && (static_cast<unsigned char>(s.back()) & 0xC0) == 0x80) s.pop_back();
+    if (!s.empty() && static_cast<unsigned char>(s.back()) >= 0xC0) s.pop_back();
+    s += "...";
+  }
+  return s;
+}
+
+class Runner {
+ public:
+  Runner(const model::Model& model, ThreadPool* threads, const EvalOptions& options, const EvalHooks& hooks)
+      : model_(model), threads_(threads), opt_(options), hooks_(hooks) {}
+
+  Result<EvalReport> Run() {
+    KVX_RETURN_IF_ERROR(Resolve());
+    KVX_RETURN_IF_ERROR(Plan());
+    KVX_RETURN_IF_ERROR(SetUpSpecs());
+    if (hooks_.progress) hooks_.progress->SetTotal(total_items_, total_weight_);
+    if (Has(opt_.tasks, Task::kPpl) || Has(opt_.tasks, Task::kKld)) RunTextTasks();
+    for (size_t r = 0; r < rts_.size(); ++r) {
+      SpecResult& res = report_.specs[r];
+      const double t0 = Seconds();
+      if (Has(opt_.tasks, Task::kCopy)) {
+        SetLabel(r, "copy");
+        res.copy = RunCopy(r);
+        Update(r);
+      }
+      if (Has(opt_.tasks, Task::kPasskey)) {
+        SetLabel(r, "passkey");
+        res.passkey = RunRetrieval(r, passkey_, "first_integer");
+        Update(r);
+      }
+      if (Has(opt_.tasks, Task::kLines)) {
+        SetLabel(r, "lines");
+        res.lines = RunRetrieval(r, lines_, "first_integer");
+        Update(r);
+      }
+      if (Has(opt_.tasks, Task::kNeedle)) {
+        SetLabel(r, "needle");
+        res.needle = RunRetrieval(r, needle_, "rouge1_f1");
+        Update(r);
+      }
+      res.seconds += Seconds() - t0;
+      res.done = true;
+      sessions_[r].reset();  // its pages go back to the pool
+      Notify();
+      if (hooks_.progress) hooks_.progress->Message(SummaryLine(res));
+    }
+    report_.complete = true;
+    Notify();
+    return std::move(report_);
+  }
+
+ private:
+  // ---- setup ----
+
+  Status Resolve() {
+    const model::ModelConfig& c = model_.config();
+    EvalOptions& o = opt_;
+    if (o.tasks.empty()) return InvalidArgument("no task given");
+    if (o.n_ctx < 0) return InvalidArgument("context length must be >= 0 (0 = the model's own)");
+    if (o.n_ctx == 0) o.n_ctx = c.n_ctx_train;
+    const int n_ctx = o.n_ctx;
+    if (n_ctx < 16) return InvalidArgument("context length must be at least 16 tokens");
+    if (o.chunk == 0) o.chunk = n_ctx;
+    if (o.chunk < 4 || o.chunk > n_ctx) {
+      return InvalidArgument("the ppl/kld chunk (" + std::to_string(o.chunk) + ") must be in 4.." +
+                             std::to_string(n_ctx) + " (the context)");
+    }
+    if (o.copy_span < 2) return InvalidArgument("copy span must be at least 2 tokens");
+    if (o.copy_skip < 1 || o.copy_skip >= o.copy_span) {
+      return InvalidArgument("copy skip must be in 1.." + std::to_string(o.copy_span - 1));
+    }
+    if (o.copy_trials < 1 || o.passkey_trials < 1 || o.lines_trials < 1) {
+      return InvalidArgument("trial counts must be at least 1");
+    }
+    const int max_d = n_ctx - 1 - 2 * o.copy_span;
+    if (Has(o.tasks, Task::kCopy)) {
+      if (max_d < 0) {
+        return InvalidArgument("copy span " + std::to_string(o.copy_span) + " is too long for context " +
+                               std::to_string(n_ctx));
+      }
+      if (o.copy_distances.empty()) o.copy_distances = {0, n_ctx / 32, n_ctx / 8, n_ctx / 2, max_d};
+      for (int d : o.copy_distances) {
+        if (d < 0 || d > max_d) {
+          return InvalidArgument("copy distance " + std::to_string(d) + " does not fit: 1 + 2 x span (" +
+                                 std::to_string(o.copy_span) + ") + distance must be <= context " +
+                                 std::to_string(n_ctx) + ", so distances go up to " + std::to_string(max_d));
+        }
+      }
+      std::vector<int> d = o.copy_distances;
+      std::sort(d.begin(), d.end());
+      d.erase(std::unique(d.begin(), d.end()), d.end());
+      o.copy_distances = d;
+    }
+    lengths_defaulted_ = o.lengths.empty();
+    if (o.lengths.empty()) o.lengths = {n_ctx / 4, n_ctx / 2, 3 * n_ctx / 4, n_ctx};
+    for (int l : o.lengths) {
+      if (l < 1 || l > n_ctx) {
+        return InvalidArgument("length " + std::to_string(l) + " is outside 1.." + std::to_string(n_ctx) +
+                               " (the context)");
+      }
+    }
+    if (o.depths.empty()) o.depths = {0.0, 0.25, 0.5, 0.75, 1.0};
+    for (double d : o.depths) {
+      if (!(d >= 0.0 && d <= 1.0)) return InvalidArgument("depths are fractions in [0, 1]");
+    }
+    if (o.line_counts.empty()) o.line_counts = {2, 5, 10, 20, 40, 80, 160};
+    for (int n : o.line_counts) {
+      if (n < 1) return InvalidArgument("line counts must be positive");
+    }
+    if ((Has(o.tasks, Task::kPpl) || Has(o.tasks, Task::kKld)) && o.text.empty()) {
+      return InvalidArgument("ppl and kld need a text: give one with -f FILE (e.g. ../shared/golden/stories_eval.txt)");
+    }
+    ModelInfo& mi = report_.model;
+    mi.path = o.model_path;
+    mi.name = c.name;
+    mi.arch = c.arch_name;
+    mi.n_layers = c.n_layers;
+    mi.n_kv_heads = c.n_kv_heads;
+    mi.head_dim = c.head_dim;
+    mi.n_ctx_train = c.n_ctx_train;
+    mi.n_vocab = c.n_vocab;
+    mi.f16_bytes_per_token = 2ull * 2ull * c.n_layers * c.n_kv_heads * c.head_dim;
+    report_.created_utc = UtcNow();
+    return Status::Ok();
+  }
+
+  void AddWork(int64_t items, double weight) {
+    total_items_ += items * static_cast<int64_t>(1 + opt_.specs.size());
+    total_weight_ += weight * static_cast<double>(1 + opt_.specs.size());
+  }
+
+  Status Plan() {
+    const model::Tokenizer& tok = model_.tokenizer();
+    const EvalOptions& o = opt_;
+    if (!o.text.empty()) {
+      KVX_ASSIGN_OR_RETURN(text_tokens_, tok.Encode(o.text, /*add_special=*/true, /*parse_special=*/false));
+    }
+    if (Has(o.tasks, Task::kPpl) || Has(o.tasks, Task::kKld)) {
+      const int n = static_cast<int>(text_tokens_.size());
+      if (n < 2 * o.chunk) {
+        return InvalidArgument("the text has " + std::to_string(n) + " tokens; ppl/kld with " +
+                               std::to_string(o.chunk) + "-token chunks need at least " + std::to_string(2 * o.chunk) +
+                               " (a longer text or a smaller --chunk)");
+      }
+      n_chunks_ = n / o.chunk;
+      if (o.max_chunks >= 0) n_chunks_ = std::min(n_chunks_, o.max_chunks);
+      if (n_chunks_ < 1) return InvalidArgument("--chunks must be at least 1");
+      AddWork(n_chunks_, static_cast<double>(n_chunks_) * o.chunk);
+    }
+    if (Has(o.tasks, Task::kCopy)) {
+      const std::vector<int32_t> candidates = CopyCandidateTokens(tok);
+      if (candidates.empty()) return InvalidArgument("the vocabulary has no normal tokens for copy spans");
+      report_.copy_candidates = static_cast<int>(candidates.size());
+      copy_random_ = BuildRandomCopySequences(candidates, o.copy_span, o.copy_distances, o.copy_trials, o.seed);
+      if (!text_tokens_.empty()) {
+        std::vector<int32_t> raw = text_tokens_;
+        if (!raw.empty() && tok.add_bos() && raw.front() == tok.bos()) raw.erase(raw.begin());
+        KVX_ASSIGN_OR_RETURN(copy_text_,
+                             BuildTextCopySequences(raw, o.copy_span, o.copy_distances, o.copy_trials, o.seed + 1));
+      }
+      for (const auto* seqs : {&copy_random_, &copy_text_}) {
+        for (const CopySequence& s : *seqs) AddWork(1, 2.0 * s.span.size() + s.filler.size());
+      }
+    }
+    if (lengths_defaulted_ && (Has(o.tasks, Task::kPasskey) || Has(o.tasks, Task::kNeedle))) {
+      KVX_RETURN_IF_ERROR(DropShortDefaultLengths());
+    }
+    auto add_plan = [&](const ProbePlan& p) {
+      for (const GenItem& it : p.items) AddWork(1, static_cast<double>(it.prompt.size() + it.n_gen));
+    };
+    if (Has(o.tasks, Task::kPasskey)) {
+      for (int l : o.lengths) {
+        if (l <= o.passkey_gen) return InvalidArgument("passkey lengths must exceed --passkey-gen");
+      }
+      KVX_ASSIGN_OR_RETURN(passkey_,
+                           BuildPasskeyPlan(tok, o.lengths, o.depths, o.passkey_trials, o.passkey_gen, o.seed + 2));
+      add_plan(passkey_);
+    }
+    if (Has(o.tasks, Task::kLines)) {
+      const std::string path = o.data_dir + "/longeval/lines/200_lines.jsonl";
+      auto content = ReadFileToString(path);
+      if (!content.ok()) {
+        return NotFound("lines needs the LongEval data: cannot read " + path + " (" + content.status().message() +
+                        "); point --data at ../shared/data");
+      }
+      KVX_ASSIGN_OR_RETURN(lines_, BuildLinesPlan(tok, *content, o.line_counts, o.lines_trials, o.lines_gen, o.n_ctx,
+                                                  &report_.dropped_line_counts));
+      if (lines_.cells.empty()) {
+        return InvalidArgument("no line count fits the context " + std::to_string(o.n_ctx) +
+                               "; give smaller counts with --lines");
+      }
+      std::vector<int> kept;
+      for (const GridCell& c : lines_.cells) kept.push_back(c.n_lines);
+      opt_.line_counts = kept;
+      add_plan(lines_);
+    }
+    if (Has(o.tasks, Task::kNeedle)) {
+      for (int l : o.lengths) {
+        if (l <= o.needle_gen) return InvalidArgument("needle lengths must exceed --needle-gen");
+      }
+      KVX_ASSIGN_OR_RETURN(std::string haystack, LoadHaystack(o.data_dir + "/paul_graham_essays"));
+      KVX_ASSIGN_OR_RETURN(needle_, BuildNeedlePlan(tok, haystack, o.lengths, o.depths, o.needle_gen));
+      add_plan(needle_);
+    }
+    report_.settings = opt_;
+    report_.settings.text.clear();  // the text itself is not part of the report
+    return Status::Ok();
+  }
+
+  // The default lengths are fractions of the context; with a verbose
+  // tokenizer (stories260K spells words letter by letter) the shortest may not
+  // hold even the bare prompt. Those are dropped (at least the context itself
+  // stays); lengths the user gives are checked strictly by the planners.
+  Status DropShortDefaultLengths() {
+    const model::Tokenizer& tok = model_.tokenizer();
+    int min_len = 0;
+    if (Has(opt_.tasks, Task::kPasskey)) {
+      KVX_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok.Encode(PasskeyPromptText(0, 0, 50000), true, false));
+      min_len = std::max(min_len, static_cast<int>(ids.size()) + opt_.passkey_gen);
+    }
+    if (Has(opt_.tasks, Task::kNeedle)) {
+      KVX_ASSIGN_OR_RETURN(std::vector<int32_t> ids,
+                           tok.Encode(std::string(kNeedle) + std::string(kNeedleQuestion), true, false));
+      min_len = std::max(min_len, static_cast<int>(ids.size()) + opt_.needle_gen);
+    }
+    // Room for some haystack too: at least a quarter of the length.
+    min_len += min_len / 3;
+    std::vector<int> kept;
+    for (int l : opt_.lengths) {
+      if (l >= min_len) kept.push_back(l);
+    }
+    if (kept.empty()) kept.push_back(opt_.n_ctx);
+    opt_.lengths = kept;
+    return Status::Ok();
+  }
+
+  static Result<std::string> LoadHaystack(const std::string& dir) {
+    std::error_code ec;
+    std::vector<std::string> files;
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+      const std::string name = e.path().filename().string();
+      if (e.is_regular_file() && name.size() > 4 && name.substr(name.size() - 4) == ".txt" &&
+          name.rfind("LICENSE", 0) != 0) {
+        files.push_back(e.path().string());
+      }
+    }
+    if (ec || files.empty()) {
+      return NotFound("needle needs the Paul Graham essays: no .txt files in " + dir +
+                      "; point --data at ../shared/data");
+    }
+    std::sort(files.begin(), files.end());
+    std::string hay;
+    for (const std::string& f : files) {
+      KVX_ASSIGN_OR_RETURN(std::string text, ReadFileToString(f));
+      hay += text;
+    }
+    return hay;
+  }
+
+  Status SetUpSpecs() {
+    std::vector<std::string> all = {opt_.baseline};
+    all.insert(all.end(), opt_.specs.begin(), opt_.specs.end());
+    engine::SpecRuntimeOptions so;
+    so.n_ctx = opt_.n_ctx;
+    so.n_batch = opt_.n_batch;
+    for (size_t i = 0; i < all.size(); ++i) {
+      auto rt = engine::SpecRuntime::Create(&model_, threads_, all[i], so);
+      if (!rt.ok()) {
+        return rt.status().WithContext(std::string(i == 0 ? "baseline" : "--kv") + " '" + all[i] + "'");
+      }
+      auto session = (*rt)->NewSession();
+      if (!session.ok()) return session.status().WithContext("--kv '" + all[i] + "'");
+      SpecResult res;
+      res.spec = all[i];
+      res.canonical = (*rt)->spec().ToString();
+      res.is_baseline = i == 0;
+      report_.specs.push_back(std::move(res));
+      rts_.push_back(std::move(*rt));
+      sessions_.push_back(std::move(*session));
+    }
+    return Status::Ok();
+  }
+
+  // ---- progress and updates ----
+
+  std::string SpecLabel(size_t r) const {
+    return (r == 0 ? std::string("baseline ")
+                   : "spec " + std::to_string(r) + "/" + std::to_string(rts_.size() - 1) + " ") +
+           report_.specs[r].spec;
+  }
+  void SetLabel(size_t r, std::string_view task) {
+    if (hooks_.progress) hooks_.progress->SetLabel(SpecLabel(r) + ": " + std::string(task));
+  }
+  void Advance(double weight) {
+    if (hooks_.progress) hooks_.progress->Advance(1, weight);
+  }
+  void Notify() {
+    if (hooks_.on_update) hooks_.on_update(report_);
+  }
+  void Update(size_t r) {
+    SpecResult& s = report_.specs[r];
+    s.kv = KvMeasure();
+    for (const TaskOutcome* t : std::initializer_list<const TaskOutcome*>{
+             s.ppl ? &*s.ppl : nullptr, s.kld ? &*s.kld : nullptr, s.copy ? &*s.copy : nullptr,
+             s.passkey ? &*s.passkey : nullptr, s.lines ? &*s.lines : nullptr, s.needle ? &*s.needle : nullptr}) {
+      if (t) s.kv.Merge(t->kv);
+    }
+    Notify();
+  }
+  static std::string SummaryLine(const SpecResult& s) {
+    char buf[128];
+    std::snprintf(buf, sizeof(buf), "done: %s%s  (%.1f s, KV peak %.1f KiB, %.2fx vs f16)", s.spec.c_str(),
+                  s.is_baseline ? " [baseline]" : "", s.seconds, s.kv.peak_bytes / 1024.0, s.kv.CompressionVsF16());
+    return buf;
+  }
+
+  void Observe(size_t r, KvMeasure* kv) {
+    kv->Observe(rts_[r]->pool().bytes_in_use(), sessions_[r]->n_past(), report_.model.f16_bytes_per_token);
+  }
+
+  // ---- ppl + kld: chunk by chunk over every spec ----
+
+  void RunTextTasks() {
+    const int chunk_len = opt_.chunk;
+    const int first = chunk_len / 2;
+    const int n_rows = chunk_len - 1 - first;
+    const int n_vocab = model_.config().n_vocab;
+    const bool want_kld = Has(opt_.tasks, Task::kKld);
+    const size_t n_runs = rts_.size();
+    const model::Tokenizer& tok = model_.tokenizer();
+
+    struct RunState {
+      MeanAccumulator nll, top1;
+      std::vector<double> kl;
+      KvMeasure kv;
+      std::string error;
+      double seconds = 0;
+    };
+    std::vector<RunState> st(n_runs);
+    std::vector<double> base_lp(want_kld ? static_cast<size_t>(n_rows) * n_vocab : 0);
+    std::vector<int32_t> base_top(want_kld ? n_rows : 0);
+    std::vector<double> lq(n_vocab);
+    std::vector<float> logits;
+    std::vector<int32_t> chunk(chunk_len);
+    for (int c = 0; c < n_chunks_; ++c) {
+      std::copy(text_tokens_.begin() + static_cast<size_t>(c) * chunk_len,
+                text_tokens_.begin() + static_cast<size_t>(c + 1) * chunk_len, chunk.begin());
+      if (tok.add_bos() && tok.bos() >= 0) chunk[0] = tok.bos();
+      for (size_t r = 0; r < n_runs; ++r) {
+        SetLabel(r, want_kld ? "ppl+kld" : "ppl");
+        RunState& s = st[r];
+        if (!s.error.empty()) {
+          Advance(chunk_len);
+          continue;
+        }
+        const double t0 = Seconds();
+        engine::Session& session = *sessions_[r];
+        session.Reset();
+        const Status status = session.FeedWithLogits(chunk, first, &logits);
+        if (!status.ok()) {
+          s.error = status.message();
+          session.Reset();
+          Advance(chunk_len);
+          continue;
+        }
+        Observe(r, &s.kv);
+        for (int j = first; j < chunk_len - 1; ++j) {
+          const float* row = &logits[static_cast<size_t>(j - first) * n_vocab];
+          // Exactly eval/perplexity.cc's arithmetic, so ppl equals `kvx perplexity`.
+          float max_logit = row[0];
+          for (int i = 1; i < n_vocab; ++i) max_logit = std::max(max_logit, row[i]);
+          double sum = 0;
+          for (int i = 0; i < n_vocab; ++i) sum += std::exp(static_cast<double>(row[i] - max_logit));
+          const double nll = std::log(sum) - static_cast<double>(row[chunk[j + 1]] - max_logit);
+          s.nll.Add(nll);
+          if (!want_kld) continue;
+          const size_t k = static_cast<size_t>(j - first);
+          if (r == 0) {
+            LogSoftmax(row, n_vocab, &base_lp[k * n_vocab]);
+            base_top[k] = ArgMaxIndex(row, n_vocab);
+          } else if (st[0].error.empty()) {
+            LogSoftmax(row, n_vocab, lq.data());
+            s.kl.push_back(KlDivergence(&base_lp[k * n_vocab], lq.data(), n_vocab));
+            s.top1.Add(ArgMaxIndex(row, n_vocab) == base_top[k] ? 1.0 : 0.0);
+          }
+        }
+        session.Reset();
+        s.seconds += Seconds() - t0;
+        Advance(chunk_len);
+      }
+    }
+    for (size_t r = 0; r < n_runs; ++r) {
+      RunState& s = st[r];
+      SpecResult& res = report_.specs[r];
+      res.seconds += s.seconds;
+      if (Has(opt_.tasks, Task::kPpl)) {
+        PplResult p;
+        p.kv = s.kv;
+        p.seconds = s.seconds;
+        p.chunk = chunk_len;
+        if (!s.error.empty()) {
+          p.ok = false;
+          p.error = s.error;
+        } else {
+          p.n_chunks = n_chunks_;
+          p.n_scored = static_cast<int>(s.nll.count());
+          p.ppl = std::exp(s.nll.Mean());
+          p.ppl_stderr = p.ppl * s.nll.StdErr();
+        }
+        res.ppl = p;
+      }
+      if (want_kld && r > 0) {
+        KldResult k;
+        k.kv = s.kv;
+        k.seconds = s.seconds;
+        if (!st[0].error.empty() || !s.error.empty()) {
+          k.ok = false;
+          k.error = !s.error.empty() ? s.error : "the baseline failed: " + st[0].error;
+        } else {
+          MeanAccumulator kl;
+          for (double v : s.kl) kl.Add(v);
+          std::sort(s.kl.begin(), s.kl.end());
+          k.n_positions = kl.count();
+          k.mean = kl.Mean();
+          k.mean_stderr = kl.StdErr();
+          k.median = PercentileSorted(s.kl, 0.5);
+          k.p90 = PercentileSorted(s.kl, 0.9);
+          k.p99 = PercentileSorted(s.kl, 0.99);
+          k.max = s.kl.empty() ? 0.0 : s.kl.back();
+          k.top1 = s.top1.Mean();
+          k.top1_stderr = s.top1.StdErr();
+        }
+        res.kld = k;
+      }
+      Update(r);
+    }
+  }
+
+  // ---- copy ----
+
+  CopyResult RunCopy(size_t r) {
+    CopyResult res;
+    res.span = opt_.copy_span;
+    res.skip = opt_.copy_skip;
+    const double t0 = Seconds();
+    const model::Tokenizer& tok = model_.tokenizer();
+    const bool bos = tok.add_bos() && tok.bos() >= 0;
+    const int n_vocab = model_.config().n_vocab;
+    engine::Session& session = *sessions_[r];
+    std::vector<float> logits;
+    for (int src = 0; src < 2; ++src) {
+      const std::vector<CopySequence>& seqs = src == 0 ? copy_random_ : copy_text_;
+      if (seqs.empty()) continue;
+      CopySource out;
+      out.source = src == 0 ? "random" : "text";
+      out.chance = src == 0 ? 1.0 / report_.copy_candidates : -1.0;
+      std::vector<int64_t> hit(opt_.copy_distances.size()), first_hit(opt_.copy_distances.size()),
+          scored(opt_.copy_distances.size());
+      for (const CopySequence& s : seqs) {
+        if (!res.ok) {
+          Advance(2.0 * s.span.size() + s.filler.size());
+          continue;
+        }
+        Status status = RunCopySequence(session, s, bos, n_vocab, &logits, &hit[s.distance_index],
+                                        &first_hit[s.distance_index], &scored[s.distance_index]);
+        if (status.ok()) Observe(r, &res.kv);
+        session.Reset();
+        if (!status.ok()) {
+          res.ok = false;
+          res.error = status.message();
+        }
+        out.n_sequences++;
+        Advance(2.0 * s.span.size() + s.filler.size());
+      }
+      int64_t h = 0, fh = 0, n = 0;
+      for (size_t d = 0; d < opt_.copy_distances.size(); ++d) {
+        CopyDistance cd;
+        cd.distance = opt_.copy_distances[d];
+        cd.n_scored = scored[d];
+        cd.accuracy = scored[d] ? static_cast<double>(hit[d]) / scored[d] : 0.0;
+        cd.first_accuracy = scored[d] ? static_cast<double>(first_hit[d]) / scored[d] : 0.0;
+        out.by_distance.push_back(cd);
+        h += hit[d];
+        fh += first_hit[d];
+        n += scored[d];
+      }
+      out.n_scored = n;
+      out.accuracy = n ? static_cast<double>(h) / n : 0.0;
+      out.first_accuracy = n ? static_cast<double>(fh) / n : 0.0;
+      res.sources.push_back(std::move(out));
+    }
+    res.seconds = Seconds() - t0;
+    return res;
+  }
+
+  Status RunCopySequence(engine::Session& session, const CopySequence& s, bool bos, int n_vocab,
+                         std::vector<float>* logits, int64_t* hit, int64_t* first_hit, int64_t* scored) {
+    const int span = static_cast<int>(s.span.size());
+    const int skip = opt_.copy_skip;
+    session.Reset();
+    // First occurrence: row i predicts token i + 1 of [BOS] span.
+    std::vector<int32_t> seg1;
+    if (bos) seg1.push_back(model_.tokenizer().bos());
+    seg1.insert(seg1.end(), s.span.begin(), s.span.end());
+    KVX_RETURN_IF_ERROR(session.FeedWithLogits(seg1, 0, logits));
+    const int off = bos ? 1 : 0;
+    int first_ok = 0;
+    for (int k = skip; k < span; ++k) {
+      const float* row = &(*logits)[static_cast<size_t>(off + k - 1) * n_vocab];
+      if (ArgMaxIndex(row, n_vocab) == s.span[k]) first_ok++;
+    }
+    if (!s.filler.empty()) KVX_RETURN_IF_ERROR(session.Feed(s.filler).status());
+    // The repeat without its last token: row i predicts repeat token i + 1.
+    std::vector<int32_t> seg3(s.span.begin(), s.span.end() - 1);
+    KVX_RETURN_IF_ERROR(session.FeedWithLogits(seg3, 0, logits));
+    int ok = 0;
+    for (int k = skip; k < span; ++k) {
+      const float* row = &(*logits)[static_cast<size_t>(k - 1) * n_vocab];
+      if (ArgMaxIndex(row, n_vocab) == s.span[k]) ok++;
+    }
+    *hit += ok;
+    *first_hit += first_ok;
+    *scored += span - skip;
+    return Status::Ok();
+  }
+
+  // ---- passkey, lines, needle ----
+
+  RetrievalResult RunRetrieval(size_t r, const ProbePlan& plan, const std::string& metric) {
+    RetrievalResult res;
+    res.metric = metric;
+    const double t0 = Seconds();
+    for (const GridCell& c : plan.cells) {
+      CellResult cr;
+      cr.cell = c;
+      res.cells.push_back(cr);
+    }
+    engine::Session& session = *sessions_[r];
+    const model::Tokenizer& tok = model_.tokenizer();
+    engine::GenerateOptions g;
+    g.sampler.temperature = 0;  // greedy
+    g.sampler.repeat_penalty = 1.0f;
+    g.stop_at_eog = true;
+    std::vector<int32_t> out;
+    engine::GenerateStats stats;
+    for (const GenItem& item : plan.items) {
+      const double weight = static_cast<double>(item.prompt.size() + item.n_gen);
+      if (!res.ok) {
+        Advance(weight);
+        continue;
+      }
+      session.Reset();
+      g.n_predict = item.n_gen;
+      const Status status = engine::Generate(&session, item.prompt, g, nullptr, &out, &stats);
+      if (!status.ok()) {
+        res.ok = false;
+        res.error = status.message();
+        session.Reset();
+        Advance(weight);
+        continue;
+      }
+      Observe(r, &res.kv);
+      session.Reset();
+      const std::string text = tok.Decode(out, /*special=*/false);
+      double score = 0;
+      bool hit = false;
+      if (metric == "rouge1_f1") {
+        const RougeScore rs = Rouge1(FirstSentence(text), item.expected);
+        score = rs.f1;
+        hit = rs.recall >= 1.0;
+      } else {
+        const std::optional<int64_t> v = FirstInteger(text);
+        hit = v.has_value() && std::to_string(*v) == item.expected;
+        score = hit ? 1.0 : 0.0;
+      }
+      CellResult& cr = res.cells[static_cast<size_t>(item.cell)];
+      if (cr.n == 0) cr.example = SanitizeUtf8(Truncate(text, 160));
+      cr.n++;
+      cr.hits += hit ? 1 : 0;
+      cr.score_sum += score;
+      cr.prompt_tokens_sum += static_cast<double>(item.prompt.size());
+      res.n++;
+      res.hits += hit ? 1 : 0;
+      res.score_sum += score;
+      Advance(weight);
+    }
+    res.seconds = Seconds() - t0;
+    return res;
+  }
+
+  const model::Model& model_;
+  ThreadPool* threads_;
+  EvalOptions opt_;
+  EvalHooks hooks_;
+  EvalReport report_;
+  std::vector<std::unique_ptr<engine::SpecRuntime>> rts_;
+  std::vector<std::unique_ptr<engine::Session>> sessions_;
+  std::vector<int32_t> text_tokens_;
+  int n_chunks_ = 0;
+  std::vector<CopySequence> copy_random_, copy_text_;
+  ProbePlan passkey_, lines_, needle_;
+  bool lengths_defaulted_ = false;
+  int64_t total_items_ = 0;
+  double total_weight_ = 0;
+};
+
+}  // namespace
+
+Result<EvalReport> RunEval(const model::Model& model, ThreadPool* threads, const EvalOptions& options,
+                           const EvalHooks& hooks) {
+  Runner runner(model, threads, options, hooks);
+  return runner.Run();
+}
+
+}  // namespace kvx::eval

@@ -1,0 +1,56 @@
+#include "eval/stats.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace kvx::eval {
+
+double MeanAccumulator::StdErr() const {
+  if (n_ < 2) return 0.0;
+  const double mean = sum_ / n_;
+  const double var = sum2_ / n_ - mean * mean;
+  return std::sqrt(std::max(0.0, var) / (n_ - 1));
+}
+
+double PercentileSorted(const std::vector<double>& sorted, double p) {
+  if (sorted.empty()) return 0.0;
+  p = std::clamp(p, 0.0, 1.0);
+  const double h = (static_cast<double>(sorted.size()) - 1) * p;
+  const size_t lo = static_cast<size_t>(std::floor(h));
+  if (lo + 1 >= sorted.size()) return sorted.back();
+  return sorted[lo] + (h - static_cast<double>(lo)) * (sorted[lo + 1] - sorted[lo]);
+}
+
+double Percentile(std::vector<double> values, double p) {
+  std::sort(values.begin(), values.end());
+  return PercentileSorted(values, p);
+}
+
+void LogSoftmax(const float* logits, int n, double* out) {
+  if (n <= 0) return;
+  double max_logit = logits[0];
+  for (int i = 1; i < n; ++i) max_logit = std::max(max_logit, static_cast<double>(logits[i]));
+  double sum = 0;
+  for (int i = 0; i < n; ++i) sum += std::exp(static_cast<double>(logits[i]) - max_logit);
+  const double lse = max_logit + std::log(sum);
+  for (int i = 0; i < n; ++i) out[i] = static_cast<double>(logits[i]) - lse;
+}
+
+double KlDivergence(const double* lp, const double* lq, int n) {
+  double kl = 0;
+  for (int i = 0; i < n; ++i) {
+    const double d = lp[i] - lq[i];
+    if (d != 0) kl += std::exp(lp[i]) * d;
+  }
+  return kl;
+}
+
+int32_t ArgMaxIndex(const float* values, int n) {
+  int32_t best = 0;
+  for (int i = 1; i < n; ++i) {
+    if (values[i] > values[best]) best = i;
+  }
+  return best;
+}
+
+}  // namespace kvx::eval

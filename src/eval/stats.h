@@ -1,0 +1,59 @@
+// Small statistics used by kvx eval: mean with standard error, percentiles,
+// log-softmax and the KL divergence between two next-token distributions.
+//
+// Conventions: sums are accumulated in double; log-softmax uses the max-shift
+// (log-sum-exp) form, so large logits do not overflow. KL(P || Q) is computed
+// from log-probabilities as sum_i p_i (log p_i - log q_i); when both rows are
+// bit-identical every term is exactly 0, so a cache compared with itself gives
+// KLD 0 exactly (not merely small).
+//
+// Thread-safety: pure functions; MeanAccumulator is a value type.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace kvx::eval {
+
+// Running mean and standard error of the mean of a stream of numbers.
+class MeanAccumulator {
+ public:
+  void Add(double x) {
+    n_++;
+    sum_ += x;
+    sum2_ += x * x;
+  }
+  int64_t count() const { return n_; }
+  double sum() const { return sum_; }
+  double Mean() const { return n_ > 0 ? sum_ / n_ : 0.0; }
+  // sqrt(var / (n - 1)) with var = E[x^2] - E[x]^2 (llama.cpp's estimate);
+  // 0 when n < 2.
+  double StdErr() const;
+
+ private:
+  int64_t n_ = 0;
+  double sum_ = 0;
+  double sum2_ = 0;
+};
+
+// The p-quantile (0 <= p <= 1) of `values` with linear interpolation between
+// order statistics (numpy's default, "type 7"): h = (n - 1) p,
+// q = x[floor h] + (h - floor h) (x[floor h + 1] - x[floor h]) on the sorted
+// values. Returns 0 for an empty input. `values` is taken by value (sorted
+// here).
+double Percentile(std::vector<double> values, double p);
+
+// Same, on values that are already sorted ascending (no copy).
+double PercentileSorted(const std::vector<double>& sorted, double p);
+
+// out[i] = logits[i] - log(sum_j exp(logits[j])), in double.
+void LogSoftmax(const float* logits, int n, double* out);
+
+// KL(P || Q) = sum_i exp(lp[i]) (lp[i] - lq[i]) for log-probabilities lp, lq.
+double KlDivergence(const double* lp, const double* lq, int n);
+
+// Index of the largest value, lowest index on ties (the greedy choice).
+int32_t ArgMaxIndex(const float* values, int n);
+
+}  // namespace kvx::eval

@@ -1,0 +1,111 @@
+#include "eval/stats.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "eval/text_score.h"
+
+namespace kvx::eval {
+namespace {
+
+TEST(StatsTest, MeanAndStdErr) {
+  MeanAccumulator m;
+  EXPECT_EQ(m.Mean(), 0.0);
+  EXPECT_EQ(m.StdErr(), 0.0);
+  for (double x : {1.0, 2.0, 3.0, 4.0}) m.Add(x);
+  EXPECT_DOUBLE_EQ(m.Mean(), 2.5);
+  // var (population) = 1.25; stderr = sqrt(1.25 / 3)
+  EXPECT_NEAR(m.StdErr(), std::sqrt(1.25 / 3.0), 1e-12);
+  EXPECT_EQ(m.count(), 4);
+}
+
+TEST(StatsTest, PercentileInterpolatesLikeNumpy) {
+  // numpy.percentile([1, 2, 3, 4, 10], [0, 50, 90, 99, 100]) = 1, 3, 7.6, 9.76, 10
+  const std::vector<double> v = {10, 3, 1, 4, 2};
+  EXPECT_DOUBLE_EQ(Percentile(v, 0.0), 1.0);
+  EXPECT_DOUBLE_EQ(Percentile(v, 0.5), 3.0);
+  EXPECT_NEAR(Percentile(v, 0.9), 7.6, 1e-12);
+  EXPECT_NEAR(Percentile(v, 0.99), 9.76, 1e-12);
+  EXPECT_DOUBLE_EQ(Percentile(v, 1.0), 10.0);
+  EXPECT_DOUBLE_EQ(Percentile({}, 0.5), 0.0);
+  EXPECT_DOUBLE_EQ(Percentile({7}, 0.99), 7.0);
+  EXPECT_DOUBLE_EQ(Percentile(v, 2.0), 10.0);  // clamped
+}
+
+TEST(StatsTest, LogSoftmaxNormalisesAndSurvivesLargeLogits) {
+  const float logits[3] = {1000.0f, 1000.0f, 0.0f};
+  double lp[3];
+  LogSoftmax(logits, 3, lp);
+  EXPECT_NEAR(lp[0], std::log(0.5), 1e-12);
+  EXPECT_NEAR(lp[1], std::log(0.5), 1e-12);
+  EXPECT_LT(lp[2], -990);
+  double total = 0;
+  for (double x : lp) total += std::exp(x);
+  EXPECT_NEAR(total, 1.0, 1e-12);
+}
+
+TEST(StatsTest, KlDivergence) {
+  const float a[4] = {0.5f, -1.0f, 2.0f, 0.0f};
+  const float b[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  double la[4], lb[4];
+  LogSoftmax(a, 4, la);
+  LogSoftmax(b, 4, lb);
+  EXPECT_EQ(KlDivergence(la, la, 4), 0.0);  // exactly, not approximately
+  double expected = 0;
+  for (int i = 0; i < 4; ++i) expected += std::exp(la[i]) * (la[i] - lb[i]);
+  EXPECT_NEAR(KlDivergence(la, lb, 4), expected, 1e-15);
+  EXPECT_GT(KlDivergence(la, lb, 4), 0.0);
+  // KL(uniform || p) = log 4 - H-like term; check against the closed form.
+  double kl_ub = 0;
+  for (int i = 0; i < 4; ++i) kl_ub += 0.25 * (std::log(0.25) - la[i]);
+  EXPECT_NEAR(KlDivergence(lb, la, 4), kl_ub, 1e-12);
+}
+
+TEST(StatsTest, ArgMaxTakesTheLowestIndexOnTies) {
+  const float v[5] = {1, 3, 3, -1, 2};
+  EXPECT_EQ(ArgMaxIndex(v, 5), 1);
+  EXPECT_EQ(ArgMaxIndex(v, 1), 0);
+}
+
+TEST(TextScoreTest, FirstInteger) {
+  EXPECT_EQ(FirstInteger(" 12345. Remember"), 12345);
+  EXPECT_EQ(FirstInteger("the key is 7 and 8"), 7);
+  EXPECT_EQ(FirstInteger("<2416>"), 2416);
+  EXPECT_EQ(FirstInteger("00042"), 42);
+  EXPECT_FALSE(FirstInteger("no digits here").has_value());
+  EXPECT_FALSE(FirstInteger("").has_value());
+  EXPECT_FALSE(FirstInteger("1234567890123456789012").has_value());
+}
+
+TEST(TextScoreTest, Rouge1) {
+  const RougeScore same = Rouge1("Eat a sandwich.", "eat a SANDWICH");
+  EXPECT_DOUBLE_EQ(same.f1, 1.0);
+  const RougeScore none = Rouge1("hello", "eat a sandwich");
+  EXPECT_DOUBLE_EQ(none.f1, 0.0);
+  // candidate "a a b" vs reference "a b c": overlap clipped to 2 (a once, b once).
+  const RougeScore r = Rouge1("a a b", "a b c");
+  EXPECT_NEAR(r.precision, 2.0 / 3.0, 1e-12);
+  EXPECT_NEAR(r.recall, 2.0 / 3.0, 1e-12);
+  EXPECT_NEAR(r.f1, 2.0 / 3.0, 1e-12);
+  EXPECT_DOUBLE_EQ(Rouge1("", "a").f1, 0.0);
+  EXPECT_EQ(Words("Dolores Park, on a sunny-day!"),
+            (std::vector<std::string>{"dolores", "park", "on", "a", "sunny", "day"}));
+}
+
+TEST(TextScoreTest, FirstSentence) {
+  EXPECT_EQ(FirstSentence(" eat a sandwich. Then go home."), "eat a sandwich.");
+  EXPECT_EQ(FirstSentence("\n\nline one\nline two"), "line one\n");
+  EXPECT_EQ(FirstSentence("no end"), "no end");
+  EXPECT_EQ(FirstSentence(""), "");
+}
+
+TEST(TextScoreTest, SanitizeUtf8) {
+  EXPECT_EQ(SanitizeUtf8("plain é 日本 🙂"), "plain é 日本 🙂");
+  EXPECT_EQ(SanitizeUtf8(std::string("a\xE6\x97")), "a\xEF\xBF\xBD\xEF\xBF\xBD");                // cut character
+  EXPECT_EQ(SanitizeUtf8(std::string("\xC0\xAF")), "\xEF\xBF\xBD\xEF\xBF\xBD");                  // overlong
+  EXPECT_EQ(SanitizeUtf8(std::string("\xED\xA0\x80")), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // surrogate
+}
+
+}  // namespace
+}  // namespace kvx::eval

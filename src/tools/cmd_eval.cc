@@ -1,0 +1,125 @@
+// kvx eval: quality of KV-cache specs against a baseline (see eval/eval.h).
+// Thin: parses flags, loads the model once, calls eval::RunEval and writes
+// the reports after every finished task.
+#include <unistd.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "eval/eval.h"
+#include "eval/report.h"
+#include "model/model.h"
+#include "tools/commands.h"
+#include "util/mmap_file.h"
+#include "util/thread_pool.h"
+
+namespace kvx::tools {
+
+namespace {
+
+struct EvalFlags {
+  eval::EvalOptions options;
+  std::string tasks = "ppl,kld,copy";
+  std::string text_file;
+  std::string json_file;
+  std::string report_dir;
+  int n_threads = 0;
+  bool quiet = false;
+};
+
+Status RunEvalCommand(EvalFlags flags) {
+  eval::EvalOptions& o = flags.options;
+  KVX_ASSIGN_OR_RETURN(o.tasks, eval::ParseTasks(flags.tasks));
+  if (!flags.text_file.empty()) {
+    KVX_ASSIGN_OR_RETURN(o.text, ReadFileToString(flags.text_file));
+    // As llama.cpp's -f (and kvx perplexity): one trailing newline is dropped.
+    if (!o.text.empty() && o.text.back() == '\n') o.text.pop_back();
+    o.text_name = flags.text_file;
+  }
+  if (flags.n_threads < 0) return InvalidArgument("thread count (-t) must be >= 0 (0 = all cores)");
+  KVX_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> model, model::Model::Load(o.model_path));
+  ThreadPool threads(flags.n_threads);
+
+  eval::ProgressBar::Options po;
+  po.enabled = !flags.quiet && isatty(fileno(stderr));
+  eval::ProgressBar progress(po);
+  Status write_status = Status::Ok();
+  auto write = [&](const eval::EvalReport& report) {
+    Status s = Status::Ok();
+    if (!flags.json_file.empty()) {
+      s = eval::WriteFileAtomic(flags.json_file, eval::ReportToJsonText(report));
+    }
+    if (s.ok() && !flags.report_dir.empty()) s = eval::WriteReportDir(report, flags.report_dir);
+    if (!s.ok() && write_status.ok()) {
+      write_status = s;
+      progress.Message("kvx: warning: " + s.message());
+    }
+  };
+  eval::EvalHooks hooks;
+  hooks.on_update = write;
+  hooks.progress = &progress;
+  KVX_ASSIGN_OR_RETURN(eval::EvalReport report, eval::RunEval(*model, &threads, o, hooks));
+  progress.Finish();
+  std::fputs(eval::SummaryTable(report).c_str(), stdout);
+  std::fflush(stdout);
+  if (!write_status.ok()) return write_status;
+  if (!flags.json_file.empty() && !flags.quiet) std::fprintf(stderr, "wrote %s\n", flags.json_file.c_str());
+  if (!flags.report_dir.empty() && !flags.quiet) {
+    std::fprintf(stderr, "wrote %s/report.md (+ report.json, SVG plots)\n", flags.report_dir.c_str());
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+void RegisterEval(CLI::App& app, int* exit_code) {
+  auto flags = std::make_shared<EvalFlags>();
+  eval::EvalOptions& o = flags->options;
+  CLI::App* cmd = app.add_subcommand(
+      "eval", "Quality of KV-cache specs against a baseline: ppl, kld, copy, passkey, lines, needle");
+  cmd->footer(
+      "Example:\n  kvx eval -m ../shared/models/tinystories656K/TinyStories-656K-F32.gguf --kv codec=f16 \\\n"
+      "    --tasks ppl,kld,copy -f ../shared/golden/stories_eval.txt --report /tmp/eval\n"
+      "Every result carries the KV bytes the spec's pool held (measured) and the compression vs a dense f16 "
+      "cache.\nProtocols and the JSON schema: docs/eval.md.");
+  cmd->add_option("-m,--model", o.model_path, "GGUF model file")->required();
+  cmd->add_option("--kv", o.specs, "A KV cache spec to judge (repeat the flag for several)")->allow_extra_args(false);
+  cmd->add_option("--baseline", o.baseline, "The reference KV spec")->capture_default_str();
+  cmd->add_option("--tasks", flags->tasks, "Comma-separated: ppl, kld, copy, passkey, lines, needle, or all")
+      ->capture_default_str();
+  cmd->add_option("-f,--file", flags->text_file, "Text for ppl and kld (and copy spans of real text)");
+  cmd->add_option("--data", o.data_dir, "Folder with longeval/ and paul_graham_essays/ (lines, needle)")
+      ->capture_default_str();
+  cmd->add_option("-c,--ctx-size", o.n_ctx, "Longest sequence of any task (0: the model's trained context)")
+      ->capture_default_str();
+  cmd->add_option("--chunk", o.chunk, "ppl/kld chunk length (0: the context)")->capture_default_str();
+  cmd->add_option("--chunks", o.max_chunks, "ppl/kld: at most this many chunks (-1: all)")->capture_default_str();
+  cmd->add_option("--copy-span", o.copy_span, "copy: span length in tokens")->capture_default_str();
+  cmd->add_option("--copy-skip", o.copy_skip, "copy: leading repeat tokens not scored")->capture_default_str();
+  cmd->add_option("--copy-distances", o.copy_distances,
+                  "copy: filler lengths between span and repeat, comma-separated (default: 0, c/32, c/8, c/2, max)")
+      ->delimiter(',');
+  cmd->add_option("--copy-trials", o.copy_trials, "copy: sequences per distance and source")->capture_default_str();
+  cmd->add_option("--lengths", o.lengths,
+                  "passkey/needle: sequence lengths in tokens, comma-separated (default: c/4, c/2, 3c/4, c)")
+      ->delimiter(',');
+  cmd->add_option("--depths", o.depths, "passkey/needle: depths in [0,1], comma-separated (default: 0,.25,.5,.75,1)")
+      ->delimiter(',');
+  cmd->add_option("--passkey-trials", o.passkey_trials, "passkey: prompts per cell")->capture_default_str();
+  cmd->add_option("--lines", o.line_counts,
+                  "lines: record sizes in lines, comma-separated (default: 2..160, those "
+                  "that fit)")
+      ->delimiter(',');
+  cmd->add_option("--lines-trials", o.lines_trials, "lines: cases per record size")->capture_default_str();
+  cmd->add_option("--seed", o.seed, "Seed of every random choice")->capture_default_str();
+  cmd->add_option("-t,--threads", flags->n_threads, "Threads (0: all cores)")->capture_default_str();
+  cmd->add_option("-b,--batch-size", o.n_batch, "Prompt tokens per forward pass")->capture_default_str();
+  cmd->add_option("--json", flags->json_file, "Write the JSON report here (rewritten as results arrive)");
+  cmd->add_option("--report", flags->report_dir, "Write report.json, report.md and SVG plots into this folder");
+  cmd->add_flag("-q,--quiet", flags->quiet, "No progress bar");
+  cmd->callback([flags, exit_code] { *exit_code = ReportStatus(RunEvalCommand(*flags)); });
+}
+
+}  // namespace kvx::tools

@@ -1,0 +1,307 @@
+// kvx eval end to end: the library on a synthetic model (no shared data
+// needed) and the command line on each real model of ../shared/models.
+//   * a spec compared with itself gives KLD exactly 0 and 100% top-1
+//     agreement; ppl equals eval::Perplexity (`kvx perplexity`) exactly;
+//   * every result carries measured KV bytes and the compression vs f16;
+//   * the JSON report has every documented field; the SVGs are well-formed.
+#include "eval/eval.h"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "engine/spec_runtime.h"
+#include "eval/perplexity.h"
+#include "eval/report.h"
+#include "eval/svg.h"
+#include "model/synthetic_model.h"
+#include "support/models.h"
+#include "support/test_data.h"
+
+namespace kvx {
+namespace {
+
+using nlohmann::json;
+using testing::BinaryDir;
+using testing::SharedPath;
+using testing::TempDir;
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;
+};
+
+CommandResult RunKvx(const std::string& args) {
+  const std::string cmd = BinaryDir() + "/kvx " + args + " 2>&1";
+  CommandResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+const std::string& SyntheticModel() {
+  static const std::string path = [] {
+    const std::string p = TempDir() + "/eval_tiny.gguf";
+    model::SyntheticModelOptions o;
+    o.shape = "tiny";
+    o.type = gguf::TensorType::kF32;
+    o.init_std = 0.5f;  // sharp distributions, so codecs make visible differences
+    EXPECT_TRUE(model::WriteSyntheticModel(o, p).ok());
+    return p;
+  }();
+  return path;
+}
+
+std::string SomeText() {
+  std::string text;
+  for (int i = 0; i < 400; ++i) text += "word" + std::to_string(i * 7919 % 97) + " and more text here. ";
+  return text;
+}
+
+TEST(EvalTest, SelfSpecGivesZeroKldAndPplMatchesPerplexity) {
+  auto model = model::Model::Load(SyntheticModel());
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  ThreadPool threads(2);
+  eval::EvalOptions o;
+  o.tasks = {eval::Task::kPpl, eval::Task::kKld, eval::Task::kCopy};
+  o.baseline = "codec=f32";
+  o.specs = {"codec=f32", "codec=f16,page=8"};
+  o.n_ctx = 128;
+  o.chunk = 64;
+  o.max_chunks = 3;
+  o.text = SomeText();
+  o.text_name = "synthetic";
+  o.copy_span = 8;
+  o.copy_trials = 2;
+  int updates = 0;
+  bool first_update_incomplete = false;
+  eval::EvalHooks hooks;
+  hooks.on_update = [&](const eval::EvalReport& r) {
+    if (updates++ == 0) first_update_incomplete = !r.complete;
+  };
+  auto report = eval::RunEval(**model, &threads, o, hooks);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_TRUE(report->complete);
+  EXPECT_TRUE(first_update_incomplete);
+  EXPECT_GE(updates, 4);
+  ASSERT_EQ(report->specs.size(), 3u);
+  const eval::SpecResult& base = report->specs[0];
+  const eval::SpecResult& self = report->specs[1];
+  const eval::SpecResult& f16 = report->specs[2];
+  EXPECT_TRUE(base.is_baseline);
+  EXPECT_FALSE(base.kld.has_value());  // no KLD of the baseline against itself
+  ASSERT_TRUE(self.kld && self.kld->ok);
+  EXPECT_EQ(self.kld->mean, 0.0);
+  EXPECT_EQ(self.kld->p99, 0.0);
+  EXPECT_EQ(self.kld->max, 0.0);
+  EXPECT_EQ(self.kld->top1, 1.0);
+  EXPECT_EQ(self.kld->n_positions, 3 * 31);
+  EXPECT_EQ(self.ppl->ppl, base.ppl->ppl);
+  ASSERT_TRUE(f16.kld && f16.kld->ok);
+  EXPECT_GT(f16.kld->mean, 0.0);
+  EXPECT_LT(f16.kld->mean, 1e-3);
+  EXPECT_GE(f16.kld->p99, f16.kld->median);
+  EXPECT_GE(f16.kld->max, f16.kld->p99);
+  EXPECT_EQ(f16.canonical, "codec=f16,page=8");
+
+  // ppl is exactly what eval::Perplexity (kvx perplexity) computes.
+  auto rt = engine::SpecRuntime::Create(&**model, &threads, "codec=f16,page=8", {128, 512, 1});
+  ASSERT_TRUE(rt.ok());
+  auto session = (*rt)->NewSession();
+  ASSERT_TRUE(session.ok());
+  auto tokens = (*model)->tokenizer().Encode(o.text, true, false);
+  ASSERT_TRUE(tokens.ok());
+  eval::PerplexityOptions po;
+  po.n_ctx = 64;
+  po.max_chunks = 3;
+  auto ppl = eval::Perplexity(session->get(), *tokens, po);
+  ASSERT_TRUE(ppl.ok());
+  EXPECT_EQ(f16.ppl->ppl, ppl->ppl);
+  EXPECT_EQ(f16.ppl->ppl_stderr, ppl->ppl_stderr);
+  EXPECT_EQ(f16.ppl->n_scored, ppl->n_scored);
+
+  // KV bytes: measured from the pools.
+  EXPECT_GT(base.ppl->kv.peak_bytes, f16.ppl->kv.peak_bytes);
+  EXPECT_EQ(f16.ppl->kv.peak_tokens, 64);
+  EXPECT_EQ(f16.ppl->kv.f16_bytes, 64u * report->model.f16_bytes_per_token);
+  EXPECT_EQ(report->model.f16_bytes_per_token, 2u * 2u * 2u * 2u * 16u);  // K+V, f16, 2 layers, 2 heads, dim 16
+  EXPECT_NEAR(f16.ppl->kv.CompressionVsF16(), 1.0, 0.2);
+  EXPECT_NEAR(base.ppl->kv.CompressionVsF16(), 0.5, 0.1);
+  // copy's longest sequence: [BOS] span, filler of the longest distance
+  // (128 - 1 - 2 x 8), the repeat without its last token.
+  ASSERT_TRUE(f16.copy && f16.copy->ok);
+  const int bos = (*model)->tokenizer().add_bos() ? 1 : 0;
+  EXPECT_EQ(f16.copy->kv.peak_tokens, bos + 8 + 111 + 7);
+  EXPECT_EQ(f16.kv.peak_bytes, f16.copy->kv.peak_bytes);
+  ASSERT_EQ(f16.copy->sources.size(), 2u);
+  EXPECT_GT(f16.copy->sources[0].chance, 0.0);
+  EXPECT_EQ(f16.copy->sources[1].source, "text");
+
+  // Reports are consistent with the results.
+  const json j = eval::ReportToJson(*report);
+  EXPECT_EQ(j["results"][1]["kld"]["mean"].get<double>(), 0.0);
+  EXPECT_EQ(j["results"][1]["kld"]["top1"].get<double>(), 1.0);
+  const std::string md = eval::ReportToMarkdown(*report, false);
+  EXPECT_NE(md.find("| 1 | `codec=f32,page=16` |"), std::string::npos) << md;
+  std::string err;
+  EXPECT_TRUE(eval::XmlWellFormed(eval::ParetoSvg(*report), &err)) << err;
+}
+
+TEST(EvalTest, BudgetExhaustionIsReportedPerSpecAndTheRunGoesOn) {
+  auto model = model::Model::Load(SyntheticModel());
+  ASSERT_TRUE(model.ok());
+  ThreadPool threads(2);
+  eval::EvalOptions o;
+  o.tasks = {eval::Task::kPpl, eval::Task::kKld};
+  o.specs = {"codec=f16;budget=8K", "codec=f16"};
+  o.n_ctx = 128;
+  o.chunk = 64;
+  o.max_chunks = 2;
+  o.text = SomeText();
+  auto report = eval::RunEval(**model, &threads, o, {});
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_EQ(report->specs.size(), 3u);
+  EXPECT_FALSE(report->specs[1].ppl->ok);
+  EXPECT_NE(report->specs[1].ppl->error.find("budget"), std::string::npos) << report->specs[1].ppl->error;
+  EXPECT_FALSE(report->specs[1].kld->ok);
+  EXPECT_TRUE(report->specs[2].kld->ok);
+  EXPECT_NE(eval::SummaryTable(*report).find("error:"), std::string::npos);
+}
+
+TEST(EvalTest, SetupErrorsAreClear) {
+  auto model = model::Model::Load(SyntheticModel());
+  ASSERT_TRUE(model.ok());
+  ThreadPool threads(1);
+  eval::EvalOptions o;
+  o.tasks = {eval::Task::kPpl};
+  o.specs = {"codec=nope"};
+  o.text = SomeText();
+  o.n_ctx = 128;
+  auto bad_spec = eval::RunEval(**model, &threads, o, {});
+  ASSERT_FALSE(bad_spec.ok());
+  EXPECT_NE(bad_spec.status().message().find("codec=nope"), std::string::npos) << bad_spec.status().message();
+  o.specs = {};
+  o.text = "";
+  auto no_text = eval::RunEval(**model, &threads, o, {});
+  ASSERT_FALSE(no_text.ok());
+  EXPECT_NE(no_text.status().message().find("-f FILE"), std::string::npos);
+  EXPECT_FALSE(eval::ParseTasks("ppl,bogus").ok());
+  EXPECT_EQ(eval::ParseTasks("all")->size(), 6u);
+  EXPECT_EQ(*eval::ParseTasks(" kld , ppl "), (std::vector<eval::Task>{eval::Task::kPpl, eval::Task::kKld}));
+}
+
+// The command line on every real model: a small run of every task, f32
+// baseline vs f16 and vs itself.
+TEST(EvalTest, CommandLineOnRealModels) {
+  KVX_REQUIRE_SHARED();
+  for (const testing::RealModel& m : testing::RealModels()) {
+    SCOPED_TRACE(m.name);
+    const std::string dir = TempDir() + "/eval_" + m.name;
+    const std::string json_path = dir + ".json";
+    const CommandResult r =
+        RunKvx("eval -m " + SharedPath(m.model_path) + " --kv codec=f16 --kv codec=f32 --tasks all -f " +
+               SharedPath("golden/stories_eval.txt") + " --data " + SharedPath("data") +
+               " -c 512 --chunk 128 --chunks 2 --copy-trials 2 --lengths 256,512 --depths 0,1 --passkey-trials 1"
+               " --lines 2 --lines-trials 2 -t 2 --json " +
+               json_path + " --report " + dir);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("| # | spec | KV bytes (peak) | vs f16 | PPL |"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("\r"), std::string::npos);  // no progress bar when stderr is not a terminal
+
+    const json j = json::parse(ReadAll(json_path));
+    EXPECT_EQ(j["schema"], "kvx.eval/1");
+    EXPECT_TRUE(j["complete"].get<bool>());
+    for (const char* k : {"path", "name", "arch", "n_layers", "n_kv_heads", "head_dim", "n_ctx_train", "n_vocab",
+                          "f16_bytes_per_token"}) {
+      EXPECT_TRUE(j["model"].contains(k)) << k;
+    }
+    for (const char* k :
+         {"tasks", "baseline", "specs", "n_ctx", "seed", "text", "ppl", "copy", "passkey", "lines", "needle"}) {
+      EXPECT_TRUE(j["settings"].contains(k)) << k;
+    }
+    ASSERT_EQ(j["results"].size(), 3u);
+    for (const json& s : j["results"]) {
+      SCOPED_TRACE(s["spec"].get<std::string>());
+      EXPECT_TRUE(s["done"].get<bool>());
+      for (const char* task : {"ppl", "copy", "passkey", "lines", "needle"}) {
+        ASSERT_TRUE(s.contains(task)) << task;
+        const json& t = s[task];
+        EXPECT_TRUE(t["ok"].get<bool>()) << task << ": " << t.dump();
+        EXPECT_GT(t["kv"]["peak_bytes"].get<uint64_t>(), 0u) << task;
+        EXPECT_GT(t["kv"]["peak_tokens"].get<int64_t>(), 0) << task;
+        EXPECT_GT(t["kv"]["compression_vs_f16"].get<double>(), 0.0) << task;
+      }
+      EXPECT_GT(s["ppl"]["ppl"].get<double>(), 1.0);
+      for (const char* k : {"accuracy", "score", "cells", "metric", "n"}) EXPECT_TRUE(s["needle"].contains(k)) << k;
+      for (const char* k : {"span", "skip", "sources"}) EXPECT_TRUE(s["copy"].contains(k)) << k;
+      EXPECT_EQ(s["copy"]["sources"].size(), 2u);
+    }
+    const json& base = j["results"][0];
+    const json& f16 = j["results"][1];
+    const json& self = j["results"][2];
+    EXPECT_TRUE(base["baseline"].get<bool>());
+    EXPECT_FALSE(base.contains("kld"));
+    // The spec against itself: exactly 0 and 100%.
+    EXPECT_EQ(self["kld"]["mean"].get<double>(), 0.0);
+    EXPECT_EQ(self["kld"]["p99"].get<double>(), 0.0);
+    EXPECT_EQ(self["kld"]["top1"].get<double>(), 1.0);
+    EXPECT_EQ(self["ppl"]["ppl"].get<double>(), base["ppl"]["ppl"].get<double>());
+    EXPECT_EQ(self["copy"]["sources"][0]["accuracy"], base["copy"]["sources"][0]["accuracy"]);
+    // f16 is close to f32 and holds about half the bytes.
+    for (const char* k : {"mean", "mean_stderr", "median", "p90", "p99", "max", "top1", "top1_stderr", "n_positions"}) {
+      EXPECT_TRUE(f16["kld"].contains(k)) << k;
+    }
+    EXPECT_GE(f16["kld"]["mean"].get<double>(), 0.0);
+    EXPECT_LT(f16["kld"]["mean"].get<double>(), 1e-3);
+    EXPECT_GT(f16["kld"]["top1"].get<double>(), 0.95);
+    const double ratio = static_cast<double>(base["ppl"]["kv"]["peak_bytes"].get<uint64_t>()) /
+                         static_cast<double>(f16["ppl"]["kv"]["peak_bytes"].get<uint64_t>());
+    EXPECT_GT(ratio, 1.5);
+    EXPECT_LE(ratio, 2.0);
+    EXPECT_GT(f16["kv"]["compression_vs_f16"].get<double>(), 0.8);
+    EXPECT_LE(f16["kv"]["compression_vs_f16"].get<double>(), 1.0);
+
+    // Report folder: the same JSON, Markdown, well-formed SVGs.
+    EXPECT_EQ(json::parse(ReadAll(dir + "/report.json")), j);
+    EXPECT_NE(ReadAll(dir + "/report.md").find("![quality vs KV bytes](pareto.svg)"), std::string::npos);
+    for (const std::string svg : {"pareto.svg", "needle-0.svg", "needle-1.svg", "passkey-2.svg"}) {
+      const std::string doc = ReadAll(dir + "/" + svg);
+      std::string err;
+      EXPECT_TRUE(eval::XmlWellFormed(doc, &err)) << svg << ": " << err;
+      EXPECT_NE(doc.find("<svg"), std::string::npos) << svg;
+    }
+  }
+}
+
+TEST(EvalTest, CommandLineErrors) {
+  const CommandResult unknown = RunKvx("eval -m " + SyntheticModel() + " --tasks ppl,bogus -q");
+  EXPECT_EQ(unknown.exit_code, 1) << unknown.output;
+  EXPECT_NE(unknown.output.find("unknown task 'bogus'"), std::string::npos) << unknown.output;
+  const CommandResult spec = RunKvx("eval -m " + SyntheticModel() + " --tasks copy --kv codec=nope -q");
+  EXPECT_EQ(spec.exit_code, 1) << spec.output;
+  EXPECT_NE(spec.output.find("codec=nope"), std::string::npos) << spec.output;
+  const CommandResult data = RunKvx("eval -m " + SyntheticModel() + " --tasks needle --data /nonexistent -q");
+  EXPECT_EQ(data.exit_code, 1) << data.output;
+  EXPECT_NE(data.output.find("--data"), std::string::npos) << data.output;
+}
+
+}  // namespace
+}  // namespace kvx
