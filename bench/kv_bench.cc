@@ -1,6 +1,7 @@
 // Decode attention over the paged KV cache: one query token, 8 kv heads,
-// 32 query heads (GQA 4), head_dim 64, context 1k/4k/8k tokens, f32 vs f16
-// pages, single thread. Reports KV bytes read per second.
+// 32 query heads (GQA 4), head_dim 64, context 1k/4k/8k tokens, for each page
+// codec, on 1 and 2 threads. bytes_per_second counts the KV bytes read (each
+// page is read once per GQA group).
 #include <benchmark/benchmark.h>
 
 #include <cmath>
@@ -10,22 +11,28 @@
 #include <vector>
 
 #include "kv/attention.h"
+#include "kv/kv_spec.h"
 #include "kv/sequence_kv.h"
 
 namespace kvx::kv {
 namespace {
 
-void BM_DecodeAttention(benchmark::State& state, CodecId codec) {
+void BM_DecodeAttention(benchmark::State& state, const char* spec_text) {
   const int n_ctx = static_cast<int>(state.range(0));
+  const int threads = static_cast<int>(state.range(1));
+  const KVSpec spec = *ParseKVSpec(spec_text);
   const int kv_heads = 8, n_heads = 32, dim = 64;
-  const KVLayout layout{1, kv_heads, dim, 16};
-  auto pool = BlockPool::Create({.budget_bytes = BudgetForContext(layout, codec, n_ctx),
-                                 .page_bytes = PageBytes(layout, codec)});
+  const KVLayout layout{1, kv_heads, dim, spec.page_tokens};
+  auto pool = BlockPool::Create({.budget_bytes = BudgetForContext(layout, spec.codec, n_ctx),
+                                 .page_bytes = PageBytes(layout, spec.codec)});
   if (!pool.ok()) {
     state.SkipWithError(pool.status().ToString().c_str());
     return;
   }
-  SequenceKV kv(pool->get(), layout, codec);
+  SequenceKV kv(pool->get(), layout, spec.codec);
+  ops::RopeParams rope{};
+  rope.n_dims = dim;
+  kv.set_rope(rope);
   std::mt19937 rng(1);
   std::normal_distribution<float> nd;
   const int chunk = 256;
@@ -45,18 +52,30 @@ void BM_DecodeAttention(benchmark::State& state, CodecId codec) {
   for (auto& x : q) x = nd(rng);
   const int32_t q_pos = n_ctx;
   const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
+  std::unique_ptr<ThreadPool> tp = threads > 1 ? std::make_unique<ThreadPool>(threads) : nullptr;
   for (auto _ : state) {
-    Attention(kv, 0, q.data(), &q_pos, 1, n_heads, scale, out.data(), nullptr);
+    Attention(kv, 0, q.data(), &q_pos, 1, n_heads, scale, out.data(), tp.get());
     benchmark::DoNotOptimize(out.data());
   }
-  // Each query head reads its kv head's pages once.
-  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * n_heads / kv_heads *
-                          static_cast<int64_t>(kv.BytesInUse()));
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(kv.BytesInUse()));
   state.counters["kv_bytes"] = static_cast<double>(kv.BytesInUse());
 }
 
-BENCHMARK_CAPTURE(BM_DecodeAttention, f32, CodecId::kF32)->Arg(1024)->Arg(4096)->Arg(8192)->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_DecodeAttention, f16, CodecId::kF16)->Arg(1024)->Arg(4096)->Arg(8192)->Unit(benchmark::kMicrosecond);
+#define KVX_DECODE_BENCH(name, spec)                                                               \
+  BENCHMARK_CAPTURE(BM_DecodeAttention, name, spec)                                               \
+      ->ArgsProduct({{1024, 4096, 8192}, {1, 2}})                                                  \
+      ->ArgNames({"ctx", "threads"})                                                               \
+      ->Unit(benchmark::kMicrosecond)                                                              \
+      ->UseRealTime()
+
+KVX_DECODE_BENCH(f32, "codec=f32");
+KVX_DECODE_BENCH(f16, "codec=f16");
+KVX_DECODE_BENCH(int8, "codec=int8");
+KVX_DECODE_BENCH(int4, "codec=int4");
+KVX_DECODE_BENCH(int4_g64_rot, "codec=int4,group=64,rotate=hadamard");
+KVX_DECODE_BENCH(kivi4_p128, "codec=kivi4,page=128,group=64");
+KVX_DECODE_BENCH(kivi2_p128, "codec=kivi2,page=128,group=64");
+KVX_DECODE_BENCH(f16_prerope, "codec=f16,prerope=1");
 
 }  // namespace
 }  // namespace kvx::kv

@@ -1,13 +1,32 @@
-// Microbenchmarks of the ops/ kernels: MatMul per weight type on the shapes of
-// a small llama-family model (hidden 576, FFN 1536: SmolLM-135M), for decode
-// (1 token) and prefill (64 tokens), single-threaded and with a 2-thread pool;
-// plus dequantization and the small nn kernels.
+// Microbenchmarks of the ops/ kernels and the thread pool.
 //
-// Shapes are n_out x n_in. K-quants need n_in % 256 == 0, so for them the
-// 576-wide inputs are skipped (llama.cpp also stores those tensors in a
-// 32-block type) and the FFN-down shape 576x1536 is measured instead.
+//   MatMul/<type>/<n_out>x<n_in>/tok<T>/thr<N>   one projection of SmolLM2-135M
+//       (hidden 576, FFN 1536): decode (1 token) and prefill (64, 512 tokens),
+//       1 and 2 threads. Counters: GFLOPS, bytes_per_second = weight bytes.
+//   DecodeSweep/<type>/thr<N>   every matrix of the SmolLM2-135M stack once, as
+//       one decoded token does (30 layers: QKV, O, gate+up, down; then the
+//       49152x576 output head), with distinct weight buffers (~145 MB for
+//       q8_0), so the weights stream from DRAM: bytes_per_second is the
+//       kernels' effective weight bandwidth, to compare with MemRead.
+//   PrefillGemm/<type>/thr<N>   the same layer stack for 512 tokens (GFLOPS).
+//   MemRead / MemTriad          STREAM-like probes over 256 MiB arrays.
+//   PeakFma                     f32 FMA peak of the active SIMD target.
+//   ThreadPool/*                dispatch latency of empty parallel loops.
+//   QuantizeActs, Dequantize, Quantize, RmsNorm, Rope, Softmax, SwiGLU.
+//
+// K-quants need n_in % 256 == 0, so for them the 576-wide inputs are skipped
+// (llama.cpp also stores those tensors in a 32-block type).
+// Kernels run on the best SIMD target of the CPU, or on the one named by the
+// KVX_BENCH_TARGET environment variable (AVX3_DL, AVX2, SCALAR...); the
+// context line "simd_target" says which.
 #include <benchmark/benchmark.h>
 
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -15,9 +34,11 @@
 
 #include "ops/dequant.h"
 #include "ops/matmul.h"
+#include "ops/matmul_internal.h"
 #include "ops/nn.h"
 #include "ops/quant_blocks.h"
 #include "ops/quantize.h"
+#include "ops/simd_target.h"
 #include "util/thread_pool.h"
 
 namespace kvx::ops {
@@ -33,33 +54,281 @@ std::vector<float> Gaussian(int64_t n, uint32_t seed) {
   return v;
 }
 
-std::vector<uint8_t> QuantizedMatrix(TensorType t, int64_t n_in, int64_t n_out) {
-  const auto w = Gaussian(n_in * n_out, 1);
+// A quantized n_out x n_in matrix. Large matrices repeat a 64-row quantized
+// block (quantizing 100M+ weights with the k-quant search would take long);
+// the bytes are still distinct memory.
+std::vector<uint8_t> QuantizedMatrix(TensorType t, int64_t n_in, int64_t n_out, uint32_t seed = 1) {
+  const int64_t base_rows = std::min<int64_t>(n_out, 64);
+  const auto w = Gaussian(n_in * base_rows, seed);
   const size_t rb = RowBytesOf(t, n_in);
   std::vector<uint8_t> bytes(rb * n_out);
-  for (int64_t o = 0; o < n_out; ++o) QuantizeRow(t, w.data() + o * n_in, bytes.data() + o * rb, n_in);
+  for (int64_t o = 0; o < base_rows; ++o) QuantizeRow(t, w.data() + o * n_in, bytes.data() + o * rb, n_in);
+  for (int64_t o = base_rows; o < n_out; ++o) std::memcpy(bytes.data() + o * rb, bytes.data() + (o % base_rows) * rb, rb);
   return bytes;
 }
 
-ThreadPool* Pool2() {
-  static ThreadPool pool(2);
-  return &pool;
+ThreadPool* Pool(int threads) {
+  static ThreadPool pool2(2);
+  return threads > 1 ? &pool2 : nullptr;
 }
 
+// KVX_BENCH_TARGET=AVX2 (etc.) restricts the kernels to that SIMD target.
+void AddContext() {
+  static bool done = false;
+  if (!done) {
+    if (const char* t = std::getenv("KVX_BENCH_TARGET"); t != nullptr && !ForceSimdTarget(t)) {
+      std::fprintf(stderr, "KVX_BENCH_TARGET=%s is not available here\n", t);
+      std::exit(1);
+    }
+    benchmark::AddCustomContext("simd_target", ActiveSimdTarget());
+    done = true;
+  }
+}
+
+// ---- single projections ----------------------------------------------------
+
 void BM_MatMul(benchmark::State& state, TensorType t, int64_t n_out, int64_t n_in, int64_t n_tokens, int threads) {
+  AddContext();
   const auto bytes = QuantizedMatrix(t, n_in, n_out);
   const WeightView w{t, bytes.data(), n_in, n_out, RowBytesOf(t, n_in)};
   const auto x = Gaussian(n_in * n_tokens, 2);
   std::vector<float> y(n_out * n_tokens);
-  ThreadPool* pool = threads > 1 ? Pool2() : nullptr;
   for (auto _ : state) {
-    MatMul(w, x.data(), n_tokens, y.data(), pool);
+    MatMul(w, x.data(), n_tokens, y.data(), Pool(threads));
     benchmark::DoNotOptimize(y.data());
   }
   const double flops = 2.0 * n_in * n_out * n_tokens;
   state.counters["GFLOPS"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(bytes.size()));
 }
+
+// ---- the SmolLM2-135M stack ------------------------------------------------
+
+struct Stack {
+  static constexpr int kLayers = 30, kEmbd = 576, kFF = 1536, kQ = 576, kKV = 192, kVocab = 49152;
+  struct Layer {
+    std::vector<uint8_t> q, k, v, o, gate, up, down;
+  };
+  TensorType type;
+  std::vector<Layer> layers;
+  std::vector<uint8_t> head;
+  size_t bytes = 0;
+  double matmul_flops_per_token = 0;  // excluding the head
+
+  explicit Stack(TensorType t) : type(t), layers(kLayers) {
+    // K-quant rows of 576 are not possible: those matrices fall back to q8_0
+    // (like llama.cpp's mixes), the FFN ones keep the type.
+    const TensorType t576 = GetBlockGeometry(t).block_size > 32 ? TensorType::kQ8_0 : t;
+    uint32_t seed = 1;
+    for (Layer& l : layers) {
+      l.q = QuantizedMatrix(t576, kEmbd, kQ, seed++);
+      l.k = QuantizedMatrix(t576, kEmbd, kKV, seed++);
+      l.v = QuantizedMatrix(t576, kEmbd, kKV, seed++);
+      l.o = QuantizedMatrix(t576, kQ, kEmbd, seed++);
+      l.gate = QuantizedMatrix(t576, kEmbd, kFF, seed++);
+      l.up = QuantizedMatrix(t576, kEmbd, kFF, seed++);
+      l.down = QuantizedMatrix(t, kFF, kEmbd, seed++);
+      for (auto* m : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) bytes += m->size();
+    }
+    head = QuantizedMatrix(t576, kEmbd, kVocab, seed);
+    bytes += head.size();
+    matmul_flops_per_token = 2.0 * kLayers * (kEmbd * (kQ + 2 * kKV) + kQ * kEmbd + 3.0 * kEmbd * kFF);
+    t576_ = t576;
+  }
+  WeightView View(const std::vector<uint8_t>& m, int64_t n_in, int64_t n_out, TensorType t) const {
+    return WeightView{t, m.data(), n_in, n_out, RowBytesOf(t, n_in)};
+  }
+  // One forward pass of n tokens through the matmuls (no attention/norms);
+  // the head only for the last token when `head_too`.
+  void Run(int64_t n, bool head_too, ThreadPool* pool, std::vector<float>* buf) const {
+    buf->resize(static_cast<size_t>(n) * (kEmbd + kQ + 2 * kKV + 2 * kFF) + kVocab);
+    float* x = buf->data();
+    float* q = x + n * kEmbd;
+    float* k = q + n * kQ;
+    float* v = k + n * kKV;
+    float* g = v + n * kKV;
+    float* u = g + n * kFF;
+    float* logits = u + n * kFF;
+    for (const Layer& l : layers) {
+      const MatMulOutput qkv[] = {{View(l.q, kEmbd, kQ, t576_), q},
+                                  {View(l.k, kEmbd, kKV, t576_), k},
+                                  {View(l.v, kEmbd, kKV, t576_), v}};
+      MatMulMulti(qkv, x, n, pool);
+      MatMul(View(l.o, kQ, kEmbd, t576_), q, n, x, pool);
+      const MatMulOutput gu[] = {{View(l.gate, kEmbd, kFF, t576_), g}, {View(l.up, kEmbd, kFF, t576_), u}};
+      MatMulMulti(gu, x, n, pool);
+      MatMul(View(l.down, kFF, kEmbd, type), g, n, x, pool);
+    }
+    if (head_too) MatMul(View(head, kEmbd, kVocab, t576_), x + (n - 1) * kEmbd, 1, logits, pool);
+  }
+
+ private:
+  TensorType t576_ = TensorType::kQ8_0;
+};
+
+const Stack& GetStack(TensorType t) {
+  static std::vector<std::unique_ptr<Stack>> cache;
+  for (auto& s : cache) {
+    if (s->type == t) return *s;
+  }
+  cache.clear();  // keep one stack alive at a time (they are large)
+  cache.push_back(std::make_unique<Stack>(t));
+  return *cache.back();
+}
+
+void BM_DecodeSweep(benchmark::State& state, TensorType t, int threads) {
+  AddContext();
+  const Stack& s = GetStack(t);
+  std::vector<float> buf;
+  s.Run(1, true, Pool(threads), &buf);
+  std::fill(buf.begin(), buf.end(), 0.01f);
+  for (auto _ : state) {
+    s.Run(1, true, Pool(threads), &buf);
+    benchmark::DoNotOptimize(buf.data());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * s.bytes));
+  state.counters["tok/s"] = benchmark::Counter(1, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_PrefillGemm(benchmark::State& state, TensorType t, int threads) {
+  AddContext();
+  const Stack& s = GetStack(t);
+  const int64_t n = 512;
+  std::vector<float> buf;
+  s.Run(n, false, Pool(threads), &buf);
+  const auto x = Gaussian(n * Stack::kEmbd, 3);
+  for (auto _ : state) {
+    std::copy(x.begin(), x.end(), buf.begin());  // keep the activations finite
+    s.Run(n, false, Pool(threads), &buf);
+    benchmark::DoNotOptimize(buf.data());
+  }
+  state.counters["GFLOPS"] =
+      benchmark::Counter(s.matmul_flops_per_token * n * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["tok/s"] = benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// ---- machine probes ----------------------------------------------------------
+
+__attribute__((target("avx2"))) float SumRange(const float* a, size_t b, size_t e) {
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  size_t i = b;
+  for (; i + 32 <= e; i += 32) {
+    for (int j = 0; j < 4; ++j) acc[j] = _mm256_add_ps(acc[j], _mm256_loadu_ps(a + i + 8 * j));
+  }
+  float tmp[8];
+  _mm256_storeu_ps(tmp, _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+  float s = 0;
+  for (float f : tmp) s += f;
+  for (; i < e; ++i) s += a[i];
+  return s;
+}
+
+void BM_MemRead(benchmark::State& state, int threads) {
+  const size_t n = (size_t{256} << 20) / sizeof(float);
+  std::vector<float> a(n, 1.0f);
+  std::vector<float> sums(2);
+  for (auto _ : state) {
+    auto body = [&](size_t b, size_t e, int t) { sums[t] += SumRange(a.data(), b, e); };
+    if (threads > 1) {
+      Pool(threads)->ParallelFor(n, body);
+    } else {
+      body(0, n, 0);
+    }
+    benchmark::DoNotOptimize(sums.data());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * n * sizeof(float)));
+}
+
+void BM_MemTriad(benchmark::State& state, int threads) {
+  const size_t n = (size_t{256} << 20) / sizeof(float);
+  std::vector<float> a(n, 0.0f), b(n, 1.0f), c(n, 2.0f);
+  for (auto _ : state) {
+    auto body = [&](size_t lo, size_t hi, int) {
+      for (size_t i = lo; i < hi; ++i) a[i] = b[i] + 0.5f * c[i];
+    };
+    if (threads > 1) {
+      Pool(threads)->ParallelFor(n, body);
+    } else {
+      body(0, n, 0);
+    }
+    benchmark::DoNotOptimize(a.data());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * 3 * n * sizeof(float)));
+}
+
+__attribute__((target("avx512f"))) float FmaChains(int64_t iters) {
+  __m512 acc[12];
+  for (int c = 0; c < 12; ++c) acc[c] = _mm512_set1_ps(0.001f * c);
+  const __m512 m = _mm512_set1_ps(0.9999f), add = _mm512_set1_ps(1e-4f);
+  for (int64_t i = 0; i < iters; ++i) {
+#pragma GCC unroll 12
+    for (int c = 0; c < 12; ++c) acc[c] = _mm512_fmadd_ps(acc[c], m, add);
+  }
+  __m512 s = acc[0];
+  for (int c = 1; c < 12; ++c) s = _mm512_add_ps(s, acc[c]);
+  return _mm512_reduce_add_ps(s);
+}
+
+void BM_PeakFma(benchmark::State& state, int threads) {
+  if (!__builtin_cpu_supports("avx512f")) {
+    state.SkipWithError("needs AVX-512");
+    return;
+  }
+  const int64_t iters = 1 << 20;
+  std::vector<float> sink(2);
+  for (auto _ : state) {
+    if (threads > 1) {
+      Pool(threads)->ParallelFor(2, [&](size_t b, size_t, int) { sink[b] = FmaChains(iters); });
+    } else {
+      sink[0] = FmaChains(iters);
+    }
+    benchmark::DoNotOptimize(sink.data());
+  }
+  state.counters["GFLOPS"] =
+      benchmark::Counter(2.0 * 12 * 16 * iters * threads * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// ---- thread pool ---------------------------------------------------------------
+
+void BM_ThreadPoolStatic(benchmark::State& state) {
+  ThreadPool& pool = *Pool(2);
+  std::vector<int64_t> out(64);
+  for (auto _ : state) {
+    pool.ParallelFor(64, [&](size_t b, size_t e, int) {
+      for (size_t i = b; i < e; ++i) out[i] += 1;
+    });
+  }
+  benchmark::DoNotOptimize(out.data());
+}
+BENCHMARK(BM_ThreadPoolStatic)->UseRealTime();
+
+void BM_ThreadPoolDynamic(benchmark::State& state) {
+  ThreadPool& pool = *Pool(2);
+  std::vector<int64_t> out(64);
+  for (auto _ : state) {
+    pool.ParallelForDynamic(64, 8, [&](size_t b, size_t e, int) {
+      for (size_t i = b; i < e; ++i) out[i] += 1;
+    });
+  }
+  benchmark::DoNotOptimize(out.data());
+}
+BENCHMARK(BM_ThreadPoolDynamic)->UseRealTime();
+
+// ---- small kernels ----------------------------------------------------------------
+
+void BM_QuantizeActs(benchmark::State& state) {
+  AddContext();
+  const int64_t k = 1536, n = state.range(0);
+  const auto x = Gaussian(k * n, 3);
+  internal::ScratchBuffer buf;
+  auto a = internal::LayoutQuantizedActs(buf.Get(internal::QuantizedActsBytes(n, k)), n, k);
+  for (auto _ : state) {
+    internal::QuantizeActsBest(x.data(), 0, n, &a);
+    benchmark::DoNotOptimize(a.q);
+  }
+  state.SetItemsProcessed(state.iterations() * n * k);
+}
+BENCHMARK(BM_QuantizeActs)->Arg(1)->Arg(64);
 
 void BM_Dequantize(benchmark::State& state, TensorType t) {
   const int64_t n = 4096;
@@ -84,12 +353,14 @@ void BM_Quantize(benchmark::State& state, TensorType t) {
 }
 
 void BM_RmsNorm(benchmark::State& state) {
+  AddContext();
   const auto x = Gaussian(576, 4), w = Gaussian(576, 5);
   std::vector<float> y(576);
   for (auto _ : state) {
     RmsNorm(x.data(), w.data(), 576, 1e-5f, y.data());
     benchmark::DoNotOptimize(y.data());
   }
+  state.SetItemsProcessed(state.iterations() * 576);
 }
 BENCHMARK(BM_RmsNorm);
 
@@ -105,6 +376,7 @@ void BM_Rope(benchmark::State& state) {
 BENCHMARK(BM_Rope);
 
 void BM_Softmax(benchmark::State& state) {
+  AddContext();
   const auto src = Gaussian(state.range(0), 7);
   auto x = src;
   for (auto _ : state) {
@@ -112,8 +384,22 @@ void BM_Softmax(benchmark::State& state) {
     Softmax(x.data(), static_cast<int64_t>(x.size()));
     benchmark::DoNotOptimize(x.data());
   }
+  state.SetItemsProcessed(state.iterations() * state.range(0));
 }
 BENCHMARK(BM_Softmax)->Arg(1024)->Arg(8192);
+
+void BM_SwiGLU(benchmark::State& state) {
+  AddContext();
+  const int64_t n = state.range(0);
+  const auto g = Gaussian(n, 8), u = Gaussian(n, 9);
+  std::vector<float> out(n);
+  for (auto _ : state) {
+    SwiGLU(g.data(), u.data(), n, out.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetItemsProcessed(state.iterations() * n);
+}
+BENCHMARK(BM_SwiGLU)->Arg(1536)->Arg(1536 * 64);
 
 int RegisterAll() {
   const TensorType types[] = {TensorType::kF32,  TensorType::kF16,  TensorType::kBF16, TensorType::kQ8_0,
@@ -126,7 +412,7 @@ int RegisterAll() {
     const std::string name = TensorTypeName(t);
     for (const Shape& s : shapes) {
       if (s.n_in % GetBlockGeometry(t).block_size != 0) continue;
-      for (int64_t n_tokens : {1, 64}) {
+      for (int64_t n_tokens : {1, 64, 512}) {
         for (int threads : {1, 2}) {
           const std::string bm = "MatMul/" + name + "/" + std::to_string(s.n_out) + "x" + std::to_string(s.n_in) +
                                  "/tok" + std::to_string(n_tokens) + "/thr" + std::to_string(threads);
@@ -136,8 +422,23 @@ int RegisterAll() {
         }
       }
     }
+    for (int threads : {1, 2}) {
+      const std::string thr = "/thr" + std::to_string(threads);
+      benchmark::RegisterBenchmark(("DecodeSweep/" + name + thr).c_str(), BM_DecodeSweep, t, threads)
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
+      benchmark::RegisterBenchmark(("PrefillGemm/" + name + thr).c_str(), BM_PrefillGemm, t, threads)
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
+    }
     benchmark::RegisterBenchmark(("Dequantize/" + name).c_str(), BM_Dequantize, t);
     benchmark::RegisterBenchmark(("Quantize/" + name).c_str(), BM_Quantize, t);
+  }
+  for (int threads : {1, 2}) {
+    const std::string thr = "/thr" + std::to_string(threads);
+    benchmark::RegisterBenchmark(("MemRead" + thr).c_str(), BM_MemRead, threads)->UseRealTime();
+    benchmark::RegisterBenchmark(("MemTriad" + thr).c_str(), BM_MemTriad, threads)->UseRealTime();
+    benchmark::RegisterBenchmark(("PeakFma" + thr).c_str(), BM_PeakFma, threads)->UseRealTime();
   }
   return 0;
 }

@@ -1,7 +1,9 @@
 #include "kv/attention.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -11,89 +13,281 @@
 namespace kvx::kv {
 namespace {
 
-// Per-thread scratch, reused across the (query, head) pairs of one range.
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Per-thread scratch, reused across items and calls.
 struct Scratch {
-  std::vector<float> scores;      // one per cache entry
-  std::vector<int32_t> positions; // only filled when an observer is present
-  std::vector<float> acc;         // head_dim
+  std::vector<float> q;       // [rows][D] the block's queries (rotated when the cache is)
+  std::vector<float> scores;  // [rows][chunk entries]
+  std::vector<float> tile;    // [T][D] decoded keys (pre-RoPE path)
+  std::vector<float> qrot;    // [rows][D] queries rotated back to a page's first position
+  std::vector<uint8_t> live;  // per page of the chunk: visible to some row
+};
+thread_local Scratch tls_scratch;
+
+// Everything one Attention call shares between its work items.
+struct Job {
+  const SequenceKV* kv;
+  int layer;
+  const LayerCodec* lc;
+  const float* q;
+  const int32_t* q_pos;
+  int n_heads, G, D, T;
+  float scale;
+  int rows_per_head;    // n_q * G: row r is (query r / G, head h * G + r % G)
+  int blocks_per_head;  // ceil(rows_per_head / kMaxQueryRows)
+  int chunk_pages;
+  const HadamardRotation* rot;  // on V (output rotated back); on K too when keys_rotated
+  bool keys_rotated;
+  bool pre_rope;
+  // Items (h, block, chunk) are numbered item_base[h] + block * chunks[h] + chunk.
+  std::vector<int> chunks;
+  std::vector<size_t> item_base;
+  size_t part_stride;   // floats per item: acc [kMaxQueryRows][D], max [kMaxQueryRows], sum [kMaxQueryRows]
+  float* partials;
+  // Observer only: masked, scaled scores per (h, row, entry), -inf where never computed.
+  AttentionObserver* observer;
+  std::vector<std::vector<float>> obs_scores;  // [h][rows_per_head * n_h]
+  std::vector<std::vector<int32_t>> obs_pos;   // [h][n_h]
 };
 
-// Attention of one query row for one query head against one (layer, kv-head)
-// chain, specialised per codec. Two passes over the pages: scores (+ causal
-// mask by stored position), then softmax weights times V.
+// x[j] *= scale, returns the max (SIMD when available).
+float ScaleMax(float* x, int n, float scale) {
+  if (simd::UseSimd(8)) return simd::ScaleMax(x, n, scale);
+  float m = kNegInf;
+  for (int j = 0; j < n; ++j) m = std::max(m, x[j] *= scale);
+  return m;
+}
+
+// x[j] = exp(x[j] - m) (0 for -inf), returns the sum (SIMD when available).
+float ExpSum(float* x, int n, float m) {
+  if (simd::UseSimd(8)) return simd::ExpSum(x, n, m);
+  float sum = 0.0f;
+  for (int j = 0; j < n; ++j) sum += (x[j] = std::exp(x[j] - m));
+  return sum;
+}
+
+// s[r*ss + j] = q_r . K_j for the page's m entries, in whatever form the page has.
 template <PageCodec C>
-void AttendOne(const SequenceKV& kv, int layer, int query_index, int head, int kv_head, const float* q,
-               int32_t q_pos, float scale, float* out, Scratch* s, AttentionObserver* observer) {
-  const KVLayout& L = kv.layout();
-  const int T = L.page_tokens, D = L.head_dim;
-  const PageTable& t = kv.table(layer, kv_head);
-  const int n = t.length();
-  const size_t data_offset = PageDataOffset(T);
-  const BlockPool& pool = kv.pool();
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-
-  if (s->scores.size() < static_cast<size_t>(n)) s->scores.resize(n);
-  float* scores = s->scores.data();
-
-  // Pass 1: raw scores, mask, max.
-  float max_score = neg_inf;
-  for (int p = 0; p < t.num_pages(); ++p) {
-    const uint8_t* page = pool.PageData(t.pages()[p]);
-    const int m = t.EntriesInPage(p, T);
-    float* sp = scores + static_cast<size_t>(p) * T;
-    C::Scores(page + data_offset, T, D, m, q, sp);
-    const int32_t* pos = PagePositions(page);
-    for (int j = 0; j < m; ++j) {
-      if (pos[j] > q_pos) {
-        sp[j] = neg_inf;
-      } else {
-        sp[j] *= scale;
-        max_score = std::max(max_score, sp[j]);
-      }
-    }
-  }
-  float* acc = s->acc.data();
-  std::fill(acc, acc + D, 0.0f);
-  if (max_score == neg_inf) {  // nothing visible (or empty cache)
-    std::fill(out, out + D, 0.0f);
-    if (observer != nullptr && n > 0) {
-      std::fill(scores, scores + n, 0.0f);
-      s->positions.resize(n);
-      for (int p = 0; p < t.num_pages(); ++p) {
-        const int32_t* pos = PagePositions(pool.PageData(t.pages()[p]));
-        std::copy(pos, pos + t.EntriesInPage(p, T), s->positions.data() + static_cast<size_t>(p) * T);
-      }
-      observer->OnProbabilities(layer, query_index, head, kv_head, scores, s->positions.data(), n);
+void PageScores(const Job& job, bool full, const uint8_t* page, int m, const float* q, int nr, float* s, int ss) {
+  const CodecParams& params = job.lc->params;
+  const uint8_t* data = page + PageDataOffset(job.T);
+  if (!job.pre_rope) {
+    if (full) {
+      F16Codec::Scores(params, data, m, q, nr, s, ss);
+    } else {
+      C::Scores(params, data, m, q, nr, s, ss);
     }
     return;
   }
+  // Pre-RoPE keys (KVQuant): decode this page's keys to a one-page tile, undo
+  // the rotation (RoPE does not commute with it), rope them, dot. RoPE angles
+  // are linear in the position, R(p0 + t) = R(p0) R(t), and rotations are
+  // orthogonal, so q . R(p0 + t) k = (R(-p0) q) . (R(t) k): the queries are
+  // rotated back once per page by its smallest position p0 and each key by
+  // its offset t = pos - p0, whose cos/sin rows (0..T-1 when the page holds
+  // consecutive positions) stay in cache, instead of one table row per key.
+  const int D = job.D;
+  const int32_t* pos = PagePositions(page);
+  int32_t p0 = pos[0];
+  for (int j = 1; j < m; ++j) p0 = std::min(p0, pos[j]);
+  const ops::RopeParams& rope = job.kv->rope();
+  const bool simd_rope = simd::UseSimd(D) && (rope.neox ? rope.n_dims % 16 == 0 : rope.n_dims % 8 == 0);
+  auto rotate = [&](float* x, int32_t at, bool inverse) {
+    const float* cs = job.kv->RopeCosSin(at);
+    if (simd_rope) return simd::RopeRow(x, cs, rope.n_dims, rope.neox, inverse);
+    if (!inverse) return ops::RopeApply(x, cs, rope);
+    float neg[2 * kMaxHeadDim];
+    for (int i = 0; i < rope.n_dims; i += 2) neg[i] = cs[i], neg[i + 1] = -cs[i + 1];
+    ops::RopeApply(x, neg, rope);
+  };
+  std::vector<float>& qrot = tls_scratch.qrot;
+  qrot.assign(q, q + static_cast<size_t>(nr) * D);
+  for (int r = 0; r < nr; ++r) rotate(&qrot[static_cast<size_t>(r) * D], p0, /*inverse=*/true);
+  std::vector<float>& tile = tls_scratch.tile;
+  tile.resize(static_cast<size_t>(m) * D);
+  if (full) {
+    F16Codec::DecodeKeys(params, data, m, tile.data());
+  } else {
+    C::DecodeKeys(params, data, m, tile.data());
+  }
+  for (int j = 0; j < m; ++j) {
+    float* row = &tile[static_cast<size_t>(j) * D];
+    if (job.keys_rotated) job.rot->Inverse(row);
+    rotate(row, pos[j] - p0, /*inverse=*/false);
+  }
+  if (simd::UseSimd(D)) {
+    simd::DotRowsQN(simd::F32Rows{tile.data(), D}, m, D, qrot.data(), nr, s, ss);
+    return;
+  }
+  for (int r = 0; r < nr; ++r) {
+    F32Codec::ScoresScalar(tile.data(), D, m, &qrot[static_cast<size_t>(r) * D], s + static_cast<size_t>(r) * ss);
+  }
+}
 
-  // Pass 2: weights (exp(-inf) = 0 for masked entries), then sum_j w_j V_j.
-  float sum = 0.0f;
-  for (int p = 0; p < t.num_pages(); ++p) {
+// One work item: rows [row0, row0 + nr) of kv head h against the pages of one
+// context chunk. Writes the partial (acc, max, sum) of each row.
+template <PageCodec C>
+void RunItem(Job& job, int h, int block, int chunk) {
+  const SequenceKV& kv = *job.kv;
+  const PageTable& t = kv.table(job.layer, h);
+  const BlockPool& pool = kv.pool();
+  const int D = job.D, T = job.T, G = job.G;
+  const int row0 = block * kMaxQueryRows, nr = std::min(kMaxQueryRows, job.rows_per_head - row0);
+  const int p0 = chunk * job.chunk_pages, p1 = std::min(t.num_pages(), p0 + job.chunk_pages);
+  const int ss = std::max(0, p1 - p0) * T;
+  Scratch& s = tls_scratch;
+  s.q.resize(static_cast<size_t>(nr) * D);
+  s.scores.resize(static_cast<size_t>(nr) * ss);
+  s.live.assign(static_cast<size_t>(std::max(0, p1 - p0)), 0);
+
+  int32_t qp[kMaxQueryRows];
+  int32_t q_max = std::numeric_limits<int32_t>::min();
+  for (int r = 0; r < nr; ++r) {
+    const int row = row0 + r, i = row / G, head = h * G + row % G;
+    float* qr = &s.q[static_cast<size_t>(r) * D];
+    std::memcpy(qr, job.q + (static_cast<size_t>(i) * job.n_heads + head) * D, sizeof(float) * D);
+    if (job.keys_rotated && !job.pre_rope) job.rot->Forward(qr);  // (Q q) . (Q k) = q . k
+    qp[r] = job.q_pos[i];
+    q_max = std::max(q_max, qp[r]);
+  }
+
+  // Pass 1: raw scores, causal mask by stored position, scale, row max.
+  float mx[kMaxQueryRows];
+  std::fill(mx, mx + nr, kNegInf);
+  for (int p = p0; p < p1; ++p) {
     const uint8_t* page = pool.PageData(t.pages()[p]);
     const int m = t.EntriesInPage(p, T);
-    float* sp = scores + static_cast<size_t>(p) * T;
-    bool any = false;
-    for (int j = 0; j < m; ++j) {
-      sp[j] = std::exp(sp[j] - max_score);
-      sum += sp[j];
-      any |= sp[j] != 0.0f;
+    const int32_t* pos = PagePositions(page);
+    int32_t pos_min = pos[0], pos_max = pos[0];
+    for (int j = 1; j < m; ++j) pos_min = std::min(pos_min, pos[j]), pos_max = std::max(pos_max, pos[j]);
+    if (pos_min > q_max) continue;  // after every row: skip
+    s.live[p - p0] = 1;
+    float* sp = &s.scores[static_cast<size_t>(p - p0) * T];
+    PageScores<C>(job, t.is_full(p), page, m, s.q.data(), nr, sp, ss);
+    for (int r = 0; r < nr; ++r) {
+      float* row = sp + static_cast<size_t>(r) * ss;
+      if (pos_max <= qp[r]) {  // the whole page is visible (always, in decode)
+        mx[r] = std::max(mx[r], ScaleMax(row, m, job.scale));
+        continue;
+      }
+      for (int j = 0; j < m; ++j) {
+        if (pos[j] > qp[r]) {
+          row[j] = kNegInf;
+        } else {
+          row[j] *= job.scale;
+          mx[r] = std::max(mx[r], row[j]);
+        }
+      }
     }
-    if (any) C::AccumulateValues(page + data_offset, T, D, m, sp, acc);
   }
-  const float inv = 1.0f / sum;
-  for (int c = 0; c < D; ++c) out[c] = acc[c] * inv;
+  if (job.observer != nullptr) {
+    std::vector<float>& obs = job.obs_scores[h];
+    const size_t n_h = static_cast<size_t>(t.length());
+    for (int p = p0; p < p1; ++p) {
+      if (!s.live[p - p0]) continue;
+      const int m = t.EntriesInPage(p, T);
+      for (int r = 0; r < nr; ++r) {
+        std::memcpy(&obs[(row0 + r) * n_h + static_cast<size_t>(p) * T],
+                    &s.scores[static_cast<size_t>(r) * ss + static_cast<size_t>(p - p0) * T], sizeof(float) * m);
+      }
+    }
+  }
 
-  if (observer != nullptr) {
-    s->positions.resize(n);
-    for (int p = 0; p < t.num_pages(); ++p) {
-      const int32_t* pos = PagePositions(pool.PageData(t.pages()[p]));
-      std::copy(pos, pos + t.EntriesInPage(p, T), s->positions.data() + static_cast<size_t>(p) * T);
+  // Pass 2: weights exp(s - max) (0 for masked entries and empty rows), then
+  // acc_r += sum_j w_rj V_j.
+  float* part = job.partials + (job.item_base[h] + static_cast<size_t>(block) * job.chunks[h] + chunk) * job.part_stride;
+  float* acc = part;
+  float* part_max = part + kMaxQueryRows * D;
+  float* part_sum = part_max + kMaxQueryRows;
+  std::fill(acc, acc + static_cast<size_t>(nr) * D, 0.0f);
+  float sum[kMaxQueryRows] = {};
+  for (int p = p0; p < p1; ++p) {
+    if (!s.live[p - p0]) continue;
+    const uint8_t* page = pool.PageData(t.pages()[p]);
+    const int m = t.EntriesInPage(p, T);
+    float* sp = &s.scores[static_cast<size_t>(p - p0) * T];
+    bool any = false;
+    for (int r = 0; r < nr; ++r) {
+      float* row = sp + static_cast<size_t>(r) * ss;
+      if (mx[r] == kNegInf) {
+        std::fill(row, row + m, 0.0f);
+        continue;
+      }
+      const float page_sum = ExpSum(row, m, mx[r]);  // weights are >= 0: sum > 0 iff any is
+      sum[r] += page_sum;
+      any |= page_sum > 0.0f;
     }
-    for (int j = 0; j < n; ++j) scores[j] *= inv;
-    observer->OnProbabilities(layer, query_index, head, kv_head, scores, s->positions.data(), n);
+    if (!any) continue;
+    const uint8_t* data = page + PageDataOffset(T);
+    if (t.is_full(p)) {
+      F16Codec::AccumulateValues(job.lc->params, data, m, sp, nr, ss, acc);
+    } else {
+      C::AccumulateValues(job.lc->params, data, m, sp, nr, ss, acc);
+    }
   }
+  std::copy(mx, mx + nr, part_max);
+  std::copy(sum, sum + nr, part_sum);
+}
+
+// Merges the chunk partials of one row block into the outputs (log-sum-exp
+// rule, chunk order), rotates them back, and feeds the observer.
+void MergeBlock(const Job& job, int h, int block, float* out) {
+  const int D = job.D, G = job.G;
+  const int row0 = block * kMaxQueryRows, nr = std::min(kMaxQueryRows, job.rows_per_head - row0);
+  const int n_chunks = job.chunks[h];
+  const float* first = job.partials + (job.item_base[h] + static_cast<size_t>(block) * n_chunks) * job.part_stride;
+  std::vector<float> probs;
+  for (int r = 0; r < nr; ++r) {
+    const int row = row0 + r, i = row / G, head = h * G + row % G;
+    float* o = out + (static_cast<size_t>(i) * job.n_heads + head) * D;
+    float big = kNegInf;
+    for (int c = 0; c < n_chunks; ++c) big = std::max(big, first[c * job.part_stride + kMaxQueryRows * D + r]);
+    float inv = 0.0f;
+    if (big == kNegInf) {
+      std::fill(o, o + D, 0.0f);  // nothing visible (or empty cache)
+    } else {
+      std::fill(o, o + D, 0.0f);
+      float total = 0.0f;
+      for (int c = 0; c < n_chunks; ++c) {
+        const float* part = first + c * job.part_stride;
+        const float m = part[kMaxQueryRows * D + r];
+        if (m == kNegInf) continue;
+        const float e = std::exp(m - big);  // exactly 1 for the chunk holding the max
+        total += part[kMaxQueryRows * D + kMaxQueryRows + r] * e;
+        const float* acc = part + static_cast<size_t>(r) * D;
+        for (int x = 0; x < D; ++x) o[x] += acc[x] * e;
+      }
+      inv = 1.0f / total;
+      for (int x = 0; x < D; ++x) o[x] *= inv;
+      if (job.rot != nullptr) job.rot->Inverse(o);  // sum_j p_j Q v_j = Q o
+    }
+    if (job.observer != nullptr) {
+      const int n_h = static_cast<int>(job.obs_pos[h].size());
+      const float* sc = &job.obs_scores[h][static_cast<size_t>(row) * n_h];
+      probs.assign(n_h, 0.0f);
+      if (big != kNegInf) {  // the same weights pass 2 used, normalised
+        std::copy(sc, sc + n_h, probs.begin());
+        ExpSum(probs.data(), n_h, big);
+        for (float& x : probs) x *= inv;
+      }
+      job.observer->OnProbabilities(job.layer, i, head, h, probs.data(), job.obs_pos[h].data(), n_h);
+    }
+  }
+}
+
+// Runs fn(index) for index in [0, n) on the pool with dynamic scheduling
+// (each index writes only its own outputs, so the order is irrelevant).
+template <typename Fn>
+void RunAll(size_t n, ThreadPool* pool, const Fn& fn) {
+  if (pool == nullptr || pool->size() <= 1 || n <= 1) {
+    for (size_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  std::atomic<size_t> next{0};
+  pool->ParallelFor(static_cast<size_t>(pool->size()), [&](size_t, size_t, int) {
+    for (size_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) fn(i);
+  });
 }
 
 }  // namespace
@@ -103,27 +297,69 @@ void Attention(const SequenceKV& kv, int layer, const float* q, const int32_t* q
   const KVLayout& L = kv.layout();
   KVX_CHECK(layer >= 0 && layer < L.n_layers);
   KVX_CHECK(n_heads > 0 && n_heads % L.n_kv_heads == 0 && n_q >= 0);
-  const int group = n_heads / L.n_kv_heads;
-  const int D = L.head_dim;
-  const size_t n_items = static_cast<size_t>(n_q) * n_heads;
+  if (n_q == 0) return;
+  const int H = L.n_kv_heads;
+  Job job;
+  job.kv = &kv;
+  job.layer = layer;
+  job.lc = &kv.layer_codec(layer);
+  job.q = q;
+  job.q_pos = q_pos;
+  job.n_heads = n_heads;
+  job.G = n_heads / H;
+  job.D = L.head_dim;
+  job.T = L.page_tokens;
+  job.scale = scale;
+  job.rows_per_head = n_q * job.G;
+  job.blocks_per_head = (job.rows_per_head + kMaxQueryRows - 1) / kMaxQueryRows;
+  job.chunk_pages = std::max(1, kAttentionChunkTokens / L.page_tokens);
+  job.rot = kv.rotation();
+  job.keys_rotated = kv.keys_rotated();
+  job.pre_rope = kv.keys_pre_rope();
+  job.observer = observer;
+  job.part_stride = static_cast<size_t>(kMaxQueryRows) * (job.D + 2);
 
-  DispatchCodec(kv.codec(), [&](auto codec) {
-    using C = decltype(codec);
-    auto run = [&](size_t begin, size_t end, int /*thread*/) {
-      Scratch s;
-      s.acc.resize(D);
-      for (size_t item = begin; item < end; ++item) {
-        const int i = static_cast<int>(item / n_heads);
-        const int h = static_cast<int>(item % n_heads);
-        const size_t off = item * D;
-        AttendOne<C>(kv, layer, i, h, h / group, q + off, q_pos[i], scale, out + off, &s, observer);
+  // Items: (kv head, row block, context chunk), h-major.
+  std::vector<int> item_h, item_block, item_chunk;
+  job.chunks.resize(H);
+  job.item_base.resize(H);
+  for (int h = 0; h < H; ++h) {
+    const int pages = kv.table(layer, h).num_pages();
+    job.chunks[h] = std::max(1, (pages + job.chunk_pages - 1) / job.chunk_pages);
+    job.item_base[h] = item_h.size();
+    for (int b = 0; b < job.blocks_per_head; ++b) {
+      for (int c = 0; c < job.chunks[h]; ++c) {
+        item_h.push_back(h);
+        item_block.push_back(b);
+        item_chunk.push_back(c);
       }
-    };
-    if (pool != nullptr) {
-      pool->ParallelFor(n_items, run);
-    } else {
-      run(0, n_items, 0);
     }
+  }
+  thread_local std::vector<float> partials;
+  partials.resize(item_h.size() * job.part_stride);
+  job.partials = partials.data();
+  if (observer != nullptr) {
+    job.obs_scores.resize(H);
+    job.obs_pos.resize(H);
+    for (int h = 0; h < H; ++h) {
+      const PageTable& t = kv.table(layer, h);
+      job.obs_scores[h].assign(static_cast<size_t>(job.rows_per_head) * t.length(), kNegInf);
+      job.obs_pos[h].resize(t.length());
+      for (int p = 0; p < t.num_pages(); ++p) {
+        const int32_t* pos = PagePositions(kv.pool().PageData(t.pages()[p]));
+        std::copy(pos, pos + t.EntriesInPage(p, L.page_tokens), job.obs_pos[h].data() + static_cast<size_t>(p) * L.page_tokens);
+      }
+    }
+  }
+
+  DispatchCodec(job.lc->id, [&](auto codec) {
+    using C = decltype(codec);
+    RunAll(item_h.size(), pool, [&](size_t it) { RunItem<C>(job, item_h[it], item_block[it], item_chunk[it]); });
+  });
+  const size_t n_blocks = static_cast<size_t>(H) * job.blocks_per_head;
+  const bool merge_parallel = observer != nullptr || n_blocks * job.chunks[0] > 16;
+  RunAll(n_blocks, merge_parallel ? pool : nullptr, [&](size_t b) {
+    MergeBlock(job, static_cast<int>(b / job.blocks_per_head), static_cast<int>(b % job.blocks_per_head), out);
   });
 }
 

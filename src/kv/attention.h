@@ -1,15 +1,38 @@
 // Paged attention over a SequenceKV: softmax(q K^T * scale) V for one layer,
-// computed directly on the pages in their codec's encoding (no dense copy).
+// computed directly on the pages in their codec's encoding (no dense copy:
+// quantized pages are dequantized in registers inside the q.K and p.V loops).
 //
 // Masking is causal by ORIGINAL position: query i attends to every cache entry
 // whose stored position <= q_pos[i]. This stays correct after entries are
 // evicted, reordered or reused at other positions.
 //
-// Numerics: scores and the softmax are float; softmax subtracts the row max;
-// the output is sum_j exp(s_j - max) V_j / sum_j exp(s_j - max). A query that
-// sees no entry gets a zero output. Work is split over (query, head) pairs and
-// each pair is computed by one thread in a fixed order, so results do not
-// depend on the thread count.
+// Work decomposition (results never depend on the thread count):
+//   * rows: the query heads of one GQA group share their kv head, so they are
+//     processed together — up to kMaxQueryRows (query, head) rows per visit of
+//     a page, which is therefore read and dequantized once per group rather
+//     than once per query head. In prefill the rows of a block are consecutive
+//     queries' group heads; pages entirely after every row's position are
+//     skipped.
+//   * context chunks: each (layer, kv-head) chain is cut into fixed chunks of
+//     kAttentionChunkTokens entries (whole pages). Each (kv head, row block,
+//     chunk) is an independent work item producing a partial softmax
+//     (running max m, sum l, unnormalised output o); partials are merged in
+//     chunk order with the log-sum-exp rule
+//        M = max_c m_c,  L = sum_c l_c e^(m_c - M),  out = sum_c o_c e^(m_c - M) / L.
+//     So a single decode query over a long context keeps every thread busy
+//     even when n_kv_heads < threads, and since the chunking depends only on
+//     the chain length the result is bit-identical for any thread count.
+//     A chain of at most one chunk gives exactly the plain computation.
+//     (Results may differ in the last bits with the batch composition: the
+//     multi-row kernels accumulate in a row-count-specific order.)
+//
+// Numerics: scores, softmax and accumulation are float; the softmax subtracts
+// the row max; the output is sum_j exp(s_j - max) V_j / sum_j exp(s_j - max).
+// A query that sees no entry gets a zero output.
+// Codec transforms: with a Hadamard rotation the queries are rotated like the
+// keys and the output is rotated back; with pre-RoPE keys each page's keys are
+// decoded to a one-page tile, (un-rotated,) roped at their stored positions
+// and dotted with the queries.
 //
 // Thread-safety: reads `kv` from pool threads; nothing may mutate `kv` or its
 // pages during the call.
@@ -22,9 +45,11 @@
 
 namespace kvx::kv {
 
+// Entries per context chunk (rounded down to whole pages, at least one page).
+inline constexpr int kAttentionChunkTokens = 512;
+
 // Optional observer of attention probabilities (for eviction/merging policies
-// such as H2O, SnapKV, TOVA). Off by default; when off, the cost is one pointer
-// test per (query, head).
+// such as H2O, SnapKV, TOVA). Off by default; when off, it costs nothing.
 class AttentionObserver {
  public:
   virtual ~AttentionObserver() = default;
@@ -39,14 +64,14 @@ class AttentionObserver {
 };
 
 // Paged attention for one layer.
-//   q     [n_q][n_heads][head_dim]; query head h uses kv head h / (n_heads / n_kv_heads)
+//   q     [n_q][n_heads][head_dim], roped; query head h uses kv head h / (n_heads / n_kv_heads)
 //   q_pos [n_q] positions of the queries
 //   out   [n_q][n_heads][head_dim]
 //   scale typically 1/sqrt(head_dim)
 //   pool  may be nullptr (runs on the calling thread)
 //   observer may be nullptr (see AttentionObserver)
 // REQUIRES: 0 <= layer < n_layers; n_heads a positive multiple of n_kv_heads;
-// out does not alias q.
+// out does not alias q; with pre-RoPE keys, kv.set_rope() was called.
 void Attention(const SequenceKV& kv, int layer, const float* q, const int32_t* q_pos, int n_q, int n_heads,
                float scale, float* out, ThreadPool* pool, AttentionObserver* observer = nullptr);
 

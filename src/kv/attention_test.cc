@@ -218,6 +218,65 @@ TEST(AttentionTest2, ObserverSeesNormalisedMaskedProbabilities) {
   EXPECT_INVARIANTS(*bp);
 }
 
+// Contexts longer than one chunk are split into independent work items and
+// merged with the log-sum-exp rule: same result as the dense reference, and
+// bit-identical whatever the thread count (decode and prefill-like queries).
+TEST(AttentionTest2, LongContextChunksMatchReferenceForAnyThreadCount) {
+  for (CodecId codec : {CodecId::kF32, CodecId::kF16}) {
+    const int kv_heads = 2, n_heads = 8, dim = 64, n = 3 * kAttentionChunkTokens + 37;
+    const KVLayout layout{1, kv_heads, dim, 16};
+    auto bp = std::move(BlockPool::Create({.budget_bytes = BudgetForContext(layout, codec, n),
+                                           .page_bytes = PageBytes(layout, codec)}))
+                  .value();
+    SequenceKV kv(bp.get(), layout, codec);
+    std::mt19937 rng(12);
+    std::normal_distribution<float> nd;
+    std::vector<float> k(static_cast<size_t>(n) * kv_heads * dim), v(k.size());
+    for (auto* vec : {&k, &v}) for (auto& x : *vec) x = nd(rng);
+    std::vector<int32_t> pos(n);
+    std::iota(pos.begin(), pos.end(), 0);
+    ASSERT_TRUE(kv.Append(0, n, pos.data(), k.data(), v.data()).ok());
+    std::vector<float> ks = k, vs = v;
+    if (codec == CodecId::kF16) {
+      for (auto* vec : {&ks, &vs}) for (auto& x : *vec) x = Fp16ToFloat(FloatToFp16(x));
+    }
+    const std::vector<int32_t> q_pos = {n, 5, 700, 1500, n - 1};
+    std::vector<float> q(q_pos.size() * n_heads * dim);
+    for (auto& x : q) x = 0.3f * nd(rng);
+    const std::vector<double> ref = DenseAttention(ks, vs, pos, q, q_pos, n_heads, kv_heads, dim, 0.125);
+    std::vector<float> base;
+    for (int threads : {0, 1, 2, 5}) {
+      for (int n_q : {1, 5}) {
+        std::vector<float> out(static_cast<size_t>(n_q) * n_heads * dim);
+        std::unique_ptr<ThreadPool> tp = threads > 0 ? std::make_unique<ThreadPool>(threads) : nullptr;
+        Attention(kv, 0, q.data(), q_pos.data(), n_q, n_heads, 0.125f, out.data(), tp.get());
+        for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], ref[i], 3e-6) << threads << " " << i;
+        if (n_q == 5) {
+          if (base.empty()) base = out;
+          for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(FloatToBits(out[i]), FloatToBits(base[i])) << threads;
+        }
+      }
+    }
+    // The observer sees normalised probabilities over the whole chain.
+    RecordingObserver obs;
+    std::vector<float> out(static_cast<size_t>(n_heads) * dim);
+    ThreadPool tp(2);
+    Attention(kv, 0, q.data(), q_pos.data(), 1, n_heads, 0.125f, out.data(), &tp, &obs);
+    ASSERT_EQ(obs.calls_.size(), static_cast<size_t>(n_heads));
+    for (const auto& call : obs.calls_) {
+      ASSERT_EQ(call.probs.size(), static_cast<size_t>(n));
+      double sum = 0;
+      for (float p : call.probs) sum += p;
+      EXPECT_NEAR(sum, 1.0, 1e-4);
+      EXPECT_EQ(call.positions, pos);
+    }
+    std::vector<float> plain(out.size());
+    Attention(kv, 0, q.data(), q_pos.data(), 1, n_heads, 0.125f, plain.data(), nullptr);
+    for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(FloatToBits(out[i]), FloatToBits(plain[i]));
+    EXPECT_INVARIANTS(*bp);
+  }
+}
+
 TEST(AttentionTest2, EmptyCacheGivesZeros) {
   const KVLayout layout{1, 1, 8, 4};
   auto bp = std::move(BlockPool::Create({.budget_bytes = 1 << 16, .page_bytes = PageBytes(layout, CodecId::kF16)})).value();

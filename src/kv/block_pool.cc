@@ -13,17 +13,31 @@ namespace kvx::kv {
 
 Result<std::unique_ptr<BlockPool>> BlockPool::Create(const BlockPoolOptions& options) {
   if (options.page_bytes == 0) return InvalidArgument("KV block pool: page size must be > 0");
-  const size_t page_bytes = AlignUp(options.page_bytes, kPageAlign);
-  const uint64_t n_pages64 = options.budget_bytes / page_bytes;
-  if (n_pages64 == 0) {
-    return InvalidArgument("KV budget of " + std::to_string(options.budget_bytes) +
-                           " bytes is smaller than one page (" + std::to_string(page_bytes) +
-                           " bytes); raise the budget (--kv budget=...)");
+  std::unique_ptr<BlockPool> pool(new BlockPool(options.budget_bytes));
+  KVX_ASSIGN_OR_RETURN(const int cls, pool->AddSizeClass(options.page_bytes));
+  KVX_CHECK(cls == 0);
+  return pool;
+}
+
+Result<int> BlockPool::AddSizeClass(size_t page_bytes_in) {
+  if (page_bytes_in == 0) return InvalidArgument("KV block pool: page size must be > 0");
+  const size_t page_bytes = AlignUp(page_bytes_in, kPageAlign);
+  for (size_t c = 0; c < classes_.size(); ++c) {
+    if (classes_[c].page_bytes == page_bytes) return static_cast<int>(c);
   }
-  if (n_pages64 > static_cast<uint64_t>(std::numeric_limits<PageId>::max())) {
-    return InvalidArgument("KV budget of " + std::to_string(options.budget_bytes) + " bytes makes " +
-                           std::to_string(n_pages64) + " pages; at most " +
-                           std::to_string(std::numeric_limits<PageId>::max()) +
+  if (classes_.size() >= static_cast<size_t>(kMaxSizeClasses)) {
+    return InvalidArgument("KV block pool: more than " + std::to_string(kMaxSizeClasses) +
+                           " distinct page sizes; use fewer distinct per-layer bit widths");
+  }
+  const uint64_t n_pages64 = budget_bytes_ / page_bytes;
+  if (n_pages64 == 0) {
+    return InvalidArgument("KV budget of " + std::to_string(budget_bytes_) + " bytes is smaller than one page (" +
+                           std::to_string(page_bytes) + " bytes); raise the budget (--kv budget=...)");
+  }
+  const uint64_t max_ids = static_cast<uint64_t>(std::numeric_limits<PageId>::max());
+  if (n_pages64 > max_ids - static_cast<uint64_t>(n_pages_)) {
+    return InvalidArgument("KV budget of " + std::to_string(budget_bytes_) + " bytes makes " +
+                           std::to_string(n_pages64) + " pages; at most " + std::to_string(max_ids) +
                            " are supported: use larger pages or a smaller budget");
   }
   const size_t os_page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
@@ -33,68 +47,85 @@ Result<std::unique_ptr<BlockPool>> BlockPool::Create(const BlockPoolOptions& opt
     return IoError("cannot reserve " + std::to_string(reserved) + " bytes of address space for the KV pool: " +
                    std::strerror(errno) + "; lower the budget (--kv budget=...)");
   }
-  return std::unique_ptr<BlockPool>(new BlockPool(static_cast<uint8_t*>(base), reserved, page_bytes,
-                                                  static_cast<int64_t>(n_pages64), options.budget_bytes));
+  SizeClass c;
+  c.page_bytes = page_bytes;
+  c.base = static_cast<uint8_t*>(base);
+  c.reserved_bytes = reserved;
+  c.first = static_cast<PageId>(n_pages_);
+  c.n_pages = static_cast<int64_t>(n_pages64);
+  const int index = static_cast<int>(classes_.size());
+  classes_.push_back(c);
+  n_pages_ += c.n_pages;
+  refcount_.resize(n_pages_, 0);
+  prev_.resize(n_pages_, kNoPage);
+  next_.resize(n_pages_, kNoPage);
+  flags_.resize(n_pages_, 0);
+  class_of_.resize(n_pages_, static_cast<uint8_t>(index));
+  for (PageId id = c.first; id < c.first + c.n_pages; ++id) PushBack(id);
+  return index;
 }
 
-BlockPool::BlockPool(uint8_t* base, size_t reserved, size_t page_bytes, int64_t n_pages, uint64_t budget)
-    : base_(base),
-      reserved_bytes_(reserved),
-      page_bytes_(page_bytes),
-      n_pages_(n_pages),
-      budget_bytes_(budget),
-      refcount_(n_pages, 0),
-      prev_(n_pages, kNoPage),
-      next_(n_pages, kNoPage),
-      flags_(n_pages, 0) {
-  for (PageId id = 0; id < n_pages_; ++id) PushBack(id);
+BlockPool::~BlockPool() {
+  for (const SizeClass& c : classes_) munmap(c.base, c.reserved_bytes);
 }
-
-BlockPool::~BlockPool() { munmap(base_, reserved_bytes_); }
 
 void BlockPool::PushFront(PageId id) {
+  SizeClass& c = classes_[class_of_[id]];
   prev_[id] = kNoPage;
-  next_[id] = head_;
-  if (head_ != kNoPage) prev_[head_] = id; else tail_ = id;
-  head_ = id;
+  next_[id] = c.head;
+  if (c.head != kNoPage) prev_[c.head] = id; else c.tail = id;
+  c.head = id;
   flags_[id] |= kFlagOnFreeList;
 }
 
 void BlockPool::PushBack(PageId id) {
+  SizeClass& c = classes_[class_of_[id]];
   next_[id] = kNoPage;
-  prev_[id] = tail_;
-  if (tail_ != kNoPage) next_[tail_] = id; else head_ = id;
-  tail_ = id;
+  prev_[id] = c.tail;
+  if (c.tail != kNoPage) next_[c.tail] = id; else c.head = id;
+  c.tail = id;
   flags_[id] |= kFlagOnFreeList;
 }
 
 void BlockPool::Unlink(PageId id) {
+  SizeClass& c = classes_[class_of_[id]];
   const PageId p = prev_[id], n = next_[id];
-  if (p != kNoPage) next_[p] = n; else head_ = n;
-  if (n != kNoPage) prev_[n] = p; else tail_ = p;
+  if (p != kNoPage) next_[p] = n; else c.head = n;
+  if (n != kNoPage) prev_[n] = p; else c.tail = p;
   prev_[id] = next_[id] = kNoPage;
   flags_[id] &= static_cast<uint8_t>(~kFlagOnFreeList);
 }
 
-std::string BlockPool::ExhaustedMessage() const {
-  return "KV budget exhausted: " + std::to_string(n_in_use_) + " pages of " + std::to_string(page_bytes_) +
-         " bytes in use (budget " + std::to_string(budget_bytes_) +
+std::string BlockPool::ExhaustedMessage(const SizeClass& c) const {
+  std::string in_use = std::to_string(n_in_use_) + " pages";
+  if (classes_.size() == 1) {
+    in_use += " of " + std::to_string(c.page_bytes) + " bytes";
+  } else {
+    in_use += " (" + std::to_string(bytes_in_use_) + " bytes, " + std::to_string(classes_.size()) + " page sizes)";
+  }
+  return "KV budget exhausted: " + in_use + " in use (budget " + std::to_string(budget_bytes_) +
          " bytes); raise the budget (--kv budget=...) or shorten the context";
 }
 
-Result<PageId> BlockPool::Allocate() {
-  if (head_ == kNoPage) return ResourceExhausted(ExhaustedMessage());
-  const PageId id = head_;
+Result<PageId> BlockPool::Allocate(int size_class) {
+  KVX_CHECK(size_class >= 0 && size_class < num_size_classes());
+  SizeClass& c = classes_[size_class];
+  if (c.head == kNoPage || bytes_in_use_ + c.page_bytes > budget_bytes_) {
+    return ResourceExhausted(ExhaustedMessage(c));
+  }
+  const PageId id = c.head;
   Unlink(id);
   // Prefix-cache hook: a kFlagCached page popped here is evicted (its index
   // entry must be dropped) before reuse.
   flags_[id] &= static_cast<uint8_t>(~kFlagCached);
   if (!(flags_[id] & kFlagTouched)) {
     flags_[id] |= kFlagTouched;
-    ++n_touched_;
+    ++c.n_touched;
   }
   refcount_[id] = 1;
   ++n_in_use_;
+  ++c.n_in_use;
+  bytes_in_use_ += c.page_bytes;
   return id;
 }
 
@@ -106,7 +137,10 @@ void BlockPool::Ref(PageId id) {
 void BlockPool::Unref(PageId id) {
   KVX_CHECK(Valid(id) && refcount_[id] > 0);
   if (--refcount_[id] > 0) return;
+  SizeClass& c = classes_[class_of_[id]];
   --n_in_use_;
+  --c.n_in_use;
+  bytes_in_use_ -= c.page_bytes;
   if (flags_[id] & kFlagCached) {
     PushBack(id);  // LRU: cached content is evicted last, oldest first
   } else {
@@ -117,89 +151,105 @@ void BlockPool::Unref(PageId id) {
 uint64_t BlockPool::ReleaseFreeMemory() {
   const size_t os_page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   uint64_t released = 0;
-  // Walk runs of consecutive free page ids; release the OS pages inside each run.
-  PageId id = 0;
-  while (id < n_pages_) {
-    if (refcount_[id] != 0) {
-      ++id;
-      continue;
-    }
-    PageId end = id;
-    bool any_touched = false;
-    while (end < n_pages_ && refcount_[end] == 0) any_touched |= (flags_[end++] & kFlagTouched) != 0;
-    if (any_touched) {
-      const size_t lo = AlignUp(static_cast<size_t>(id) * page_bytes_, os_page);
-      size_t hi = static_cast<size_t>(end) * page_bytes_;
-      if (end == n_pages_) hi = reserved_bytes_;  // the mapping's tail belongs to the last page
-      hi = hi / os_page * os_page;
-      if (hi > lo && madvise(base_ + lo, hi - lo, MADV_DONTNEED) == 0) {
-        released += hi - lo;
-        // Pages now entirely inside [lo, hi) are uncommitted again.
-        for (PageId p = id; p < end; ++p) {
-          const size_t b = static_cast<size_t>(p) * page_bytes_;
-          if (b >= lo && b + page_bytes_ <= hi && (flags_[p] & kFlagTouched)) {
-            flags_[p] &= static_cast<uint8_t>(~(kFlagTouched | kFlagCached));
-            --n_touched_;
+  for (SizeClass& c : classes_) {
+    const PageId last = c.first + static_cast<PageId>(c.n_pages);
+    // Walk runs of consecutive free page ids; release the OS pages inside each run.
+    PageId id = c.first;
+    while (id < last) {
+      if (refcount_[id] != 0) {
+        ++id;
+        continue;
+      }
+      PageId end = id;
+      bool any_touched = false;
+      while (end < last && refcount_[end] == 0) any_touched |= (flags_[end++] & kFlagTouched) != 0;
+      if (any_touched) {
+        const size_t lo = AlignUp(static_cast<size_t>(id - c.first) * c.page_bytes, os_page);
+        size_t hi = static_cast<size_t>(end - c.first) * c.page_bytes;
+        if (end == last) hi = c.reserved_bytes;  // the mapping's tail belongs to the last page
+        hi = hi / os_page * os_page;
+        if (hi > lo && madvise(c.base + lo, hi - lo, MADV_DONTNEED) == 0) {
+          released += hi - lo;
+          // Pages now entirely inside [lo, hi) are uncommitted again.
+          for (PageId p = id; p < end; ++p) {
+            const size_t b = static_cast<size_t>(p - c.first) * c.page_bytes;
+            if (b >= lo && b + c.page_bytes <= hi && (flags_[p] & kFlagTouched)) {
+              flags_[p] &= static_cast<uint8_t>(~(kFlagTouched | kFlagCached));
+              --c.n_touched;
+            }
           }
         }
       }
+      id = end;
     }
-    id = end;
   }
   return released;
 }
 
 BlockPoolStats BlockPool::Stats() const {
   BlockPoolStats s;
-  s.pages_total = n_pages_;
+  s.pages_total = pages_total();
   s.pages_in_use = n_in_use_;
-  s.bytes_in_use = bytes_in_use();
-  s.bytes_committed_estimate = static_cast<uint64_t>(n_touched_) * page_bytes_;
+  s.bytes_in_use = bytes_in_use_;
+  for (const SizeClass& c : classes_) s.bytes_committed_estimate += static_cast<uint64_t>(c.n_touched) * c.page_bytes;
   s.budget_bytes = budget_bytes_;
   return s;
 }
 
-std::vector<PageId> BlockPool::FreeListForTest() const {
+std::vector<PageId> BlockPool::FreeListForTest(int size_class) const {
   std::vector<PageId> out;
-  for (PageId id = head_; id != kNoPage; id = next_[id]) out.push_back(id);
+  for (PageId id = classes_[size_class].head; id != kNoPage; id = next_[id]) out.push_back(id);
   return out;
 }
 
 Status BlockPool::CheckInvariants() const {
   auto fail = [](const std::string& m) { return Internal("BlockPool invariant violated: " + m); };
-  int64_t listed = 0;
-  PageId prev = kNoPage;
-  for (PageId id = head_; id != kNoPage; id = next_[id]) {
-    if (!Valid(id)) return fail("free list holds invalid id " + std::to_string(id));
-    if (++listed > n_pages_) return fail("free list has a cycle");
-    if (prev_[id] != prev) return fail("prev link of page " + std::to_string(id) + " is wrong");
-    if (!(flags_[id] & kFlagOnFreeList)) return fail("listed page " + std::to_string(id) + " lacks the flag");
-    if (refcount_[id] != 0) {
-      return fail("page " + std::to_string(id) + " is free-listed with refcount " + std::to_string(refcount_[id]));
+  int64_t total_in_use = 0;
+  uint64_t total_bytes = 0;
+  for (size_t ci = 0; ci < classes_.size(); ++ci) {
+    const SizeClass& c = classes_[ci];
+    const PageId last = c.first + static_cast<PageId>(c.n_pages);
+    const std::string cls = classes_.size() > 1 ? " (size class " + std::to_string(ci) + ")" : "";
+    int64_t listed = 0;
+    PageId prev = kNoPage;
+    for (PageId id = c.head; id != kNoPage; id = next_[id]) {
+      if (id < c.first || id >= last) return fail("free list" + cls + " holds foreign id " + std::to_string(id));
+      if (++listed > c.n_pages) return fail("free list" + cls + " has a cycle");
+      if (prev_[id] != prev) return fail("prev link of page " + std::to_string(id) + " is wrong");
+      if (!(flags_[id] & kFlagOnFreeList)) return fail("listed page " + std::to_string(id) + " lacks the flag");
+      if (refcount_[id] != 0) {
+        return fail("page " + std::to_string(id) + " is free-listed with refcount " + std::to_string(refcount_[id]));
+      }
+      prev = id;
     }
-    prev = id;
-  }
-  if (tail_ != prev) return fail("tail does not match the last listed page");
-  int64_t zero = 0, in_use = 0, touched = 0;
-  for (PageId id = 0; id < n_pages_; ++id) {
-    if (refcount_[id] < 0) return fail("page " + std::to_string(id) + " has negative refcount");
-    const bool on_list = (flags_[id] & kFlagOnFreeList) != 0;
-    if ((refcount_[id] == 0) != on_list) {
-      return fail("page " + std::to_string(id) + " refcount " + std::to_string(refcount_[id]) +
-                  (on_list ? " but on" : " but not on") + " the free list");
+    if (c.tail != prev) return fail("tail does not match the last listed page" + cls);
+    int64_t zero = 0, in_use = 0, touched = 0;
+    for (PageId id = c.first; id < last; ++id) {
+      if (class_of_[id] != ci) return fail("page " + std::to_string(id) + " has the wrong size class");
+      if (refcount_[id] < 0) return fail("page " + std::to_string(id) + " has negative refcount");
+      const bool on_list = (flags_[id] & kFlagOnFreeList) != 0;
+      if ((refcount_[id] == 0) != on_list) {
+        return fail("page " + std::to_string(id) + " refcount " + std::to_string(refcount_[id]) +
+                    (on_list ? " but on" : " but not on") + " the free list");
+      }
+      if (!on_list && (prev_[id] != kNoPage || next_[id] != kNoPage)) {
+        return fail("page " + std::to_string(id) + " in use has free-list links");
+      }
+      if (refcount_[id] == 0) ++zero; else ++in_use;
+      if (flags_[id] & kFlagTouched) ++touched;
     }
-    if (!on_list && (prev_[id] != kNoPage || next_[id] != kNoPage)) {
-      return fail("page " + std::to_string(id) + " in use has free-list links");
+    if (zero != listed) return fail("free pages " + std::to_string(zero) + " != listed " + std::to_string(listed) + cls);
+    if (in_use != c.n_in_use) {
+      return fail("pages in use " + std::to_string(in_use) + " != counter " + std::to_string(c.n_in_use) + cls);
     }
-    if (refcount_[id] == 0) ++zero; else ++in_use;
-    if (flags_[id] & kFlagTouched) ++touched;
+    if (in_use + zero != c.n_pages) return fail("counts do not add up to the class's pages" + cls);
+    if (touched != c.n_touched) return fail("touched counter is wrong" + cls);
+    total_in_use += in_use;
+    total_bytes += static_cast<uint64_t>(in_use) * c.page_bytes;
   }
-  if (zero != listed) return fail("free pages " + std::to_string(zero) + " != listed " + std::to_string(listed));
-  if (in_use != n_in_use_) {
-    return fail("pages in use " + std::to_string(in_use) + " != counter " + std::to_string(n_in_use_));
-  }
-  if (in_use + zero != n_pages_) return fail("counts do not add up to pages_total");
-  if (touched != n_touched_) return fail("touched counter is wrong");
+  if (total_in_use != n_in_use_) return fail("pages in use counter is wrong");
+  if (total_bytes != bytes_in_use_) return fail("bytes in use counter is wrong");
+  if (bytes_in_use_ > budget_bytes_) return fail("bytes in use exceed the budget");
   return Status::Ok();
 }
 

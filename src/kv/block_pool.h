@@ -25,6 +25,18 @@
 //     the hook is the small addition left for the prefix-cache issue.
 // Never-used pages start on the list in address order.
 //
+// Size classes (a slab allocator in miniature): a quantized cache needs pages
+// of more than one size — a KIVI layer writes its newest tokens into f16
+// staging pages and seals each full page into a much smaller quantized page;
+// KVTuner-style per-layer bit widths give every layer its own page size. The
+// pool therefore serves several page sizes from ONE byte budget. Class 0 is
+// the size given at creation; AddSizeClass() adds others. Each class reserves
+// its own `budget`-sized address range (virtual only, so this is free) and
+// has its own free list; PageIds are global (class c owns a contiguous id
+// range). The budget caps the bytes of pages in use summed over all classes,
+// so an allocation fails exactly when it would push that sum over budget.
+// With one class this is the plain fixed-page pool.
+//
 // Thread-safety: not thread-safe; the owner serialises Allocate/Ref/Unref/
 // ReleaseFreeMemory. Reading page bytes concurrently (attention) is safe while
 // no thread changes that page's holders.
@@ -47,15 +59,15 @@ inline constexpr PageId kNoPage = -1;
 struct BlockPoolOptions {
   // Total bytes of pages the pool may hand out. Must hold at least one page.
   uint64_t budget_bytes = 0;
-  // Bytes per page (codec-specific, see PageBytes() in sequence_kv.h); rounded up
-  // to a multiple of 64.
+  // Bytes per page of size class 0 (codec-specific, see PageBytes() in
+  // sequence_kv.h); rounded up to a multiple of 64.
   size_t page_bytes = 0;
 };
 
 struct BlockPoolStats {
-  int64_t pages_total = 0;
-  int64_t pages_in_use = 0;        // refcount > 0
-  uint64_t bytes_in_use = 0;       // pages_in_use * page_bytes
+  int64_t pages_total = 0;         // capacity in class-0 pages (budget / page_bytes)
+  int64_t pages_in_use = 0;        // refcount > 0, all classes
+  uint64_t bytes_in_use = 0;       // sum of the page sizes of pages in use
   // Bytes of pages touched since they were last released to the OS: an upper
   // estimate of the pool's resident memory (the OS may have reclaimed less).
   uint64_t bytes_committed_estimate = 0;
@@ -71,9 +83,19 @@ class BlockPool {
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;
 
-  // Takes the front free page and gives it refcount 1. Its bytes are
-  // unspecified (zero if never touched). ResourceExhausted when no page is free.
-  Result<PageId> Allocate();
+  // Adds a size class of `page_bytes` (rounded up to 64) and returns its
+  // index, or the index of an existing class of that rounded size.
+  // InvalidArgument if the budget cannot hold one such page or there are
+  // already kMaxSizeClasses classes; IoError if the reservation fails.
+  static constexpr int kMaxSizeClasses = 16;
+  Result<int> AddSizeClass(size_t page_bytes);
+  int num_size_classes() const { return static_cast<int>(classes_.size()); }
+
+  // Takes the front free page of `size_class` and gives it refcount 1. Its
+  // bytes are unspecified (zero if never touched). ResourceExhausted when the
+  // page would exceed the budget (or the class has no free page).
+  // REQUIRES: 0 <= size_class < num_size_classes().
+  Result<PageId> Allocate(int size_class = 0);
 
   // REQUIRES: RefCount(id) > 0.
   void Ref(PageId id);
@@ -91,62 +113,87 @@ class BlockPool {
   // REQUIRES: RefCount(id) > 0 (a free page's bytes may be discarded any time).
   uint8_t* PageData(PageId id) {
     KVX_DCHECK(Valid(id) && refcount_[id] > 0);
-    return base_ + static_cast<size_t>(id) * page_bytes_;
+    const SizeClass& c = classes_[class_of_[id]];
+    return c.base + static_cast<size_t>(id - c.first) * c.page_bytes;
   }
   const uint8_t* PageData(PageId id) const {
     KVX_DCHECK(Valid(id) && refcount_[id] > 0);
-    return base_ + static_cast<size_t>(id) * page_bytes_;
+    const SizeClass& c = classes_[class_of_[id]];
+    return c.base + static_cast<size_t>(id - c.first) * c.page_bytes;
   }
+  // Size class and byte size of a page.
+  int SizeClassOf(PageId id) const {
+    KVX_DCHECK(Valid(id));
+    return class_of_[id];
+  }
+  size_t PageBytesOf(PageId id) const { return classes_[SizeClassOf(id)].page_bytes; }
 
   // Returns the memory of OS pages covered entirely by free pages to the OS
   // (their contents become zero). Returns the number of bytes released.
   uint64_t ReleaseFreeMemory();
 
-  size_t page_bytes() const { return page_bytes_; }
-  int64_t pages_total() const { return n_pages_; }
+  // Bytes of one page of `size_class` (class 0: the size given at creation).
+  size_t page_bytes(int size_class = 0) const { return classes_[size_class].page_bytes; }
+  // Capacity in class-0 pages (budget / page_bytes()).
+  int64_t pages_total() const { return classes_[0].n_pages; }
+  // Pages in use over all classes.
   int64_t pages_in_use() const { return n_in_use_; }
-  int64_t pages_free() const { return n_pages_ - n_in_use_; }
-  uint64_t bytes_in_use() const { return static_cast<uint64_t>(n_in_use_) * page_bytes_; }
+  // Class-0 pages that can still be allocated within the budget.
+  int64_t pages_free() const {
+    return static_cast<int64_t>((budget_bytes_ - bytes_in_use_) / classes_[0].page_bytes);
+  }
+  uint64_t bytes_in_use() const { return bytes_in_use_; }
   uint64_t budget_bytes() const { return budget_bytes_; }
   BlockPoolStats Stats() const;
 
-  // Verifies the free list and counters: the list is a consistent doubly-linked
-  // chain, every listed page has refcount 0 and every refcount-0 page is
-  // listed exactly once, refcounts are >= 0, counts add up. Internal error with
-  // a description otherwise. O(pages); for tests and debug builds.
+  // Verifies every free list and the counters: each list is a consistent
+  // doubly-linked chain of its own class, every listed page has refcount 0 and
+  // every refcount-0 page is listed exactly once, refcounts are >= 0, counts
+  // and bytes add up and stay within the budget. Internal error with a
+  // description otherwise. O(pages); for tests and debug builds.
   Status CheckInvariants() const;
 
-  // Page ids on the free list, front to back (tests, debugging). O(free pages).
-  std::vector<PageId> FreeListForTest() const;
+  // Page ids on a class's free list, front to back (tests, debugging).
+  std::vector<PageId> FreeListForTest(int size_class = 0) const;
 
  private:
+  // One page size: its own address range, id range and free list.
+  struct SizeClass {
+    size_t page_bytes = 0;
+    uint8_t* base = nullptr;
+    size_t reserved_bytes = 0;
+    PageId first = 0;       // ids [first, first + n_pages)
+    int64_t n_pages = 0;
+    int64_t n_in_use = 0;
+    int64_t n_touched = 0;
+    PageId head = kNoPage;  // free list
+    PageId tail = kNoPage;
+  };
+
   // Per-page flags (metadata hook for later features).
   static constexpr uint8_t kFlagOnFreeList = 1;  // linked into the free list
   static constexpr uint8_t kFlagTouched = 2;     // memory possibly committed
   static constexpr uint8_t kFlagCached = 4;      // (prefix cache) content still indexed
 
-  BlockPool(uint8_t* base, size_t reserved, size_t page_bytes, int64_t n_pages, uint64_t budget);
+  explicit BlockPool(uint64_t budget) : budget_bytes_(budget) {}
   bool Valid(PageId id) const { return id >= 0 && id < n_pages_; }
   void PushFront(PageId id);
   void PushBack(PageId id);
   void Unlink(PageId id);
-  std::string ExhaustedMessage() const;
+  std::string ExhaustedMessage(const SizeClass& c) const;
 
-  uint8_t* base_;
-  size_t reserved_bytes_;
-  size_t page_bytes_;
-  int64_t n_pages_;
+  std::vector<SizeClass> classes_;
+  int64_t n_pages_ = 0;  // over all classes
   uint64_t budget_bytes_;
+  uint64_t bytes_in_use_ = 0;
   int64_t n_in_use_ = 0;
-  int64_t n_touched_ = 0;
 
   // Per-page metadata, indexed by PageId.
   std::vector<int32_t> refcount_;
   std::vector<PageId> prev_;  // free-list links; kNoPage at the ends / when not listed
   std::vector<PageId> next_;
   std::vector<uint8_t> flags_;
-  PageId head_ = kNoPage;
-  PageId tail_ = kNoPage;
+  std::vector<uint8_t> class_of_;
 };
 
 }  // namespace kvx::kv

@@ -205,5 +205,61 @@ TEST(BlockPoolTest, RandomizedStressKeepsInvariants) {
   EXPECT_INVARIANTS(*pool);
 }
 
+TEST(BlockPoolTest, SizeClassesShareOneBudget) {
+  auto pool = MakePool(10 * 256, 256);  // class 0: 256-byte pages
+  auto small = pool->AddSizeClass(100);  // rounds to 128
+  ASSERT_TRUE(small.ok());
+  EXPECT_EQ(*small, 1);
+  EXPECT_EQ(*pool->AddSizeClass(128), 1);  // same rounded size: same class
+  EXPECT_EQ(*pool->AddSizeClass(256), 0);
+  EXPECT_EQ(pool->num_size_classes(), 2);
+  EXPECT_EQ(pool->page_bytes(1), 128u);
+  EXPECT_FALSE(pool->AddSizeClass(4096).ok());  // the 2560-byte budget cannot hold one such page
+  EXPECT_INVARIANTS(*pool);
+
+  // 6 big pages (1536 bytes) + 8 small ones (1024) = 2560 = the budget.
+  std::vector<PageId> big, tiny;
+  for (int i = 0; i < 6; ++i) big.push_back(*pool->Allocate(0));
+  for (int i = 0; i < 8; ++i) tiny.push_back(*pool->Allocate(1));
+  EXPECT_EQ(pool->bytes_in_use(), 2560u);
+  EXPECT_EQ(pool->pages_in_use(), 14);
+  for (PageId id : big) EXPECT_EQ(pool->SizeClassOf(id), 0);
+  for (PageId id : tiny) {
+    EXPECT_EQ(pool->SizeClassOf(id), 1);
+    EXPECT_EQ(pool->PageBytesOf(id), 128u);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(pool->PageData(id)) % 64, 0u);
+    std::memset(pool->PageData(id), 0x11, 128);
+  }
+  auto r = pool->Allocate(1);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(r.status().message().find("2 page sizes"), std::string::npos) << r.status().message();
+  EXPECT_INVARIANTS(*pool);
+  // Freeing a big page makes room for two small ones but not for a big one plus a small one.
+  pool->Unref(big.back());
+  big.pop_back();
+  EXPECT_TRUE(pool->Allocate(1).ok());
+  EXPECT_TRUE(pool->Allocate(1).ok());
+  EXPECT_FALSE(pool->Allocate(0).ok());
+  EXPECT_EQ(pool->pages_free(), 0);
+  EXPECT_INVARIANTS(*pool);
+  EXPECT_EQ(pool->FreeListForTest(1).size(), static_cast<size_t>(2560 / 128 - 10));
+  EXPECT_GT(pool->Stats().bytes_committed_estimate, 0u);
+}
+
+TEST(BlockPoolTest, SizeClassLimitsAndRelease) {
+  auto pool = MakePool(64 * 1024, 1024);
+  EXPECT_FALSE(pool->AddSizeClass(128 * 1024).ok());  // budget smaller than one page
+  for (int i = 1; i < BlockPool::kMaxSizeClasses; ++i) ASSERT_TRUE(pool->AddSizeClass(1024 + 64 * i).ok());
+  EXPECT_FALSE(pool->AddSizeClass(64).ok());  // too many classes
+  std::vector<PageId> ids;
+  for (int c = 0; c < pool->num_size_classes(); ++c) ids.push_back(*pool->Allocate(c));
+  EXPECT_INVARIANTS(*pool);
+  for (PageId id : ids) pool->Unref(id);
+  pool->ReleaseFreeMemory();
+  EXPECT_EQ(pool->bytes_in_use(), 0u);
+  EXPECT_INVARIANTS(*pool);
+}
+
 }  // namespace
 }  // namespace kvx::kv

@@ -1,7 +1,10 @@
 #include "kv/kv_spec.h"
 
+#include <algorithm>
 #include <cctype>
+#include <cstdlib>
 #include <limits>
+#include <set>
 #include <vector>
 
 #include "kv/layout.h"
@@ -9,7 +12,9 @@
 namespace kvx::kv {
 namespace {
 
-constexpr std::string_view kValidKeys = "codec, page, budget";
+constexpr std::string_view kValidKeys =
+    "codec, page, budget, bits, bits.L, group, sym, clip, residual, sinks, outliers, rotate, prerope";
+constexpr int kMaxLayerIndex = 4095;
 
 std::string_view Trim(std::string_view s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
@@ -77,17 +82,82 @@ std::string FormatBytes(uint64_t b) {
   return std::to_string(b);
 }
 
+// "k8v4" or "8" -> (8, 4) / (8, 8); widths 2, 4, 8 (16 only as k16v16 when allowed).
+bool ParseBits(std::string_view v, bool allow_16, int* k, int* vb) {
+  auto width = [](std::string_view t, int* out) {
+    uint64_t x = 0;
+    if (!ParseUint(t, &x) || (x != 2 && x != 4 && x != 8 && x != 16)) return false;
+    *out = static_cast<int>(x);
+    return true;
+  };
+  const std::string low = Lower(v);
+  std::string_view s = low;
+  if (!s.empty() && s[0] == 'k') {
+    const size_t at = s.find('v');
+    if (at == std::string_view::npos || !width(s.substr(1, at - 1), k) || !width(s.substr(at + 1), vb)) return false;
+  } else {
+    if (!width(s, k)) return false;
+    *vb = *k;
+  }
+  if (*k == 16 || *vb == 16) return allow_16 && *k == 16 && *vb == 16;
+  return true;
+}
+
+// "3" or "2-5" -> [first, last].
+bool ParseLayerRange(std::string_view s, int* first, int* last) {
+  const size_t dash = s.find('-');
+  uint64_t a = 0, b = 0;
+  if (dash == std::string_view::npos) {
+    if (!ParseUint(s, &a)) return false;
+    b = a;
+  } else if (!ParseUint(s.substr(0, dash), &a) || !ParseUint(s.substr(dash + 1), &b)) {
+    return false;
+  }
+  if (a > b || b > static_cast<uint64_t>(kMaxLayerIndex)) return false;
+  *first = static_cast<int>(a);
+  *last = static_cast<int>(b);
+  return true;
+}
+
+bool ParseFraction(std::string_view s, double* out) {
+  std::string t(s);
+  double scale = 1.0;
+  if (!t.empty() && t.back() == '%') {
+    t.pop_back();
+    scale = 0.01;
+  }
+  if (t.empty()) return false;
+  char* end = nullptr;
+  const double x = std::strtod(t.c_str(), &end);
+  if (end != t.c_str() + t.size() || !(x >= 0.0)) return false;
+  *out = x * scale;
+  return *out < 0.5;
+}
+
+bool ParseBool(std::string_view s, bool* out) {
+  const std::string t = Lower(s);
+  if (t == "1" || t == "true" || t == "on" || t == "yes") return *out = true, true;
+  if (t == "0" || t == "false" || t == "off" || t == "no") return *out = false, true;
+  return false;
+}
+
 }  // namespace
 
 std::string KVSpec::ToString() const {
-  std::string s = "codec=" + std::string(CodecName(codec)) + ",page=" + std::to_string(page_tokens);
+  // codec=X first, then page, then the codec's options, then the budget.
+  std::string c = codec.ToString();
+  const size_t comma = c.find(',');
+  std::string s = c.substr(0, comma) + ",page=" + std::to_string(page_tokens);
+  if (comma != std::string::npos) s += c.substr(comma);
   if (budget_bytes != 0) s += ",budget=" + FormatBytes(budget_bytes);
   return s;
 }
 
 Result<KVSpec> ParseKVSpec(std::string_view text) {
   KVSpec spec;
-  bool seen_codec = false, seen_page = false, seen_budget = false;
+  CodecConfig& cc = spec.codec;
+  std::set<std::string> seen;
+  std::string quant_key;  // first key that needs a quantized codec
   for (std::string_view group : Split(text, ';')) {
     for (std::string_view raw_item : Split(group, ',')) {
       const std::string_view item = Trim(raw_item);
@@ -100,36 +170,98 @@ Result<KVSpec> ParseKVSpec(std::string_view text) {
       const std::string_view key = Trim(item.substr(0, eq));
       const std::string_view value = Trim(item.substr(eq + 1));
       if (value.empty()) return BadValue(item, "missing value");
-      bool* seen = nullptr;
-      if (key == "codec") seen = &seen_codec;
-      else if (key == "page") seen = &seen_page;
-      else if (key == "budget") seen = &seen_budget;
-      else {
+      const bool layer_key = key.substr(0, 5) == "bits.";
+      static const std::set<std::string_view> kKeys = {"codec", "page",  "budget",   "bits",   "group",  "sym",    "clip",
+                                                       "residual", "sinks", "outliers", "rotate", "prerope"};
+      if (!layer_key && kKeys.count(key) == 0) {
         return InvalidArgument("unknown --kv key '" + std::string(key) + "' in '" + std::string(item) +
                                "'; valid keys: " + std::string(kValidKeys));
       }
-      if (*seen) return InvalidArgument("duplicate --kv key '" + std::string(key) + "' in '" + std::string(item) + "'");
-      *seen = true;
+      if (!seen.insert(std::string(key)).second) {
+        return InvalidArgument("duplicate --kv key '" + std::string(key) + "' in '" + std::string(item) + "'");
+      }
+      if (layer_key || key == "bits" || key == "group" || key == "sym" || key == "clip" || key == "residual" ||
+          key == "sinks" || key == "outliers") {
+        if (quant_key.empty()) quant_key = std::string(key);
+      }
+      uint64_t u = 0;
       if (key == "codec") {
         const std::optional<CodecId> id = ParseCodecName(value);
         if (!id) {
           return InvalidArgument("unknown --kv codec '" + std::string(value) + "'; valid codecs: " +
                                  std::string(kCodecChoices));
         }
-        spec.codec = *id;
+        cc.id = *id;
       } else if (key == "page") {
-        uint64_t p = 0;
-        if (!ParseUint(value, &p) || p < 1 || p > static_cast<uint64_t>(kMaxPageTokens) || (p & (p - 1)) != 0) {
+        if (!ParseUint(value, &u) || u < 1 || u > static_cast<uint64_t>(kMaxPageTokens) || (u & (u - 1)) != 0) {
           return BadValue(item, "page (tokens per page) must be a power of two in 1.." +
                                     std::to_string(kMaxPageTokens) + ", e.g. page=16");
         }
-        spec.page_tokens = static_cast<int>(p);
-      } else {
+        spec.page_tokens = static_cast<int>(u);
+      } else if (key == "budget") {
         KVX_ASSIGN_OR_RETURN(spec.budget_bytes, ParseBytes(item, value));
+      } else if (key == "bits") {
+        if (!ParseBits(value, false, &cc.k_bits, &cc.v_bits)) {
+          return BadValue(item, "bits must be kXvY with X, Y in 2, 4, 8 (e.g. bits=k4v2) or one width (bits=4)");
+        }
+      } else if (layer_key) {
+        LayerBits lb;
+        if (!ParseLayerRange(key.substr(5), &lb.first, &lb.last)) {
+          return BadValue(item, "per-layer bits take a layer or range: bits.3=k8v4 or bits.0-5=k4v2 (layers 0.." +
+                                    std::to_string(kMaxLayerIndex) + ")");
+        }
+        if (!ParseBits(value, true, &lb.k_bits, &lb.v_bits)) {
+          return BadValue(item, "per-layer bits must be kXvY with X, Y in 2, 4, 8, or k16v16 (f16 layer)");
+        }
+        cc.layer_bits.push_back(lb);
+      } else if (key == "group") {
+        if (!ParseUint(value, &u) || u < 8 || u > 1024 || (u & (u - 1)) != 0) {
+          return BadValue(item, "group (channels per scale) must be a power of two in 8..1024, e.g. group=32");
+        }
+        cc.group = static_cast<int>(u);
+      } else if (key == "residual" || key == "sinks") {
+        if (!ParseUint(value, &u) || u > (1u << 20)) {
+          return BadValue(item, std::string(key) + " must be a token count in 0..1048576, e.g. " + std::string(key) +
+                                    "=32");
+        }
+        (key == "residual" ? cc.residual : cc.sinks) = static_cast<int>(u);
+      } else if (key == "outliers") {
+        if (!ParseFraction(value, &cc.outliers)) {
+          return BadValue(item, "outliers must be a fraction in [0, 0.5), e.g. outliers=0.01 or outliers=1%");
+        }
+      } else if (key == "rotate") {
+        const std::string r = Lower(value);
+        if (r == "hadamard") cc.rotation = Rotation::kHadamard;
+        else if (r == "values") cc.rotation = Rotation::kValues;
+        else if (r == "none") cc.rotation = Rotation::kNone;
+        else return BadValue(item, "rotate must be none, hadamard or values");
+      } else if (key == "sym") {
+        if (!ParseBool(value, &cc.sym)) return BadValue(item, "sym must be 0 or 1");
+      } else if (key == "clip") {
+        if (!ParseBool(value, &cc.clip)) return BadValue(item, "clip must be 0 or 1");
+      } else {  // prerope
+        if (!ParseBool(value, &cc.pre_rope)) return BadValue(item, "prerope must be 0 or 1");
       }
     }
   }
+  if (!quant_key.empty() && !IsQuantized(cc.id)) {
+    return InvalidArgument("--kv key '" + quant_key + "' needs a quantized codec (int8, int4, int2, kivi4, kivi2); "
+                           "codec is " + std::string(CodecName(cc.id)));
+  }
+  std::sort(cc.layer_bits.begin(), cc.layer_bits.end(),
+            [](const LayerBits& a, const LayerBits& b) { return a.first < b.first; });
+  for (size_t i = 1; i < cc.layer_bits.size(); ++i) {
+    if (cc.layer_bits[i].first <= cc.layer_bits[i - 1].last) {
+      return InvalidArgument("--kv per-layer bits overlap at layer " + std::to_string(cc.layer_bits[i].first));
+    }
+  }
   return spec;
+}
+
+Status ValidateKVSpec(const KVSpec& spec, const KVLayout& layout) {
+  KVLayout l = layout;
+  l.page_tokens = spec.page_tokens;
+  return ValidateCodecConfig(l, spec.codec);
 }
 
 }  // namespace kvx::kv

@@ -8,14 +8,43 @@
 //   group := item (',' item)*            empty groups/items are ignored
 //   item  := key '=' value               whitespace around tokens is trimmed
 // Keys (each at most once in the whole spec):
-//   codec   page codec: f32 | f16                                 default f16
-//   page    tokens per page, a power of two in 1..256              default 16
-//   budget  pool bytes: integer with optional suffix K, M, G (binary, also
-//           KiB, MiB, GiB; case-insensitive; B = bytes). 0 = size the pool
-//           from the context length.                               default 0
-// Example: "codec=f16,page=16;budget=256M".
-// Later issues add codecs (int8, int4, kivi2, kivi4, ...) with their own keys
-// (residual=...), and a policy group "policy=snapkv,budget=1024,window=32":
+//   codec     page codec: f32 | f16 | int8 | int4 | int2 | kivi4 | kivi2   default f16
+//             int8/int4/int2: K and V quantized per token in channel groups
+//             (asymmetric: f16 scale + zero point per group), the counterparts
+//             of llama.cpp's q8_0/q4_0. kivi4/kivi2: KIVI — keys per channel
+//             over each page's tokens, values per token (use page=32..128).
+//   page      tokens per page, a power of two in 1..256              default 16
+//   budget    pool bytes: integer with optional suffix K, M, G (binary, also
+//             KiB, MiB, GiB; case-insensitive; B = bytes). 0 = size the pool
+//             from the context length.                               default 0
+// Quantized codecs only:
+//   bits      K/V bit widths for every layer, kXvY with X, Y in {2, 4, 8}
+//             (e.g. k4v2; "4" means k4v4)                  default: the codec's
+//   bits.L    (or bits.A-B) per-layer K/V bits overriding `bits` for layer L
+//             (layers A..B), KVTuner-style; k16v16 keeps that layer in f16
+//   group     channels per (scale, zero point) group of a per-token row, a
+//             power of two in 8..1024, clamped to the largest power of two
+//             dividing head_dim                                      default 32
+//   sym       0 | 1: per-token groups keep only an f16 scale, the zero point
+//             is fixed mid-range (llama.cpp's q8_0/q4_0 style; 2 bytes less
+//             per group; KIVI keys stay asymmetric per channel)     default 0
+//   clip      0 | 1: MSE-optimal clipping — each group's range is searched
+//             (shrunk by up to 40%) for the least squared error; costs no
+//             bytes, only encoding time                              default 0
+//   residual  newest tokens per head kept in f16 before their page is sealed
+//             (KIVI's residual window; pages seal whole)  default 32 for kivi*, else 0
+//   sinks     first tokens kept in f16 for ever (attention sinks), rounded up
+//             to whole pages                                          default 0
+//   outliers  fraction of each page's K and V entries kept exactly in side
+//             storage (KVQuant dense-and-sparse), 0 <= f < 0.5, e.g. 0.01 or 1%
+//                                                                     default 0
+// Any codec:
+//   rotate    none | hadamard | values: randomized Hadamard rotation of K and V
+//             (values: V only) per head before encoding (QuaRot/RotateKV)
+//                                                                  default none
+//   prerope   0 | 1: cache keys before RoPE, apply it on read (KVQuant)   default 0
+// Example: "codec=kivi2,page=128,group=64,residual=32;budget=256M".
+// Later issues add a policy group "policy=snapkv,budget=1024,window=32":
 // inside a group opened by policy=, keys belong to the policy (so budget=
 // there means tokens per head), which is why groups exist.
 //
@@ -26,24 +55,31 @@
 #include <string>
 #include <string_view>
 
+#include "kv/codec/codec_config.h"
 #include "kv/codec/codec_id.h"
 #include "util/status.h"
 
 namespace kvx::kv {
 
 struct KVSpec {
-  CodecId codec = CodecId::kF16;
+  CodecConfig codec;          // codec= and its companions (bits, group, residual, ...)
   int page_tokens = 16;
   uint64_t budget_bytes = 0;  // 0 = size from context
 
-  // Canonical form, e.g. "codec=f16,page=16" or "codec=f32,page=32,budget=256MiB".
+  // Canonical form, e.g. "codec=f16,page=16", "codec=f32,page=32,budget=256MiB",
+  // "codec=kivi2,page=128,group=64,residual=32".
   std::string ToString() const;
   bool operator==(const KVSpec&) const = default;
 };
 
 // Parses a spec. InvalidArgument naming the offending part and the valid
 // choices for: unknown key, unknown codec, bad or out-of-range number,
-// duplicate key, item without '='.
+// duplicate key, item without '=', a quantizer key with f32/f16, overlapping
+// layer ranges.
 Result<KVSpec> ParseKVSpec(std::string_view text);
+
+// Layout-dependent checks of a parsed spec against a model's KV shape
+// (ValidateCodecConfig: head_dim, layer ranges, page sizes).
+Status ValidateKVSpec(const KVSpec& spec, const KVLayout& layout);
 
 }  // namespace kvx::kv

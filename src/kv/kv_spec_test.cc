@@ -3,6 +3,11 @@
 #include <gtest/gtest.h>
 
 namespace kvx::kv {
+
+// Readable gtest failure messages.
+void PrintTo(const CodecConfig& c, std::ostream* os) { *os << c.ToString(); }
+void PrintTo(const KVSpec& s, std::ostream* os) { *os << s.ToString(); }
+
 namespace {
 
 KVSpec MustParse(std::string_view s) {
@@ -63,10 +68,58 @@ TEST(KVSpecTest, PageSizes) {
   }
 }
 
+TEST(KVSpecTest, QuantizationKeys) {
+  KVSpec s = MustParse("codec=kivi2,page=128,group=64,residual=64,sinks=4,outliers=1%,rotate=hadamard,prerope=1");
+  EXPECT_EQ(s.codec.id, CodecId::kKivi2);
+  EXPECT_EQ(s.page_tokens, 128);
+  EXPECT_EQ(s.codec.group, 64);
+  EXPECT_EQ(s.codec.residual, 64);
+  EXPECT_EQ(s.codec.sinks, 4);
+  EXPECT_DOUBLE_EQ(s.codec.outliers, 0.01);
+  EXPECT_EQ(s.codec.rotation, Rotation::kHadamard);
+  EXPECT_TRUE(s.codec.pre_rope);
+  EXPECT_EQ(s.ToString(),
+            "codec=kivi2,page=128,group=64,residual=64,sinks=4,rotate=hadamard,prerope=1,outliers=0.01");
+  EXPECT_EQ(MustParse(s.ToString()), s);
+
+  KVSpec b = MustParse("codec=int4,bits=k8v4,bits.0=k16v16,bits.2-3=2;budget=1M");
+  EXPECT_EQ(b.codec.k_bits, 8);
+  EXPECT_EQ(b.codec.v_bits, 4);
+  ASSERT_EQ(b.codec.layer_bits.size(), 2u);
+  EXPECT_EQ(b.codec.layer_bits[0], (LayerBits{0, 0, 16, 16}));
+  EXPECT_EQ(b.codec.layer_bits[1], (LayerBits{2, 3, 2, 2}));
+  EXPECT_EQ(b.ToString(), "codec=int4,page=16,bits=k8v4,bits.0=k16v16,bits.2-3=k2v2,budget=1MiB");
+  EXPECT_EQ(MustParse(b.ToString()), b);
+
+  // Any codec may rotate or cache pre-RoPE keys; defaults print nothing.
+  EXPECT_EQ(MustParse("codec=f16,rotate=none,prerope=0").ToString(), "codec=f16,page=16");
+  EXPECT_TRUE(MustParse("codec=f32,prerope=true").codec.pre_rope);
+  for (std::string_view c : {"int8", "int4", "int2", "kivi4", "kivi2"}) {
+    EXPECT_EQ(MustParse("codec=" + std::string(c)).ToString(), "codec=" + std::string(c) + ",page=16");
+  }
+  EXPECT_EQ(KVSpec{}.codec, CodecId::kF16);  // a CodecId is a complete config
+  EXPECT_EQ(MustParse("codec=kivi4").codec.EffectiveResidual(), CodecConfig::kDefaultKiviResidual);
+  EXPECT_EQ(MustParse("codec=int4").codec.EffectiveResidual(), 0);
+  EXPECT_EQ(MustParse("codec=int4,outliers=0.005").codec.ToString(), "codec=int4,outliers=0.005");
+  EXPECT_EQ(MustParse("codec=int4,sym=1,group=64").ToString(), "codec=int4,page=16,group=64,sym=1");
+  ExpectError("codec=f16,sym=1", {"'sym' needs a quantized codec"});
+}
+
+TEST(KVSpecTest, ValidateAgainstLayout) {
+  const KVLayout probe{6, 2, 64, 16};
+  EXPECT_TRUE(ValidateKVSpec(MustParse("codec=kivi2,bits.5=k4v4"), probe).ok());
+  Status s = ValidateKVSpec(MustParse("codec=int4,bits.6=k8v8"), probe);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("6 layers"), std::string::npos) << s.message();
+  s = ValidateKVSpec(MustParse("codec=int8"), KVLayout{2, 2, 12, 16});
+  EXPECT_NE(s.message().find("head_dim % 8"), std::string::npos) << s.message();
+  EXPECT_TRUE(ValidateKVSpec(MustParse("codec=f16"), KVLayout{2, 2, 12, 16}).ok());
+}
+
 TEST(KVSpecTest, Errors) {
-  ExpectError("codec=int8", {"unknown --kv codec 'int8'", "f32, f16"});
+  ExpectError("codec=int3", {"unknown --kv codec 'int3'", "f32, f16, int8, int4, int2, kivi4, kivi2"});
   ExpectError("codec=", {"missing value"});
-  ExpectError("colour=blue", {"unknown --kv key 'colour'", "codec, page, budget"});
+  ExpectError("colour=blue", {"unknown --kv key 'colour'", "codec, page, budget, bits"});
   ExpectError("codec=f16;policy=h2o", {"unknown --kv key 'policy'"});
   ExpectError("codec", {"expected key=value", "codec, page, budget"});
   ExpectError("codec=f16,codec=f32", {"duplicate --kv key 'codec'"});
@@ -83,6 +136,25 @@ TEST(KVSpecTest, Errors) {
   ExpectError("budget=1.5G", {"K, M, G"});
   ExpectError("budget=99999999999999999999", {"K, M, G"});
   ExpectError("budget=17179869184G", {"too large"});
+  ExpectError("codec=f16,residual=32", {"'residual' needs a quantized codec"});
+  ExpectError("bits=k4v4", {"'bits' needs a quantized codec", "codec is f16"});
+  ExpectError("codec=int4,bits=k3v4", {"kXvY"});
+  ExpectError("codec=int4,bits=16", {"kXvY"});
+  ExpectError("codec=int4,bits.x=k4v4", {"bits.3=k8v4"});
+  ExpectError("codec=int4,bits.3-1=k4v4", {"layer or range"});
+  ExpectError("codec=int4,bits.2=k16v4", {"k16v16"});
+  ExpectError("codec=int4,bits.0-3=k8v8,bits.3=k2v2", {"overlap at layer 3"});
+  ExpectError("codec=int4,bits.1=k8v8,bits.1=k8v8", {"duplicate"});
+  ExpectError("codec=int4,group=12", {"power of two in 8..1024"});
+  ExpectError("codec=int4,group=4", {"power of two"});
+  ExpectError("codec=int4,outliers=0.6", {"[0, 0.5)"});
+  ExpectError("codec=int4,outliers=-1", {"[0, 0.5)"});
+  ExpectError("codec=int4,outliers=abc", {"fraction"});
+  ExpectError("codec=int4,residual=-3", {"token count"});
+  ExpectError("rotate=walsh", {"none, hadamard or values"});
+  EXPECT_EQ(MustParse("codec=int4,rotate=values").codec.rotation, Rotation::kValues);
+  EXPECT_EQ(MustParse("rotate=values").ToString(), "codec=f16,page=16,rotate=values");
+  ExpectError("prerope=maybe", {"0 or 1"});
 }
 
 }  // namespace

@@ -1,34 +1,87 @@
 #include "kv/sequence_kv.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "kv/codec/codecs.h"
 #include "util/check.h"
 
 namespace kvx::kv {
+namespace {
 
-size_t PageBytes(const KVLayout& layout, CodecId codec) {
-  return CodecPageBytes(codec, layout.page_tokens, layout.head_dim);
+// Positions a pre-RoPE cache may hold (the cos/sin table is dense in position).
+constexpr int32_t kMaxPreRopePosition = 1 << 22;
+
+// Index of the first page that may still change at chain length `len`: the
+// first f16 staging page of a sealed layer, else the page holding entry len.
+int FirstMutablePage(const LayerCodec& lc, const PageTable& t, int len) {
+  const int T = lc.params.page_tokens;
+  int p = len / T;
+  if (lc.sealed) {
+    const int packed_end = std::max(0, len - lc.residual) / T;  // pages [sink, packed_end) are packed
+    p = std::min(p, std::max(lc.sink_pages, packed_end));
+  }
+  return std::min(p, t.num_pages());
 }
 
-size_t BytesPerToken(const KVLayout& layout, CodecId codec) {
-  const size_t total = PageBytes(layout, codec) * static_cast<size_t>(layout.n_layers) *
-                       static_cast<size_t>(layout.n_kv_heads);
+}  // namespace
+
+size_t PageBytes(const KVLayout& layout, const CodecConfig& codec) {
+  size_t most = 0;
+  for (const LayerCodec& lc : ResolveLayers(layout, codec)) {
+    most = std::max(most, lc.packed_page_bytes);
+    if (lc.sealed || lc.sink_pages > 0) most = std::max(most, lc.full_page_bytes);
+  }
+  return most;
+}
+
+size_t BytesPerToken(const KVLayout& layout, const CodecConfig& codec) {
+  size_t total = 0;
+  for (const LayerCodec& lc : ResolveLayers(layout, codec)) total += lc.packed_page_bytes * layout.n_kv_heads;
   return (total + layout.page_tokens - 1) / layout.page_tokens;
 }
 
-uint64_t BudgetForContext(const KVLayout& layout, CodecId codec, int64_t n_ctx) {
-  const uint64_t pages_per_head = static_cast<uint64_t>((n_ctx + layout.page_tokens - 1) / layout.page_tokens);
-  return pages_per_head * static_cast<uint64_t>(layout.n_layers) * static_cast<uint64_t>(layout.n_kv_heads) *
-         PageBytes(layout, codec);
+uint64_t BytesForContext(const KVLayout& layout, const CodecConfig& codec, int64_t n_ctx) {
+  const int64_t T = layout.page_tokens;
+  const int64_t pages = (n_ctx + T - 1) / T;
+  uint64_t total = 0;
+  for (const LayerCodec& lc : ResolveLayers(layout, codec)) {
+    int64_t full = 0;
+    if (lc.sealed) {
+      const int64_t packed_end = std::max<int64_t>(0, n_ctx - lc.residual) / T;
+      full = pages - std::clamp<int64_t>(packed_end - lc.sink_pages, 0, pages);
+    } else {
+      full = std::min<int64_t>(lc.sink_pages, pages);
+    }
+    total += (static_cast<uint64_t>(full) * lc.full_page_bytes +
+              static_cast<uint64_t>(pages - full) * lc.packed_page_bytes) *
+             static_cast<uint64_t>(layout.n_kv_heads);
+  }
+  return total;
 }
 
-SequenceKV::SequenceKV(BlockPool* pool, const KVLayout& layout, CodecId codec)
+uint64_t BudgetForContext(const KVLayout& layout, const CodecConfig& codec, int64_t n_ctx) {
+  uint64_t total = BytesForContext(layout, codec, n_ctx);
+  if (n_ctx == 0) return 0;
+  for (const LayerCodec& lc : ResolveLayers(layout, codec)) {
+    if (!lc.sealed) continue;
+    // Staging pages being sealed are freed only after their packed page is
+    // written; at most residual/T + 2 of them per head at a time.
+    const uint64_t staging = static_cast<uint64_t>((lc.residual + layout.page_tokens - 1) / layout.page_tokens + 2);
+    total += staging * lc.full_page_bytes * static_cast<uint64_t>(layout.n_kv_heads);
+  }
+  return total;
+}
+
+SequenceKV::SequenceKV(BlockPool* pool, const KVLayout& layout, const CodecConfig& codec)
     : pool_(pool), layout_(layout), codec_(codec) {
   KVX_CHECK(pool_ != nullptr);
   KVX_CHECK(layout_.Validate().ok());
   KVX_CHECK_MSG(pool_->page_bytes() >= PageBytes(layout_, codec_), "pool pages are too small for this codec");
+  layers_ = ResolveLayers(layout_, codec_);
+  size_class_.assign(2 * static_cast<size_t>(layout_.n_layers), -1);
   tables_.resize(static_cast<size_t>(layout_.n_layers) * layout_.n_kv_heads);
+  if (codec_.rotation != Rotation::kNone) rotation_ = std::make_unique<HadamardRotation>(layout_.head_dim);
 }
 
 SequenceKV::~SequenceKV() { Clear(); }
@@ -40,7 +93,13 @@ void SequenceKV::Clear() {
   }
 }
 
-size_t SequenceKV::BytesInUse() const { return static_cast<size_t>(PagesInUse()) * pool_->page_bytes(); }
+size_t SequenceKV::BytesInUse() const {
+  size_t bytes = 0;
+  for (const PageTable& t : tables_) {
+    for (PageId id : t.pages()) bytes += pool_->PageBytesOf(id);
+  }
+  return bytes;
+}
 
 int64_t SequenceKV::PagesInUse() const {
   int64_t n = 0;
@@ -51,30 +110,90 @@ int64_t SequenceKV::PagesInUse() const {
 std::unique_ptr<SequenceKV> SequenceKV::Fork() const {
   auto copy = std::make_unique<SequenceKV>(pool_, layout_, codec_);
   copy->tables_ = tables_;
+  copy->size_class_ = size_class_;
+  copy->rope_ = rope_;
+  copy->rope_set_ = rope_set_;
+  copy->max_pos_ = max_pos_;
+  copy->rope_positions_ = rope_positions_;
+  copy->rope_table_ = rope_table_;
   for (const PageTable& t : tables_) {
     for (PageId id : t.pages()) pool_->Ref(id);
   }
   return copy;
 }
 
+Status SequenceKV::EnsureSizeClasses() {
+  if (size_class_[0] >= 0) return Status::Ok();
+  for (int l = 0; l < layout_.n_layers; ++l) {
+    const LayerCodec& lc = layers_[l];
+    KVX_ASSIGN_OR_RETURN(const int packed, pool_->AddSizeClass(lc.packed_page_bytes));
+    int full = packed;
+    if (lc.sealed || lc.sink_pages > 0) {
+      KVX_ASSIGN_OR_RETURN(full, pool_->AddSizeClass(lc.full_page_bytes));
+    }
+    size_class_[2 * static_cast<size_t>(l)] = packed;
+    size_class_[2 * static_cast<size_t>(l) + 1] = full;
+  }
+  return Status::Ok();
+}
+
+void SequenceKV::set_rope(const ops::RopeParams& rope) {
+  const bool same = rope_set_ && rope.n_dims == rope_.n_dims && rope.freq_base == rope_.freq_base &&
+                    rope.freq_scale == rope_.freq_scale && rope.freq_factors == rope_.freq_factors &&
+                    rope.neox == rope_.neox;
+  if (same) return;
+  KVX_CHECK(rope.n_dims > 0 && rope.n_dims % 2 == 0 && rope.n_dims <= layout_.head_dim);
+  rope_ = rope;
+  rope_set_ = true;
+  rope_positions_ = 0;
+  rope_table_.clear();
+  ExtendRopeTable(max_pos_);
+}
+
+void SequenceKV::ExtendRopeTable(int32_t max_pos) {
+  if (!rope_set_ || !codec_.pre_rope || max_pos < rope_positions_) return;
+  rope_table_.resize(static_cast<size_t>(max_pos + 1) * rope_.n_dims);
+  for (int32_t p = rope_positions_; p <= max_pos; ++p) {
+    ops::RopeCosSin(p, rope_, rope_table_.data() + static_cast<size_t>(p) * rope_.n_dims);
+  }
+  rope_positions_ = max_pos + 1;
+}
+
 Status SequenceKV::Append(int layer, int n, const int32_t* pos, const float* k, const float* v) {
   KVX_CHECK(layer >= 0 && layer < layout_.n_layers && n >= 0);
   if (n == 0) return Status::Ok();
-  const int T = layout_.page_tokens;
-  const int H = layout_.n_kv_heads;
-  const int D = layout_.head_dim;
+  KVX_RETURN_IF_ERROR(EnsureSizeClasses());
+  const LayerCodec& lc = layers_[layer];
+  const int T = layout_.page_tokens, H = layout_.n_kv_heads, D = layout_.head_dim;
+  if (codec_.pre_rope) {
+    for (int i = 0; i < n; ++i) {
+      if (pos[i] < 0 || pos[i] >= kMaxPreRopePosition) {
+        return InvalidArgument("position " + std::to_string(pos[i]) + " is outside 0.." +
+                               std::to_string(kMaxPreRopePosition - 1) + " supported with pre-RoPE keys");
+      }
+    }
+  }
 
-  // 1. Allocate every page this call needs (new pages plus copies of shared
-  //    partially filled last pages) before writing anything, so exhaustion
-  //    leaves the sequence unchanged.
+  // 1. Allocate every page this call needs (new pages, packed pages for
+  //    staging pages that get sealed, copies of shared partially filled last
+  //    pages) before writing anything, so exhaustion leaves the sequence
+  //    unchanged. WriteHead consumes them in the same order.
   scratch_.clear();
   for (int h = 0; h < H; ++h) {
     const PageTable& t = table(layer, h);
-    const int len = t.length();
-    int need = (len + n + T - 1) / T - (len + T - 1) / T;
-    if (len % T != 0 && pool_->IsShared(t.pages().back())) ++need;  // copy-on-write
-    for (int i = 0; i < need; ++i) {
-      Result<PageId> page = pool_->Allocate();
+    const int len = t.length(), len2 = len + n, np = t.num_pages(), np2 = (len2 + T - 1) / T;
+    for (int p = FirstMutablePage(lc, t, len); p < np2; ++p) {
+      const bool full2 = lc.IsFullPage(p, len2);
+      int cls = -1;
+      if (p >= np) {
+        cls = SizeClass(layer, full2);
+      } else if (t.is_full(p) && !full2) {
+        cls = SizeClass(layer, false);  // seal
+      } else if (p == np - 1 && len % T != 0 && pool_->IsShared(t.pages()[p])) {
+        cls = SizeClass(layer, t.is_full(p));  // copy-on-write
+      }
+      if (cls < 0) continue;
+      Result<PageId> page = pool_->Allocate(cls);
       if (!page.ok()) {
         for (PageId id : scratch_) pool_->Unref(id);
         scratch_.clear();
@@ -84,52 +203,138 @@ Status SequenceKV::Append(int layer, int n, const int32_t* pos, const float* k, 
     }
   }
 
-  // 2. Write. Pages come out of scratch_ in the order they were counted above.
-  const size_t page_bytes = pool_->page_bytes();
-  const size_t data_offset = PageDataOffset(T);
-  size_t next_new = 0;
-  DispatchCodec(codec_, [&](auto codec) {
-    using C = decltype(codec);
-    for (int h = 0; h < H; ++h) {
-      PageTable& t = mutable_table(layer, h);
-      int len = t.length();
-      if (len % T != 0 && pool_->IsShared(t.pages().back())) {
-        const PageId copy = scratch_[next_new++];
-        const PageId old = t.pages().back();
-        std::memcpy(pool_->PageData(copy), pool_->PageData(old), page_bytes);
-        pool_->Unref(old);
-        t.ReplacePage(t.num_pages() - 1, copy);
-      }
-      uint8_t* page = nullptr;
-      for (int i = 0; i < n; ++i, ++len) {
-        const int slot = len % T;
-        if (slot == 0) {
-          t.AddPage(scratch_[next_new++]);
-          page = pool_->PageData(t.pages().back());
-        } else if (page == nullptr) {
-          page = pool_->PageData(t.pages().back());
-        }
-        const size_t off = (static_cast<size_t>(i) * H + h) * D;
-        PagePositions(page)[slot] = pos[i];
-        C::Encode(page + data_offset, T, D, slot, k + off, v + off);
-      }
-      t.set_length(len);
+  // 2. Rotate (the whole chain lives in the rotated basis), then write.
+  if (rotation_ != nullptr) {
+    const size_t count = static_cast<size_t>(n) * H * D;
+    rot_k_.assign(k, k + (keys_rotated() ? count : 0));
+    rot_v_.assign(v, v + count);
+    for (size_t r = 0; r < static_cast<size_t>(n) * H; ++r) {
+      if (keys_rotated()) rotation_->Forward(&rot_k_[r * D]);
+      rotation_->Forward(&rot_v_[r * D]);
     }
-  });
+    if (keys_rotated()) k = rot_k_.data();
+    v = rot_v_.data();
+  }
+  size_t next_new = 0;
+  for (int h = 0; h < H; ++h) WriteHead(layer, h, n, pos, k, v, &next_new);
   KVX_CHECK(next_new == scratch_.size());
   scratch_.clear();
+
+  if (codec_.pre_rope) {
+    for (int i = 0; i < n; ++i) max_pos_ = std::max(max_pos_, pos[i]);
+    ExtendRopeTable(max_pos_);
+  }
   return Status::Ok();
+}
+
+void SequenceKV::WriteHead(int layer, int h, int n, const int32_t* pos, const float* k, const float* v,
+                           size_t* next_new) {
+  const LayerCodec& lc = layers_[layer];
+  const CodecParams& params = lc.params;
+  const int T = layout_.page_tokens, H = layout_.n_kv_heads, D = layout_.head_dim;
+  PageTable& t = mutable_table(layer, h);
+  const int len = t.length(), len2 = len + n, np = t.num_pages(), np2 = (len2 + T - 1) / T;
+  // Input row of entry e (len <= e < len2).
+  auto k_row = [&](int e) { return k + (static_cast<size_t>(e - len) * H + h) * D; };
+  auto v_row = [&](int e) { return v + (static_cast<size_t>(e - len) * H + h) * D; };
+
+  DispatchCodec(lc.id, [&](auto codec) {
+    using C = decltype(codec);
+    for (int p = FirstMutablePage(lc, t, len); p < np2; ++p) {
+      const bool full2 = lc.IsFullPage(p, len2);
+      const int first = p * T;
+      const int old_rows = std::clamp(len - first, 0, T), new_rows = std::min(T, len2 - first);
+      if (p < np && t.is_full(p) && !full2) {
+        // Seal: rows 0..old_rows-1 from the staging page, the rest from the input.
+        KVX_CHECK(new_rows == T);
+        tile_k_.resize(static_cast<size_t>(T) * D);
+        tile_v_.resize(static_cast<size_t>(T) * D);
+        const PageId old = t.pages()[p];
+        const uint8_t* src = pool_->PageData(old);
+        F16Codec::DecodeKeys(params, src + PageDataOffset(T), old_rows, tile_k_.data());
+        F16Codec::DecodeValues(params, src + PageDataOffset(T), old_rows, tile_v_.data());
+        const PageId id = scratch_[(*next_new)++];
+        uint8_t* dst = pool_->PageData(id);
+        std::memcpy(PagePositions(dst), PagePositions(src), sizeof(int32_t) * old_rows);
+        for (int s = old_rows; s < T; ++s) {
+          PagePositions(dst)[s] = pos[first + s - len];
+          std::memcpy(&tile_k_[static_cast<size_t>(s) * D], k_row(first + s), sizeof(float) * D);
+          std::memcpy(&tile_v_[static_cast<size_t>(s) * D], v_row(first + s), sizeof(float) * D);
+        }
+        C::EncodePage(params, dst + PageDataOffset(T), T, tile_k_.data(), tile_v_.data());
+        pool_->Unref(old);
+        t.ReplacePage(p, id, false);
+        continue;
+      }
+      KVX_CHECK(p >= np || t.is_full(p) == full2);  // pages never return to f16
+      if (new_rows <= old_rows) continue;           // untouched page
+      uint8_t* page = nullptr;
+      if (p >= np) {
+        const PageId id = scratch_[(*next_new)++];
+        t.AddPage(id, full2);
+        page = pool_->PageData(id);
+      } else {
+        const PageId cur = t.pages()[p];
+        if (pool_->IsShared(cur)) {  // copy-on-write
+          const PageId copy = scratch_[(*next_new)++];
+          std::memcpy(pool_->PageData(copy), pool_->PageData(cur), pool_->PageBytesOf(cur));
+          pool_->Unref(cur);
+          t.ReplacePage(p, copy, full2);
+        }
+        page = pool_->PageData(t.pages()[p]);
+      }
+      for (int s = old_rows; s < new_rows; ++s) PagePositions(page)[s] = pos[first + s - len];
+      uint8_t* data = page + PageDataOffset(T);
+      if (!full2 && lc.sealed) {
+        // A whole page that is already outside the residual window: encode it
+        // from the input directly, never staged.
+        KVX_CHECK(old_rows == 0 && new_rows == T);
+        tile_k_.resize(static_cast<size_t>(T) * D);
+        tile_v_.resize(static_cast<size_t>(T) * D);
+        for (int s = 0; s < T; ++s) {
+          std::memcpy(&tile_k_[static_cast<size_t>(s) * D], k_row(first + s), sizeof(float) * D);
+          std::memcpy(&tile_v_[static_cast<size_t>(s) * D], v_row(first + s), sizeof(float) * D);
+        }
+        C::EncodePage(params, data, T, tile_k_.data(), tile_v_.data());
+      } else if (full2) {
+        for (int s = old_rows; s < new_rows; ++s) F16Codec::EncodeRow(params, data, s, k_row(first + s), v_row(first + s));
+      } else {
+        if constexpr (C::kRowWise) {
+          for (int s = old_rows; s < new_rows; ++s) C::EncodeRow(params, data, s, k_row(first + s), v_row(first + s));
+        } else {
+          KVX_CHECK_MSG(false, "page codec without sealing");
+        }
+      }
+    }
+  });
+  t.set_length(len2);
 }
 
 void SequenceKV::ReadEntry(int layer, int kv_head, int index, float* k, float* v, int32_t* pos) const {
   const PageTable& t = table(layer, kv_head);
   KVX_CHECK(index >= 0 && index < t.length());
-  const int T = layout_.page_tokens;
+  const LayerCodec& lc = layers_[layer];
+  const int T = layout_.page_tokens, D = layout_.head_dim, slot = index % T;
   const uint8_t* page = pool_->PageData(t.pages()[index / T]);
-  *pos = PagePositions(page)[index % T];
-  DispatchCodec(codec_, [&](auto codec) {
-    decltype(codec)::Decode(page + PageDataOffset(T), T, layout_.head_dim, index % T, k, v);
-  });
+  *pos = PagePositions(page)[slot];
+  // Page codecs decode whole pages (per-channel parameters): decode rows 0..slot.
+  std::vector<float> kk(static_cast<size_t>(slot + 1) * D), vv(kk.size());
+  const uint8_t* data = page + PageDataOffset(T);
+  if (t.is_full(index / T)) {
+    F16Codec::DecodeKeys(lc.params, data, slot + 1, kk.data());
+    F16Codec::DecodeValues(lc.params, data, slot + 1, vv.data());
+  } else {
+    DispatchCodec(lc.id, [&](auto codec) {
+      decltype(codec)::DecodeKeys(lc.params, data, slot + 1, kk.data());
+      decltype(codec)::DecodeValues(lc.params, data, slot + 1, vv.data());
+    });
+  }
+  std::memcpy(k, &kk[static_cast<size_t>(slot) * D], sizeof(float) * D);
+  std::memcpy(v, &vv[static_cast<size_t>(slot) * D], sizeof(float) * D);
+  if (rotation_ != nullptr) {
+    if (keys_rotated()) rotation_->Inverse(k);
+    rotation_->Inverse(v);
+  }
 }
 
 }  // namespace kvx::kv

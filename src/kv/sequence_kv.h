@@ -1,7 +1,26 @@
 // SequenceKV: the KV cache of one sequence (one session's context): for every
-// (layer, kv-head) a PageTable of pages from a shared BlockPool, encoded with one
-// codec. The forward pass appends each layer's new K/V here and reads it back
-// through Attention() (kv/attention.h).
+// (layer, kv-head) a PageTable of pages from a shared BlockPool, encoded as the
+// CodecConfig says (codec_config.h; per layer, so layers may differ in bits).
+// The forward pass appends each layer's new K/V here and reads it back through
+// Attention() (kv/attention.h).
+//
+// Writing pages. A token goes
+//   * straight into a packed page (EncodeRow) for row-wise codecs without a
+//     residual window or outliers (f32, f16, int8/4/2): llama.cpp's q8_0/q4_0
+//     behaviour;
+//   * otherwise into an f16 staging page. Once a staging page is full and all
+//     its tokens are older than the newest `residual` tokens, it is SEALED:
+//     its rows (plus any new rows that complete it) are encoded at once
+//     (EncodePage) into a page of the codec's size class and the staging page
+//     is released. Pages that fill up and leave the window inside one Append
+//     (a long prompt) are encoded from the input directly, never staged.
+//   * Sink pages (the first ceil(sinks/page_tokens) pages) stay f16.
+// Rotation (Hadamard) is applied to K and V here, before any encoding, so
+// every page of the chain lives in the rotated basis; Attention rotates the
+// queries to match and rotates the outputs back. With pre-RoPE keys the
+// caller appends un-roped K; set_rope() hands over the RoPE parameters that
+// Attention applies at read time, from a per-position cos/sin table kept here
+// (positions * rope_dims floats, shared by all layers and heads).
 //
 // Ownership: a SequenceKV holds one pool reference per page it lists and drops
 // them in Clear()/the destructor. Pages may be shared with other sequences
@@ -20,38 +39,66 @@
 #include <vector>
 
 #include "kv/block_pool.h"
+#include "kv/codec/codec_config.h"
 #include "kv/codec/codec_id.h"
+#include "kv/codec/hadamard.h"
 #include "kv/layout.h"
 #include "kv/page_table.h"
+#include "ops/nn.h"
 #include "util/status.h"
 
 namespace kvx::kv {
 
-// Bytes of one page of `layout.page_tokens` entries of one (layer, kv-head).
-size_t PageBytes(const KVLayout& layout, CodecId codec);
-// Bytes one token costs across all layers and kv heads when pages are full
-// (PageBytes * n_layers * n_kv_heads / page_tokens, rounded up).
-size_t BytesPerToken(const KVLayout& layout, CodecId codec);
-// Pool budget that holds `n_ctx` tokens of one sequence in every (layer, kv-head)
-// (whole pages: n_layers * n_kv_heads * ceil(n_ctx / page_tokens) * PageBytes).
-uint64_t BudgetForContext(const KVLayout& layout, CodecId codec, int64_t n_ctx);
+// Bytes of the largest page `codec` uses with this layout (size class 0 of a
+// pool made for it).
+size_t PageBytes(const KVLayout& layout, const CodecConfig& codec);
+// Bytes one token costs across all layers and kv heads once its pages are
+// packed (sum over layers of packed page bytes * n_kv_heads / page_tokens,
+// rounded up): the asymptotic cost, without the f16 residual/sink pages.
+size_t BytesPerToken(const KVLayout& layout, const CodecConfig& codec);
+// Exact bytes of the pages of one sequence holding `n_ctx` tokens in every
+// (layer, kv-head), f16 residual and sink pages included.
+uint64_t BytesForContext(const KVLayout& layout, const CodecConfig& codec, int64_t n_ctx);
+// Pool budget that holds `n_ctx` tokens of one sequence: BytesForContext plus,
+// for sealed codecs, the pages an Append may hold while it seals (the new
+// packed pages are allocated before the staging pages they replace are freed).
+uint64_t BudgetForContext(const KVLayout& layout, const CodecConfig& codec, int64_t n_ctx);
 
 class SequenceKV {
  public:
   // REQUIRES: pool outlives this object; layout.Validate() is OK;
-  // pool->page_bytes() >= PageBytes(layout, codec).
-  SequenceKV(BlockPool* pool, const KVLayout& layout, CodecId codec);
+  // pool->page_bytes() >= PageBytes(layout, codec). ValidateCodecConfig()
+  // should have accepted `codec` (otherwise it is adapted, see ResolveLayers).
+  SequenceKV(BlockPool* pool, const KVLayout& layout, const CodecConfig& codec);
   ~SequenceKV();
   SequenceKV(const SequenceKV&) = delete;
   SequenceKV& operator=(const SequenceKV&) = delete;
 
   // Appends n tokens' K and V for one layer. k, v: [n][n_kv_heads][head_dim]
-  // floats; pos[n]: their positions (any order, gaps allowed). Every kv-head of
-  // the layer gets the n entries.
+  // floats (k un-roped when keys_pre_rope()); pos[n]: their positions (any
+  // order, gaps allowed; >= 0 with pre-RoPE keys). Every kv-head of the layer
+  // gets the n entries.
   // ResourceExhausted when the pool cannot supply the pages; then nothing
   // changed (all pages the call needs are allocated before any is written).
   // REQUIRES: 0 <= layer < n_layers, n >= 0.
   Status Append(int layer, int n, const int32_t* pos, const float* k, const float* v);
+
+  // Pre-RoPE keys (KVQuant): the caller does not rope K; Attention applies
+  // `rope` at each entry's stored position. Call before Attention (cheap when
+  // unchanged). `rope.freq_factors` must outlive this object.
+  bool keys_pre_rope() const { return codec_.pre_rope; }
+  void set_rope(const ops::RopeParams& rope);
+  const ops::RopeParams& rope() const { return rope_; }
+  // cos/sin table of `pos` (RopeCosSin layout). REQUIRES: keys_pre_rope(),
+  // set_rope() called, 0 <= pos <= the largest position appended.
+  const float* RopeCosSin(int32_t pos) const {
+    KVX_DCHECK(pos >= 0 && pos < rope_positions_);
+    return rope_table_.data() + static_cast<size_t>(pos) * rope_.n_dims;
+  }
+
+  // The Hadamard rotation applied to V, or nullptr; keys_rotated(): also to K.
+  const HadamardRotation* rotation() const { return rotation_.get(); }
+  bool keys_rotated() const { return codec_.rotation == Rotation::kHadamard; }
 
   // Entries cached for (layer, kv_head).
   int Length(int layer, int kv_head) const { return table(layer, kv_head).length(); }
@@ -59,7 +106,8 @@ class SequenceKV {
   // Returns every page to the pool (drops this sequence's references).
   void Clear();
 
-  // Bytes of the pages this sequence references (shared pages count fully).
+  // Bytes of the pages this sequence references (shared pages count fully;
+  // each page counts its own size class).
   size_t BytesInUse() const;
   // Pages this sequence references (shared pages count once per reference).
   int64_t PagesInUse() const;
@@ -68,8 +116,9 @@ class SequenceKV {
   // appends to either copy a shared last page before writing it.
   std::unique_ptr<SequenceKV> Fork() const;
 
-  // Reads entry `index` of (layer, kv_head) back as floats (decoded) and its
-  // position. For tests, debugging and tiers; not a hot path.
+  // Reads entry `index` of (layer, kv_head) back as floats and its position:
+  // K and V as appended, up to the codec's error (rotation undone; pre-RoPE
+  // keys stay un-roped). For tests, debugging and tiers; not a hot path.
   // REQUIRES: 0 <= index < Length(layer, kv_head); k, v hold head_dim floats.
   void ReadEntry(int layer, int kv_head, int index, float* k, float* v, int32_t* pos) const;
 
@@ -77,19 +126,36 @@ class SequenceKV {
     return tables_[static_cast<size_t>(layer) * layout_.n_kv_heads + kv_head];
   }
   const KVLayout& layout() const { return layout_; }
-  CodecId codec() const { return codec_; }
+  const CodecConfig& codec() const { return codec_; }
+  const LayerCodec& layer_codec(int layer) const { return layers_[layer]; }
   const BlockPool& pool() const { return *pool_; }
 
  private:
   PageTable& mutable_table(int layer, int kv_head) {
     return tables_[static_cast<size_t>(layer) * layout_.n_kv_heads + kv_head];
   }
+  // Registers the pool size classes of every layer's page formats.
+  Status EnsureSizeClasses();
+  int SizeClass(int layer, bool full) const { return size_class_[2 * static_cast<size_t>(layer) + (full ? 1 : 0)]; }
+  void ExtendRopeTable(int32_t max_pos);
+  // Writes the new rows of one head (pages allocated by Append's plan).
+  void WriteHead(int layer, int h, int n, const int32_t* pos, const float* k, const float* v, size_t* next_new);
 
   BlockPool* pool_;
   KVLayout layout_;
-  CodecId codec_;
+  CodecConfig codec_;
+  std::vector<LayerCodec> layers_;
+  std::vector<int> size_class_;     // [n_layers][2]: packed, full; -1 = not registered
   std::vector<PageTable> tables_;   // [n_layers * n_kv_heads]
   std::vector<PageId> scratch_;     // pages allocated by the current Append
+  std::vector<float> rot_k_, rot_v_;    // rotated copies of the appended rows
+  std::vector<float> tile_k_, tile_v_;  // one page of rows being sealed
+  std::unique_ptr<HadamardRotation> rotation_;
+  ops::RopeParams rope_{};
+  bool rope_set_ = false;
+  int32_t max_pos_ = -1;            // largest position appended
+  int32_t rope_positions_ = 0;      // positions covered by rope_table_
+  std::vector<float> rope_table_;   // [rope_positions_][rope_.n_dims]
 };
 
 }  // namespace kvx::kv

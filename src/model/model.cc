@@ -188,6 +188,7 @@ Status Model::Forward(const ForwardBatch& batch, kv::SequenceKV* kv, ForwardScra
   rope.freq_scale = c.rope_freq_scale;
   rope.freq_factors = rope_freq_factors_.empty() ? nullptr : rope_freq_factors_.data();
   rope.neox = c.rope_neox;
+  kv->set_rope(rope);  // with pre-RoPE keys (--kv prerope=1) kv applies RoPE to K when reading
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
 
   for (int l = 0; l < c.n_layers; ++l) {
@@ -197,15 +198,17 @@ Status Model::Forward(const ForwardBatch& batch, kv::SequenceKV* kv, ForwardScra
       ops::RmsNorm(&s->x[static_cast<size_t>(i) * d], w.attn_norm.data(), d, c.rms_eps,
                    &s->h[static_cast<size_t>(i) * d]);
     }
-    ops::MatMul(w.wq, s->h.data(), n, s->q.data(), pool);
-    ops::MatMul(w.wk, s->h.data(), n, s->k.data(), pool);
-    ops::MatMul(w.wv, s->h.data(), n, s->v.data(), pool);
+    // One parallel loop (and one activation quantization) for Q, K and V.
+    const ops::MatMulOutput qkv[] = {{w.wq, s->q.data()}, {w.wk, s->k.data()}, {w.wv, s->v.data()}};
+    ops::MatMulMulti(qkv, s->h.data(), n, pool);
     AddBias(s->q.data(), w.bq, n);
     AddBias(s->k.data(), w.bk, n);
     AddBias(s->v.data(), w.bv, n);
     for (int i = 0; i < n; ++i) {
       ops::Rope(&s->q[static_cast<size_t>(i) * q_dim], c.n_heads, c.head_dim, batch.positions[i], rope);
-      ops::Rope(&s->k[static_cast<size_t>(i) * kv_dim], c.n_kv_heads, c.head_dim, batch.positions[i], rope);
+      if (!kv->keys_pre_rope()) {
+        ops::Rope(&s->k[static_cast<size_t>(i) * kv_dim], c.n_kv_heads, c.head_dim, batch.positions[i], rope);
+      }
     }
     KVX_RETURN_IF_ERROR(kv->Append(l, n, batch.positions.data(), s->k.data(), s->v.data()));
     kv::Attention(*kv, l, s->q.data(), batch.positions.data(), n, c.n_heads, scale, s->attn.data(), pool);
@@ -217,8 +220,8 @@ Status Model::Forward(const ForwardBatch& batch, kv::SequenceKV* kv, ForwardScra
       ops::RmsNorm(&s->x[static_cast<size_t>(i) * d], w.ffn_norm.data(), d, c.rms_eps,
                    &s->h[static_cast<size_t>(i) * d]);
     }
-    ops::MatMul(w.w_gate, s->h.data(), n, s->gate.data(), pool);
-    ops::MatMul(w.w_up, s->h.data(), n, s->up.data(), pool);
+    const ops::MatMulOutput gate_up[] = {{w.w_gate, s->gate.data()}, {w.w_up, s->up.data()}};
+    ops::MatMulMulti(gate_up, s->h.data(), n, pool);
     ops::SwiGLU(s->gate.data(), s->up.data(), static_cast<int64_t>(n) * c.n_ff, s->gate.data());
     ops::MatMul(w.w_down, s->gate.data(), n, s->o.data(), pool);
     ops::Add(s->x.data(), s->o.data(), static_cast<int64_t>(n) * d, s->x.data());

@@ -4,11 +4,13 @@
 #include <limits>
 #include <vector>
 
+#include "ops/nn_internal.h"
 #include "util/check.h"
 
 namespace kvx::ops {
+namespace internal {
 
-void RmsNorm(const float* x, const float* weight, int64_t n, float eps, float* out) {
+void RmsNormScalar(const float* x, const float* weight, int64_t n, float eps, float* out) {
   KVX_DCHECK(n > 0);
   // ggml: sum += (ggml_float)(x*x) -- the square is a float product, the sum double.
   double sum = 0.0;
@@ -22,7 +24,7 @@ void RmsNorm(const float* x, const float* weight, int64_t n, float eps, float* o
   }
 }
 
-void Softmax(float* x, int64_t n) {
+void SoftmaxScalar(float* x, int64_t n) {
   KVX_DCHECK(n > 0);
   float max = -std::numeric_limits<float>::infinity();
   for (int64_t i = 0; i < n; ++i) max = x[i] > max ? x[i] : max;
@@ -36,12 +38,20 @@ void Softmax(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= inv;
 }
 
-void SwiGLU(const float* gate, const float* up, int64_t n, float* out) {
+void SwiGLUScalar(const float* gate, const float* up, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) {
     const float g = gate[i];
     out[i] = (g / (1.0f + std::exp(-g))) * up[i];
   }
 }
+
+}  // namespace internal
+
+void RmsNorm(const float* x, const float* weight, int64_t n, float eps, float* out) {
+  internal::RmsNormBest(x, weight, n, eps, out);
+}
+void Softmax(float* x, int64_t n) { internal::SoftmaxBest(x, n); }
+void SwiGLU(const float* gate, const float* up, int64_t n, float* out) { internal::SwiGLUBest(gate, up, n, out); }
 
 void Add(const float* a, const float* b, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];

@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include "ops/nn_internal.h"
+#include "ops/simd_target.h"
+
 #include <cmath>
 #include <random>
 #include <vector>
@@ -70,6 +73,44 @@ TEST(ElementwiseTest, SwiGLUAddMulScale) {
   for (int i = 0; i < 4; ++i) EXPECT_EQ(out[i], g[i] * u[i]);
   Scale(out.data(), 4, 2.0f);
   for (int i = 0; i < 4; ++i) EXPECT_EQ(out[i], 2 * g[i] * u[i]);
+}
+
+// The SIMD kernels against the scalar references, on every target, over
+// lengths with and without a vector tail and edge values (-inf, large |x|).
+TEST(NnSimdTest, MatchScalarReferencesOnEveryTarget) {
+  for (const std::string& target : AvailableSimdTargets()) {
+    SCOPED_TRACE(target);
+    ASSERT_TRUE(ForceSimdTarget(target));
+    for (int64_t n : {1, 7, 16, 33, 576, 1536 + 5}) {
+      SCOPED_TRACE(n);
+      auto x = RandomVec(n, 11, 4.0f), w = RandomVec(n, 12), u = RandomVec(n, 13);
+      if (n > 20) {
+        x[3] = 95.0f;    // exp(-x) underflows
+        x[17] = -95.0f;  // exp(-x) overflows
+      }
+      std::vector<float> a(n), b(n);
+      RmsNorm(x.data(), w.data(), n, 1e-5f, a.data());
+      internal::RmsNormScalar(x.data(), w.data(), n, 1e-5f, b.data());
+      for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(a[i], b[i], 1e-6f * (1 + std::fabs(b[i])));
+      RmsNorm(x.data(), nullptr, n, 1e-5f, a.data());
+      internal::RmsNormScalar(x.data(), nullptr, n, 1e-5f, b.data());
+      for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(a[i], b[i], 1e-6f * (1 + std::fabs(b[i])));
+
+      SwiGLU(x.data(), u.data(), n, a.data());
+      internal::SwiGLUScalar(x.data(), u.data(), n, b.data());
+      for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(a[i], b[i], 2e-6f * (1 + std::fabs(b[i]))) << i;
+
+      auto sa = x, sb = x;
+      if (n > 20) sa[5] = sb[5] = -INFINITY;
+      Softmax(sa.data(), n);
+      internal::SoftmaxScalar(sb.data(), n);
+      for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(sa[i], sb[i], 1e-6f * (1e-6f + sb[i])) << i;
+      if (n > 20) {
+        EXPECT_EQ(sa[5], 0.0f);
+      }
+    }
+  }
+  ForceSimdTarget("");
 }
 
 // Straight transcription of the llama.cpp recipe (rope_cache_init + rotate)

@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "gguf/gguf_file.h"
 #include "kv/kv_spec.h"
@@ -16,6 +17,20 @@ namespace {
 struct InspectFlags {
   std::string model_path;
   bool all_tensors = false;
+  std::vector<std::string> kv_specs;  // extra --kv specs to size
+};
+
+// The KV codecs `kvx inspect` always sizes (docs/kv-quantization.md explains them).
+constexpr const char* kInspectSpecs[] = {
+    "codec=f32",
+    "codec=f16",
+    "codec=int8",
+    "codec=int4",
+    "codec=int4,group=64,rotate=hadamard",
+    "codec=int2",
+    "codec=kivi4,page=128,group=64",
+    "codec=kivi2,page=32",
+    "codec=kivi2,page=128,group=64",
 };
 
 Status Inspect(const InspectFlags& flags) {
@@ -55,12 +70,26 @@ Status Inspect(const InspectFlags& flags) {
   layout.n_layers = config->n_layers;
   layout.n_kv_heads = config->n_kv_heads;
   layout.head_dim = config->head_dim;
-  std::printf("KV cache bytes per token (all layers, K+V, %d-token pages):\n", layout.page_tokens);
-  for (const char* spec_text : {"codec=f32", "codec=f16"}) {
+  const int ctx = config->n_ctx_train;
+  std::printf("KV cache bytes per token (all layers, K+V, positions included; asymptotic = once pages are packed,\n"
+              "f16 residual/sink pages excluded; the last column counts them, for one sequence of %d tokens):\n",
+              ctx);
+  std::printf("  %-42s %12s %8s %14s\n", "--kv", "bytes/token", "vs f16", "MiB @ ctx");
+  std::vector<std::string> specs(std::begin(kInspectSpecs), std::end(kInspectSpecs));
+  specs.insert(specs.end(), flags.kv_specs.begin(), flags.kv_specs.end());
+  const size_t f16 = kv::BytesPerToken(layout, kv::CodecConfig(kv::CodecId::kF16));
+  for (const std::string& spec_text : specs) {
     KVX_ASSIGN_OR_RETURN(kv::KVSpec spec, kv::ParseKVSpec(spec_text));
-    const size_t per_token = kv::BytesPerToken(layout, spec.codec);
-    std::printf("  %-12s %8zu bytes/token, %10.2f MiB at the trained context (%d tokens)\n", spec_text, per_token,
-                per_token * static_cast<double>(config->n_ctx_train) / (1024.0 * 1024.0), config->n_ctx_train);
+    kv::KVLayout l = layout;
+    l.page_tokens = spec.page_tokens;
+    const Status valid = kv::ValidateKVSpec(spec, layout);
+    if (!valid.ok()) {
+      std::printf("  %-42s n/a: %s\n", spec_text.c_str(), valid.message().c_str());
+      continue;
+    }
+    const size_t per_token = kv::BytesPerToken(l, spec.codec);
+    std::printf("  %-42s %12zu %7.2fx %14.2f\n", spec_text.c_str(), per_token, static_cast<double>(f16) / per_token,
+                kv::BytesForContext(l, spec.codec, ctx) / (1024.0 * 1024.0));
   }
   return Status::Ok();
 }
@@ -72,6 +101,7 @@ void RegisterInspect(CLI::App& app, int* exit_code) {
   CLI::App* cmd = app.add_subcommand("inspect", "Show a GGUF model's metadata, tensors and KV bytes per token");
   cmd->add_option("model", flags->model_path, "GGUF model file")->required();
   cmd->add_flag("--all", flags->all_tensors, "List every tensor");
+  cmd->add_option("--kv", flags->kv_specs, "Also size this KV spec (repeatable; see README)");
   cmd->callback([flags, exit_code] { *exit_code = ReportStatus(Inspect(*flags)); });
 }
 

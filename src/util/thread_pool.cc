@@ -1,73 +1,187 @@
 #include "util/thread_pool.h"
 
 #include <algorithm>
+#include <chrono>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 namespace kvx {
+namespace {
 
-ThreadPool::ThreadPool(int n_threads) {
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+// Busy-waits until pred() holds or kSpinMicros pass; returns pred(). The
+// first kPauseMicros only pause; after that each round also yields the CPU
+// (on an oversubscribed machine the thread we wait for may need it).
+constexpr int kPauseMicros = 50;
+template <class Pred>
+bool SpinFor(Pred pred) {
+  if (pred()) return true;
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  bool yielding = false;
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {  // look at the clock only every 64 pauses
+      CpuRelax();
+      if (pred()) return true;
+    }
+    if (yielding) std::this_thread::yield();
+    const auto waited = Clock::now() - start;
+    if (waited >= std::chrono::microseconds(ThreadPool::kSpinMicros)) return pred();
+    yielding = waited >= std::chrono::microseconds(kPauseMicros);
+  }
+}
+
+// The claim word of a job: | epoch:24 | n_chunks:20 | next:20 |. Threads
+// claim chunk `next` with a CAS on the whole word, so a late worker can
+// never claim a chunk of a newer job (the epoch would differ).
+constexpr int kFieldBits = 20;
+constexpr uint64_t kFieldMask = (uint64_t{1} << kFieldBits) - 1;
+constexpr uint64_t kMaxChunks = kFieldMask;
+inline uint64_t PackClaim(uint32_t epoch, uint64_t n_chunks) {
+  return (static_cast<uint64_t>(epoch & 0xFFFFFF) << (2 * kFieldBits)) | (n_chunks << kFieldBits);
+}
+inline uint32_t ClaimEpoch(uint64_t c) { return static_cast<uint32_t>(c >> (2 * kFieldBits)); }
+inline uint64_t ClaimChunks(uint64_t c) { return (c >> kFieldBits) & kFieldMask; }
+inline uint64_t ClaimNext(uint64_t c) { return c & kFieldMask; }
+
+}  // namespace
+
+// Fields written by the caller and read by every worker sit apart from the
+// counters the threads update, so finishing threads do not invalidate the
+// line the idle ones poll.
+struct ThreadPool::Shared {
+  // Job description: written before the epoch is published, read by a
+  // thread only after it claimed a chunk (the caller cannot finish the job,
+  // and overwrite them, before that chunk is done).
+  alignas(64) const RangeFn* job = nullptr;
+  size_t job_n = 0;
+  size_t job_grain = 0;  // chunk c = [c * grain, ...); 0: equal split into n_chunks
+  std::atomic<bool> stop{false};
+  // Incremented once per job; idle workers wait for it to change.
+  alignas(64) std::atomic<uint32_t> epoch{0};
+  std::atomic<int> sleeping_workers{0};
+  alignas(64) std::atomic<uint64_t> claim{0};
+  // Chunks done in the current job.
+  alignas(64) std::atomic<int64_t> done{0};
+  std::atomic<int> caller_sleeping{0};
+};
+
+ThreadPool::ThreadPool(int n_threads) : shared_(std::make_unique<Shared>()) {
   if (n_threads <= 0) n_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   n_threads_ = n_threads;
   for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
 }
 
 ThreadPool::~ThreadPool() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-  }
-  cv_start_.notify_all();
+  Shared& s = *shared_;
+  s.stop.store(true, std::memory_order_relaxed);
+  s.epoch.fetch_add(1, std::memory_order_seq_cst);
+  s.epoch.notify_all();
   for (auto& t : workers_) t.join();
 }
 
-static void RangeFor(size_t n, int parts, int index, size_t* begin, size_t* end) {
-  const size_t chunk = n / parts, extra = n % parts;
-  const size_t i = static_cast<size_t>(index);
-  *begin = i * chunk + std::min(i, extra);
-  *end = *begin + chunk + (i < extra ? 1 : 0);
-}
-
-void ThreadPool::ParallelFor(size_t n, const std::function<void(size_t, size_t, int)>& fn) {
+void ThreadPool::ParallelFor(size_t n, RangeFn fn) {
   if (n == 0) return;
   if (n_threads_ == 1 || n == 1) {
     fn(0, n, 0);
     return;
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    job_ = &fn;
-    job_n_ = n;
-    pending_ = n_threads_ - 1;
-    ++generation_;
+  Run(n, 0, std::min<size_t>(n, static_cast<size_t>(n_threads_)), fn);
+}
+
+void ThreadPool::ParallelForDynamic(size_t n, size_t grain, RangeFn fn) {
+  if (n == 0) return;
+  grain = std::max<size_t>(grain, 1);
+  grain = std::max<size_t>(grain, (n + kMaxChunks - 1) / kMaxChunks);  // chunk count fits the claim word
+  if (n_threads_ == 1 || n <= grain) {
+    for (size_t b = 0; b < n; b += grain) fn(b, std::min(n, b + grain), 0);
+    return;
   }
-  cv_start_.notify_all();
-  size_t b, e;
-  RangeFor(n, n_threads_, 0, &b, &e);
-  if (b < e) fn(b, e, 0);
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_done_.wait(lock, [this] { return pending_ == 0; });
-  job_ = nullptr;
+  Run(n, grain, (n + grain - 1) / grain, fn);
+}
+
+// Claims and runs chunks of the job that `word` (a claim-word value) belongs
+// to; returns how many this thread ran.
+int64_t ThreadPool::RunClaimedChunks(Shared& s, uint64_t word, int thread) {
+  int64_t ran = 0;
+  const uint32_t epoch = ClaimEpoch(word);
+  for (;;) {
+    if (ClaimEpoch(word) != epoch || ClaimNext(word) >= ClaimChunks(word)) return ran;
+    if (!s.claim.compare_exchange_weak(word, word + 1, std::memory_order_acq_rel, std::memory_order_acquire)) {
+      continue;  // word was reloaded
+    }
+    const size_t c = ClaimNext(word), n = s.job_n;
+    size_t b, e;
+    if (s.job_grain > 0) {
+      b = c * s.job_grain;
+      e = std::min(n, b + s.job_grain);
+    } else {  // equal split into n_chunks ranges, the first n % n_chunks one longer
+      const size_t parts = ClaimChunks(word), chunk = n / parts, extra = n % parts;
+      b = c * chunk + std::min(c, extra);
+      e = b + chunk + (c < extra ? 1 : 0);
+    }
+    (*s.job)(b, e, thread);
+    ++ran;
+    word = s.claim.load(std::memory_order_acquire);
+  }
+}
+
+void ThreadPool::Run(size_t n, size_t grain, uint64_t n_chunks, RangeFn fn) {
+  Shared& s = *shared_;
+  const uint32_t epoch = s.epoch.load(std::memory_order_relaxed) + 1;
+  s.job = &fn;
+  s.job_n = n;
+  s.job_grain = grain;
+  s.done.store(0, std::memory_order_relaxed);
+  s.claim.store(PackClaim(epoch, n_chunks), std::memory_order_relaxed);
+  // seq_cst pairs with the workers' increment of sleeping_workers: either we
+  // see a sleeper and wake it, or the sleeper sees the new epoch.
+  s.epoch.store(epoch, std::memory_order_seq_cst);
+  if (s.sleeping_workers.load(std::memory_order_seq_cst) > 0) s.epoch.notify_all();
+
+  const int64_t mine = RunClaimedChunks(s, s.claim.load(std::memory_order_acquire), 0);
+  const int64_t target = static_cast<int64_t>(n_chunks);
+  if (s.done.fetch_add(mine, std::memory_order_acq_rel) + mine != target) {
+    auto finished = [&] { return s.done.load(std::memory_order_acquire) == target; };
+    if (!SpinFor(finished)) {
+      s.caller_sleeping.store(1, std::memory_order_seq_cst);
+      for (int64_t d = s.done.load(std::memory_order_seq_cst); d != target; d = s.done.load(std::memory_order_seq_cst)) {
+        s.done.wait(d, std::memory_order_seq_cst);
+      }
+      s.caller_sleeping.store(0, std::memory_order_relaxed);
+    }
+  }
+  s.job = nullptr;
 }
 
 void ThreadPool::WorkerLoop(int index) {
-  uint64_t seen = 0;
+  Shared& s = *shared_;
+  uint32_t seen = 0;
   for (;;) {
-    const std::function<void(size_t, size_t, int)>* job;
-    size_t n;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_start_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-      job = job_;
-      n = job_n_;
+    auto changed = [&] { return s.epoch.load(std::memory_order_acquire) != seen; };
+    if (!SpinFor(changed)) {
+      s.sleeping_workers.fetch_add(1, std::memory_order_seq_cst);
+      while (s.epoch.load(std::memory_order_seq_cst) == seen) s.epoch.wait(seen, std::memory_order_seq_cst);
+      s.sleeping_workers.fetch_sub(1, std::memory_order_relaxed);
     }
-    size_t b, e;
-    RangeFor(n, n_threads_, index, &b, &e);
-    if (b < e) (*job)(b, e, index);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (--pending_ == 0) cv_done_.notify_one();
-    }
+    seen = s.epoch.load(std::memory_order_acquire);
+    if (s.stop.load(std::memory_order_relaxed)) return;
+    const uint64_t word = s.claim.load(std::memory_order_acquire);
+    if (ClaimEpoch(word) != (seen & 0xFFFFFF)) continue;  // that job is already over
+    const int64_t ran = RunClaimedChunks(s, word, index);
+    if (ran == 0) continue;
+    // seq_cst pairs with the caller's store of caller_sleeping.
+    s.done.fetch_add(ran, std::memory_order_seq_cst);
+    if (s.caller_sleeping.load(std::memory_order_seq_cst) != 0) s.done.notify_one();
   }
 }
 

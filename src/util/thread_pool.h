@@ -1,22 +1,69 @@
-// ThreadPool: a fixed set of worker threads that run ParallelFor loops.
+// ThreadPool: a fixed set of worker threads that run parallel loops.
 // The calling thread takes part in the work, so a pool of N threads uses
 // N-1 workers. Work is split into contiguous ranges by index, so results
 // are deterministic as long as each index writes only its own outputs.
 //
-// Thread-safety: ParallelFor must be called from one thread at a time.
+// Latency: decoding one token runs a few hundred small parallel loops (each
+// a few microseconds of work), so dispatch must cost well under a
+// microsecond. Workers therefore spin on an atomic job counter after each
+// loop (`pause`, then sched_yield so a busy machine's other threads, ours
+// included, can run) for kSpinMicros before they sleep on a futex
+// (std::atomic::wait). The caller publishes a job with one atomic increment
+// and makes a wake-up system call only when some worker is asleep. It waits
+// for the workers the same way. An idle pool costs no CPU after kSpinMicros.
+//
+// Both loops cut [0, n) into ranges that threads claim with an atomic
+// compare-and-swap, the caller included: a worker that is late (asleep, or
+// descheduled on a loaded machine) simply runs fewer ranges, possibly none,
+// instead of stalling the loop for a whole time slice.
+//   * ParallelFor: min(size(), n) ranges of almost equal length; on an idle
+//     machine each thread runs one of them.
+//   * ParallelForDynamic: ranges of `grain` indices, for load balancing.
+// Which thread runs which range varies from run to run, so use them when each
+// index's result does not depend on that (true for loops that split outputs).
+//
+// Thread-safety: the loops must be called from one thread at a time, and
+// not from inside a loop body (no nesting).
 #pragma once
 
-#include <condition_variable>
+#include <atomic>
 #include <cstddef>
-#include <functional>
-#include <mutex>
+#include <cstdint>
+#include <memory>
 #include <thread>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace kvx {
 
+// A non-owning reference to a callable (like std::function_ref, C++26): no
+// allocation, one indirect call. The referenced callable must outlive the
+// FunctionRef (true for a lambda passed as an argument to ParallelFor).
+template <class Sig>
+class FunctionRef;
+template <class R, class... Args>
+class FunctionRef<R(Args...)> {
+ public:
+  template <class F>
+    requires(!std::is_same_v<std::remove_cvref_t<F>, FunctionRef> && std::is_invocable_r_v<R, F&, Args...>)
+  FunctionRef(F&& f)  // NOLINT: implicit, like std::function
+      : obj_(const_cast<void*>(static_cast<const void*>(std::addressof(f)))),
+        call_([](void* obj, Args... args) -> R {
+          return (*static_cast<std::remove_reference_t<F>*>(obj))(std::forward<Args>(args)...);
+        }) {}
+  R operator()(Args... args) const { return call_(obj_, std::forward<Args>(args)...); }
+
+ private:
+  void* obj_;
+  R (*call_)(void*, Args...);
+};
+
 class ThreadPool {
  public:
+  // How long an idle worker (or the waiting caller) spins before sleeping.
+  static constexpr int kSpinMicros = 500;
+
   // n_threads <= 0 means "all hardware threads".
   explicit ThreadPool(int n_threads = 0);
   ~ThreadPool();
@@ -25,23 +72,29 @@ class ThreadPool {
 
   int size() const { return n_threads_; }
 
-  // Calls fn(begin, end, thread_index) over [0, n) split into size() contiguous
-  // ranges (fewer if n is small). Returns when all ranges are done.
-  void ParallelFor(size_t n, const std::function<void(size_t, size_t, int)>& fn);
+  using RangeFn = FunctionRef<void(size_t, size_t, int)>;
+
+  // Calls fn(begin, end, thread_index) once for each of min(size(), n)
+  // contiguous ranges of (almost) equal length covering [0, n); thread_index
+  // (in [0, size()), 0 = the caller) is the thread running the call, and no
+  // two concurrent calls share one. Returns when all ranges are done.
+  void ParallelFor(size_t n, RangeFn fn);
+
+  // Calls fn(begin, end, thread_index) once for each range of `grain`
+  // indices (the last may be shorter) covering [0, n); a thread may run
+  // several (in increasing order). Returns when all ranges are done.
+  // grain 0 means 1.
+  void ParallelForDynamic(size_t n, size_t grain, RangeFn fn);
 
  private:
+  struct Shared;
+  void Run(size_t n, size_t grain, uint64_t n_chunks, RangeFn fn);
+  static int64_t RunClaimedChunks(Shared& s, uint64_t word, int thread);
   void WorkerLoop(int index);
 
   int n_threads_;
+  std::unique_ptr<Shared> shared_;
   std::vector<std::thread> workers_;
-  std::mutex mu_;
-  std::condition_variable cv_start_;
-  std::condition_variable cv_done_;
-  const std::function<void(size_t, size_t, int)>* job_ = nullptr;
-  size_t job_n_ = 0;
-  uint64_t generation_ = 0;
-  int pending_ = 0;
-  bool stop_ = false;
 };
 
 }  // namespace kvx

@@ -3,19 +3,25 @@
 // Every page, whatever its codec, has the same frame:
 //
 //   offset 0                      int32 pos[page_tokens]   original token positions
-//   offset PageDataOffset(T)      codec data               Codec::DataBytes(T, head_dim)
+//   offset PageDataOffset(T)      codec data               Codec::DataBytes(params)
 //   total  PageBytesFor(...)      rounded up to kPageAlign bytes
 //
 // A codec is a stateless struct of static functions (see the PageCodec concept
-// below). The attention hot loop is a template instantiated per codec
-// (kv/attention.cc), so there is no virtual call per element; the only runtime
-// switch is one DispatchCodec() per Attention/Append call (codecs.h).
+// below) that take the layer's CodecParams (bits, group size, outlier count,
+// resolved from the --kv spec by codec_config.h). The attention hot loop is a
+// template instantiated per codec (kv/attention.cc), so there is no virtual
+// call per element; the only runtime switch is one DispatchCodec() per
+// Attention/Append call (codecs.h) plus one switch on the bit width per page.
 //
-// Adding a codec (int8, int4, KIVI, ...): write codec/<name>_codec.h with the
-// PageCodec functions, add a CodecId, a name in kCodecNames and a case in
-// DispatchCodec. Codecs that need per-page state (scales, zero points) keep it in
-// their data region; codecs that quantize a group of tokens at once (KIVI keys)
-// will get a "page sealed" hook called by SequenceKV when a page fills.
+// Two ways a page gets written (SequenceKV decides, see sequence_kv.h):
+//   * row-wise codecs (kRowWise: f32, f16, per-token int8/int4/int2 without
+//     outliers) encode each token into its slot as it arrives (EncodeRow),
+//     like llama.cpp's q8_0/q4_0 caches;
+//   * page codecs (KIVI keys are quantized per channel over the page's
+//     tokens; outlier selection looks at the whole page) are "sealed": the
+//     page's tokens are first written to an f16 staging page and, once the page
+//     is full (and outside the full-precision residual window), encoded at once
+//     (EncodePage) into a page of the codec's own, smaller size.
 //
 // Thread-safety: pure functions; concurrent reads of one page are safe.
 #pragma once
@@ -28,16 +34,28 @@
 
 namespace kvx::kv {
 
-enum class CodecId : uint8_t { kF32 = 0, kF16 = 1 };
+// The page encodings selectable with `codec=` (plus per-layer `bits.L=`).
+//   f32, f16        full precision
+//   int8/int4/int2  per-token asymmetric groups (scale + zero point per group
+//                   of `group` channels), keys and values alike
+//   kivi4/kivi2     KIVI: keys per channel over the page's tokens, values per
+//                   token; always sealed, usually with a residual window
+enum class CodecId : uint8_t { kF32 = 0, kF16 = 1, kInt8 = 2, kInt4 = 3, kInt2 = 4, kKivi4 = 5, kKivi2 = 6 };
 
-inline constexpr CodecId kAllCodecs[] = {CodecId::kF32, CodecId::kF16};
+inline constexpr CodecId kAllCodecs[] = {CodecId::kF32,  CodecId::kF16,   CodecId::kInt8,  CodecId::kInt4,
+                                         CodecId::kInt2, CodecId::kKivi4, CodecId::kKivi2};
 // For error messages: the spellings ParseCodecName accepts.
-inline constexpr std::string_view kCodecChoices = "f32, f16";
+inline constexpr std::string_view kCodecChoices = "f32, f16, int8, int4, int2, kivi4, kivi2";
 
 inline constexpr std::string_view CodecName(CodecId id) {
   switch (id) {
     case CodecId::kF32: return "f32";
     case CodecId::kF16: return "f16";
+    case CodecId::kInt8: return "int8";
+    case CodecId::kInt4: return "int4";
+    case CodecId::kInt2: return "int2";
+    case CodecId::kKivi4: return "kivi4";
+    case CodecId::kKivi2: return "kivi2";
   }
   return "?";
 }
@@ -47,6 +65,18 @@ inline std::optional<CodecId> ParseCodecName(std::string_view name) {
     if (CodecName(id) == name) return id;
   }
   return std::nullopt;
+}
+
+inline constexpr bool IsQuantized(CodecId id) { return id != CodecId::kF32 && id != CodecId::kF16; }
+inline constexpr bool IsKivi(CodecId id) { return id == CodecId::kKivi4 || id == CodecId::kKivi2; }
+// The bit width a quantized codec uses for K and V unless `bits=` says otherwise.
+inline constexpr int DefaultBits(CodecId id) {
+  switch (id) {
+    case CodecId::kInt8: return 8;
+    case CodecId::kInt4: case CodecId::kKivi4: return 4;
+    case CodecId::kInt2: case CodecId::kKivi2: return 2;
+    default: return 16;
+  }
 }
 
 // Pages start at kPageAlign-aligned addresses and their sizes are multiples of it
@@ -63,30 +93,55 @@ inline constexpr size_t PageDataOffset(int page_tokens) {
 inline int32_t* PagePositions(uint8_t* page) { return reinterpret_cast<int32_t*>(page); }
 inline const int32_t* PagePositions(const uint8_t* page) { return reinterpret_cast<const int32_t*>(page); }
 
+// Everything a codec's page functions need about one layer's encoding.
+struct CodecParams {
+  int page_tokens = 16;  // T, slots per page
+  int head_dim = 0;      // d, channels per key/value vector
+  int k_bits = 16;       // quantized codecs: 2, 4 or 8
+  int v_bits = 16;
+  int group = 0;         // channels per (scale, zero point) group of a per-token row; a power of two dividing d
+  int outliers = 0;      // entries per page kept exactly, for K and for V each (0 = none)
+  bool sym = false;      // per-token groups store only a scale (zero point fixed at 2^(b-1))
+  bool clip = false;     // search each group's range for the least squared error
+  bool operator==(const CodecParams&) const = default;
+};
+
 // What a codec provides. `data` points at the codec data of one page (page +
-// PageDataOffset), T = page_tokens, d = head_dim, slots are 0..T-1.
-//   kId                         its CodecId
-//   DataBytes(T, d)             bytes of codec data for one page
-//   Encode(data, T, d, slot, k, v)   stores one entry (k[d], v[d] floats) in `slot`
-//   Decode(data, T, d, slot, k, v)   reads it back as floats (tests, debugging, tiers)
-//   Scores(data, T, d, n, q, s)      s[j] = q . K_j for slots j < n (unscaled)
-//   AccumulateValues(data, T, d, n, p, acc)   acc[c] += sum_{j<n} p[j] * V_j[c]
-// Scores and AccumulateValues are the two inner loops of attention; they must
-// be deterministic (same inputs -> same bits), independent of threads.
+// PageDataOffset), rows are [n][head_dim] floats, slots are 0..T-1.
+//   kRowWise                      EncodeRow is supported (else only EncodePage)
+//   DataBytes(p)                  bytes of codec data for one page
+//   EncodeRow(p, data, slot, k, v)     stores one entry in `slot`
+//   EncodePage(p, data, n, k, v)       stores entries 0..n-1 at once (n == T
+//                                      for page codecs)
+//   DecodeKeys(p, data, n, k) / DecodeValues(p, data, n, v)
+//                                      entries 0..n-1 back as floats
+//   Scores(p, data, n, q, nq, s, ss)   s[r*ss + j] = q_r . K_j for r < nq,
+//                                      j < n; q is [nq][head_dim] (unscaled)
+//   AccumulateValues(p, data, n, w, nq, ws, acc)
+//                                      acc[r][c] += sum_{j<n} w[r*ws + j] V_j[c]
+// Scores and AccumulateValues are the two inner loops of attention; they read
+// the encoding directly (dequantization happens in registers, never into a
+// dense copy) and process up to kMaxQueryRows query rows per page visit, so a
+// GQA group reads each page once. They must be deterministic (same inputs ->
+// same bits), independent of threads.
+inline constexpr int kMaxQueryRows = 8;
+
 template <class C>
-concept PageCodec = requires(uint8_t* w, const uint8_t* r, int t, int d, int slot, int n, const float* f,
+concept PageCodec = requires(const CodecParams& p, uint8_t* w, const uint8_t* r, int slot, int n, const float* f,
                              float* o) {
-  { C::kId } -> std::convertible_to<CodecId>;
-  { C::DataBytes(t, d) } -> std::same_as<size_t>;
-  C::Encode(w, t, d, slot, f, f);
-  C::Decode(r, t, d, slot, o, o);
-  C::Scores(r, t, d, n, f, o);
-  C::AccumulateValues(r, t, d, n, f, o);
+  { C::kRowWise } -> std::convertible_to<bool>;
+  { C::DataBytes(p) } -> std::same_as<size_t>;
+  C::EncodeRow(p, w, slot, f, f);
+  C::EncodePage(p, w, n, f, f);
+  C::DecodeKeys(p, r, n, o);
+  C::DecodeValues(p, r, n, o);
+  C::Scores(p, r, n, f, n, o, n);
+  C::AccumulateValues(p, r, n, f, n, n, o);
 };
 
 template <PageCodec C>
-constexpr size_t PageBytesFor(int page_tokens, int head_dim) {
-  return AlignUp(PageDataOffset(page_tokens) + C::DataBytes(page_tokens, head_dim), kPageAlign);
+size_t PageBytesFor(const CodecParams& p) {
+  return AlignUp(PageDataOffset(p.page_tokens) + C::DataBytes(p), kPageAlign);
 }
 
 }  // namespace kvx::kv

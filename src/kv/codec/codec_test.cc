@@ -1,3 +1,5 @@
+// Full-precision codecs (f32, f16), codec names and sizes, and the scalar
+// quantization primitives (quant.h). Quantized codecs: quant_codec_test.cc.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -5,22 +7,31 @@
 #include <vector>
 
 #include "kv/codec/codecs.h"
+#include "kv/codec/hadamard.h"
 
 namespace kvx::kv {
 namespace {
 
+CodecParams Params(int T, int d) {
+  CodecParams p;
+  p.page_tokens = T;
+  p.head_dim = d;
+  return p;
+}
+
 TEST(CodecTest, NamesRoundTrip) {
   for (CodecId id : kAllCodecs) EXPECT_EQ(ParseCodecName(CodecName(id)), id);
-  EXPECT_FALSE(ParseCodecName("int8").has_value());
+  EXPECT_FALSE(ParseCodecName("int3").has_value());
+  EXPECT_FALSE(ParseCodecName("q8_0").has_value());
 }
 
 TEST(CodecTest, PageBytes) {
   // 16 positions = 64 bytes header; f32: 2*16*64*4 = 8192; f16: 4096.
-  EXPECT_EQ(CodecPageBytes(CodecId::kF32, 16, 64), 64u + 8192u);
-  EXPECT_EQ(CodecPageBytes(CodecId::kF16, 16, 64), 64u + 4096u);
+  EXPECT_EQ(CodecPageBytes(CodecId::kF32, Params(16, 64)), 64u + 8192u);
+  EXPECT_EQ(CodecPageBytes(CodecId::kF16, Params(16, 64)), 64u + 4096u);
   // Odd sizes round up to 64 bytes.
-  EXPECT_EQ(CodecPageBytes(CodecId::kF16, 1, 3) % kPageAlign, 0u);
-  EXPECT_GE(CodecPageBytes(CodecId::kF16, 1, 3), 64u + 12u);
+  EXPECT_EQ(CodecPageBytes(CodecId::kF16, Params(1, 3)) % kPageAlign, 0u);
+  EXPECT_GE(CodecPageBytes(CodecId::kF16, Params(1, 3)), 64u + 12u);
 }
 
 TEST(CodecTest, HalfToFloatFastMatchesReferenceForAllBits) {
@@ -38,66 +49,83 @@ TEST(CodecTest, HalfToFloatFastMatchesReferenceForAllBits) {
 template <typename C>
 void RoundTrip(float tolerance_rel) {
   const int T = 8, D = 24;
-  std::vector<uint8_t> page(PageBytesFor<C>(T, D));
+  const CodecParams prm = Params(T, D);
+  std::vector<uint8_t> page(PageBytesFor<C>(prm));
   uint8_t* data = page.data() + PageDataOffset(T);
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.0f, 3.0f);
-  std::vector<std::vector<float>> ks(T, std::vector<float>(D)), vs(T, std::vector<float>(D));
-  for (int s = 0; s < T; ++s) {
-    for (int c = 0; c < D; ++c) ks[s][c] = nd(rng), vs[s][c] = nd(rng);
-    C::Encode(data, T, D, s, ks[s].data(), vs[s].data());
+  std::vector<float> ks(T * D), vs(T * D);
+  for (auto& x : ks) x = nd(rng);
+  for (auto& x : vs) x = nd(rng);
+  for (int s = 0; s < T; ++s) C::EncodeRow(prm, data, s, &ks[s * D], &vs[s * D]);
+  std::vector<float> k(T * D), v(T * D);
+  C::DecodeKeys(prm, data, T, k.data());
+  C::DecodeValues(prm, data, T, v.data());
+  for (int i = 0; i < T * D; ++i) {
+    EXPECT_NEAR(k[i], ks[i], tolerance_rel * std::fabs(ks[i]) + 1e-7f);
+    EXPECT_NEAR(v[i], vs[i], tolerance_rel * std::fabs(vs[i]) + 1e-7f);
+    if (tolerance_rel > 0) {
+      EXPECT_EQ(FloatToBits(k[i]), FloatToBits(Fp16ToFloat(FloatToFp16(ks[i]))));
+    }
   }
-  std::vector<float> k(D), v(D), q(D), scores(T), acc(D, 0.0f), p(T);
-  for (int s = 0; s < T; ++s) {
-    C::Decode(data, T, D, s, k.data(), v.data());
-    for (int c = 0; c < D; ++c) {
-      EXPECT_NEAR(k[c], ks[s][c], tolerance_rel * std::fabs(ks[s][c]) + 1e-7f);
-      EXPECT_NEAR(v[c], vs[s][c], tolerance_rel * std::fabs(vs[s][c]) + 1e-7f);
-      if (tolerance_rel > 0) {
-        EXPECT_EQ(FloatToBits(k[c]), FloatToBits(Fp16ToFloat(FloatToFp16(ks[s][c]))));
+  // EncodePage writes the same bytes as row-by-row encoding.
+  std::vector<uint8_t> page2(page.size());
+  C::EncodePage(prm, page2.data() + PageDataOffset(T), T, ks.data(), vs.data());
+  EXPECT_TRUE(std::equal(page.begin() + PageDataOffset(T), page.end(), page2.begin() + PageDataOffset(T)));
+
+  // The inner loops agree with decode + plain math, for several query rows.
+  const int nq = 3;
+  std::vector<float> q(nq * D), p(nq * T), scores(nq * T), acc(nq * D, 0.0f);
+  for (auto& x : q) x = nd(rng);
+  for (int i = 0; i < nq * T; ++i) p[i] = static_cast<float>(i % T) / T;
+  C::Scores(prm, data, T - 1, q.data(), nq, scores.data(), T);
+  C::AccumulateValues(prm, data, T, p.data(), nq, T, acc.data());
+  for (int r = 0; r < nq; ++r) {
+    std::vector<double> ref_acc(D, 0.0);
+    for (int s = 0; s < T; ++s) {
+      double dot = 0;
+      for (int c = 0; c < D; ++c) dot += static_cast<double>(q[r * D + c]) * k[s * D + c], ref_acc[c] += p[r * T + s] * v[s * D + c];
+      if (s < T - 1) {
+        EXPECT_NEAR(scores[r * T + s], dot, 1e-4 * (1 + std::fabs(dot)));
       }
     }
+    for (int c = 0; c < D; ++c) EXPECT_NEAR(acc[r * D + c], ref_acc[c], 1e-4 * (1 + std::fabs(ref_acc[c])));
   }
-  // The inner loops agree with decode + plain math.
-  for (int c = 0; c < D; ++c) q[c] = nd(rng);
-  for (int s = 0; s < T; ++s) p[s] = static_cast<float>(s) / T;
-  C::Scores(data, T, D, T - 1, q.data(), scores.data());
-  C::AccumulateValues(data, T, D, T, p.data(), acc.data());
-  std::vector<double> ref_acc(D, 0.0);
-  for (int s = 0; s < T; ++s) {
-    C::Decode(data, T, D, s, k.data(), v.data());
-    double dot = 0;
-    for (int c = 0; c < D; ++c) dot += static_cast<double>(q[c]) * k[c], ref_acc[c] += p[s] * v[c];
-    if (s < T - 1) {
-      EXPECT_NEAR(scores[s], dot, 1e-4 * (1 + std::fabs(dot)));
-    }
-  }
-  for (int c = 0; c < D; ++c) EXPECT_NEAR(acc[c], ref_acc[c], 1e-4 * (1 + std::fabs(ref_acc[c])));
 }
+
+TEST(CodecTest, F32RoundTripIsExact) { RoundTrip<F32Codec>(0.0f); }
+TEST(CodecTest, F16RoundTripIsRoundToNearestEven) { RoundTrip<F16Codec>(1.0f / 1024); }
 
 // The dispatched (SIMD when available) loops agree with the scalar ones.
 template <typename C>
 void SimdMatchesScalar(int d) {
   const int T = 16;
-  std::vector<uint8_t> page(PageBytesFor<C>(T, d));
+  const CodecParams prm = Params(T, d);
+  std::vector<uint8_t> page(PageBytesFor<C>(prm));
   uint8_t* data = page.data() + PageDataOffset(T);
   std::mt19937 rng(d);
   std::normal_distribution<float> nd;
-  std::vector<float> k(d), v(d), q(d), p(T);
+  std::vector<float> k(d), v(d), q(8 * d), p(8 * T);
   for (int s = 0; s < T; ++s) {
     for (int c = 0; c < d; ++c) k[c] = nd(rng), v[c] = nd(rng);
-    C::Encode(data, T, d, s, k.data(), v.data());
-    p[s] = std::fabs(nd(rng));
+    C::EncodeRow(prm, data, s, k.data(), v.data());
   }
+  for (auto& x : p) x = std::fabs(nd(rng));
   for (auto& x : q) x = nd(rng);
-  for (int n : {1, 5, 16}) {
-    std::vector<float> s1(T), s2(T), a1(d, 0.5f), a2(d, 0.5f);
-    C::Scores(data, T, d, n, q.data(), s1.data());
-    C::ScoresScalar(data, T, d, n, q.data(), s2.data());
-    C::AccumulateValues(data, T, d, n, p.data(), a1.data());
-    C::AccumulateValuesScalar(data, T, d, n, p.data(), a2.data());
-    for (int j = 0; j < n; ++j) EXPECT_NEAR(s1[j], s2[j], 1e-5f * (1 + std::fabs(s2[j]))) << d << " " << j;
-    for (int c = 0; c < d; ++c) EXPECT_NEAR(a1[c], a2[c], 1e-5f * (1 + std::fabs(a2[c]))) << d << " " << c;
+  for (int nq : {1, 3, 8}) {
+    for (int n : {1, 5, 16}) {
+      std::vector<float> s1(nq * T), s2(nq * T), a1(nq * d, 0.5f), a2(nq * d, 0.5f);
+      C::Scores(prm, data, n, q.data(), nq, s1.data(), T);
+      C::AccumulateValues(prm, data, n, p.data(), nq, T, a1.data());
+      simd::ForceScalarForTest() = true;
+      C::Scores(prm, data, n, q.data(), nq, s2.data(), T);
+      C::AccumulateValues(prm, data, n, p.data(), nq, T, a2.data());
+      simd::ForceScalarForTest() = false;
+      for (int r = 0; r < nq; ++r) {
+        for (int j = 0; j < n; ++j) EXPECT_NEAR(s1[r * T + j], s2[r * T + j], 1e-5f * (1 + std::fabs(s2[r * T + j])));
+      }
+      for (int i = 0; i < nq * d; ++i) EXPECT_NEAR(a1[i], a2[i], 1e-5f * (1 + std::fabs(a2[i]))) << d << " " << i;
+    }
   }
 }
 
@@ -108,8 +136,73 @@ TEST(CodecTest, SimdMatchesScalar) {
   }
 }
 
-TEST(CodecTest, F32RoundTripIsExact) { RoundTrip<F32Codec>(0.0f); }
-TEST(CodecTest, F16RoundTripIsRoundToNearestEven) { RoundTrip<F16Codec>(1.0f / 1024); }
+TEST(QuantTest, PlanarPackingRoundTrips) {
+  std::mt19937 rng(3);
+  for (int bits : {2, 4, 8}) {
+    for (int d : {8, 16, 24, 64, 96, 128}) {
+      std::vector<uint8_t> codes(d), row(quant::RowBytes(d, bits));
+      for (auto& c : codes) c = static_cast<uint8_t>(rng() & quant::Levels(bits));
+      quant::PackRow(codes.data(), d, bits, row.data());
+      for (int c = 0; c < d; ++c) ASSERT_EQ(quant::CodeAt(row.data(), d, bits, c), codes[c]) << bits << " " << d;
+    }
+  }
+}
+
+TEST(QuantTest, AffineQuantizerErrorBound) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-50.0f, 50.0f);
+  for (int bits : {2, 4, 8}) {
+    for (int trial = 0; trial < 2000; ++trial) {
+      float lo = u(rng), hi = u(rng);
+      if (trial % 97 == 0) hi = lo;  // constant group
+      if (lo > hi) std::swap(lo, hi);
+      uint16_t st[2];
+      float s, m;
+      quant::ChooseAffine(lo, hi, bits, st, &s, &m);
+      EXPECT_EQ(s, HalfToFloatFast(st[0]));
+      EXPECT_EQ(m, HalfToFloatFast(st[1]));
+      EXPECT_GE(m + s * quant::Levels(bits), hi);  // the range stays covered
+      // |x - x^| <= s/2 + |lo - m| for every x in [lo, hi].
+      const float bound = 0.5f * s + std::fabs(lo - m) + 1e-6f * (std::fabs(lo) + std::fabs(hi));
+      for (int i = 0; i <= 20; ++i) {
+        const float x = lo + (hi - lo) * static_cast<float>(i) / 20;
+        const float back = quant::Dequant(st, quant::QuantizeOne(x, s, m, bits));
+        ASSERT_LE(std::fabs(back - x), bound) << bits << " [" << lo << ", " << hi << "] x=" << x;
+      }
+      // The scale is within one f16 ulp (plus widening) of the ideal one.
+      EXPECT_LE(s, std::max(0.0f, hi - m) / quant::Levels(bits) * 1.002f + 1e-7f);
+    }
+  }
+}
+
+TEST(HadamardTest, OrthogonalAndInvertible) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd;
+  for (int d : {8, 16, 64, 96, 128, 80}) {
+    HadamardRotation rot(d);
+    EXPECT_EQ(d % rot.block(), 0);
+    EXPECT_EQ(rot.block() & (rot.block() - 1), 0);
+    std::vector<float> a(d), b(d), x(d);
+    for (auto* v : {&a, &b}) for (auto& e : *v) e = nd(rng);
+    double dot = 0, norm = 0;
+    for (int c = 0; c < d; ++c) dot += a[c] * b[c], norm += a[c] * a[c];
+    std::vector<float> ra = a, rb = b;
+    rot.Forward(ra.data());
+    rot.Forward(rb.data());
+    double rdot = 0, rnorm = 0;
+    for (int c = 0; c < d; ++c) rdot += ra[c] * rb[c], rnorm += ra[c] * ra[c];
+    EXPECT_NEAR(rdot, dot, 1e-4 * (1 + std::fabs(dot)));  // (Qa).(Qb) = a.b
+    EXPECT_NEAR(rnorm, norm, 1e-4 * norm);
+    rot.Inverse(ra.data());
+    for (int c = 0; c < d; ++c) EXPECT_NEAR(ra[c], a[c], 1e-5);
+  }
+  // A single large channel is spread over the whole block.
+  HadamardRotation rot(64);
+  std::vector<float> spike(64, 0.0f);
+  spike[3] = 8.0f;
+  rot.Forward(spike.data());
+  for (float x : spike) EXPECT_NEAR(std::fabs(x), 1.0f, 1e-6);
+}
 
 }  // namespace
 }  // namespace kvx::kv

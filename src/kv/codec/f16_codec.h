@@ -45,40 +45,43 @@ inline float DotF32F16(const float* a, const uint16_t* b, int n) {
 }
 
 struct F16Codec {
-  static constexpr CodecId kId = CodecId::kF16;
+  static constexpr bool kRowWise = true;
 
-  static size_t DataBytes(int page_tokens, int head_dim) {
-    return 2 * sizeof(uint16_t) * static_cast<size_t>(page_tokens) * static_cast<size_t>(head_dim);
+  static size_t DataBytes(const CodecParams& p) {
+    return 2 * sizeof(uint16_t) * static_cast<size_t>(p.page_tokens) * static_cast<size_t>(p.head_dim);
   }
   static const uint16_t* Keys(const uint8_t* data) { return reinterpret_cast<const uint16_t*>(data); }
-  static const uint16_t* Values(const uint8_t* data, int page_tokens, int head_dim) {
-    return Keys(data) + static_cast<size_t>(page_tokens) * head_dim;
+  static const uint16_t* Values(const CodecParams& p, const uint8_t* data) {
+    return Keys(data) + static_cast<size_t>(p.page_tokens) * p.head_dim;
   }
 
-  static void Encode(uint8_t* data, int page_tokens, int head_dim, int slot, const float* k, const float* v) {
-    uint16_t* keys = reinterpret_cast<uint16_t*>(data) + static_cast<size_t>(slot) * head_dim;
-    uint16_t* values = reinterpret_cast<uint16_t*>(data) +
-                       static_cast<size_t>(page_tokens + slot) * head_dim;
-    for (int c = 0; c < head_dim; ++c) keys[c] = FloatToFp16(k[c]);
-    for (int c = 0; c < head_dim; ++c) values[c] = FloatToFp16(v[c]);
+  static void EncodeRow(const CodecParams& p, uint8_t* data, int slot, const float* k, const float* v) {
+    const int d = p.head_dim;
+    uint16_t* keys = reinterpret_cast<uint16_t*>(data) + static_cast<size_t>(slot) * d;
+    uint16_t* values = reinterpret_cast<uint16_t*>(data) + static_cast<size_t>(p.page_tokens + slot) * d;
+    for (int c = 0; c < d; ++c) keys[c] = FloatToFp16(k[c]);
+    for (int c = 0; c < d; ++c) values[c] = FloatToFp16(v[c]);
   }
-
-  static void Decode(const uint8_t* data, int page_tokens, int head_dim, int slot, float* k, float* v) {
-    const uint16_t* keys = Keys(data) + static_cast<size_t>(slot) * head_dim;
-    const uint16_t* values = Values(data, page_tokens, head_dim) + static_cast<size_t>(slot) * head_dim;
-    for (int c = 0; c < head_dim; ++c) k[c] = HalfToFloatFast(keys[c]);
-    for (int c = 0; c < head_dim; ++c) v[c] = HalfToFloatFast(values[c]);
+  static void EncodePage(const CodecParams& p, uint8_t* data, int n, const float* k, const float* v) {
+    for (int j = 0; j < n; ++j) {
+      EncodeRow(p, data, j, k + static_cast<size_t>(j) * p.head_dim, v + static_cast<size_t>(j) * p.head_dim);
+    }
+  }
+  static void DecodeKeys(const CodecParams& p, const uint8_t* data, int n, float* k) {
+    if (simd::UseSimd(p.head_dim)) return simd::DecodeRowsQ(simd::F16Rows{Keys(data), p.head_dim}, n, p.head_dim, k);
+    const uint16_t* keys = Keys(data);
+    for (size_t i = 0; i < static_cast<size_t>(n) * p.head_dim; ++i) k[i] = HalfToFloatFast(keys[i]);
+  }
+  static void DecodeValues(const CodecParams& p, const uint8_t* data, int n, float* v) {
+    const uint16_t* values = Values(p, data);
+    for (size_t i = 0; i < static_cast<size_t>(n) * p.head_dim; ++i) v[i] = HalfToFloatFast(values[i]);
   }
 
   // Portable loops (also the reference for the SIMD ones in tests).
-  static void ScoresScalar(const uint8_t* data, int page_tokens, int head_dim, int n, const float* q, float* s) {
-    const uint16_t* keys = Keys(data);
+  static void ScoresScalar(const uint16_t* keys, int head_dim, int n, const float* q, float* s) {
     for (int j = 0; j < n; ++j) s[j] = DotF32F16(q, keys + static_cast<size_t>(j) * head_dim, head_dim);
   }
-
-  static void AccumulateValuesScalar(const uint8_t* data, int page_tokens, int head_dim, int n,
-                                     const float* p, float* acc) {
-    const uint16_t* values = Values(data, page_tokens, head_dim);
+  static void AccumulateValuesScalar(const uint16_t* values, int head_dim, int n, const float* p, float* acc) {
     for (int j = 0; j < n; ++j) {
       const float pj = p[j];
       if (pj == 0.0f) continue;  // masked entry (position after the query)
@@ -87,20 +90,25 @@ struct F16Codec {
     }
   }
 
-  // The attention inner loops: AVX2/F16C when available (simd_x86.h), else scalar.
-  static void Scores(const uint8_t* data, int page_tokens, int head_dim, int n, const float* q, float* s) {
-    if (simd::UseSimd(head_dim)) {
-      simd::DotRows(q, Keys(data), n, head_dim, s);
-    } else {
-      ScoresScalar(data, page_tokens, head_dim, n, q, s);
+  // The attention inner loops: AVX2/F16C when available (simd_x86.h), else
+  // scalar. The SIMD kernels convert each row once for all query rows.
+  static void Scores(const CodecParams& p, const uint8_t* data, int n, const float* q, int nq, float* s, int ss) {
+    const int d = p.head_dim;
+    if (simd::UseSimd(d)) {
+      simd::DotRowsQN(simd::F16Rows{Keys(data), d}, n, d, q, nq, s, ss);
+      return;
     }
+    for (int r = 0; r < nq; ++r) ScoresScalar(Keys(data), d, n, q + static_cast<size_t>(r) * d, s + static_cast<size_t>(r) * ss);
   }
-  static void AccumulateValues(const uint8_t* data, int page_tokens, int head_dim, int n, const float* p,
+  static void AccumulateValues(const CodecParams& p, const uint8_t* data, int n, const float* w, int nq, int ws,
                                float* acc) {
-    if (simd::UseSimd(head_dim)) {
-      simd::AxpyRows(Values(data, page_tokens, head_dim), n, head_dim, p, acc);
-    } else {
-      AccumulateValuesScalar(data, page_tokens, head_dim, n, p, acc);
+    const int d = p.head_dim;
+    if (simd::UseSimd(d)) {
+      simd::AxpyRowsQN(simd::F16Rows{Values(p, data), d}, n, d, w, nq, ws, acc);
+      return;
+    }
+    for (int r = 0; r < nq; ++r) {
+      AccumulateValuesScalar(Values(p, data), d, n, w + static_cast<size_t>(r) * ws, acc + static_cast<size_t>(r) * d);
     }
   }
 };

@@ -29,38 +29,39 @@ inline float DotF32(const float* a, const float* b, int n) {
 }
 
 struct F32Codec {
-  static constexpr CodecId kId = CodecId::kF32;
+  static constexpr bool kRowWise = true;
 
-  static size_t DataBytes(int page_tokens, int head_dim) {
-    return 2 * sizeof(float) * static_cast<size_t>(page_tokens) * static_cast<size_t>(head_dim);
+  static size_t DataBytes(const CodecParams& p) {
+    return 2 * sizeof(float) * static_cast<size_t>(p.page_tokens) * static_cast<size_t>(p.head_dim);
   }
   static const float* Keys(const uint8_t* data) { return reinterpret_cast<const float*>(data); }
-  static const float* Values(const uint8_t* data, int page_tokens, int head_dim) {
-    return Keys(data) + static_cast<size_t>(page_tokens) * head_dim;
+  static const float* Values(const CodecParams& p, const uint8_t* data) {
+    return Keys(data) + static_cast<size_t>(p.page_tokens) * p.head_dim;
   }
 
-  static void Encode(uint8_t* data, int page_tokens, int head_dim, int slot, const float* k, const float* v) {
+  static void EncodeRow(const CodecParams& p, uint8_t* data, int slot, const float* k, const float* v) {
     float* keys = reinterpret_cast<float*>(data);
-    float* values = keys + static_cast<size_t>(page_tokens) * head_dim;
-    std::memcpy(keys + static_cast<size_t>(slot) * head_dim, k, sizeof(float) * head_dim);
-    std::memcpy(values + static_cast<size_t>(slot) * head_dim, v, sizeof(float) * head_dim);
+    float* values = keys + static_cast<size_t>(p.page_tokens) * p.head_dim;
+    std::memcpy(keys + static_cast<size_t>(slot) * p.head_dim, k, sizeof(float) * p.head_dim);
+    std::memcpy(values + static_cast<size_t>(slot) * p.head_dim, v, sizeof(float) * p.head_dim);
   }
-
-  static void Decode(const uint8_t* data, int page_tokens, int head_dim, int slot, float* k, float* v) {
-    std::memcpy(k, Keys(data) + static_cast<size_t>(slot) * head_dim, sizeof(float) * head_dim);
-    std::memcpy(v, Values(data, page_tokens, head_dim) + static_cast<size_t>(slot) * head_dim,
-                sizeof(float) * head_dim);
+  static void EncodePage(const CodecParams& p, uint8_t* data, int n, const float* k, const float* v) {
+    for (int j = 0; j < n; ++j) {
+      EncodeRow(p, data, j, k + static_cast<size_t>(j) * p.head_dim, v + static_cast<size_t>(j) * p.head_dim);
+    }
+  }
+  static void DecodeKeys(const CodecParams& p, const uint8_t* data, int n, float* k) {
+    std::memcpy(k, Keys(data), sizeof(float) * static_cast<size_t>(n) * p.head_dim);
+  }
+  static void DecodeValues(const CodecParams& p, const uint8_t* data, int n, float* v) {
+    std::memcpy(v, Values(p, data), sizeof(float) * static_cast<size_t>(n) * p.head_dim);
   }
 
   // Portable loops (also the reference for the SIMD ones in tests).
-  static void ScoresScalar(const uint8_t* data, int page_tokens, int head_dim, int n, const float* q, float* s) {
-    const float* keys = Keys(data);
+  static void ScoresScalar(const float* keys, int head_dim, int n, const float* q, float* s) {
     for (int j = 0; j < n; ++j) s[j] = DotF32(q, keys + static_cast<size_t>(j) * head_dim, head_dim);
   }
-
-  static void AccumulateValuesScalar(const uint8_t* data, int page_tokens, int head_dim, int n,
-                                     const float* p, float* acc) {
-    const float* values = Values(data, page_tokens, head_dim);
+  static void AccumulateValuesScalar(const float* values, int head_dim, int n, const float* p, float* acc) {
     for (int j = 0; j < n; ++j) {
       const float pj = p[j];
       if (pj == 0.0f) continue;  // masked entry (position after the query)
@@ -69,20 +70,32 @@ struct F32Codec {
     }
   }
 
-  // The attention inner loops: AVX2/F16C when available (simd_x86.h), else scalar.
-  static void Scores(const uint8_t* data, int page_tokens, int head_dim, int n, const float* q, float* s) {
-    if (simd::UseSimd(head_dim)) {
-      simd::DotRows(q, Keys(data), n, head_dim, s);
-    } else {
-      ScoresScalar(data, page_tokens, head_dim, n, q, s);
+  // The attention inner loops: AVX2/F16C when available (simd_x86.h), else
+  // scalar. Full-precision rows need no decoding, so each query row runs the
+  // single-query kernel; the page stays in L1 between rows.
+  static void Scores(const CodecParams& p, const uint8_t* data, int n, const float* q, int nq, float* s, int ss) {
+    const int d = p.head_dim;
+    for (int r = 0; r < nq; ++r) {
+      const float* qr = q + static_cast<size_t>(r) * d;
+      float* sr = s + static_cast<size_t>(r) * ss;
+      if (simd::UseSimd(d)) {
+        simd::DotRows(qr, Keys(data), n, d, sr);
+      } else {
+        ScoresScalar(Keys(data), d, n, qr, sr);
+      }
     }
   }
-  static void AccumulateValues(const uint8_t* data, int page_tokens, int head_dim, int n, const float* p,
+  static void AccumulateValues(const CodecParams& p, const uint8_t* data, int n, const float* w, int nq, int ws,
                                float* acc) {
-    if (simd::UseSimd(head_dim)) {
-      simd::AxpyRows(Values(data, page_tokens, head_dim), n, head_dim, p, acc);
-    } else {
-      AccumulateValuesScalar(data, page_tokens, head_dim, n, p, acc);
+    const int d = p.head_dim;
+    for (int r = 0; r < nq; ++r) {
+      const float* wr = w + static_cast<size_t>(r) * ws;
+      float* ar = acc + static_cast<size_t>(r) * d;
+      if (simd::UseSimd(d)) {
+        simd::AxpyRows(Values(p, data), n, d, wr, ar);
+      } else {
+        AccumulateValuesScalar(Values(p, data), d, n, wr, ar);
+      }
     }
   }
 };

@@ -7,8 +7,11 @@
 // Thread-safety: pure functions.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+
+#include "kv/codec/codec_id.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #define KVX_KV_HAVE_X86_SIMD 1
@@ -16,6 +19,12 @@
 #endif
 
 namespace kvx::kv::simd {
+
+// Tests only: route every kernel to its scalar reference (to compare the two).
+inline std::atomic<bool>& ForceScalarForTest() {
+  static std::atomic<bool> force{false};
+  return force;
+}
 
 #ifdef KVX_KV_HAVE_X86_SIMD
 
@@ -34,6 +43,9 @@ inline bool HasAvx2Fma() {
 }
 
 #define KVX_KV_AVX2 __attribute__((target("avx2,fma,f16c")))
+// Fully unrolls the loops over query rows so their accumulators live in
+// registers (GCC and clang both honour this spelling).
+#define KVX_KV_UNROLL _Pragma("GCC unroll 8")
 
 KVX_KV_AVX2 inline float HorizontalSum(__m256 v) {
   const __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
@@ -89,18 +101,416 @@ KVX_KV_AVX2 inline void AxpyRows(const T* rows, int n, int d, const float* p, fl
   }
 }
 
+// ---- Multi-query kernels over row sources. ----
+//
+// A row source yields channels c..c+7 of row j as 8 floats. Quantized rows are
+// packed planar (quant.h): channel c = plane * span + off sits in byte `off`
+// at bit shift plane * B, so a source loads 8 bytes, shifts, masks and
+// converts, then applies the affine map x^ = m + s * q with one FMA — the
+// dequantization happens in registers, never into a buffer. Kernels visit
+// channels as (plane, off) pairs: Src::kPlanes planes of span() channels.
+
+// f16 rows (the f16 codec and f16 staging pages).
+struct F16Rows {
+  static constexpr int kPlanes = 1;
+  const uint16_t* rows;
+  int d;
+  int span() const { return d; }
+  KVX_KV_AVX2 __m256 Load(int j, int /*plane*/, int off, int /*c*/) const {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows + static_cast<size_t>(j) * d + off)));
+  }
+  KVX_KV_AVX2 void LoadPlanes(int j, int off, __m256* x) const { x[0] = Load(j, 0, off, off); }
+};
+
+// f32 rows (decoded tiles).
+struct F32Rows {
+  static constexpr int kPlanes = 1;
+  const float* rows;
+  int d;
+  int span() const { return d; }
+  KVX_KV_AVX2 void LoadPlanes(int j, int off, __m256* x) const {
+    x[0] = _mm256_loadu_ps(rows + static_cast<size_t>(j) * d + off);
+  }
+};
+
+// Codes of 8 consecutive channels in one plane as floats.
+template <int B>
+KVX_KV_AVX2 inline __m256 LoadCodes(const uint8_t* p, int shift) {
+  __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  if constexpr (B < 8) {
+    v = _mm256_and_si256(_mm256_srl_epi32(v, _mm_cvtsi32_si128(shift)), _mm256_set1_epi32((1 << B) - 1));
+  }
+  return _mm256_cvtepi32_ps(v);
+}
+
+// The codes of all 8/B planes at byte offset `off` (one load), as floats.
+template <int B>
+KVX_KV_AVX2 inline void LoadAllPlanes(const uint8_t* p, __m256* x) {
+  const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m256i mask = _mm256_set1_epi32((1 << B) - 1);
+  KVX_KV_UNROLL
+  for (int plane = 0; plane < 8 / B; ++plane) {
+    const __m256i c = B < 8 ? _mm256_and_si256(_mm256_srli_epi32(v, plane * B), mask) : v;
+    x[plane] = _mm256_cvtepi32_ps(c);
+  }
+}
+
+// Per-token groups: (scale, min) per 2^group_shift channels of each row, as
+// floats [rows][groups][2] (converted from the page's f16 once per visit).
+template <int B>
+struct TokenRows {
+  static constexpr int kPlanes = 8 / B;
+  const uint8_t* codes;
+  const float* params;
+  int row_bytes, groups, group_shift;
+  int span() const { return row_bytes; }
+  KVX_KV_AVX2 __m256 Load(int j, int plane, int off, int c) const {
+    const __m256 q = LoadCodes<B>(codes + static_cast<size_t>(j) * row_bytes + off, plane * B);
+    const float* sm = params + (static_cast<size_t>(j) * groups + (c >> group_shift)) * 2;
+    return _mm256_fmadd_ps(q, _mm256_broadcast_ss(sm), _mm256_broadcast_ss(sm + 1));
+  }
+  KVX_KV_AVX2 void LoadPlanes(int j, int off, __m256* x) const {
+    LoadAllPlanes<B>(codes + static_cast<size_t>(j) * row_bytes + off, x);
+    const float* row = params + static_cast<size_t>(j) * groups * 2;
+    KVX_KV_UNROLL
+    for (int plane = 0; plane < kPlanes; ++plane) {
+      const float* sm = row + ((plane * row_bytes + off) >> group_shift) * 2;
+      x[plane] = _mm256_fmadd_ps(x[plane], _mm256_broadcast_ss(sm), _mm256_broadcast_ss(sm + 1));
+    }
+  }
+};
+
+// Per-channel parameters shared by all rows of the page (KIVI keys), as floats.
+template <int B>
+struct ChannelRows {
+  static constexpr int kPlanes = 8 / B;
+  const uint8_t* codes;
+  const float* scale;
+  const float* min;
+  int row_bytes;
+  int span() const { return row_bytes; }
+  KVX_KV_AVX2 __m256 Load(int j, int plane, int off, int c) const {
+    const __m256 q = LoadCodes<B>(codes + static_cast<size_t>(j) * row_bytes + off, plane * B);
+    return _mm256_fmadd_ps(q, _mm256_loadu_ps(scale + c), _mm256_loadu_ps(min + c));
+  }
+  KVX_KV_AVX2 void LoadPlanes(int j, int off, __m256* x) const {
+    LoadAllPlanes<B>(codes + static_cast<size_t>(j) * row_bytes + off, x);
+    KVX_KV_UNROLL
+    for (int plane = 0; plane < kPlanes; ++plane) {
+      const int c = plane * row_bytes + off;
+      x[plane] = _mm256_fmadd_ps(x[plane], _mm256_loadu_ps(scale + c), _mm256_loadu_ps(min + c));
+    }
+  }
+};
+
+// s[r*ss + j] = q_r . row_j for r < NQ, j < n (q is [NQ][d]). Each row is
+// loaded and dequantized once for all NQ query rows (a GQA group shares its
+// kv head); the 8 bytes at `off` are loaded once for all planes. Two
+// accumulator sets (alternating planes / 8-channel blocks) when NQ <= 4 so
+// the FMA chains overlap. REQUIRES: span() % 8 == 0.
+template <class Src, int NQ>
+KVX_KV_AVX2 inline void DotRowsQ(const Src& src, int n, int d, const float* q, float* s, int ss) {
+  constexpr bool kTwo = NQ <= 4;
+  const int span = src.span();
+  for (int j = 0; j < n; ++j) {
+    __m256 a0[NQ], a1[NQ];
+    KVX_KV_UNROLL
+    for (int r = 0; r < NQ; ++r) a0[r] = a1[r] = _mm256_setzero_ps();
+    for (int off = 0; off < span; off += 8) {
+      __m256 x[Src::kPlanes];
+      src.LoadPlanes(j, off, x);
+      KVX_KV_UNROLL
+      for (int plane = 0; plane < Src::kPlanes; ++plane) {
+        const int c = plane * span + off;
+        KVX_KV_UNROLL
+        for (int r = 0; r < NQ; ++r) {
+          const __m256 qv = _mm256_loadu_ps(q + static_cast<size_t>(r) * d + c);
+          if (kTwo && ((plane + (off >> 3)) & 1)) {
+            a1[r] = _mm256_fmadd_ps(qv, x[plane], a1[r]);
+          } else {
+            a0[r] = _mm256_fmadd_ps(qv, x[plane], a0[r]);
+          }
+        }
+      }
+    }
+    KVX_KV_UNROLL
+    for (int r = 0; r < NQ; ++r) {
+      s[static_cast<size_t>(r) * ss + j] = HorizontalSum(kTwo ? _mm256_add_ps(a0[r], a1[r]) : a0[r]);
+    }
+  }
+}
+
+// acc[r][c] += sum_{j<n} w[r*ws + j] * row_j[c] for r < NQ. Channel blocks
+// outermost so the accumulators stay in registers across the rows. When the
+// planes of one byte block fit (kPlanes * NQ <= 8 accumulators) they are
+// processed together: the codes are loaded once and each weight broadcast
+// once per row for all planes. Otherwise, for NQ <= 4, even and odd rows
+// feed separate accumulators so the FMA chains overlap. Fixed order either way.
+template <class Src, int NQ>
+KVX_KV_AVX2 inline void AxpyRowsQ(const Src& src, int n, int d, const float* w, int ws, float* acc) {
+  const int span = src.span();
+  constexpr int P = Src::kPlanes;
+  if constexpr (P > 1 && P * NQ <= 8) {
+    for (int off = 0; off < span; off += 8) {
+      __m256 a[P][NQ];
+      KVX_KV_UNROLL
+      for (int pl = 0; pl < P; ++pl) {
+        KVX_KV_UNROLL
+        for (int r = 0; r < NQ; ++r) a[pl][r] = _mm256_loadu_ps(acc + static_cast<size_t>(r) * d + pl * span + off);
+      }
+      for (int j = 0; j < n; ++j) {
+        __m256 x[P];
+        src.LoadPlanes(j, off, x);
+        KVX_KV_UNROLL
+        for (int r = 0; r < NQ; ++r) {
+          const __m256 wr = _mm256_broadcast_ss(w + static_cast<size_t>(r) * ws + j);
+          KVX_KV_UNROLL
+          for (int pl = 0; pl < P; ++pl) a[pl][r] = _mm256_fmadd_ps(wr, x[pl], a[pl][r]);
+        }
+      }
+      KVX_KV_UNROLL
+      for (int pl = 0; pl < P; ++pl) {
+        KVX_KV_UNROLL
+        for (int r = 0; r < NQ; ++r) _mm256_storeu_ps(acc + static_cast<size_t>(r) * d + pl * span + off, a[pl][r]);
+      }
+    }
+    return;
+  }
+  constexpr bool kTwo = NQ <= 4;
+  for (int plane = 0; plane < P; ++plane) {
+    for (int off = 0; off < span; off += 8) {
+      const int c = plane * span + off;
+      __m256 a0[NQ], a1[NQ];
+      KVX_KV_UNROLL
+      for (int r = 0; r < NQ; ++r) {
+        a0[r] = _mm256_loadu_ps(acc + static_cast<size_t>(r) * d + c);
+        a1[r] = _mm256_setzero_ps();
+      }
+      int j = 0;
+      if constexpr (kTwo) {
+        for (; j + 2 <= n; j += 2) {
+          const __m256 x0 = src.Load(j, plane, off, c), x1 = src.Load(j + 1, plane, off, c);
+          KVX_KV_UNROLL
+          for (int r = 0; r < NQ; ++r) {
+            const float* wr = w + static_cast<size_t>(r) * ws + j;
+            a0[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(wr), x0, a0[r]);
+            a1[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(wr + 1), x1, a1[r]);
+          }
+        }
+      }
+      for (; j < n; ++j) {
+        const __m256 x = src.Load(j, plane, off, c);
+        KVX_KV_UNROLL
+        for (int r = 0; r < NQ; ++r) {
+          a0[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(w + static_cast<size_t>(r) * ws + j), x, a0[r]);
+        }
+      }
+      KVX_KV_UNROLL
+      for (int r = 0; r < NQ; ++r) {
+        _mm256_storeu_ps(acc + static_cast<size_t>(r) * d + c, kTwo ? _mm256_add_ps(a0[r], a1[r]) : a0[r]);
+      }
+    }
+  }
+}
+
+// out[j][c] = row_j[c]: rows decoded to floats (pre-RoPE keys, tests).
+template <class Src>
+KVX_KV_AVX2 inline void DecodeRowsQ(const Src& src, int n, int d, float* out) {
+  const int span = src.span();
+  for (int j = 0; j < n; ++j) {
+    float* o = out + static_cast<size_t>(j) * d;
+    for (int off = 0; off < span; off += 8) {
+      __m256 x[Src::kPlanes];
+      src.LoadPlanes(j, off, x);
+      KVX_KV_UNROLL
+      for (int plane = 0; plane < Src::kPlanes; ++plane) _mm256_storeu_ps(o + plane * span + off, x[plane]);
+    }
+  }
+}
+
+// Rotary embedding of row x in place with cs = ops::RopeCosSin(pos) (cos, sin
+// interleaved per pair), the same rotation as ops::RopeApply up to FMA rounding:
+//   (x_a, x_b) -> (x_a cos - x_b sin, x_a sin + x_b cos);
+// with `inverse` the rotation by -angle (sin negated).
+// Normal layout (pairs 2i, 2i+1): REQUIRES n_dims % 8 == 0. NeoX (pairs i,
+// i + n_dims/2): REQUIRES n_dims % 16 == 0.
+KVX_KV_AVX2 inline void RopeRow(float* x, const float* cs, int n_dims, bool neox, bool inverse) {
+  const __m256 sign = _mm256_set1_ps(inverse ? -1.0f : 1.0f);
+  if (!neox) {
+    for (int c = 0; c < n_dims; c += 8) {
+      const __m256 v = _mm256_loadu_ps(x + c), t = _mm256_loadu_ps(cs + c);
+      const __m256 cos = _mm256_moveldup_ps(t), sin = _mm256_mul_ps(_mm256_movehdup_ps(t), sign);
+      const __m256 swapped = _mm256_permute_ps(v, 0xB1);  // (x_b, x_a) per pair
+      // even lanes: x_a cos - x_b sin; odd lanes: x_b cos + x_a sin.
+      _mm256_storeu_ps(x + c, _mm256_fmaddsub_ps(v, cos, _mm256_mul_ps(swapped, sin)));
+    }
+    return;
+  }
+  const int half = n_dims / 2;
+  for (int i = 0; i < half; i += 8) {
+    const __m256 t0 = _mm256_loadu_ps(cs + 2 * i), t1 = _mm256_loadu_ps(cs + 2 * i + 8);
+    // Deinterleave (c0 s0 c1 s1 ...) into cos[i..i+7] and sin[i..i+7].
+    const __m256 cos = _mm256_castpd_ps(
+        _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(t0, t1, 0x88)), 0xD8));
+    const __m256 sin = _mm256_mul_ps(
+        sign, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(t0, t1, 0xDD)), 0xD8)));
+    const __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + half);
+    _mm256_storeu_ps(x + i, _mm256_fmsub_ps(a, cos, _mm256_mul_ps(b, sin)));
+    _mm256_storeu_ps(x + i + half, _mm256_fmadd_ps(a, sin, _mm256_mul_ps(b, cos)));
+  }
+}
+
+// n halves -> floats.
+KVX_KV_AVX2 inline void HalfToFloat(const uint16_t* h, int n, float* out) {
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
+  }
+  for (; i < n; ++i) out[i] = _cvtsh_ss(h[i]);
+}
+
+// ---- Softmax pieces. ----
+
+// exp(x) for x <= 0 (Cephes expf: x = n ln2 + r, |r| <= ln2/2, degree-6
+// polynomial; about 1 ulp), exactly 1 at 0 and exactly 0 below -87.3 (so
+// masked entries, x = -inf, get weight 0).
+KVX_KV_AVX2 inline __m256 ExpNonPositive(__m256 x) {
+  const __m256 zero_below = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ);
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+  const __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(zero_below, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+}
+
+// x[j] *= scale; returns max_j x[j] (-inf for n == 0).
+KVX_KV_AVX2 inline float ScaleMax(float* x, int n, float scale) {
+  const __m256 sc = _mm256_set1_ps(scale);
+  __m256 mx = _mm256_set1_ps(-__builtin_inff());
+  int j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + j), sc);
+    _mm256_storeu_ps(x + j, v);
+    mx = _mm256_max_ps(mx, v);
+  }
+  float m = -__builtin_inff();
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, mx);
+  for (float l : lanes) m = l > m ? l : m;
+  for (; j < n; ++j) {
+    x[j] *= scale;
+    m = x[j] > m ? x[j] : m;
+  }
+  return m;
+}
+
+// x[j] = exp(x[j] - m) (0 for x[j] = -inf); returns sum_j x[j], summed in 8
+// lanes then pairwise (a fixed order).
+KVX_KV_AVX2 inline float ExpSum(float* x, int n, float m) {
+  const __m256 mv = _mm256_set1_ps(m);
+  __m256 acc = _mm256_setzero_ps();
+  int j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 e = ExpNonPositive(_mm256_sub_ps(_mm256_loadu_ps(x + j), mv));
+    _mm256_storeu_ps(x + j, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  if (j < n) {  // tail through a padded lane block (-inf pads give 0)
+    alignas(32) float tail[8];
+    for (int t = 0; t < 8; ++t) tail[t] = j + t < n ? x[j + t] : -__builtin_inff();
+    const __m256 e = ExpNonPositive(_mm256_sub_ps(_mm256_load_ps(tail), mv));
+    _mm256_store_ps(tail, e);
+    for (int t = 0; j + t < n; ++t) x[j + t] = tail[t];
+    acc = _mm256_add_ps(acc, e);
+  }
+  return HorizontalSum(acc);
+}
+
 #undef KVX_KV_AVX2
+#undef KVX_KV_UNROLL
+
+// Runtime query-row count -> template instance (1..kMaxQueryRows).
+template <class Src>
+inline void DotRowsQN(const Src& src, int n, int d, const float* q, int nq, float* s, int ss) {
+  switch (nq) {
+    case 1: return DotRowsQ<Src, 1>(src, n, d, q, s, ss);
+    case 2: return DotRowsQ<Src, 2>(src, n, d, q, s, ss);
+    case 3: return DotRowsQ<Src, 3>(src, n, d, q, s, ss);
+    case 4: return DotRowsQ<Src, 4>(src, n, d, q, s, ss);
+    case 5: return DotRowsQ<Src, 5>(src, n, d, q, s, ss);
+    case 6: return DotRowsQ<Src, 6>(src, n, d, q, s, ss);
+    case 7: return DotRowsQ<Src, 7>(src, n, d, q, s, ss);
+    default: return DotRowsQ<Src, 8>(src, n, d, q, s, ss);
+  }
+}
+template <class Src>
+inline void AxpyRowsQN(const Src& src, int n, int d, const float* w, int nq, int ws, float* acc) {
+  switch (nq) {
+    case 1: return AxpyRowsQ<Src, 1>(src, n, d, w, ws, acc);
+    case 2: return AxpyRowsQ<Src, 2>(src, n, d, w, ws, acc);
+    case 3: return AxpyRowsQ<Src, 3>(src, n, d, w, ws, acc);
+    case 4: return AxpyRowsQ<Src, 4>(src, n, d, w, ws, acc);
+    case 5: return AxpyRowsQ<Src, 5>(src, n, d, w, ws, acc);
+    case 6: return AxpyRowsQ<Src, 6>(src, n, d, w, ws, acc);
+    case 7: return AxpyRowsQ<Src, 7>(src, n, d, w, ws, acc);
+    default: return AxpyRowsQ<Src, 8>(src, n, d, w, ws, acc);
+  }
+}
 
 // Whether the SIMD path applies to rows of `d` elements on this CPU.
-inline bool UseSimd(int d) { return d % 8 == 0 && HasAvx2Fma(); }
+inline bool UseSimd(int d) {
+  return d % 8 == 0 && HasAvx2Fma() && !ForceScalarForTest().load(std::memory_order_relaxed);
+}
+// Whether the quantized SIMD path applies: whole 8-byte blocks per plane.
+inline bool UseSimdQuant(int d, int bits) { return (d * bits) % 64 == 0 && UseSimd(d); }
 
 #else
 
 inline bool UseSimd(int) { return false; }
+inline bool UseSimdQuant(int, int) { return false; }
 template <typename T>
 inline void DotRows(const float*, const T*, int, int, float*) {}
 template <typename T>
 inline void AxpyRows(const T*, int, int, const float*, float*) {}
+struct F16Rows {
+  const uint16_t* rows;
+  int d;
+};
+template <int B>
+struct TokenRows {
+  const uint8_t* codes;
+  const float* params;
+  int row_bytes, groups, group_shift;
+};
+template <int B>
+struct ChannelRows {
+  const uint8_t* codes;
+  const float* scale;
+  const float* min;
+  int row_bytes;
+};
+template <class Src>
+inline void DotRowsQN(const Src&, int, int, const float*, int, float*, int) {}
+template <class Src>
+inline void AxpyRowsQN(const Src&, int, int, const float*, int, int, float*) {}
+inline void HalfToFloat(const uint16_t*, int, float*) {}
+struct F32Rows {
+  const float* rows;
+  int d;
+};
+template <class Src>
+inline void DecodeRowsQ(const Src&, int, int, float*) {}
+inline void RopeRow(float*, const float*, int, bool, bool) {}
+inline float ScaleMax(float*, int, float) { return 0; }
+inline float ExpSum(float*, int, float) { return 0; }
 
 #endif
 

@@ -1,0 +1,318 @@
+#!/usr/bin/env python3
+"""KV-cache quantization report: see scripts/kv_quant_report.sh for usage.
+
+Measures every codec configuration in SPECS on the real models in
+../shared/models with `kvx inspect` (exact bytes/token) and `kvx eval`
+(baseline codec=f16: perplexity, mean KLD, top-1 agreement, copy accuracy),
+compares kvx's int8/int4 caches with llama.cpp's q8_0/q4_0 perplexities
+(../shared/golden/perplexity_kvquant.json) on the probe model, optionally runs
+`kvx bench` on synthetic model shapes, and writes docs/kv-quantization.md plus
+the README section between the kv-quant markers.
+"""
+import argparse, json, os, re, subprocess, sys, time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "docs/results/kv_quant")
+
+# (model key, gguf, eval text, context, chunks, quick chunks)
+MODELS = [
+    ("stories260K", "models/stories260K/stories260K-F32.gguf", "golden/stories_eval.txt", 512, 40, 4),
+    ("tinystories656K", "models/tinystories656K/TinyStories-656K-F32.gguf", "golden/stories_eval.txt", 512, 40, 4),
+    ("probe", "models/probe/probe-llama-6L-d256-f32.gguf", "golden/probe_val.txt", 2048, 16, 3),
+]
+
+# (label, spec, method). The first is the baseline.
+BEST4 = "codec=kivi4,page=256,group=64,prerope=1,residual=0"
+BEST2 = "codec=kivi2,page=128,group=64,prerope=1,residual=0"
+INT2 = "codec=int2"
+SPECS = [
+    ("f16", "codec=f16", "baseline"),
+    ("int8", "codec=int8", "per-token int8, scale + zero point per 32 channels"),
+    ("int8 sym (≈ q8_0)", "codec=int8,sym=1", "llama.cpp q8_0 counterpart: scale only"),
+    ("int4", "codec=int4", "per-token int4, scale + zero point per 32 channels"),
+    ("int4 sym (≈ q4_0)", "codec=int4,sym=1", "llama.cpp q4_0 counterpart: scale only"),
+    ("int4 + Hadamard", "codec=int4,group=64,sym=1,rotate=hadamard", "QuaRot: rotate, then per-token 4-bit"),
+    ("KIVI-4 (G=R=32)", "codec=kivi4,page=32", "KIVI paper setting"),
+    ("KIVI-4 + pre-RoPE (G=R=32)", "codec=kivi4,page=32,prerope=1", "KVQuant's pre-RoPE keys"),
+    ("KIVI-4 + pre-RoPE, G=256, R=0", BEST4, "best 4-bit"),
+    ("int2", INT2, "plain per-token int2 (the 2-bit reference)"),
+    ("int2 + MSE clip", "codec=int2,clip=1", "range search per group"),
+    ("int2 + Hadamard", "codec=int2,rotate=hadamard", "RotateKV-style rotation"),
+    ("int2 + 1% outliers", "codec=int2,outliers=0.01", "KVQuant dense-and-sparse"),
+    ("KIVI-2 (G=R=32)", "codec=kivi2,page=32", "KIVI paper setting"),
+    ("KIVI-2 + pre-RoPE (G=R=32)", "codec=kivi2,page=32,prerope=1", "KVQuant's pre-RoPE keys"),
+    ("KIVI-2 + pre-RoPE, G=128, R=0", BEST2, "best 2-bit"),
+    ("… with R=32", "codec=kivi2,page=128,group=64,prerope=1", "KIVI residual window"),
+    ("… + 1% outliers", BEST2 + ",outliers=0.01", "dense-and-sparse"),
+    ("KIVI-2 + pre-RoPE + sink page", "codec=kivi2,page=32,prerope=1,sinks=1", "attention sink kept in f16"),
+    ("… layer 0 at k8v4", BEST2 + ",bits.0=k8v4", "KVTuner-style per-layer bits"),
+    ("KIVI k4v2 + pre-RoPE", "codec=kivi4,page=128,group=64,prerope=1,residual=0,bits=k4v2", "keys need more bits"),
+]
+QUICK = {"codec=f16", "codec=int8", "codec=int4", INT2, BEST4, BEST2}
+
+# kvx perplexity on probe_val against llama.cpp's quantized KV caches.
+LLAMA_PPL = [  # (ctx, kvx spec, llama.cpp kv_cache label or None)
+    (512, "codec=f16", "f16/f16"),
+    (512, "codec=int8,sym=1", "q8_0/q8_0"),
+    (512, "codec=int8", "q8_0/q8_0"),
+    (512, "codec=int4,sym=1", "q4_0/q4_0"),
+    (512, "codec=int4", "q4_0/q4_0"),
+    (512, BEST4, "q4_0/q4_0"),
+    (1024, "codec=f16", "f16/f16"),
+    (1024, "codec=int8,sym=1", "q8_0/q8_0"),
+]
+
+SPEED_SHAPES = ["smollm2-135m", "qwen2.5-0.5b"]
+SPEED_SPECS = ["codec=f16", "codec=int8", "codec=int4", "codec=kivi4,page=128,group=64,sym=1", BEST4,
+               "codec=kivi2,page=128,group=64", BEST2]
+
+
+def run(cmd, timeout=None):
+    t0 = time.time()
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if out.returncode != 0:
+        sys.exit("command failed (%d): %s\n%s%s" % (out.returncode, " ".join(cmd), out.stdout[-2000:], out.stderr[-2000:]))
+    print("  %.0fs  %s" % (time.time() - t0, " ".join(cmd)), flush=True)
+    return out.stdout
+
+
+def save(name, data):
+    os.makedirs(RESULTS, exist_ok=True)
+    with open(os.path.join(RESULTS, name), "w") as f:
+        json.dump(data, f, indent=1)
+
+
+def load(name):
+    path = os.path.join(RESULTS, name)
+    return json.load(open(path)) if os.path.exists(path) else None
+
+
+def measure(args, specs):
+    for key, gguf, text, ctx, chunks, quick_chunks in MODELS:
+        model = os.path.join(args.shared, gguf)
+        print("== %s" % key, flush=True)
+        # Exact bytes per token (asymptotic: packed pages) from kvx inspect.
+        out = run([args.kvx, "inspect", model] + sum([["--kv", s] for _, s, _ in specs], []))
+        bytes_per_token = {}
+        for line in out.splitlines():
+            m = re.match(r"\s+(codec=\S+)\s+(\d+)\s+([0-9.]+)x\s+([0-9.]+)\s*$", line)
+            if m:
+                bytes_per_token[m.group(1)] = int(m.group(2))
+        json_path = os.path.join(RESULTS, key + ".eval.json")
+        os.makedirs(RESULTS, exist_ok=True)
+        cmd = [args.kvx, "eval", "-m", model, "--baseline", specs[0][1], "--tasks", "ppl,kld,copy",
+               "-f", os.path.join(args.shared, text), "-c", str(ctx),
+               "--chunks", str(quick_chunks if args.quick else chunks), "--copy-trials", "2" if args.quick else "5",
+               "-t", str(args.threads), "-q", "--json", json_path]
+        for _, s, _ in specs[1:]:
+            cmd += ["--kv", s]
+        run(cmd)
+        save(key + ".json", {"model": key, "ctx": ctx, "text": text, "bytes_per_token": bytes_per_token,
+                             "eval": json.load(open(json_path)), "command": " ".join(cmd)})
+
+    # llama.cpp comparison on the probe model.
+    probe = os.path.join(args.shared, MODELS[2][1])
+    text = os.path.join(args.shared, "golden/probe_val.txt")
+    rows = []
+    for ctx, spec, _ in LLAMA_PPL:
+        cmd = [args.kvx, "perplexity", "-m", probe, "-f", text, "-c", str(ctx), "-t", str(args.threads), "--kv", spec]
+        if args.quick:
+            cmd += ["--chunks", "8"]
+        out = run(cmd)
+        m = re.search(r"PPL = ([0-9.]+) \+/- ([0-9.]+)", out)
+        rows.append({"ctx": ctx, "spec": spec, "ppl": float(m.group(1)), "pm": float(m.group(2)),
+                     "command": " ".join(cmd), "quick": args.quick})
+    save("llama_ppl.json", rows)
+
+
+def measure_speed(args):
+    rows = []
+    for shape in SPEED_SHAPES:
+        gguf = "/tmp/kvx-%s-q8_0.gguf" % shape
+        if not os.path.exists(gguf):
+            run([args.kvx, "gen-model", "--shape", shape, "--type", "q8_0", "-o", gguf])
+        for spec in SPEED_SPECS:
+            path = "/tmp/kvx-bench.json"
+            cmd = [args.kvx, "bench", "-m", gguf, "-t", str(args.threads), "--depths", "0,4096,8192", "--kv", spec,
+                   "-n", "16", "-r", "3", "--json", path]
+            run(cmd)
+            b = json.load(open(path))
+            rows.append({"shape": shape, "spec": spec, "kv_bytes_per_token": b["kv_bytes_per_token"],
+                         "decode": [{k: d[k] for k in ("depth", "tok_s", "kv_bytes", "pct_of_bound")} for d in b["decode"]],
+                         "bandwidth_gbps": b["bandwidth"]["read_gbps"], "command": " ".join(cmd)})
+    save("speed.json", rows)
+
+
+# ---------------------------------------------------------------- rendering
+
+def fmt(x, digits=4):
+    return "–" if x is None else ("%.*g" % (digits, x))
+
+
+def result_rows(model_data):
+    """One dict per spec: label, spec, bytes/token, compressions, ppl, kld, top1, copy."""
+    ev = model_data["eval"]
+    f16_dense = ev["model"]["f16_bytes_per_token"]
+    bpt = model_data["bytes_per_token"]
+    f16_kvx = bpt.get("codec=f16")
+    rows = []
+    by_spec = {r["spec"]: r for r in ev["results"]}
+    for label, spec, method in SPECS:
+        r = by_spec.get(spec)
+        if r is None:
+            continue
+        row = {"label": label, "spec": spec, "method": method, "bpt": bpt.get(spec)}
+        row["x_kvx"] = f16_kvx / row["bpt"] if row["bpt"] else None
+        row["x_dense"] = f16_dense / row["bpt"] if row["bpt"] else None
+        row["x_measured"] = r.get("kv", {}).get("compression_vs_f16")
+        row["ppl"] = r.get("ppl", {}).get("ppl")
+        row["ppl_pm"] = r.get("ppl", {}).get("ppl_stderr")
+        kld = r.get("kld") or {}
+        row["kld"] = kld.get("mean")
+        row["top1"] = kld.get("top1")
+        copy = r.get("copy") or {}
+        row["copy"] = copy_accuracy(copy)
+        rows.append(row)
+    return rows
+
+
+def copy_accuracy(copy):
+    """{source: accuracy} of the copy task ("random", "text"), or None."""
+    if not copy or not copy.get("ok", True):
+        return None
+    return {src["source"]: src["accuracy"] for src in copy.get("sources", []) if "accuracy" in src} or None
+
+
+def model_table(model_data):
+    lines = ["| config | `--kv` | B/token | × vs f16 (kvx) | × vs dense f16 | × measured @ctx | PPL | KLD mean | top-1 | copy random / text |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in result_rows(model_data):
+        lines.append("| %s | `%s` | %s | %s | %s | %s | %s ± %s | %s | %s | %s |" % (
+            r["label"], r["spec"], r["bpt"] if r["bpt"] else "–", fmt(r["x_kvx"], 3), fmt(r["x_dense"], 3),
+            fmt(r["x_measured"], 3), fmt(r["ppl"], 6), fmt(r["ppl_pm"], 3), fmt(r["kld"], 3),
+            "–" if r["top1"] is None else "%.2f%%" % (100 * r["top1"]),
+            "–" if r["copy"] is None else " / ".join("%.1f%%" % (100 * r["copy"][k]) for k in ("random", "text")
+                                                       if k in r["copy"])))
+    return "\n".join(lines)
+
+
+def goals(models):
+    probe = next((m for m in models if m["model"] == "probe"), None)
+    if probe is None:
+        return "(probe results missing)"
+    rows = {r["spec"]: r for r in result_rows(probe)}
+    out = ["| goal | configuration | measured | met |", "|---|---|---|:-:|"]
+    for spec in ("codec=int8", "codec=int8,sym=1"):
+        r = rows.get(spec)
+        if r and r["top1"] is not None:
+            out.append("| int8 top-1 agreement ≥ 99.5%% vs f16 | `%s` | %.2f%% | %s |" % (
+                spec, 100 * r["top1"], "yes" if r["top1"] >= 0.995 else "no"))
+    r = rows.get(BEST4)
+    if r and r["top1"] is not None:
+        ok = r["x_kvx"] >= 3.5 and r["x_dense"] >= 3.5 and r["top1"] >= 0.98
+        out.append("| best 4-bit ≥ 3.5× smaller, top-1 ≥ 98%% | `%s` | %.2f× (kvx f16) / %.2f× (dense f16); top-1 %.2f%% | %s |" % (
+            BEST4, r["x_kvx"], r["x_dense"], 100 * r["top1"], "yes" if ok else "no"))
+    r, base = rows.get(BEST2), rows.get(INT2)
+    if r and base and r["kld"] is not None and base["kld"]:
+        ok = r["x_kvx"] >= 6 and r["x_dense"] >= 6 and r["kld"] <= 0.5 * base["kld"]
+        out.append("| best 2-bit ≥ 6× smaller, KLD ≤ ½ int2's | `%s` | %.2f× / %.2f×; KLD %.4g = %.2f × int2's %.4g | %s |" % (
+            BEST2, r["x_kvx"], r["x_dense"], r["kld"], r["kld"] / base["kld"], base["kld"], "yes" if ok else "no"))
+    return "\n".join(out)
+
+
+def llama_table(shared):
+    rows = load("llama_ppl.json")
+    if not rows:
+        return "(not measured)"
+    golden = json.load(open(os.path.join(shared, "golden/perplexity_kvquant.json")))
+    golden += [g for g in json.load(open(os.path.join(shared, "golden/perplexity.json")))
+               if g.get("model") == "probe" and g.get("text") == "probe_val" and g.get("kv_cache") == "f16/f16"]
+    ref = {(g["ctx"], g["kv_cache"]): g["ppl"] for g in golden if g.get("model") == "probe" and "ppl" in g}
+    own_f16 = {r["ctx"]: r["ppl"] for r in rows if r["spec"] == "codec=f16"}
+    lines = ["| ctx | kvx `--kv` | kvx PPL | Δ vs kvx f16 | llama.cpp cache | llama.cpp PPL | Δ vs llama.cpp f16 |",
+             "|---:|---|---:|---:|---|---:|---:|"]
+    label = {"codec=int8,sym=1": "q8_0/q8_0", "codec=int8": "q8_0/q8_0", "codec=int4,sym=1": "q4_0/q4_0",
+             "codec=int4": "q4_0/q4_0", BEST4: "q4_0/q4_0", "codec=f16": "f16/f16"}
+    for r in rows:
+        lc = label.get(r["spec"])
+        lp = ref.get((r["ctx"], lc))
+        lf = ref.get((r["ctx"], "f16/f16"))
+        lines.append("| %d | `%s` | %.4f ± %.4f | %+.4f | %s | %s | %s |" % (
+            r["ctx"], r["spec"], r["ppl"], r["pm"], r["ppl"] - own_f16.get(r["ctx"], r["ppl"]), lc or "–",
+            "%.4f" % lp if lp else "–", "%+.4f" % (lp - lf) if lp and lf else "–"))
+    note = ""
+    if any(r.get("quick") for r in rows):
+        note = "\n\n(quick run: 8 chunks only; llama.cpp's numbers use the whole file)"
+    return "\n".join(lines) + note
+
+
+def speed_table():
+    rows = load("speed.json")
+    if not rows:
+        return "(not measured: run with --speed)"
+    lines = ["| shape | `--kv` | KV B/token | decode tok/s @0 | @4096 | @8192 | KV MiB @8192 | % of bound @8192 |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        d = {x["depth"]: x for x in r["decode"]}
+        lines.append("| %s | `%s` | %d | %.1f | %.1f | %.1f | %.1f | %.0f%% |" % (
+            r["shape"], r["spec"], r["kv_bytes_per_token"], d[0]["tok_s"], d[4096]["tok_s"], d[8192]["tok_s"],
+            d[8192]["kv_bytes"] / 2**20, d[8192]["pct_of_bound"]))
+    return "\n".join(lines)
+
+
+def render(args):
+    models = [m for m in (load(k + ".json") for k, *_ in MODELS) if m]
+    template = open(os.path.join(ROOT, "scripts/kv_quant_doc.md.in")).read()
+    sections = []
+    for m in models:
+        ev = m["eval"]
+        settings = ev.get("settings", {})
+        sections.append("### %s (head_dim %d, %d layers × %d kv heads; ctx %d, `%s`)\n\n%s\n\nCommand: `%s`" % (
+            m["model"], ev["model"]["head_dim"], ev["model"]["n_layers"], ev["model"]["n_kv_heads"], m["ctx"],
+            m["text"], model_table(m), m["command"].replace(ROOT + "/", "").replace(args.shared, "../shared")))
+    doc = template.replace("@MODEL_TABLES@", "\n\n".join(sections) or "(not measured)")
+    doc = doc.replace("@GOALS@", goals(models))
+    doc = doc.replace("@LLAMA@", llama_table(args.shared))
+    doc = doc.replace("@SPEED@", speed_table())
+    doc = doc.replace("@DATE@", time.strftime("%Y-%m-%d"))
+    with open(os.path.join(ROOT, "docs/kv-quantization.md"), "w") as f:
+        f.write(doc)
+    # README: goals + the probe table.
+    probe = next((m for m in models if m["model"] == "probe"), None)
+    readme_block = ("Measured by `scripts/kv_quant_report.sh` (details, all models and the method notes: "
+                    "[docs/kv-quantization.md](docs/kv-quantization.md)). Probe model, ctx 2048, baseline `codec=f16`:\n\n"
+                    + (model_table(probe) if probe else "(not measured)") + "\n\nGoals:\n\n" + goals(models)
+                    + "\n\nAgainst llama.cpp's quantized KV caches (probe, `probe_val.txt`):\n\n" + llama_table(args.shared))
+    path = os.path.join(ROOT, "README.md")
+    readme = open(path).read()
+    begin, end = "<!-- kv-quant:begin -->", "<!-- kv-quant:end -->"
+    if begin in readme and end in readme:
+        head, rest = readme.split(begin, 1)
+        _, tail = rest.split(end, 1)
+        readme = head + begin + "\n" + readme_block + "\n" + end + tail
+        with open(path, "w") as f:
+            f.write(readme)
+    else:
+        print("README.md has no kv-quant markers; skipped", file=sys.stderr)
+    print("wrote docs/kv-quantization.md and the README kv-quant section")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kvx", default=os.path.join(ROOT, "build/kvx"))
+    ap.add_argument("--shared", default=os.path.normpath(os.path.join(ROOT, "../shared")))
+    ap.add_argument("--threads", default="2")
+    ap.add_argument("--quick", action="store_true", help="few chunks and specs (smoke test)")
+    ap.add_argument("--speed", action="store_true", help="also run kvx bench on synthetic shapes")
+    ap.add_argument("--render-only", action="store_true")
+    args = ap.parse_args()
+    if not args.render_only:
+        specs = [s for s in SPECS if not args.quick or s[1] in QUICK]
+        measure(args, specs)
+        if args.speed:
+            measure_speed(args)
+    render(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+// Per-target MatMul kernels, compiled once per SIMD target by Highway's
+// foreach_target and chosen at run time by HWY_DYNAMIC_DISPATCH (the build
+// stays baseline x86-64). Targets (see CMakeLists.txt):
+//   AVX3_DL  AVX-512 (F/BW/DQ/VL) + VNNI: 512-bit kernels, vpdpbusd int8 dots;
+//   AVX2     256-bit kernels, pmaddubsw int8 dots;
+//   the baseline (SCALAR with gcc, EMU128 with clang) and any non-x86
+//            target: the scalar reference (matmul_scalar.cc).
+// Highway 1.0 has no int8 dot-product op, so the x86 kernels use intrinsics
+// inside Highway's per-target regions; every kernel computes exactly what
+// matmul_internal.h specifies (same integer lanes, same float operations in
+// the same order), so all targets agree bit for bit.
+//
+// Blocking. Rows are split between threads by the caller (matmul.cc). A
+// thread computes its rows in groups of kRows and tokens in tiles that keep
+// the activations in L2; a micro-kernel ("tile") holds kRows x kTokens
+// accumulators of 16 lanes in registers over the whole row length.
+// Integer path: for one token (decode) the weights are decoded straight into
+// registers; for several tokens, each group of rows is first decoded once per
+// token tile into canonical chunks in an L1-resident panel.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "ops/matmul_simd.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "ops/matmul_internal.h"
+#include "ops/quant_blocks.h"
+#include "util/check.h"
+
+#ifndef KVX_OPS_MATMUL_SIMD_ONCE
+#define KVX_OPS_MATMUL_SIMD_ONCE
+namespace kvx::ops::internal {
+namespace {
+thread_local ScratchBuffer tls_panel;
+
+// Tokens per tile such that the tile's activations (bytes_per_token each)
+// stay within ~384 KiB of L2; a multiple of 4, at least 4.
+inline int64_t TokenTile(int64_t bytes_per_token) {
+  const int64_t t = (384 << 10) / std::max<int64_t>(bytes_per_token, 1);
+  return std::clamp<int64_t>(t / 4 * 4, 4, 256);
+}
+}  // namespace
+}  // namespace kvx::ops::internal
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace kvx::ops::internal {
+namespace HWY_NAMESPACE {
+
+using gguf::TensorType;
+
+#define KVX_UNROLL _Pragma("GCC unroll 16")
+
+#if HWY_TARGET == HWY_AVX3_DL
+#include "ops/matmul_avx512-inl.h"
+#elif HWY_TARGET == HWY_AVX2
+#include "ops/matmul_avx2-inl.h"
+#else
+// ===========================================================================
+// Scalar (and targets without dedicated kernels).
+// ===========================================================================
+void QuantizeActs(const float* x, int64_t t0, int64_t t1, QuantizedActs* a) { QuantizeActsScalar(x, t0, t1, a); }
+void MatMulRowsFloat(const WeightView& w, const float* x, int64_t n_tokens, float* y, int64_t r0, int64_t r1) {
+  MatMulRowsFloatScalar(w, x, n_tokens, y, r0, r1);
+}
+void MatMulRowsInt(const WeightView& w, const QuantizedActs& a, float* y, int64_t r0, int64_t r1) {
+  MatMulRowsIntScalar(w, a, y, r0, r1);
+}
+#endif
+
+#undef KVX_UNROLL
+
+}  // namespace HWY_NAMESPACE
+}  // namespace kvx::ops::internal
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace kvx::ops::internal {
+HWY_EXPORT(QuantizeActs);
+HWY_EXPORT(MatMulRowsFloat);
+HWY_EXPORT(MatMulRowsInt);
+
+void QuantizeActsBest(const float* x, int64_t t0, int64_t t1, QuantizedActs* a) {
+  HWY_DYNAMIC_DISPATCH(QuantizeActs)(x, t0, t1, a);
+}
+void MatMulRowsFloatBest(const WeightView& w, const float* x, int64_t n_tokens, float* y, int64_t r0, int64_t r1) {
+  HWY_DYNAMIC_DISPATCH(MatMulRowsFloat)(w, x, n_tokens, y, r0, r1);
+}
+void MatMulRowsIntBest(const WeightView& w, const QuantizedActs& a, float* y, int64_t r0, int64_t r1) {
+  HWY_DYNAMIC_DISPATCH(MatMulRowsInt)(w, a, y, r0, r1);
+}
+}  // namespace kvx::ops::internal
+#endif
