@@ -4,7 +4,7 @@
 // and resolving it against a few model layouts must not crash
 // (ResolveLayers never fails; ValidateKVSpec may reject).
 //
-// Seed corpus: fuzz/corpus/kv_spec/.
+// Seed corpus: fuzz/corpus/kv/.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -26,7 +26,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string canonical = spec->ToString();
   auto again = kvx::kv::ParseKVSpec(canonical);
   if (!again.ok() || !(*again == *spec)) {
-    std::fprintf(stderr, "kv_spec_fuzz: '%s' does not round-trip\n", canonical.c_str());
+    std::fprintf(stderr, "kv_fuzz: '%s' does not round-trip\n", canonical.c_str());
     std::abort();
   }
   for (int head_dim : {8, 64, 96}) {
