@@ -23,7 +23,8 @@ MODELS = [
 
 # (label, spec, method). The first is the baseline.
 BEST4 = "codec=kivi4,page=256,group=64,prerope=1,residual=0"
-BEST2 = "codec=kivi2,page=128,group=64,prerope=1,residual=0"
+BEST2 = "codec=kivi2,page=128,group=64,prerope=1"
+BEST2_R0 = BEST2 + ",residual=0"
 INT2 = "codec=int2"
 SPECS = [
     ("f16", "codec=f16", "baseline"),
@@ -41,14 +42,14 @@ SPECS = [
     ("int2 + 1% outliers", "codec=int2,outliers=0.01", "KVQuant dense-and-sparse"),
     ("KIVI-2 (G=R=32)", "codec=kivi2,page=32", "KIVI paper setting"),
     ("KIVI-2 + pre-RoPE (G=R=32)", "codec=kivi2,page=32,prerope=1", "KVQuant's pre-RoPE keys"),
-    ("KIVI-2 + pre-RoPE, G=128, R=0", BEST2, "best 2-bit"),
-    ("… with R=32", "codec=kivi2,page=128,group=64,prerope=1", "KIVI residual window"),
-    ("… + 1% outliers", BEST2 + ",outliers=0.01", "dense-and-sparse"),
+    ("KIVI-2 + pre-RoPE, G=128, R=0", BEST2_R0, "no residual window"),
+    ("KIVI-2 + pre-RoPE, G=128, R=32", BEST2, "best 2-bit"),
+    ("… R=0 + 1% outliers", BEST2_R0 + ",outliers=0.01", "dense-and-sparse"),
     ("KIVI-2 + pre-RoPE + sink page", "codec=kivi2,page=32,prerope=1,sinks=1", "attention sink kept in f16"),
-    ("… layer 0 at k8v4", BEST2 + ",bits.0=k8v4", "KVTuner-style per-layer bits"),
+    ("… R=0, layer 0 at k8v4", BEST2_R0 + ",bits.0=k8v4", "KVTuner-style per-layer bits"),
     ("KIVI k4v2 + pre-RoPE", "codec=kivi4,page=128,group=64,prerope=1,residual=0,bits=k4v2", "keys need more bits"),
 ]
-QUICK = {"codec=f16", "codec=int8", "codec=int4", INT2, BEST4, BEST2}
+QUICK = {"codec=f16", "codec=int8", "codec=int4", INT2, BEST4, BEST2, BEST2_R0}
 
 # kvx perplexity on probe_val against llama.cpp's quantized KV caches.
 LLAMA_PPL = [  # (ctx, kvx spec, llama.cpp kv_cache label or None)
@@ -164,7 +165,9 @@ def result_rows(model_data):
         row = {"label": label, "spec": spec, "method": method, "bpt": bpt.get(spec)}
         row["x_kvx"] = f16_kvx / row["bpt"] if row["bpt"] else None
         row["x_dense"] = f16_dense / row["bpt"] if row["bpt"] else None
-        row["x_measured"] = r.get("kv", {}).get("compression_vs_f16")
+        # Peak of the perplexity task (full-length sequences); the overall peak
+        # also sees the copy task's shorter sequences and their f16 staging pages.
+        row["x_measured"] = (r.get("ppl") or {}).get("kv", r.get("kv", {})).get("compression_vs_f16")
         row["ppl"] = r.get("ppl", {}).get("ppl")
         row["ppl_pm"] = r.get("ppl", {}).get("ppl_stderr")
         kld = r.get("kld") or {}
@@ -210,13 +213,16 @@ def goals(models):
     r = rows.get(BEST4)
     if r and r["top1"] is not None:
         ok = r["x_kvx"] >= 3.5 and r["x_dense"] >= 3.5 and r["top1"] >= 0.98
-        out.append("| best 4-bit ≥ 3.5× smaller, top-1 ≥ 98%% | `%s` | %.2f× (kvx f16) / %.2f× (dense f16); top-1 %.2f%% | %s |" % (
-            BEST4, r["x_kvx"], r["x_dense"], 100 * r["top1"], "yes" if ok else "no"))
-    r, base = rows.get(BEST2), rows.get(INT2)
-    if r and base and r["kld"] is not None and base["kld"]:
-        ok = r["x_kvx"] >= 6 and r["x_dense"] >= 6 and r["kld"] <= 0.5 * base["kld"]
-        out.append("| best 2-bit ≥ 6× smaller, KLD ≤ ½ int2's | `%s` | %.2f× / %.2f×; KLD %.4g = %.2f × int2's %.4g | %s |" % (
-            BEST2, r["x_kvx"], r["x_dense"], r["kld"], r["kld"] / base["kld"], base["kld"], "yes" if ok else "no"))
+        out.append("| best 4-bit ≥ 3.5× smaller, top-1 ≥ 98%% | `%s` | %.2f× (kvx f16) / %.2f× (dense f16) (measured %.2f×); top-1 %.2f%% | %s |" % (
+            BEST4, r["x_kvx"], r["x_dense"], r["x_measured"], 100 * r["top1"], "yes" if ok else "no"))
+    base = rows.get(INT2)
+    for spec in (BEST2, BEST2_R0):
+        r = rows.get(spec)
+        if r and base and r["kld"] is not None and base["kld"]:
+            ok = r["x_kvx"] >= 6 and r["x_dense"] >= 6 and r["kld"] <= 0.5 * base["kld"]
+            out.append("| best 2-bit ≥ 6× smaller, KLD ≤ ½ int2's | `%s` | %.2f× / %.2f× (measured %.2f×); KLD %.4g = %.2f × int2's %.4g | %s |" % (
+                spec, r["x_kvx"], r["x_dense"], r["x_measured"], r["kld"], r["kld"] / base["kld"], base["kld"],
+                "yes" if ok else "no"))
     return "\n".join(out)
 
 
