@@ -1,7 +1,6 @@
 #include "kv/attention.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -284,9 +283,8 @@ void RunAll(size_t n, ThreadPool* pool, const Fn& fn) {
     for (size_t i = 0; i < n; ++i) fn(i);
     return;
   }
-  std::atomic<size_t> next{0};
-  pool->ParallelFor(static_cast<size_t>(pool->size()), [&](size_t, size_t, int) {
-    for (size_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) fn(i);
+  pool->ParallelForDynamic(n, 1, [&](size_t begin, size_t end, int) {
+    for (size_t i = begin; i < end; ++i) fn(i);
   });
 }
 

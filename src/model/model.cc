@@ -190,6 +190,10 @@ Status Model::Forward(const ForwardBatch& batch, kv::SequenceKV* kv, ForwardScra
   rope.neox = c.rope_neox;
   kv->set_rope(rope);  // with pre-RoPE keys (--kv prerope=1) kv applies RoPE to K when reading
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  // RoPE cos/sin depend only on the position: computed once per token here,
+  // shared by every layer (ops::Rope would recompute them per layer).
+  std::vector<float> rope_cs(static_cast<size_t>(n) * c.rope_dims);
+  for (int i = 0; i < n; ++i) ops::RopeCosSin(batch.positions[i], rope, &rope_cs[static_cast<size_t>(i) * c.rope_dims]);
 
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = layers_[l];
@@ -205,9 +209,14 @@ Status Model::Forward(const ForwardBatch& batch, kv::SequenceKV* kv, ForwardScra
     AddBias(s->k.data(), w.bk, n);
     AddBias(s->v.data(), w.bv, n);
     for (int i = 0; i < n; ++i) {
-      ops::Rope(&s->q[static_cast<size_t>(i) * q_dim], c.n_heads, c.head_dim, batch.positions[i], rope);
+      const float* cs = &rope_cs[static_cast<size_t>(i) * c.rope_dims];
+      for (int h = 0; h < c.n_heads; ++h) {
+        ops::RopeApply(&s->q[static_cast<size_t>(i) * q_dim + static_cast<size_t>(h) * c.head_dim], cs, rope);
+      }
       if (!kv->keys_pre_rope()) {
-        ops::Rope(&s->k[static_cast<size_t>(i) * kv_dim], c.n_kv_heads, c.head_dim, batch.positions[i], rope);
+        for (int h = 0; h < c.n_kv_heads; ++h) {
+          ops::RopeApply(&s->k[static_cast<size_t>(i) * kv_dim + static_cast<size_t>(h) * c.head_dim], cs, rope);
+        }
       }
     }
     KVX_RETURN_IF_ERROR(kv->Append(l, n, batch.positions.data(), s->k.data(), s->v.data()));

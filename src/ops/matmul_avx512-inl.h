@@ -283,10 +283,7 @@ struct DirectSrc {
   __m512 scales[kR];
 
   KVX_INLINE const uint8_t* Row(int r) const { return base + r * row_bytes; }
-  KVX_INLINE const uint8_t* Super(int r, int64_t sb) const {
-    constexpr int kBytes = kType == TensorType::kQ4_K ? kQ4_KBytes : kType == TensorType::kQ5_K ? kQ5_KBytes : kQ6_KBytes;
-    return Row(r) + sb * kBytes;
-  }
+  KVX_INLINE const uint8_t* Super(int r, int64_t sb) const { return Row(r) + sb * kSuperBytes; }
   KVX_INLINE void Begin(int r, int64_t sb) {
     if constexpr (kType == TensorType::kQ4_K || kType == TensorType::kQ5_K) scales[r] = ScalesQxK(Super(r, sb));
     if constexpr (kType == TensorType::kQ6_K) scales[r] = ScalesQ6K(Super(r, sb));
@@ -384,8 +381,9 @@ KVX_ATTR void IntTile(Src src, const QuantizedActs& a, int64_t t0, int shift, fl
   }
 }
 
+// 4 rows x 4 tokens: 16 accumulators + 4 weight + 4 scale vectors + the
+// token's activations, bias and scales (27 of the 32 zmm registers).
 constexpr int kIntRows = 4, kIntTokens = 4;
-
 
 template <TensorType kType, int kR, bool kMayHalf = true, bool kPrefetch = false>
 KVX_INLINE DirectSrc<kType, kR, kMayHalf, kPrefetch> MakeDirect(const WeightView& w, int64_t r) {

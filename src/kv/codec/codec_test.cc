@@ -175,6 +175,25 @@ TEST(QuantTest, AffineQuantizerErrorBound) {
   }
 }
 
+TEST(QuantTest, SymmetricMatchesLlamaCppRules) {
+  uint16_t st[1];
+  float s, m;
+  // q4_0: the signed largest value maps exactly to code 0 (x^ = s (0 - 8)).
+  quant::ChooseSymmetric(-3.0f, 4, st, &s, &m);
+  EXPECT_FLOAT_EQ(s, HalfToFloatFast(FloatToFp16(3.0f / 8)));
+  EXPECT_EQ(quant::QuantizeOne(-3.0f, s, m, 4), 0);
+  EXPECT_FLOAT_EQ(m + s * 0, -3.0f);
+  quant::ChooseSymmetric(3.0f, 4, st, &s, &m);  // positive max: negative scale
+  EXPECT_LT(s, 0.0f);
+  EXPECT_EQ(quant::QuantizeOne(3.0f, s, m, 4), 0);
+  EXPECT_FLOAT_EQ(m, 3.0f);
+  // q8_0: absmax / 127, symmetric codes.
+  quant::ChooseSymmetric(-2.54f, 8, st, &s, &m);
+  EXPECT_NEAR(s, 0.02f, 1e-5);
+  EXPECT_EQ(quant::QuantizeOne(2.54f, s, m, 8), 128 + 127);
+  EXPECT_EQ(quant::QuantizeOne(-2.54f, s, m, 8), 128 - 127);
+}
+
 TEST(HadamardTest, OrthogonalAndInvertible) {
   std::mt19937 rng(5);
   std::normal_distribution<float> nd;

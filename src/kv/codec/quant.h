@@ -69,24 +69,31 @@ inline void ChooseAffine(float lo, float hi, int bits, uint16_t* st, float* s, f
   *m = mf;
 }
 
-// Symmetric variant (llama.cpp's q8_0/q4_0 style, `sym=1`): only an f16
+// Symmetric variant (`sym=1`), llama.cpp's q8_0/q4_0 rules: only an f16
 // scale s; the zero point is fixed at z = 2^(b-1), so x^ = s (q - z), i.e. the
-// affine map with m = -z s. s = f16(absmax / (z - 1)) (widened like the scale
-// above), so [-absmax, absmax] is covered; error bound s/2.
+// affine map with m = -z s.
+//   8 bits (q8_0): s = absmax / 127, codes z-127..z+127; error <= s/2.
+//   4, 2 bits (q4_0): s = xmax / -z with xmax the SIGNED value of largest
+//     magnitude, so xmax is exact at code 0 and all 2^b codes are used; values
+//     of the opposite sign beyond (z-1)|s| clamp; error <= |s|.
+// s may be negative. It is widened by f16 ulps when rounding shrank it.
 inline int SymZero(int bits) { return 1 << (bits - 1); }
-inline void ChooseSymmetric(float absmax, int bits, uint16_t* st, float* s, float* m) {
-  absmax = std::min(absmax, kF16Max);
-  const float steps = static_cast<float>(std::max(1, SymZero(bits) - 1));
-  uint16_t s16 = FloatToFp16(absmax / steps);
+inline void ChooseSymmetric(float xmax, int bits, uint16_t* st, float* s, float* m) {
+  xmax = std::clamp(xmax, -kF16Max, kF16Max);
+  const float absmax = std::fabs(xmax);
+  const float steps = bits == 8 ? static_cast<float>(SymZero(bits) - 1) : static_cast<float>(SymZero(bits));
+  const float want = bits == 8 ? absmax / steps : -xmax / steps;
+  uint16_t s16 = FloatToFp16(want);
   float sf = HalfToFloatFast(s16);
-  while (sf * steps < absmax && s16 < 0x7BFFu) sf = HalfToFloatFast(++s16);
+  // Positive and negative f16 bit patterns both grow in magnitude with the bits.
+  while (std::fabs(sf) * steps < absmax && (s16 & 0x7FFFu) < 0x7BFFu) sf = HalfToFloatFast(++s16);
   st[0] = s16;
   *s = sf;
   *m = -static_cast<float>(SymZero(bits)) * sf;
 }
 
 inline uint8_t QuantizeOne(float x, float s, float m, int bits) {
-  if (!(s > 0.0f)) return 0;
+  if (s == 0.0f || !std::isfinite(s)) return 0;
   const float q = std::floor((x - m) / s + 0.5f);
   return static_cast<uint8_t>(std::clamp(q, 0.0f, static_cast<float>(Levels(bits))));
 }
@@ -113,7 +120,7 @@ inline void ChooseGroup(const float* x, int n, int stride, const uint8_t* skip, 
   if (lo > hi) lo = hi = 0.0f;  // every entry is an outlier
   auto choose = [&](float f, uint16_t* out, float* sf, float* mf) {
     if (sym) {
-      ChooseSymmetric(std::max(std::fabs(lo), std::fabs(hi)) * f, bits, out, sf, mf);
+      ChooseSymmetric((std::fabs(lo) > std::fabs(hi) ? lo : hi) * f, bits, out, sf, mf);
     } else {
       const float c = 0.5f * (lo + hi), h = 0.5f * (hi - lo) * f;
       ChooseAffine(c - h, c + h, bits, out, sf, mf);

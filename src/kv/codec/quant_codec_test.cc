@@ -66,14 +66,15 @@ std::vector<uint8_t> Encode(const CodecParams& p, const std::vector<float>& k, c
 }
 
 // Max |x - x^| allowed for the entries of one quantization group:
-// asymmetric s/2 with s = (hi - lo) / (2^b - 1); symmetric s/2 with
-// s = absmax / (2^(b-1) - 1).
+// asymmetric s/2 with s = (hi - lo) / (2^b - 1); symmetric 8-bit s/2 with
+// s = absmax / 127; symmetric 4/2-bit (q4_0 rule) s with s = absmax / 2^(b-1).
 float GroupBound(const float* x, int n, int stride, int bits, bool sym = false) {
   float lo = INFINITY, hi = -INFINITY;
   for (int i = 0; i < n; ++i) lo = std::min(lo, x[i * stride]), hi = std::max(hi, x[i * stride]);
   const float absmax = std::max(std::fabs(lo), std::fabs(hi));
-  const float step = sym ? absmax / std::max(1, quant::SymZero(bits) - 1) : (hi - lo) / quant::Levels(bits);
-  return 0.5f * step * 1.002f + 1e-3f * absmax + 1e-6f;
+  float err = 0.5f * (hi - lo) / quant::Levels(bits);
+  if (sym) err = bits == 8 ? 0.5f * absmax / 127 : absmax / quant::SymZero(bits);
+  return err * 1.002f + 1e-3f * absmax + 1e-6f;
 }
 
 class QuantCodecTest : public ::testing::TestWithParam<Config> {
