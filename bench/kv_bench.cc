@@ -77,5 +77,66 @@ KVX_DECODE_BENCH(kivi4_p128, "codec=kivi4,page=128,group=64");
 KVX_DECODE_BENCH(kivi2_p128, "codec=kivi2,page=128,group=64");
 KVX_DECODE_BENCH(f16_prerope, "codec=f16,prerope=1");
 
+// The whole cache of a smollm2-135m-shaped model (30 layers, 3 kv heads, 9
+// query heads, head_dim 64): 8k tokens of f16 are ~180 MiB, far beyond the
+// last-level cache, so this measures attention streaming from DRAM, as decode
+// does, rather than from cache as BM_DecodeAttention does.
+void BM_DecodeAttentionAllLayers(benchmark::State& state, const char* spec_text) {
+  const int n_ctx = static_cast<int>(state.range(0));
+  const int threads = static_cast<int>(state.range(1));
+  const KVSpec spec = *ParseKVSpec(spec_text);
+  const int layers = 30, kv_heads = 3, n_heads = 9, dim = 64;
+  const KVLayout layout{layers, kv_heads, dim, spec.page_tokens};
+  auto pool = BlockPool::Create({.budget_bytes = BudgetForContext(layout, spec.codec, n_ctx),
+                                 .page_bytes = PageBytes(layout, spec.codec)});
+  if (!pool.ok()) {
+    state.SkipWithError(pool.status().ToString().c_str());
+    return;
+  }
+  SequenceKV kv(pool->get(), layout, spec.codec);
+  ops::RopeParams rope{};
+  rope.n_dims = dim;
+  kv.set_rope(rope);
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> ud(-2.0f, 2.0f);
+  const int chunk = 256;
+  std::vector<float> k(static_cast<size_t>(chunk) * kv_heads * dim), v(k.size());
+  for (auto& x : k) x = ud(rng);
+  for (auto& x : v) x = ud(rng);
+  std::vector<int32_t> pos(chunk);
+  for (int start = 0; start < n_ctx; start += chunk) {  // layer-interleaved, as a forward pass appends
+    const int n = std::min(chunk, n_ctx - start);
+    std::iota(pos.begin(), pos.end(), start);
+    for (int l = 0; l < layers; ++l) {
+      if (!kv.Append(l, n, pos.data(), k.data(), v.data()).ok()) {
+        state.SkipWithError("append failed");
+        return;
+      }
+    }
+  }
+  std::vector<float> q(static_cast<size_t>(n_heads) * dim), out(q.size());
+  for (auto& x : q) x = ud(rng);
+  const int32_t q_pos = n_ctx;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
+  std::unique_ptr<ThreadPool> tp = threads > 1 ? std::make_unique<ThreadPool>(threads) : nullptr;
+  for (auto _ : state) {
+    for (int l = 0; l < layers; ++l) Attention(kv, l, q.data(), &q_pos, 1, n_heads, scale, out.data(), tp.get());
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(kv.BytesInUse()));
+  state.counters["kv_bytes"] = static_cast<double>(kv.BytesInUse());
+}
+
+#define KVX_DECODE_ALL_LAYERS_BENCH(name, spec)                                                    \
+  BENCHMARK_CAPTURE(BM_DecodeAttentionAllLayers, name, spec)                                      \
+      ->ArgsProduct({{512, 8192}, {1, 2}})                                                              \
+      ->ArgNames({"ctx", "threads"})                                                               \
+      ->Unit(benchmark::kMillisecond)                                                              \
+      ->UseRealTime()
+
+KVX_DECODE_ALL_LAYERS_BENCH(f16, "codec=f16");
+KVX_DECODE_ALL_LAYERS_BENCH(int8, "codec=int8");
+KVX_DECODE_ALL_LAYERS_BENCH(kivi4_p128, "codec=kivi4,page=128,group=64");
+
 }  // namespace
 }  // namespace kvx::kv

@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <limits>
@@ -53,6 +54,11 @@ Result<int> BlockPool::AddSizeClass(size_t page_bytes_in) {
   c.reserved_bytes = reserved;
   c.first = static_cast<PageId>(n_pages_);
   c.n_pages = static_cast<int64_t>(n_pages64);
+  c.extent_pages = static_cast<int32_t>(std::clamp<uint64_t>(kExtentBytes / page_bytes, 1, n_pages64));
+  const size_t n_extents = static_cast<size_t>((n_pages64 + c.extent_pages - 1) / c.extent_pages);
+  c.extent_free.assign(n_extents, 0);
+  c.extent_prev.assign(n_extents, -1);
+  c.extent_next.assign(n_extents, -1);
   const int index = static_cast<int>(classes_.size());
   classes_.push_back(c);
   n_pages_ += c.n_pages;
@@ -69,8 +75,40 @@ BlockPool::~BlockPool() {
   for (const SizeClass& c : classes_) munmap(c.base, c.reserved_bytes);
 }
 
+int32_t BlockPool::ExtentSize(const SizeClass& c, int32_t e) const {
+  return static_cast<int32_t>(std::min<int64_t>(c.extent_pages, c.n_pages - static_cast<int64_t>(e) * c.extent_pages));
+}
+
+void BlockPool::PageFreed(SizeClass& c, PageId id, bool front) {
+  const int32_t e = ExtentOf(c, id);
+  if (++c.extent_free[e] < ExtentSize(c, e)) return;
+  // Wholly free: onto the extent list (front when a page was just released, so
+  // warm memory is reused first; back while the class is being set up).
+  if (front) {
+    c.extent_prev[e] = -1;
+    c.extent_next[e] = c.extent_head;
+    if (c.extent_head >= 0) c.extent_prev[c.extent_head] = e; else c.extent_tail = e;
+    c.extent_head = e;
+  } else {
+    c.extent_next[e] = -1;
+    c.extent_prev[e] = c.extent_tail;
+    if (c.extent_tail >= 0) c.extent_next[c.extent_tail] = e; else c.extent_head = e;
+    c.extent_tail = e;
+  }
+}
+
+void BlockPool::PageTaken(SizeClass& c, PageId id) {
+  const int32_t e = ExtentOf(c, id);
+  if (c.extent_free[e]-- < ExtentSize(c, e)) return;
+  const int32_t p = c.extent_prev[e], n = c.extent_next[e];  // was wholly free: unlink it
+  if (p >= 0) c.extent_next[p] = n; else c.extent_head = n;
+  if (n >= 0) c.extent_prev[n] = p; else c.extent_tail = p;
+  c.extent_prev[e] = c.extent_next[e] = -1;
+}
+
 void BlockPool::PushFront(PageId id) {
   SizeClass& c = classes_[class_of_[id]];
+  PageFreed(c, id, /*front=*/true);
   prev_[id] = kNoPage;
   next_[id] = c.head;
   if (c.head != kNoPage) prev_[c.head] = id; else c.tail = id;
@@ -80,6 +118,7 @@ void BlockPool::PushFront(PageId id) {
 
 void BlockPool::PushBack(PageId id) {
   SizeClass& c = classes_[class_of_[id]];
+  PageFreed(c, id, /*front=*/false);
   next_[id] = kNoPage;
   prev_[id] = c.tail;
   if (c.tail != kNoPage) next_[c.tail] = id; else c.head = id;
@@ -89,6 +128,7 @@ void BlockPool::PushBack(PageId id) {
 
 void BlockPool::Unlink(PageId id) {
   SizeClass& c = classes_[class_of_[id]];
+  PageTaken(c, id);
   const PageId p = prev_[id], n = next_[id];
   if (p != kNoPage) next_[p] = n; else c.head = n;
   if (n != kNoPage) prev_[n] = p; else c.tail = p;
@@ -113,7 +153,25 @@ Result<PageId> BlockPool::Allocate(int size_class) {
   if (c.head == kNoPage || bytes_in_use_ + c.page_bytes > budget_bytes_) {
     return ResourceExhausted(ExhaustedMessage(c));
   }
-  const PageId id = c.head;
+  return Take(c, c.head);
+}
+
+Result<PageId> BlockPool::AllocateAfter(int size_class, PageId prev) {
+  KVX_CHECK(size_class >= 0 && size_class < num_size_classes());
+  SizeClass& c = classes_[size_class];
+  if (c.head == kNoPage || bytes_in_use_ + c.page_bytes > budget_bytes_) {
+    return ResourceExhausted(ExhaustedMessage(c));
+  }
+  const PageId next = prev + 1;
+  if (prev != kNoPage && Valid(prev) && class_of_[prev] == size_class && next < c.first + c.n_pages &&
+      (flags_[next] & kFlagOnFreeList) && !(flags_[next] & kFlagCached)) {
+    return Take(c, next);
+  }
+  if (c.extent_head >= 0) return Take(c, c.first + c.extent_head * c.extent_pages);
+  return Take(c, c.head);
+}
+
+PageId BlockPool::Take(SizeClass& c, PageId id) {
   Unlink(id);
   // Prefix-cache hook: a kFlagCached page popped here is evicted (its index
   // entry must be dropped) before reuse.
@@ -244,12 +302,36 @@ Status BlockPool::CheckInvariants() const {
     }
     if (in_use + zero != c.n_pages) return fail("counts do not add up to the class's pages" + cls);
     if (touched != c.n_touched) return fail("touched counter is wrong" + cls);
+    KVX_RETURN_IF_ERROR(CheckExtents(c, cls));
     total_in_use += in_use;
     total_bytes += static_cast<uint64_t>(in_use) * c.page_bytes;
   }
   if (total_in_use != n_in_use_) return fail("pages in use counter is wrong");
   if (total_bytes != bytes_in_use_) return fail("bytes in use counter is wrong");
   if (bytes_in_use_ > budget_bytes_) return fail("bytes in use exceed the budget");
+  return Status::Ok();
+}
+
+Status BlockPool::CheckExtents(const SizeClass& c, const std::string& cls) const {
+  auto fail = [&](const std::string& m) { return Internal("BlockPool invariant violated: " + m + cls); };
+  const int32_t n_extents = static_cast<int32_t>(c.extent_free.size());
+  std::vector<uint8_t> listed(c.extent_free.size(), 0);
+  int32_t prev = -1, count = 0;
+  for (int32_t e = c.extent_head; e >= 0; e = c.extent_next[e]) {
+    if (e >= n_extents || listed[e] || ++count > n_extents) return fail("extent list is corrupt");
+    if (c.extent_prev[e] != prev) return fail("prev link of extent " + std::to_string(e) + " is wrong");
+    listed[e] = 1;
+    prev = e;
+  }
+  if (c.extent_tail != prev) return fail("extent tail does not match the last listed extent");
+  for (int32_t e = 0; e < n_extents; ++e) {
+    int32_t free = 0;
+    for (int32_t i = 0; i < ExtentSize(c, e); ++i) free += refcount_[c.first + e * c.extent_pages + i] == 0;
+    if (free != c.extent_free[e]) return fail("free count of extent " + std::to_string(e) + " is wrong");
+    if ((free == ExtentSize(c, e)) != (listed[e] != 0)) {
+      return fail("extent " + std::to_string(e) + (listed[e] ? " is listed but not wholly free" : " is wholly free but not listed"));
+    }
+  }
   return Status::Ok();
 }
 

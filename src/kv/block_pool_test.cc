@@ -263,3 +263,57 @@ TEST(BlockPoolTest, SizeClassLimitsAndRelease) {
 
 }  // namespace
 }  // namespace kvx::kv
+
+namespace kvx::kv {
+namespace {
+
+// Tables growing in turn (as the layers of a forward pass do) still get
+// consecutive pages: each starts in its own wholly free extent and continues
+// right after its last page.
+TEST(BlockPoolTest, AllocateAfterKeepsEachTableContiguous) {
+  const size_t pb = 4096;
+  const int per_extent = static_cast<int>(BlockPool::kExtentBytes / pb);
+  auto pool = MakePool(8 * per_extent * pb, pb);
+  constexpr int kTables = 4;
+  std::vector<std::vector<PageId>> tables(kTables);
+  for (int step = 0; step < per_extent; ++step) {
+    for (auto& t : tables) t.push_back(*pool->AllocateAfter(0, t.empty() ? kNoPage : t.back()));
+  }
+  for (const auto& t : tables) {
+    EXPECT_EQ(t.front() % per_extent, 0) << "a table starts at an extent boundary";
+    for (size_t i = 1; i < t.size(); ++i) EXPECT_EQ(t[i], t[i - 1] + 1);
+  }
+  EXPECT_INVARIANTS(*pool);
+  // Past its extent a table continues into the next one when that is free.
+  const PageId last = tables[kTables - 1].back();
+  EXPECT_EQ(*pool->AllocateAfter(0, last), last + 1);
+  EXPECT_INVARIANTS(*pool);
+}
+
+// Extents are a preference only: with every extent partly used, the free
+// pages between the runs are still handed out, and releasing a run makes its
+// extent preferred again.
+TEST(BlockPoolTest, AllocateAfterFallsBackToAnyFreePage) {
+  const size_t pb = 4096;
+  const int per_extent = static_cast<int>(BlockPool::kExtentBytes / pb);
+  auto pool = MakePool(2 * per_extent * pb, pb);
+  const PageId a = *pool->AllocateAfter(0, kNoPage);
+  const PageId b = *pool->AllocateAfter(0, kNoPage);
+  EXPECT_EQ(a, 0);
+  EXPECT_EQ(b, per_extent);
+  std::vector<PageId> rest;
+  for (int i = 0; i < 2 * per_extent - 2; ++i) {
+    auto r = pool->AllocateAfter(0, kNoPage);
+    ASSERT_TRUE(r.ok()) << i;
+    rest.push_back(*r);
+  }
+  EXPECT_FALSE(pool->AllocateAfter(0, a).ok());  // budget exhausted: clear error, nothing changed
+  EXPECT_INVARIANTS(*pool);
+  for (PageId id : rest) pool->Unref(id);
+  pool->Unref(b);  // extent 1 wholly free again
+  EXPECT_EQ(*pool->AllocateAfter(0, kNoPage), per_extent);
+  EXPECT_INVARIANTS(*pool);
+}
+
+}  // namespace
+}  // namespace kvx::kv

@@ -182,7 +182,12 @@ Status SequenceKV::Append(int layer, int n, const int32_t* pos, const float* k, 
   for (int h = 0; h < H; ++h) {
     const PageTable& t = table(layer, h);
     const int len = t.length(), len2 = len + n, np = t.num_pages(), np2 = (len2 + T - 1) / T;
-    for (int p = FirstMutablePage(lc, t, len); p < np2; ++p) {
+    // The page before p once this call is done (a new page, or the table's):
+    // new pages go right after it when possible, so the table's pages form
+    // runs that decode streams through (see "Locality" in block_pool.h).
+    const int first_mutable = FirstMutablePage(lc, t, len);
+    PageId before = first_mutable > 0 && first_mutable - 1 < np ? t.pages()[first_mutable - 1] : kNoPage;
+    for (int p = first_mutable; p < np2; ++p) {
       const bool full2 = lc.IsFullPage(p, len2);
       int cls = -1;
       if (p >= np) {
@@ -192,14 +197,18 @@ Status SequenceKV::Append(int layer, int n, const int32_t* pos, const float* k, 
       } else if (p == np - 1 && len % T != 0 && pool_->IsShared(t.pages()[p])) {
         cls = SizeClass(layer, t.is_full(p));  // copy-on-write
       }
-      if (cls < 0) continue;
-      Result<PageId> page = pool_->Allocate(cls);
+      if (cls < 0) {
+        before = t.pages()[p];
+        continue;
+      }
+      Result<PageId> page = pool_->AllocateAfter(cls, before);
       if (!page.ok()) {
         for (PageId id : scratch_) pool_->Unref(id);
         scratch_.clear();
         return page.status();
       }
       scratch_.push_back(*page);
+      before = *page;
     }
   }
 

@@ -56,6 +56,34 @@ TEST(SequenceKVTest, SizingHelpers) {
   EXPECT_EQ(BudgetForContext(layout, CodecId::kF32, 0), 0u);
 }
 
+// Layers appended in turn, in prefill chunks and then token by token as
+// decode does, still leave each (layer, head) table in runs of consecutive
+// pages (block_pool.h, "Locality"), so decode streams through memory.
+TEST(SequenceKVTest, TablesGrowInContiguousRuns) {
+  const KVLayout layout{4, 2, 64, 16};
+  const int n_ctx = 2048;
+  auto pool = MakePool(layout, CodecId::kF16, static_cast<int>(BudgetForContext(layout, CodecId::kF16, n_ctx) /
+                                                               PageBytes(layout, CodecId::kF16)));
+  SequenceKV kv(pool.get(), layout, CodecId::kF16);
+  for (int start = 0; start < n_ctx;) {
+    const int n = start < n_ctx / 2 ? 256 : 1;
+    const Tokens t = MakeTokens(start, n, layout.n_kv_heads, layout.head_dim);
+    for (int l = 0; l < layout.n_layers; ++l) ASSERT_TRUE(kv.Append(l, n, t.pos.data(), t.k.data(), t.v.data()).ok());
+    start += n;
+  }
+  int breaks = 0, pages = 0;
+  for (int l = 0; l < layout.n_layers; ++l) {
+    for (int h = 0; h < layout.n_kv_heads; ++h) {
+      const PageTable& t = kv.table(l, h);
+      for (int p = 1; p < t.num_pages(); ++p) breaks += t.pages()[p] != t.pages()[p - 1] + 1;
+      pages += t.num_pages();
+    }
+  }
+  const int per_extent = static_cast<int>(BlockPool::kExtentBytes / pool->page_bytes());
+  EXPECT_LE(breaks, 2 * pages / per_extent) << pages << " pages";  // runs of half an extent or more
+  EXPECT_INVARIANTS(*pool);
+}
+
 class SequenceKVCodecTest : public ::testing::TestWithParam<CodecId> {};
 
 TEST_P(SequenceKVCodecTest, AppendAcrossPageBoundariesAndReadBack) {
