@@ -135,6 +135,7 @@ void BM_DecodeAttentionAllLayers(benchmark::State& state, const char* spec_text)
       ->UseRealTime()
 
 KVX_DECODE_ALL_LAYERS_BENCH(f16, "codec=f16");
+KVX_DECODE_ALL_LAYERS_BENCH(f16_p64, "codec=f16,page=64");
 KVX_DECODE_ALL_LAYERS_BENCH(int8, "codec=int8");
 KVX_DECODE_ALL_LAYERS_BENCH(kivi4_p128, "codec=kivi4,page=128,group=64");
 

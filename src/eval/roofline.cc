@@ -10,7 +10,13 @@
 #include <memory>
 #include <vector>
 
+#if defined(__x86_64__) || defined(__i386__)
+#define KVX_ROOFLINE_X86 1
+#include <cpuid.h>
 #include <immintrin.h>
+#else
+#define KVX_ROOFLINE_X86 0
+#endif
 
 namespace kvx::eval {
 
@@ -80,17 +86,42 @@ BandwidthResult MeasureBandwidth(ThreadPool* pool, size_t bytes, int passes) {
 
 namespace {
 
+// Runs fn(iters) once on every thread of the pool, three times, and returns
+// the best rate in ops/s given the ops one call performs.
+template <class R>
+double BestRate(ThreadPool* pool, R (*fn)(long), long iters, double ops_per_call) {
+  const int threads = pool->size();
+  std::vector<R> sink(threads);
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    const double t0 = Now();
+    pool->ParallelFor(threads, [&](size_t lo, size_t hi, int) {
+      for (size_t t = lo; t < hi; ++t) sink[t] = fn(iters);
+    });
+    const double secs = Now() - t0;
+    best = std::max(best, ops_per_call * threads / secs);
+  }
+  volatile R keep = sink[0];
+  (void)keep;
+  return best;
+}
+
 // kChains independent FMA chains of vector width W floats: each iteration is
 // kChains FMAs of W lanes = 2 * kChains * W FLOPs. Explicit FMA intrinsics,
-// since ISO C++ mode does not contract a*b+c into an FMA.
+// since ISO C++ mode does not contract a*b+c into an FMA. The chain loop must
+// be unrolled so the accumulators live in registers: otherwise each FMA
+// round-trips its accumulator through the stack and the probe measures
+// store-to-load forwarding instead (under a fifth of the real peak on an
+// AVX-512 Zen core).
 constexpr int kChains = 12;
-constexpr long kIters = 20'000'000;
 
+#if KVX_ROOFLINE_X86
 __attribute__((target("avx512f"))) float FmaAvx512(long iters) {
   __m512 acc[kChains];
   for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(1.0f + c);
   const __m512 m = _mm512_set1_ps(0.999999f), add = _mm512_set1_ps(1e-7f);
   for (long i = 0; i < iters; ++i) {
+#pragma GCC unroll 16
     for (int c = 0; c < kChains; ++c) acc[c] = _mm512_fmadd_ps(acc[c], m, add);
   }
   float out[16], s = 0;
@@ -106,6 +137,7 @@ __attribute__((target("avx2,fma"))) float FmaAvx2(long iters) {
   for (int c = 0; c < kChains; ++c) acc[c] = _mm256_set1_ps(1.0f + c);
   const __m256 m = _mm256_set1_ps(0.999999f), add = _mm256_set1_ps(1e-7f);
   for (long i = 0; i < iters; ++i) {
+#pragma GCC unroll 16
     for (int c = 0; c < kChains; ++c) acc[c] = _mm256_fmadd_ps(acc[c], m, add);
   }
   float out[8], s = 0;
@@ -122,17 +154,161 @@ float FmaSse(long iters) {
   for (int c = 0; c < kChains; ++c) acc[c] = _mm_set1_ps(1.0f + c);
   const __m128 m = _mm_set1_ps(0.999999f), add = _mm_set1_ps(1e-7f);
   for (long i = 0; i < iters; ++i) {
+#pragma GCC unroll 16
     for (int c = 0; c < kChains; ++c) acc[c] = _mm_add_ps(_mm_mul_ps(acc[c], m), add);
   }
-  return _mm_cvtss_f32(acc[0]);
+  float out[4], s = 0;
+  for (int c = 0; c < kChains; ++c) {
+    _mm_storeu_ps(out, acc[c]);
+    s += out[0];
+  }
+  return s;
+}
+#endif  // KVX_ROOFLINE_X86
+
+// Portable fallback: scalar chains (a multiply and an add, 2 FLOPs).
+float FmaScalar(long iters) {
+  float acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = 1.0f + c;
+  const float m = 0.999999f, add = 1e-7f;
+  for (long i = 0; i < iters; ++i) {
+#pragma GCC unroll 16
+    for (int c = 0; c < kChains; ++c) acc[c] = acc[c] * m + add;
+  }
+  float s = 0;
+  for (float a : acc) s += a;
+  return s;
+}
+
+// Int8 dot-product chains. Every chain accumulates int32 lanes; each lane
+// adds 4 products u8 * s8 per iteration (vpdpbusd, or pmaddubsw's pairs
+// summed by pmaddwd), with u = 3, s = -2 so every product is
+// kInt8ProbeProduct and the lane sums stay exact: |6 * 4 * iters| < 2^31 for
+// iters <= kPeakProbeIters.
+//
+// The loop bodies are inline asm on named register variables: with
+// intrinsics, gcc keeps accumulator arrays partly on the stack or copies them
+// between registers every iteration, and hoists pmaddubsw/pmaddwd (whose
+// inputs do not change) out of the loop, leaving only the adds. The asm
+// operands tie each chain to its own register, so the loop is exactly the
+// counted instructions plus the loop counter.
+constexpr int kVnniChains = 12;  // vpdpbusd: latency ~5 cycles x 2 ports
+constexpr int kAvx2Chains = 8;   // the products do not depend on the chain; only vpaddd does
+constexpr uint8_t kU = 3;
+constexpr int8_t kS = -2;
+static_assert(kU * kS == kInt8ProbeProduct);
+
+int64_t SumLanes(const int32_t* lanes, int n) {
+  int64_t s = 0;
+  for (int i = 0; i < n; ++i) s += lanes[i];
+  return s;
+}
+
+#if KVX_ROOFLINE_X86
+// X(i) for the chains; KVX_R*: all but chain 0 (for comma-separated lists).
+#define KVX_R7(X) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+#define KVX_R11(X) KVX_R7(X) X(8) X(9) X(10) X(11)
+#define KVX_X8(X) X(0) KVX_R7(X)
+#define KVX_X12(X) X(0) KVX_R11(X)
+
+// AVX-512 VNNI: vpdpbusd zmm, 16 lanes x 4 = 64 MACs per instruction.
+__attribute__((target("avx512f,avx512vnni"))) int64_t DotAvx512Vnni(long iters) {
+#define KVX_DECL(i) __m512i a##i = _mm512_setzero_si512();
+#define KVX_STEP(i) "vpdpbusd %[s], %[u], %[a" #i "]\n\t"
+#define KVX_OUT(i) , [a##i] "+v"(a##i)
+#define KVX_STORE(i) _mm512_storeu_si512(out[i], a##i);
+  KVX_X12(KVX_DECL)
+  const __m512i u = _mm512_set1_epi8(static_cast<char>(kU)), s = _mm512_set1_epi8(kS);
+  for (long i = 0; i < iters; ++i) {
+    asm(KVX_X12(KVX_STEP) : [a0] "+v"(a0) KVX_R11(KVX_OUT) : [u] "v"(u), [s] "v"(s));
+  }
+  int32_t out[kVnniChains][16];
+  KVX_X12(KVX_STORE)
+#undef KVX_DECL
+#undef KVX_STEP
+#undef KVX_OUT
+#undef KVX_STORE
+  return SumLanes(&out[0][0], kVnniChains * 16);
+}
+
+// AVX-VNNI (VEX-encoded vpdpbusd): ymm, 8 lanes x 4 = 32 MACs per instruction.
+__attribute__((target("avx2,avxvnni"))) int64_t DotAvxVnni(long iters) {
+#define KVX_DECL(i) __m256i a##i = _mm256_setzero_si256();
+#define KVX_STEP(i) "%{vex%} vpdpbusd %[s], %[u], %[a" #i "]\n\t"
+#define KVX_OUT(i) , [a##i] "+x"(a##i)
+#define KVX_STORE(i) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[i]), a##i);
+  KVX_X12(KVX_DECL)
+  const __m256i u = _mm256_set1_epi8(static_cast<char>(kU)), s = _mm256_set1_epi8(kS);
+  for (long i = 0; i < iters; ++i) {
+    asm(KVX_X12(KVX_STEP) : [a0] "+x"(a0) KVX_R11(KVX_OUT) : [u] "x"(u), [s] "x"(s));
+  }
+  int32_t out[kVnniChains][8];
+  KVX_X12(KVX_STORE)
+#undef KVX_DECL
+#undef KVX_STEP
+#undef KVX_OUT
+#undef KVX_STORE
+  return SumLanes(&out[0][0], kVnniChains * 8);
+}
+
+// AVX2: vpmaddubsw (32 u8*s8 products summed in pairs to int16) + vpmaddwd
+// by ones (pairs to int32) + vpaddd: 32 MACs per sequence, the way ops/'s
+// AVX2 kernels (and llama.cpp's) compute int8 dots.
+__attribute__((target("avx2"))) int64_t DotAvx2(long iters) {
+#define KVX_DECL(i) __m256i a##i = _mm256_setzero_si256();
+#define KVX_STEP(i)                  \
+  "vpmaddubsw %[s], %[u], %[t]\n\t"  \
+  "vpmaddwd %[ones], %[t], %[t]\n\t" \
+  "vpaddd %[t], %[a" #i "], %[a" #i "]\n\t"
+#define KVX_OUT(i) , [a##i] "+x"(a##i)
+#define KVX_STORE(i) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[i]), a##i);
+  KVX_X8(KVX_DECL)
+  const __m256i u = _mm256_set1_epi8(static_cast<char>(kU)), s = _mm256_set1_epi8(kS),
+                ones = _mm256_set1_epi16(1);
+  for (long i = 0; i < iters; ++i) {
+    __m256i t;
+    asm(KVX_X8(KVX_STEP) : [t] "=&x"(t) KVX_X8(KVX_OUT) : [u] "x"(u), [s] "x"(s), [ones] "x"(ones));
+  }
+  int32_t out[kAvx2Chains][8];
+  KVX_X8(KVX_STORE)
+#undef KVX_DECL
+#undef KVX_STEP
+#undef KVX_OUT
+#undef KVX_STORE
+  return SumLanes(&out[0][0], kAvx2Chains * 8);
+}
+#undef KVX_X12
+#undef KVX_X8
+#undef KVX_R11
+#undef KVX_R7
+#endif  // KVX_ROOFLINE_X86
+
+struct Int8Kernel {
+  int64_t (*fn)(long) = nullptr;
+  int64_t macs_per_iter = 0;
+};
+
+Int8Kernel Int8KernelFor(const std::string& isa) {
+#if KVX_ROOFLINE_X86
+  if (isa == "avx512vnni") return {DotAvx512Vnni, int64_t{kVnniChains} * 64};
+  if (isa == "avxvnni") return {DotAvxVnni, int64_t{kVnniChains} * 32};
+  if (isa == "avx2") return {DotAvx2, int64_t{kAvx2Chains} * 32};
+#else
+  (void)isa;
+#endif
+  return {};
 }
 
 }  // namespace
 
-PeakFlopsResult MeasurePeakFlops(ThreadPool* pool) {
+PeakFlopsResult MeasurePeakFlops(ThreadPool* pool, long iters) {
   PeakFlopsResult r;
-  int width = 4;
-  float (*fn)(long) = FmaSse;
+  int width = 1;
+  float (*fn)(long) = FmaScalar;
+  r.isa = "scalar";
+#if KVX_ROOFLINE_X86
+  width = 4;
+  fn = FmaSse;
   r.isa = "sse2";
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f")) {
@@ -144,19 +320,53 @@ PeakFlopsResult MeasurePeakFlops(ThreadPool* pool) {
     width = 8;
     r.isa = "avx2";
   }
-  const int threads = pool->size();
-  std::vector<float> sink(threads);
-  for (int rep = 0; rep < 3; ++rep) {
-    const double t0 = Now();
-    pool->ParallelFor(threads, [&](size_t lo, size_t hi, int) {
-      for (size_t t = lo; t < hi; ++t) sink[t] = fn(kIters);
-    });
-    const double secs = Now() - t0;
-    const double flops = 2.0 * kChains * width * static_cast<double>(kIters) * threads;
-    r.gflops = std::max(r.gflops, flops / secs / 1e9);
+#endif
+  const double flops = 2.0 * kChains * width * static_cast<double>(iters);
+  r.gflops = BestRate(pool, fn, iters, flops) / 1e9;
+  return r;
+}
+
+bool UsesInt8Dot(gguf::TensorType type) {
+  using T = gguf::TensorType;
+  return type == T::kQ8_0 || type == T::kQ4_0 || type == T::kQ4_K || type == T::kQ5_K || type == T::kQ6_K;
+}
+
+std::vector<std::string> Int8ProbeIsas() {
+  std::vector<std::string> isas;
+#if KVX_ROOFLINE_X86
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512vnni")) isas.push_back("avx512vnni");
+  // AVX-VNNI: CPUID.(EAX=7,ECX=1):EAX[4] (read directly: older compilers'
+  // __builtin_cpu_supports does not know "avxvnni"); AVX2 support implies the
+  // OS saves the ymm state.
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__builtin_cpu_supports("avx2") && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 4))) {
+    isas.push_back("avxvnni");
   }
-  volatile float keep = sink[0];
-  (void)keep;
+  if (__builtin_cpu_supports("avx2")) isas.push_back("avx2");
+#endif
+  return isas;
+}
+
+std::string Int8ProbeIsa() {
+  const std::vector<std::string> isas = Int8ProbeIsas();
+  return isas.empty() ? "none" : isas.front();
+}
+
+int64_t Int8ProbeMacsPerIter(const std::string& isa) { return Int8KernelFor(isa).macs_per_iter; }
+
+int64_t RunInt8ProbeKernel(const std::string& isa, long iters) {
+  const Int8Kernel k = Int8KernelFor(isa);
+  return k.fn == nullptr ? 0 : k.fn(iters);
+}
+
+PeakInt8Result MeasurePeakInt8(ThreadPool* pool, long iters) {
+  PeakInt8Result r;
+  r.isa = Int8ProbeIsa();
+  const Int8Kernel k = Int8KernelFor(r.isa);
+  if (k.fn == nullptr) return r;
+  const double ops = 2.0 * static_cast<double>(k.macs_per_iter) * static_cast<double>(iters);
+  r.gops = BestRate(pool, k.fn, iters, ops) / 1e9;
   return r;
 }
 

@@ -5,10 +5,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <iterator>
 #include <random>
+#include <string_view>
 
 #include "kv/sequence_kv.h"
 #include "model/sampler.h"
+#include "ops/simd_target.h"
 
 namespace kvx::eval {
 
@@ -51,6 +54,26 @@ PlanInputs ModelPlanInputs(const engine::Runtime& rt) {
       static_cast<double>(kv::BytesPerToken(m.KVLayoutFor(rt.kv_spec().page_tokens), rt.kv_spec().codec));
   in.kv_spec = rt.kv_spec().ToString();
   return in;
+}
+
+double Int8MatmulFraction(const model::Model& m) {
+  static constexpr std::string_view kMatrices[] = {"attn_q",   "attn_k", "attn_v",  "attn_output",
+                                                   "ffn_gate", "ffn_up", "ffn_down"};
+  double all = 0, int8 = 0;
+  for (const gguf::TensorInfo& t : m.file().tensors()) {
+    // blk.<layer>.<matrix>.weight
+    std::string_view name = t.name;
+    if (!name.starts_with("blk.") || !name.ends_with(".weight")) continue;
+    name.remove_prefix(4);
+    const size_t dot = name.find('.');
+    if (dot == std::string_view::npos) continue;
+    name = name.substr(dot + 1, name.size() - dot - 1 - 7);
+    if (std::find(std::begin(kMatrices), std::end(kMatrices), name) == std::end(kMatrices)) continue;
+    const double macs = static_cast<double>(t.n_elements);  // per token
+    all += macs;
+    if (UsesInt8Dot(t.type)) int8 += macs;
+  }
+  return all > 0 ? int8 / all : 0;
 }
 
 double PeakRssBytes() {
@@ -124,7 +147,15 @@ Result<SpeedBenchResult> RunSpeedBench(engine::Runtime* rt, const SpeedBenchOpti
   r.peak_rss_bytes = PeakRssBytes();
   r.bandwidth = MeasureBandwidth(&rt->threads());
   r.peak = MeasurePeakFlops(&rt->threads());
-  r.prefill_pct_of_peak = 100.0 * r.prefill_gflops / r.peak.gflops;
+  r.peak_int8 = MeasurePeakInt8(&rt->threads());
+  r.simd_target = ops::ActiveSimdTarget();
+  r.int8_matmul_fraction = Int8MatmulFraction(m);
+  // Without an int8 probe (no AVX2) ops/ runs its scalar integer code:
+  // the FMA peak is then the only (and a generous) bound.
+  const bool int8 = r.int8_matmul_fraction >= 0.5 && r.peak_int8.gops > 0;
+  r.prefill_peak_kind = int8 ? "int8" : "fma";
+  const double peak = int8 ? r.peak_int8.gops : r.peak.gflops;
+  r.prefill_pct_of_peak = peak > 0 ? 100.0 * r.prefill_gflops / peak : 0;
   for (DepthResult& d : r.depths) {
     d.bound_tok_s = r.bandwidth.read_gbps * 1e9 / d.bytes_per_token;
     d.pct_of_bound = 100.0 * d.decode_tok_s / d.bound_tok_s;
@@ -143,10 +174,14 @@ nlohmann::json SpeedBenchResult::ToJson() const {
   j["bandwidth"] = {{"read_gbps", bandwidth.read_gbps}, {"triad_gbps", bandwidth.triad_gbps},
                     {"array_bytes", bandwidth.bytes}};
   j["peak_flops"] = {{"gflops", peak.gflops}, {"isa", peak.isa}};
+  j["peak_int8"] = {{"gops", peak_int8.gops}, {"isa", peak_int8.isa}};
+  j["simd_target"] = simd_target;
   j["prefill"] = {{"tokens", prompt_tokens},
                   {"tok_s", prefill_tok_s},
                   {"gflops", prefill_gflops},
-                  {"pct_of_peak", prefill_pct_of_peak}};
+                  {"pct_of_peak", prefill_pct_of_peak},
+                  {"peak_kind", prefill_peak_kind},
+                  {"int8_matmul_fraction", int8_matmul_fraction}};
   j["decode"] = nlohmann::json::array();
   for (const DepthResult& d : depths) {
     j["decode"].push_back({{"depth", d.depth},
@@ -165,13 +200,19 @@ std::string SpeedBenchResult::ToTable() const {
   std::string s;
   std::snprintf(buf, sizeof(buf),
                 "model %s, KV `%s`, %d threads; weights %.1f MiB (decode reads %.1f MiB/token); KV %.0f bytes/token\n"
-                "memory bandwidth: read %.1f GB/s, triad %.1f GB/s; peak %.1f GFLOP/s (%s FMA)\n\n",
+                "memory bandwidth: read %.1f GB/s, triad %.1f GB/s; peak %.1f GFLOP/s (%s FMA), "
+                "%.1f int8 GOP/s (%s); kernels %s\n\n",
                 model.c_str(), kv_spec.c_str(), threads, weight_bytes / 1048576.0, decode_weight_bytes / 1048576.0,
-                kv_bytes_per_token, bandwidth.read_gbps, bandwidth.triad_gbps, peak.gflops, peak.isa.c_str());
+                kv_bytes_per_token, bandwidth.read_gbps, bandwidth.triad_gbps, peak.gflops, peak.isa.c_str(),
+                peak_int8.gops, peak_int8.isa.c_str(), simd_target.c_str());
   s += buf;
+  const bool int8 = prefill_peak_kind == "int8";
   std::snprintf(buf, sizeof(buf),
-                "| prefill | tok/s | GFLOP/s | %% of peak |\n|---|---|---|---|\n| %d tokens | %.1f | %.1f | %.1f%% |\n\n",
-                prompt_tokens, prefill_tok_s, prefill_gflops, prefill_pct_of_peak);
+                "| prefill | tok/s | %s | %% of peak | peak |\n|---|---|---|---|---|\n"
+                "| %d tokens | %.1f | %.1f | %.1f%% | %s %.1f %s |\n\n",
+                int8 ? "GOP/s" : "GFLOP/s", prompt_tokens, prefill_tok_s, prefill_gflops, prefill_pct_of_peak,
+                int8 ? peak_int8.isa.c_str() : (peak.isa + " FMA").c_str(), int8 ? peak_int8.gops : peak.gflops,
+                int8 ? "GOP/s" : "GFLOP/s");
   s += buf;
   s += "| decode depth | tok/s | KV MiB | bytes read/token (MiB) | bound tok/s | % of bound |\n"
        "|---|---|---|---|---|---|\n";

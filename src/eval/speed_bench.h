@@ -7,8 +7,15 @@
 // their values), then tokens are decoded one at a time. Each decoded token
 // must read the decode weights (Model::DecodeWeightBytesPerToken) plus every
 // cached KV byte; bandwidth / those bytes is its bound.
-// Prefill: a batch of random tokens from an empty cache; FLOPs = matmuls +
-// attention (QK^T and PV over the causal triangle) + one output row.
+// Prefill: a batch of random tokens from an empty cache; ops = matmuls +
+// attention (QK^T and PV over the causal triangle) + one output row, a
+// multiply-add counting 2. Its bound is the compute peak of the arithmetic
+// the matmuls use (roofline.h UsesInt8Dot): the int8 dot-product peak when
+// most matmul multiply-adds are on quantized weights (Q8_0, Q4_0, Q4_K, Q5_K,
+// Q6_K, computed with int8 activations), else the f32 FMA peak. Attention is
+// always float, so on int8 weights a long prompt's attention share is judged
+// against the int8 peak too (~8% of the ops for SmolLM2-135M at the default
+// 512 tokens, more for longer prompts).
 //
 // Thread-safety: uses the runtime's pool and threads; one at a time.
 #pragma once
@@ -50,10 +57,14 @@ struct SpeedBenchResult {
   double decode_weight_bytes = 0;   // read per decoded token
   double kv_bytes_per_token = 0;    // kv::BytesPerToken for the spec
   BandwidthResult bandwidth;
-  PeakFlopsResult peak;
+  PeakFlopsResult peak;             // f32 FMA
+  PeakInt8Result peak_int8;         // int8 dot products
+  std::string simd_target;          // what ops/ kernels dispatch to (ops::ActiveSimdTarget)
   int prompt_tokens = 0;
   double prefill_tok_s = 0;         // median
-  double prefill_gflops = 0;
+  double prefill_gflops = 0;        // G ops/s: float or int8 multiply-adds count 2
+  double int8_matmul_fraction = 0;  // share of matmul multiply-adds on int8-path weights
+  std::string prefill_peak_kind;    // "int8" or "fma": the peak prefill is compared to
   double prefill_pct_of_peak = 0;
   std::vector<DepthResult> depths;
   double peak_rss_bytes = 0;
@@ -68,6 +79,10 @@ Result<SpeedBenchResult> RunSpeedBench(engine::Runtime* runtime, const SpeedBenc
 // The model and spec half of the plan inputs (machine and deployment fields
 // left for the caller).
 PlanInputs ModelPlanInputs(const engine::Runtime& runtime);
+
+// Share of the model's per-token matmul multiply-adds (the blk.* attention
+// and FFN projections) whose weights ops/ computes with int8 dot products.
+double Int8MatmulFraction(const model::Model& model);
 
 // Peak resident set size of this process so far (bytes).
 double PeakRssBytes();
