@@ -56,18 +56,18 @@ Result<int> BlockPool::AddSizeClass(size_t page_bytes_in) {
   c.n_pages = static_cast<int64_t>(n_pages64);
   c.extent_pages = static_cast<int32_t>(std::clamp<uint64_t>(kExtentBytes / page_bytes, 1, n_pages64));
   const size_t n_extents = static_cast<size_t>((n_pages64 + c.extent_pages - 1) / c.extent_pages);
-  c.extent_free.assign(n_extents, 0);
-  c.extent_prev.assign(n_extents, -1);
-  c.extent_next.assign(n_extents, -1);
+  c.frontier = c.first;
+  if (!c.extent_free.Resize(n_extents) || !c.extent_prev.Resize(n_extents) || !c.extent_next.Resize(n_extents) ||
+      !refcount_.Resize(n_pages_ + c.n_pages) || !prev_.Resize(n_pages_ + c.n_pages) ||
+      !next_.Resize(n_pages_ + c.n_pages) || !flags_.Resize(n_pages_ + c.n_pages) ||
+      !class_of_.Resize(n_pages_ + c.n_pages)) {
+    munmap(base, reserved);
+    return IoError("cannot reserve address space for the KV pool's page table (" + std::to_string(c.n_pages) +
+                   " pages); lower the budget (--kv budget=...) or use larger pages");
+  }
   const int index = static_cast<int>(classes_.size());
-  classes_.push_back(c);
-  n_pages_ += c.n_pages;
-  refcount_.resize(n_pages_, 0);
-  prev_.resize(n_pages_, kNoPage);
-  next_.resize(n_pages_, kNoPage);
-  flags_.resize(n_pages_, 0);
-  class_of_.resize(n_pages_, static_cast<uint8_t>(index));
-  for (PageId id = c.first; id < c.first + c.n_pages; ++id) PushBack(id);
+  classes_.push_back(std::move(c));
+  n_pages_ += classes_.back().n_pages;
   return index;
 }
 
@@ -147,27 +147,50 @@ std::string BlockPool::ExhaustedMessage(const SizeClass& c) const {
          " bytes); raise the budget (--kv budget=...) or shorten the context";
 }
 
+PageId BlockPool::Materialize(SizeClass& c) {
+  KVX_DCHECK(c.frontier < end(c));
+  const PageId id = c.frontier++;
+  class_of_[id] = static_cast<uint8_t>(&c - classes_.data());
+  refcount_[id] = 0;
+  flags_[id] = 0;
+  PushBack(id);
+  return id;
+}
+
 Result<PageId> BlockPool::Allocate(int size_class) {
   KVX_CHECK(size_class >= 0 && size_class < num_size_classes());
   SizeClass& c = classes_[size_class];
-  if (c.head == kNoPage || bytes_in_use_ + c.page_bytes > budget_bytes_) {
+  const bool plain_listed = c.head != kNoPage && !(flags_[c.head] & kFlagCached);
+  if ((c.head == kNoPage && c.frontier == end(c)) || bytes_in_use_ + c.page_bytes > budget_bytes_) {
     return ResourceExhausted(ExhaustedMessage(c));
   }
-  return Take(c, c.head);
+  // Plain free pages first (warm), then never-used ones, then cached pages (LRU).
+  if (plain_listed || c.frontier == end(c)) return Take(c, c.head);
+  return Take(c, Materialize(c));
 }
 
 Result<PageId> BlockPool::AllocateAfter(int size_class, PageId prev) {
   KVX_CHECK(size_class >= 0 && size_class < num_size_classes());
   SizeClass& c = classes_[size_class];
-  if (c.head == kNoPage || bytes_in_use_ + c.page_bytes > budget_bytes_) {
+  if ((c.head == kNoPage && c.frontier == end(c)) || bytes_in_use_ + c.page_bytes > budget_bytes_) {
     return ResourceExhausted(ExhaustedMessage(c));
   }
   const PageId next = prev + 1;
-  if (prev != kNoPage && Valid(prev) && class_of_[prev] == size_class && next < c.first + c.n_pages &&
-      (flags_[next] & kFlagOnFreeList) && !(flags_[next] & kFlagCached)) {
-    return Take(c, next);
+  if (prev != kNoPage && prev >= c.first && prev < c.frontier) {
+    if (next < c.frontier && (flags_[next] & kFlagOnFreeList) && !(flags_[next] & kFlagCached)) return Take(c, next);
+    if (next == c.frontier && next < end(c)) return Take(c, Materialize(c));  // grow at the frontier
   }
   if (c.extent_head >= 0) return Take(c, c.first + c.extent_head * c.extent_pages);
+  if (c.frontier < end(c)) {
+    // Start a run in a fresh extent: the pages up to its boundary are listed
+    // as free for anyone (they end the previous extent's run).
+    const int64_t rel = c.frontier - c.first;
+    const PageId boundary = c.first + static_cast<PageId>((rel + c.extent_pages - 1) / c.extent_pages * c.extent_pages);
+    if (boundary < end(c)) {
+      while (c.frontier < boundary) Materialize(c);
+    }
+    return Take(c, Materialize(c));
+  }
   return Take(c, c.head);
 }
 
@@ -210,7 +233,7 @@ uint64_t BlockPool::ReleaseFreeMemory() {
   const size_t os_page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   uint64_t released = 0;
   for (SizeClass& c : classes_) {
-    const PageId last = c.first + static_cast<PageId>(c.n_pages);
+    const PageId last = c.frontier;  // pages past it were never touched
     // Walk runs of consecutive free page ids; release the OS pages inside each run.
     PageId id = c.first;
     while (id < last) {
@@ -256,7 +279,9 @@ BlockPoolStats BlockPool::Stats() const {
 
 std::vector<PageId> BlockPool::FreeListForTest(int size_class) const {
   std::vector<PageId> out;
-  for (PageId id = classes_[size_class].head; id != kNoPage; id = next_[id]) out.push_back(id);
+  const SizeClass& c = classes_[size_class];
+  for (PageId id = c.head; id != kNoPage; id = next_[id]) out.push_back(id);
+  for (PageId id = c.frontier; id < end(c); ++id) out.push_back(id);  // never used, allocated in this order
   return out;
 }
 
@@ -266,7 +291,8 @@ Status BlockPool::CheckInvariants() const {
   uint64_t total_bytes = 0;
   for (size_t ci = 0; ci < classes_.size(); ++ci) {
     const SizeClass& c = classes_[ci];
-    const PageId last = c.first + static_cast<PageId>(c.n_pages);
+    if (c.frontier < c.first || c.frontier > end(c)) return fail("frontier out of range");
+    const PageId last = c.frontier;  // pages past it have no metadata yet
     const std::string cls = classes_.size() > 1 ? " (size class " + std::to_string(ci) + ")" : "";
     int64_t listed = 0;
     PageId prev = kNoPage;
@@ -300,7 +326,7 @@ Status BlockPool::CheckInvariants() const {
     if (in_use != c.n_in_use) {
       return fail("pages in use " + std::to_string(in_use) + " != counter " + std::to_string(c.n_in_use) + cls);
     }
-    if (in_use + zero != c.n_pages) return fail("counts do not add up to the class's pages" + cls);
+    if (in_use + zero != c.frontier - c.first) return fail("counts do not add up to the class's used pages" + cls);
     if (touched != c.n_touched) return fail("touched counter is wrong" + cls);
     KVX_RETURN_IF_ERROR(CheckExtents(c, cls));
     total_in_use += in_use;
@@ -314,8 +340,10 @@ Status BlockPool::CheckInvariants() const {
 
 Status BlockPool::CheckExtents(const SizeClass& c, const std::string& cls) const {
   auto fail = [&](const std::string& m) { return Internal("BlockPool invariant violated: " + m + cls); };
-  const int32_t n_extents = static_cast<int32_t>(c.extent_free.size());
-  std::vector<uint8_t> listed(c.extent_free.size(), 0);
+  // Only extents the frontier has reached can hold free pages (O(used pages)).
+  const int32_t n_extents =
+      static_cast<int32_t>((c.frontier - c.first + c.extent_pages - 1) / c.extent_pages);
+  std::vector<uint8_t> listed(static_cast<size_t>(n_extents), 0);
   int32_t prev = -1, count = 0;
   for (int32_t e = c.extent_head; e >= 0; e = c.extent_next[e]) {
     if (e >= n_extents || listed[e] || ++count > n_extents) return fail("extent list is corrupt");
@@ -326,7 +354,10 @@ Status BlockPool::CheckExtents(const SizeClass& c, const std::string& cls) const
   if (c.extent_tail != prev) return fail("extent tail does not match the last listed extent");
   for (int32_t e = 0; e < n_extents; ++e) {
     int32_t free = 0;
-    for (int32_t i = 0; i < ExtentSize(c, e); ++i) free += refcount_[c.first + e * c.extent_pages + i] == 0;
+    for (int32_t i = 0; i < ExtentSize(c, e); ++i) {
+      const PageId id = c.first + e * c.extent_pages + i;
+      free += id < c.frontier && refcount_[id] == 0;
+    }
     if (free != c.extent_free[e]) return fail("free count of extent " + std::to_string(e) + " is wrong");
     if ((free == ExtentSize(c, e)) != (listed[e] != 0)) {
       return fail("extent " + std::to_string(e) + (listed[e] ? " is listed but not wholly free" : " is wholly free but not listed"));

@@ -13,7 +13,8 @@
 //
 // Free list (vLLM v1's FreeKVCacheBlockQueue): an intrusive doubly-linked list
 // threaded through per-page metadata arrays (prev/next indices), so allocation
-// and release are O(1) with no heap allocation. Allocate() pops the front.
+// and release are O(1) with no heap allocation. Allocate() pops the front
+// (never-used pages come from the frontier, below).
 // Release order:
 //   * a plain free page goes to the FRONT: it is reused first (its memory is
 //     already committed and likely cached);
@@ -23,7 +24,11 @@
 //     page is used. Popping a cached page will call an eviction hook so the
 //     prefix cache drops its entry. The flag and the back insertion exist now;
 //     the hook is the small addition left for the prefix-cache issue.
-// Never-used pages start on the list in address order.
+// Never-used pages are not listed: each class has a frontier, and pages past
+// it have never been handed out. Allocation takes a listed plain free page
+// first, then the frontier, then cached pages. Per-page metadata lives in
+// LazyArrays, so a huge budget costs address space only: metadata memory
+// grows with the pages actually used, not with the budget.
 //
 // Locality (extents): decode reads every page of a (layer, kv head) table in
 // order, once per token. If the tables of a sequence take pages in turn from
@@ -63,6 +68,7 @@
 #include <vector>
 
 #include "util/check.h"
+#include "util/lazy_array.h"
 #include "util/status.h"
 
 namespace kvx::kv {
@@ -187,13 +193,16 @@ class BlockPool {
     int64_t n_pages = 0;
     int64_t n_in_use = 0;
     int64_t n_touched = 0;
+    PageId frontier = 0;    // ids [first, frontier) have been handed out at least once
     PageId head = kNoPage;  // free list
     PageId tail = kNoPage;
     // Extents: `extent_pages` consecutive ids each (the last may be shorter).
     int32_t extent_pages = 1;
-    std::vector<int32_t> extent_free;  // free pages per extent
-    std::vector<int32_t> extent_prev;  // list of wholly free extents (links, -1 at the ends)
-    std::vector<int32_t> extent_next;
+    // Free pages per extent, counting only pages below the frontier; an
+    // extent is wholly free (listed) when all its pages are below it and free.
+    LazyArray<int32_t> extent_free;
+    LazyArray<int32_t> extent_prev;  // list of wholly free extents (valid while listed)
+    LazyArray<int32_t> extent_next;
     int32_t extent_head = -1;
     int32_t extent_tail = -1;
   };
@@ -215,6 +224,9 @@ class BlockPool {
   void PageTaken(SizeClass& c, PageId id);
   // Unlinks a free page and gives it refcount 1.
   PageId Take(SizeClass& c, PageId id);
+  // Moves the frontier past one never-used page and lists it as free.
+  PageId Materialize(SizeClass& c);
+  PageId end(const SizeClass& c) const { return c.first + static_cast<PageId>(c.n_pages); }
   Status CheckExtents(const SizeClass& c, const std::string& cls) const;
   std::string ExhaustedMessage(const SizeClass& c) const;
 
@@ -224,12 +236,13 @@ class BlockPool {
   uint64_t bytes_in_use_ = 0;
   int64_t n_in_use_ = 0;
 
-  // Per-page metadata, indexed by PageId.
-  std::vector<int32_t> refcount_;
-  std::vector<PageId> prev_;  // free-list links; kNoPage at the ends / when not listed
-  std::vector<PageId> next_;
-  std::vector<uint8_t> flags_;
-  std::vector<uint8_t> class_of_;
+  // Per-page metadata, indexed by PageId; meaningful below each class's
+  // frontier (zero bytes past it, never written).
+  LazyArray<int32_t> refcount_;
+  LazyArray<PageId> prev_;  // free-list links; kNoPage at the ends / when not listed
+  LazyArray<PageId> next_;
+  LazyArray<uint8_t> flags_;
+  LazyArray<uint8_t> class_of_;
 };
 
 }  // namespace kvx::kv

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
 #include <random>
 #include <vector>
 
@@ -159,6 +160,30 @@ TEST(BlockPoolTest, HugeBudgetCostsNothingUntilTouched) {
   std::memset(pool.PageData(id), 1, pool.page_bytes());
   EXPECT_EQ(pool.Stats().bytes_committed_estimate, 1u << 20);
   pool.Unref(id);
+  EXPECT_INVARIANTS(pool);
+}
+
+// Resident memory of this process in bytes (Linux).
+uint64_t ResidentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  uint64_t size = 0, resident = 0;
+  statm >> size >> resident;
+  return resident * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+}
+
+TEST(BlockPoolTest, MetadataGrowsWithUseNotWithBudget) {
+  // 64 GiB of 4 KiB pages: 16M pages whose metadata would take ~230 MB if it
+  // were sized by the budget. It is committed only for pages handed out.
+  const uint64_t before = ResidentBytes();
+  auto r = BlockPool::Create({.budget_bytes = 64ull << 30, .page_bytes = 4096});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  BlockPool& pool = **r;
+  EXPECT_EQ(pool.AddSizeClass(1024).value(), 1);  // a second 64M-page class, also free
+  std::vector<PageId> ids;
+  for (int i = 0; i < 1000; ++i) ids.push_back(*pool.AllocateAfter(0, ids.empty() ? kNoPage : ids.back()));
+  EXPECT_LT(ResidentBytes() - before, 64ull << 20);
+  EXPECT_EQ(ids.back(), ids.front() + 999);
+  for (PageId id : ids) pool.Unref(id);
   EXPECT_INVARIANTS(pool);
 }
 
