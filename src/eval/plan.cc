@@ -30,7 +30,7 @@ std::string PlanResult::ToString(const PlanInputs& in) const {
   char buf[2048];
   std::snprintf(buf, sizeof(buf),
                 "model %s, KV `%s`, context %ld tokens, memory %.2f GiB\n"
-                "machine: bandwidth %.1f GB/s, peak %.1f GFLOP/s, tier %.2f GB/s\n\n"
+                "machine: bandwidth %.1f GB/s, peak %.1f %s, tier %.2f GB/s\n\n"
                 "| quantity | value |\n|---|---|\n"
                 "| weights | %.1f MiB |\n"
                 "| KV bytes per token | %.0f |\n"
@@ -42,7 +42,8 @@ std::string PlanResult::ToString(const PlanInputs& in) const {
                 "| decode, one sequence at full depth | %.1f tok/s |\n"
                 "| context switch (one sequence's KV to the tier) | %.3f s |\n",
                 in.model.c_str(), in.kv_spec.c_str(), in.ctx, in.mem_bytes / 1073741824.0, in.bandwidth_gbps,
-                in.peak_gflops, in.tier_gbps, in.weight_bytes / 1048576.0, in.kv_bytes_per_token,
+                in.peak_gflops, in.peak_is_int8 ? "GOP/s (int8 dot products)" : "GFLOP/s (f32 FMA)", in.tier_gbps,
+                in.weight_bytes / 1048576.0, in.kv_bytes_per_token,
                 kv_per_seq_bytes / 1048576.0, concurrency, prefill_seconds, prefill_tok_s, prefill_flops / 1e12,
                 decode_step_seconds * 1e3, decode_throughput_tok_s, single_decode_tok_s, switch_seconds);
   return buf;

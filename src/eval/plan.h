@@ -35,6 +35,7 @@ struct PlanInputs {
   // Machine (measured).
   double bandwidth_gbps = 0;
   double peak_gflops = 0;
+  bool peak_is_int8 = false;  // peak_gflops is the int8 dot-product peak (quantized matmuls)
   double tier_gbps = 0;  // bandwidth to the tier a switched-out sequence goes to
 };
 

@@ -47,6 +47,7 @@ Status RunPlan(const PlanFlags& flags) {
   KVX_ASSIGN_OR_RETURN(in.mem_bytes, ParseBytes(flags.mem));
   in.ctx = flags.ctx;
   std::unique_ptr<engine::Runtime> rt;
+  gguf::TensorType shape_type = gguf::TensorType::kF32;
   if (!flags.model_path.empty()) {
     engine::RuntimeOptions ro;
     ro.model_path = flags.model_path;
@@ -60,7 +61,7 @@ Status RunPlan(const PlanFlags& flags) {
     in = model_in;
   } else {
     KVX_ASSIGN_OR_RETURN(model::ModelShape s, model::FindModelShape(flags.shape));
-    gguf::TensorType type;
+    gguf::TensorType& type = shape_type;
     if (!gguf::ParseTensorType(flags.type, &type)) return InvalidArgument("unknown --type '" + flags.type + "'");
     KVX_ASSIGN_OR_RETURN(kv::KVSpec spec, kv::ParseKVSpec(flags.kv_spec));
     const model::ShapeWeightBytes w = model::ComputeShapeWeightBytes(s, type);
@@ -85,7 +86,12 @@ Status RunPlan(const PlanFlags& flags) {
   ThreadPool* pool = rt ? &rt->threads() : &own_pool;
   std::fprintf(stderr, "plan: measuring memory bandwidth, peak FLOP/s and disk write speed...\n");
   in.bandwidth_gbps = eval::MeasureBandwidth(pool).read_gbps;
-  in.peak_gflops = eval::MeasurePeakFlops(pool).gflops;
+  // The compute bound uses the arithmetic the matmuls run: int8 dot products
+  // for quantized weights (as kvx bench does), float FMAs otherwise.
+  const bool int8_matmuls = rt ? eval::Int8MatmulFraction(rt->model()) >= 0.5 : eval::UsesInt8Dot(shape_type);
+  const eval::PeakInt8Result int8_peak = int8_matmuls ? eval::MeasurePeakInt8(pool) : eval::PeakInt8Result{};
+  in.peak_is_int8 = int8_peak.gops > 0;
+  in.peak_gflops = in.peak_is_int8 ? int8_peak.gops : eval::MeasurePeakFlops(pool).gflops;
   in.tier_gbps = eval::MeasureDiskWriteGbps(flags.tier_dir);
   const eval::PlanResult plan = eval::ComputePlan(in);
   std::printf("%s", plan.ToString(in).c_str());
