@@ -1,6 +1,7 @@
 // Runtime: everything one process needs to serve a model: the Model (shared
-// weights), one KV BlockPool with a byte budget, and a ThreadPool. Sessions
-// are created from it and share all three.
+// weights), a ThreadPool, and one KV configuration (a SpecRuntime: the --kv
+// spec and its BlockPool with a byte budget). Sessions are created from it and
+// share all three.
 // Thread-safety: create sessions from one thread; see Session.
 #pragma once
 
@@ -8,6 +9,7 @@
 #include <string>
 
 #include "engine/session.h"
+#include "engine/spec_runtime.h"
 #include "kv/kv_spec.h"
 
 namespace kvx::engine {
@@ -25,22 +27,19 @@ class Runtime {
  public:
   static Result<std::unique_ptr<Runtime>> Create(const RuntimeOptions& options);
 
-  Result<std::unique_ptr<Session>> NewSession();
+  Result<std::unique_ptr<Session>> NewSession() { return spec_rt_->NewSession(); }
 
   const model::Model& model() const { return *model_; }
-  kv::BlockPool& pool() { return *pool_; }
+  kv::BlockPool& pool() { return spec_rt_->pool(); }
   ThreadPool& threads() { return *threads_; }
-  const kv::KVSpec& kv_spec() const { return spec_; }
-  int n_ctx() const { return n_ctx_; }
+  const kv::KVSpec& kv_spec() const { return spec_rt_->spec(); }
+  int n_ctx() const { return spec_rt_->n_ctx(); }
 
  private:
   Runtime() = default;
-  RuntimeOptions options_;
-  kv::KVSpec spec_;
-  int n_ctx_ = 0;
   std::unique_ptr<model::Model> model_;
-  std::unique_ptr<kv::BlockPool> pool_;
   std::unique_ptr<ThreadPool> threads_;
+  std::unique_ptr<SpecRuntime> spec_rt_;  // declared last: destroyed first (it points at both above)
 };
 
 }  // namespace kvx::engine

@@ -4,9 +4,7 @@
 // and threads, and each spec's pool holds only that spec's pages, so the pool's
 // bytes in use are exactly what that spec's cache costs.
 //
-// It mirrors Runtime::Create after the model load (parse spec, size the pool,
-// make sessions); when Runtime gains per-spec state (policies, tiers), this
-// file follows.
+// Runtime (runtime.h) is a loaded Model and ThreadPool plus one SpecRuntime.
 //
 // Thread-safety: as Runtime: create sessions from one thread; see Session.
 #pragma once
