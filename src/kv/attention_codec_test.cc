@@ -20,6 +20,7 @@ namespace kvx::kv {
 namespace {
 
 using testing::Codec;
+using testing::KernelPath;
 using testing::DenseAttention;
 using testing::PageOf;
 using testing::PoolFor;
@@ -106,29 +107,34 @@ TEST_P(AttentionCodecTest, MatchesDecodedCacheAndF32Reference) {
     for (int j = 0; j < n; ++j) ops::Rope(&k_dec[static_cast<size_t>(j) * kv_heads * dim], kv_heads, dim, pos[j], rope);
   }
 
-  for (int n_q : {1, 29}) {
-    std::vector<int32_t> q_pos(n_q);
-    for (int i = 0; i < n_q; ++i) q_pos[i] = n_q == 1 ? 10000 : static_cast<int32_t>(rng() % 640) - 5;
-    std::vector<float> q(static_cast<size_t>(n_q) * n_heads * dim);
-    std::normal_distribution<float> nd;
-    for (auto& x : q) x = 0.4f * nd(rng);
-    const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
-    std::vector<float> out(q.size()), out_mt(q.size());
-    Attention(kv, 1, q.data(), q_pos.data(), n_q, n_heads, scale, out.data(), nullptr);
-    ThreadPool threads(3);
-    Attention(kv, 1, q.data(), q_pos.data(), n_q, n_heads, scale, out_mt.data(), &threads);
-    for (size_t i = 0; i < out.size(); ++i) {
-      ASSERT_EQ(FloatToBits(out[i]), FloatToBits(out_mt[i])) << "thread count changed result at " << i;
-    }
-    const std::vector<double> ref_dec = DenseAttention(k_dec, v_dec, pos, q, q_pos, n_heads, kv_heads, dim, scale);
-    double max_err = 0;
-    for (size_t i = 0; i < out.size(); ++i) max_err = std::max(max_err, std::fabs(out[i] - ref_dec[i]));
-    EXPECT_LT(max_err, 3e-5) << c.spec << " n_q " << n_q << ": attention differs from the decoded cache";
-    const std::vector<double> ref = DenseAttention(k_ref, v, pos, q, q_pos, n_heads, kv_heads, dim, scale);
-    const double rel = RelError(out, ref);
-    if (n_q == 1) {
-      EXPECT_LE(rel, c.max_rel_err) << c.spec << " d" << dim;
-      RecordProperty("rel_err", std::to_string(rel));
+  // Every kernel path (AVX-512, AVX2, scalar) attends to the decoded cache.
+  for (KernelPath path : testing::kAllKernelPaths) {
+  SCOPED_TRACE(testing::Name(path));
+  testing::ScopedKernelPath force(path);
+    for (int n_q : {1, 29}) {
+      std::vector<int32_t> q_pos(n_q);
+      for (int i = 0; i < n_q; ++i) q_pos[i] = n_q == 1 ? 10000 : static_cast<int32_t>(rng() % 640) - 5;
+      std::vector<float> q(static_cast<size_t>(n_q) * n_heads * dim);
+      std::normal_distribution<float> nd;
+      for (auto& x : q) x = 0.4f * nd(rng);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
+      std::vector<float> out(q.size()), out_mt(q.size());
+      Attention(kv, 1, q.data(), q_pos.data(), n_q, n_heads, scale, out.data(), nullptr);
+      ThreadPool threads(3);
+      Attention(kv, 1, q.data(), q_pos.data(), n_q, n_heads, scale, out_mt.data(), &threads);
+      for (size_t i = 0; i < out.size(); ++i) {
+        ASSERT_EQ(FloatToBits(out[i]), FloatToBits(out_mt[i])) << "thread count changed result at " << i;
+      }
+      const std::vector<double> ref_dec = DenseAttention(k_dec, v_dec, pos, q, q_pos, n_heads, kv_heads, dim, scale);
+      double max_err = 0;
+      for (size_t i = 0; i < out.size(); ++i) max_err = std::max(max_err, std::fabs(out[i] - ref_dec[i]));
+      EXPECT_LT(max_err, 3e-5) << c.spec << " n_q " << n_q << ": attention differs from the decoded cache";
+      const std::vector<double> ref = DenseAttention(k_ref, v, pos, q, q_pos, n_heads, kv_heads, dim, scale);
+      const double rel = RelError(out, ref);
+      if (n_q == 1) {
+        EXPECT_LE(rel, c.max_rel_err) << c.spec << " d" << dim;
+        RecordProperty("rel_err", std::to_string(rel));
+      }
     }
   }
   kv.Clear();

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kv/block_pool.h"
+#include "kv/codec/simd_x86.h"
 #include "kv/kv_spec.h"
 #include "kv/sequence_kv.h"
 
@@ -68,5 +69,29 @@ inline double RelError(const std::vector<float>& a, const std::vector<double>& b
   for (size_t i = 0; i < a.size(); ++i) num += (a[i] - b[i]) * (a[i] - b[i]), den += b[i] * b[i];
   return std::sqrt(num / std::max(den, 1e-30));
 }
+
+// The attention kernel paths a test can force: the best the CPU has (AVX-512
+// or AVX2), AVX2 even on an AVX-512 CPU, and the scalar reference. On CPUs
+// without AVX-512 (or non-x86) the first two (or all three) coincide.
+enum class KernelPath { kBest, kAvx2, kScalar };
+inline const char* Name(KernelPath p) {
+  return p == KernelPath::kBest ? "best" : p == KernelPath::kAvx2 ? "avx2" : "scalar";
+}
+inline constexpr KernelPath kAllKernelPaths[] = {KernelPath::kBest, KernelPath::kAvx2, KernelPath::kScalar};
+
+// Forces a kernel path for its lifetime (tests run single-threaded here).
+class ScopedKernelPath {
+ public:
+  explicit ScopedKernelPath(KernelPath p) {
+    simd::ForceAvx2ForTest() = p == KernelPath::kAvx2;
+    simd::ForceScalarForTest() = p == KernelPath::kScalar;
+  }
+  ~ScopedKernelPath() {
+    simd::ForceAvx2ForTest() = false;
+    simd::ForceScalarForTest() = false;
+  }
+  ScopedKernelPath(const ScopedKernelPath&) = delete;
+  ScopedKernelPath& operator=(const ScopedKernelPath&) = delete;
+};
 
 }  // namespace kvx::kv::testing

@@ -8,6 +8,7 @@
 
 #include "kv/codec/codecs.h"
 #include "kv/codec/hadamard.h"
+#include "kv/kv_test_util.h"
 
 namespace kvx::kv {
 namespace {
@@ -96,7 +97,9 @@ void RoundTrip(float tolerance_rel) {
 TEST(CodecTest, F32RoundTripIsExact) { RoundTrip<F32Codec>(0.0f); }
 TEST(CodecTest, F16RoundTripIsRoundToNearestEven) { RoundTrip<F16Codec>(1.0f / 1024); }
 
-// The dispatched (SIMD when available) loops agree with the scalar ones.
+// The dispatched loops agree with the scalar ones on every SIMD path (AVX-512
+// when the CPU has it, and AVX2 forced), for 1..8 query rows and row counts
+// that exercise each multi-row block size and the single-row tail.
 template <typename C>
 void SimdMatchesScalar(int d) {
   const int T = 16;
@@ -112,29 +115,77 @@ void SimdMatchesScalar(int d) {
   }
   for (auto& x : p) x = std::fabs(nd(rng));
   for (auto& x : q) x = nd(rng);
-  for (int nq : {1, 3, 8}) {
-    for (int n : {1, 5, 16}) {
-      std::vector<float> s1(nq * T), s2(nq * T), a1(nq * d, 0.5f), a2(nq * d, 0.5f);
-      C::Scores(prm, data, n, q.data(), nq, s1.data(), T);
-      C::AccumulateValues(prm, data, n, p.data(), nq, T, a1.data());
-      simd::ForceScalarForTest() = true;
-      C::Scores(prm, data, n, q.data(), nq, s2.data(), T);
-      C::AccumulateValues(prm, data, n, p.data(), nq, T, a2.data());
-      simd::ForceScalarForTest() = false;
-      for (int r = 0; r < nq; ++r) {
-        for (int j = 0; j < n; ++j) EXPECT_NEAR(s1[r * T + j], s2[r * T + j], 1e-5f * (1 + std::fabs(s2[r * T + j])));
+  std::vector<float> dec_ref(static_cast<size_t>(T) * d), dec(dec_ref.size());
+  {
+    testing::ScopedKernelPath scalar(testing::KernelPath::kScalar);
+    C::DecodeKeys(prm, data, T, dec_ref.data());
+  }
+  for (testing::KernelPath path : {testing::KernelPath::kBest, testing::KernelPath::kAvx2}) {
+    SCOPED_TRACE(testing::Name(path));
+    {
+      testing::ScopedKernelPath force(path);
+      C::DecodeKeys(prm, data, T, dec.data());
+    }
+    for (size_t i = 0; i < dec.size(); ++i) ASSERT_EQ(dec[i], dec_ref[i]) << d << " " << i;
+    for (int nq = 1; nq <= 8; ++nq) {
+      for (int n : {1, 2, 3, 5, 7, 12, 15, 16}) {
+        std::vector<float> s1(nq * T), s2(nq * T), a1(nq * d, 0.5f), a2(nq * d, 0.5f);
+        {
+          testing::ScopedKernelPath force(path);
+          C::Scores(prm, data, n, q.data(), nq, s1.data(), T);
+          C::AccumulateValues(prm, data, n, p.data(), nq, T, a1.data());
+        }
+        {
+          testing::ScopedKernelPath scalar(testing::KernelPath::kScalar);
+          C::Scores(prm, data, n, q.data(), nq, s2.data(), T);
+          C::AccumulateValues(prm, data, n, p.data(), nq, T, a2.data());
+        }
+        for (int r = 0; r < nq; ++r) {
+          for (int j = 0; j < n; ++j) {
+            ASSERT_NEAR(s1[r * T + j], s2[r * T + j], 1e-5f * (1 + std::fabs(s2[r * T + j])))
+                << d << " nq " << nq << " n " << n << " r " << r << " j " << j;
+          }
+        }
+        for (int i = 0; i < nq * d; ++i) {
+          ASSERT_NEAR(a1[i], a2[i], 1e-5f * (1 + std::fabs(a2[i]))) << d << " nq " << nq << " n " << n << " " << i;
+        }
       }
-      for (int i = 0; i < nq * d; ++i) EXPECT_NEAR(a1[i], a2[i], 1e-5f * (1 + std::fabs(a2[i]))) << d << " " << i;
     }
   }
 }
 
 TEST(CodecTest, SimdMatchesScalar) {
-  for (int d : {8, 16, 24, 64, 128, 7}) {
+  // 8, 24, 7: AVX2 only (or scalar); 16, 32, 48, 64, 80, 128: AVX-512 blocks
+  // of 1, 2, 3, 4, 5 and 8 zmm per row.
+  for (int d : {8, 16, 24, 32, 48, 64, 80, 128, 7}) {
     SimdMatchesScalar<F32Codec>(d);
     SimdMatchesScalar<F16Codec>(d);
   }
 }
+
+#ifdef KVX_KV_HAVE_X86_SIMD
+// The AVX-512 kernels run exactly when the CPU has them, the source's shape
+// allows 16-wide blocks and no test hook forces another path (so the
+// SIMD-vs-scalar tests above cover both SIMD paths on AVX-512 machines).
+TEST(CodecTest, Avx512DispatchFollowsCpuShapeAndHooks) {
+  const uint16_t h[64] = {};
+  const simd::F16Rows rows64{h, 64}, rows24{h, 24};
+  EXPECT_EQ(simd::UseAvx512For(rows64), simd::HasAvx512());
+  EXPECT_FALSE(simd::UseAvx512For(rows24));
+  const float params[8] = {};
+  const uint8_t codes[64] = {};
+  EXPECT_EQ(simd::UseAvx512For(simd::TokenRows<4>{codes, params, 32, 2, 5}), simd::HasAvx512());
+  EXPECT_FALSE(simd::UseAvx512For(simd::TokenRows<4>{codes, params, 32, 8, 3}));  // groups of 8 channels
+  EXPECT_FALSE(simd::UseAvx512For(simd::ChannelRows<2>{codes, params, params, 8}));  // 8-byte planes
+  {
+    testing::ScopedKernelPath force(testing::KernelPath::kAvx2);
+    EXPECT_FALSE(simd::UseAvx512For(rows64));
+    EXPECT_EQ(simd::UseSimd(64), simd::HasAvx2Fma());
+  }
+  EXPECT_EQ(simd::UseAvx512For(rows64), simd::HasAvx512());
+  RecordProperty("avx512", simd::HasAvx512() ? "yes" : "no");
+}
+#endif
 
 TEST(QuantTest, PlanarPackingRoundTrips) {
   std::mt19937 rng(3);

@@ -90,8 +90,9 @@ struct F16Codec {
     }
   }
 
-  // The attention inner loops: AVX2/F16C when available (simd_x86.h), else
-  // scalar. The SIMD kernels convert each row once for all query rows.
+  // The attention inner loops: AVX-512 or AVX2/F16C when available
+  // (simd_x86.h, simd_avx512.h), else scalar. The SIMD kernels convert each
+  // row once for all query rows.
   static void Scores(const CodecParams& p, const uint8_t* data, int n, const float* q, int nq, float* s, int ss) {
     const int d = p.head_dim;
     if (simd::UseSimd(d)) {

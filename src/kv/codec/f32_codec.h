@@ -70,32 +70,26 @@ struct F32Codec {
     }
   }
 
-  // The attention inner loops: AVX2/F16C when available (simd_x86.h), else
-  // scalar. Full-precision rows need no decoding, so each query row runs the
-  // single-query kernel; the page stays in L1 between rows.
+  // The attention inner loops: the multi-query SIMD kernels (AVX-512 or AVX2,
+  // simd_x86.h) when available, else scalar. Each row is read once for all
+  // query rows.
   static void Scores(const CodecParams& p, const uint8_t* data, int n, const float* q, int nq, float* s, int ss) {
     const int d = p.head_dim;
-    for (int r = 0; r < nq; ++r) {
-      const float* qr = q + static_cast<size_t>(r) * d;
-      float* sr = s + static_cast<size_t>(r) * ss;
-      if (simd::UseSimd(d)) {
-        simd::DotRows(qr, Keys(data), n, d, sr);
-      } else {
-        ScoresScalar(Keys(data), d, n, qr, sr);
-      }
+    if (simd::UseSimd(d)) {
+      simd::DotRowsQN(simd::F32Rows{Keys(data), d}, n, d, q, nq, s, ss);
+      return;
     }
+    for (int r = 0; r < nq; ++r) ScoresScalar(Keys(data), d, n, q + static_cast<size_t>(r) * d, s + static_cast<size_t>(r) * ss);
   }
   static void AccumulateValues(const CodecParams& p, const uint8_t* data, int n, const float* w, int nq, int ws,
                                float* acc) {
     const int d = p.head_dim;
+    if (simd::UseSimd(d)) {
+      simd::AxpyRowsQN(simd::F32Rows{Values(p, data), d}, n, d, w, nq, ws, acc);
+      return;
+    }
     for (int r = 0; r < nq; ++r) {
-      const float* wr = w + static_cast<size_t>(r) * ws;
-      float* ar = acc + static_cast<size_t>(r) * d;
-      if (simd::UseSimd(d)) {
-        simd::AxpyRows(Values(p, data), n, d, wr, ar);
-      } else {
-        AccumulateValuesScalar(Values(p, data), d, n, wr, ar);
-      }
+      AccumulateValuesScalar(Values(p, data), d, n, w + static_cast<size_t>(r) * ws, acc + static_cast<size_t>(r) * d);
     }
   }
 };

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kv/codec/codecs.h"
+#include "kv/kv_test_util.h"
 
 namespace kvx::kv {
 namespace {
@@ -91,16 +92,17 @@ class QuantCodecTest : public ::testing::TestWithParam<Config> {
     C::DecodeKeys(p, data.data(), T, kd.data());
     C::DecodeValues(p, data.data(), T, vd.data());
 
-    // 0. The SIMD decoder agrees with the scalar one.
-    {
+    // 0. The SIMD decoders (AVX-512 when available, AVX2) agree with the scalar one.
+    for (testing::KernelPath path : {testing::KernelPath::kAvx2, testing::KernelPath::kScalar}) {
       std::vector<float> ks(k.size()), vs(v.size());
-      simd::ForceScalarForTest() = true;
-      C::DecodeKeys(p, data.data(), T, ks.data());
-      C::DecodeValues(p, data.data(), T, vs.data());
-      simd::ForceScalarForTest() = false;
+      {
+        testing::ScopedKernelPath force(path);
+        C::DecodeKeys(p, data.data(), T, ks.data());
+        C::DecodeValues(p, data.data(), T, vs.data());
+      }
       for (size_t i = 0; i < k.size(); ++i) {
-        ASSERT_NEAR(ks[i], kd[i], 1e-6f * (1 + std::fabs(ks[i]))) << i;
-        ASSERT_NEAR(vs[i], vd[i], 1e-6f * (1 + std::fabs(vs[i]))) << i;
+        ASSERT_NEAR(ks[i], kd[i], 1e-6f * (1 + std::fabs(ks[i]))) << testing::Name(path) << " " << i;
+        ASSERT_NEAR(vs[i], vd[i], 1e-6f * (1 + std::fabs(vs[i]))) << testing::Name(path) << " " << i;
       }
     }
     // 1. Round trip within the quantizer's bound, group by group (the bound
@@ -141,16 +143,18 @@ class QuantCodecTest : public ::testing::TestWithParam<Config> {
       }
     }
     // 3. The attention loops equal decode + plain math, for 1..8 query rows,
-    //    on the SIMD path and on the scalar path.
+    //    on every kernel path (AVX-512 when available, AVX2, scalar), for row
+    //    counts that hit each multi-row block size and the tails.
     std::mt19937 rng(5);
     std::normal_distribution<float> nd;
     std::vector<float> q(8 * d), w(8 * T);
     for (auto& x : q) x = nd(rng);
     for (auto& x : w) x = std::fabs(nd(rng));
-    for (bool scalar : {false, true}) {
-      simd::ForceScalarForTest() = scalar;
-      for (int nq : {1, 3, 8}) {
-        for (int n : {T, std::max(1, T / 3)}) {
+    for (testing::KernelPath path : testing::kAllKernelPaths) {
+      testing::ScopedKernelPath force(path);
+      const char* path_name = testing::Name(path);
+      for (int nq = 1; nq <= 8; ++nq) {
+        for (int n : {T, T - 1, std::max(1, T / 3)}) {
           std::vector<float> s(nq * T), acc(nq * d, 0.25f);
           C::Scores(p, data.data(), n, q.data(), nq, s.data(), T);
           C::AccumulateValues(p, data.data(), n, w.data(), nq, T, acc.data());
@@ -161,7 +165,7 @@ class QuantCodecTest : public ::testing::TestWithParam<Config> {
                 dot += static_cast<double>(q[r * d + x]) * kd[static_cast<size_t>(j) * d + x];
                 mag += std::fabs(q[r * d + x] * kd[static_cast<size_t>(j) * d + x]);
               }
-              ASSERT_NEAR(s[r * T + j], dot, 2e-6 * (1 + mag)) << "scalar " << scalar << " r " << r << " j " << j;
+              ASSERT_NEAR(s[r * T + j], dot, 2e-6 * (1 + mag)) << "path " << path_name << " r " << r << " j " << j;
             }
             for (int x = 0; x < d; ++x) {
               double ref = 0.25, mag = 0.25;
@@ -169,13 +173,12 @@ class QuantCodecTest : public ::testing::TestWithParam<Config> {
                 ref += static_cast<double>(w[r * T + j]) * vd[static_cast<size_t>(j) * d + x];
                 mag += std::fabs(w[r * T + j] * vd[static_cast<size_t>(j) * d + x]);
               }
-              ASSERT_NEAR(acc[r * d + x], ref, 2e-6 * (1 + mag)) << "scalar " << scalar << " r " << r << " c " << x;
+              ASSERT_NEAR(acc[r * d + x], ref, 2e-6 * (1 + mag)) << "path " << path_name << " r " << r << " c " << x;
             }
           }
         }
       }
     }
-    simd::ForceScalarForTest() = false;
   }
 };
 
@@ -191,8 +194,8 @@ std::vector<Config> Configs() {
   std::vector<Config> out;
   for (bool kivi : {false, true}) {
     for (auto [kb, vb] : {std::pair{8, 8}, {4, 4}, {2, 2}, {8, 4}, {4, 2}}) {
-      for (int d : {8, 16, 64, 128}) {
-        for (int group : {8, 32, 64}) {
+      for (int d : {8, 16, 32, 64, 128}) {
+        for (int group : {8, 16, 32, 64}) {
           if (group > d) continue;
           for (int outliers : {0, 1}) {
             const int T = kivi ? 32 : 16;

@@ -1,8 +1,10 @@
 // AVX2/FMA/F16C versions of the codecs' attention inner loops, chosen at run
-// time (the library is built for baseline x86-64). Every call on one machine
-// takes the same path, so results stay deterministic and independent of the
-// thread count; they differ from the scalar path only by rounding (FMA,
-// summation order). Non-x86 builds use the scalar loops.
+// time (the library is built for baseline x86-64); the multi-query kernels
+// also have AVX-512 versions (simd_avx512.h) that the dispatchers at the end
+// (DotRowsQN, AxpyRowsQN, DecodeRowsQ) prefer when the CPU has them. Every
+// call on one machine takes the same path, so results stay deterministic and
+// independent of the thread count; they differ from the scalar path only by
+// rounding (FMA, summation order). Non-x86 builds use the scalar loops.
 //
 // Thread-safety: pure functions.
 #pragma once
@@ -55,52 +57,6 @@ KVX_KV_AVX2 inline float HorizontalSum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-KVX_KV_AVX2 inline __m256 Load8(const float* p) { return _mm256_loadu_ps(p); }
-KVX_KV_AVX2 inline __m256 Load8(const uint16_t* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-
-// s[j] = q . rows[j] for j < n; rows are `d` elements apart. REQUIRES d % 8 == 0.
-template <typename T>
-KVX_KV_AVX2 inline void DotRows(const float* q, const T* rows, int n, int d, float* s) {
-  for (int j = 0; j < n; ++j) {
-    const T* r = rows + static_cast<size_t>(j) * d;
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    int c = 0;
-    for (; c + 16 <= d; c += 16) {
-      a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), Load8(r + c), a0);
-      a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + c + 8), Load8(r + c + 8), a1);
-    }
-    if (c < d) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), Load8(r + c), a0);
-    s[j] = HorizontalSum(_mm256_add_ps(a0, a1));
-  }
-}
-
-// acc[c] += sum_{j<n} p[j] * rows[j][c]. REQUIRES d % 8 == 0.
-// Loops channel blocks outermost so each accumulator stays in a register.
-template <typename T>
-KVX_KV_AVX2 inline void AxpyRows(const T* rows, int n, int d, const float* p, float* acc) {
-  int c = 0;
-  for (; c + 16 <= d; c += 16) {
-    __m256 a0 = _mm256_loadu_ps(acc + c), a1 = _mm256_loadu_ps(acc + c + 8);
-    for (int j = 0; j < n; ++j) {
-      const T* r = rows + static_cast<size_t>(j) * d + c;
-      const __m256 pj = _mm256_broadcast_ss(p + j);
-      a0 = _mm256_fmadd_ps(pj, Load8(r), a0);
-      a1 = _mm256_fmadd_ps(pj, Load8(r + 8), a1);
-    }
-    _mm256_storeu_ps(acc + c, a0);
-    _mm256_storeu_ps(acc + c + 8, a1);
-  }
-  for (; c < d; c += 8) {
-    __m256 a = _mm256_loadu_ps(acc + c);
-    for (int j = 0; j < n; ++j) {
-      a = _mm256_fmadd_ps(_mm256_broadcast_ss(p + j), Load8(rows + static_cast<size_t>(j) * d + c), a);
-    }
-    _mm256_storeu_ps(acc + c, a);
-  }
-}
-
 // ---- Multi-query kernels over row sources. ----
 //
 // A row source yields channels c..c+7 of row j as 8 floats. Quantized rows are
@@ -128,9 +84,10 @@ struct F32Rows {
   const float* rows;
   int d;
   int span() const { return d; }
-  KVX_KV_AVX2 void LoadPlanes(int j, int off, __m256* x) const {
-    x[0] = _mm256_loadu_ps(rows + static_cast<size_t>(j) * d + off);
+  KVX_KV_AVX2 __m256 Load(int j, int /*plane*/, int off, int /*c*/) const {
+    return _mm256_loadu_ps(rows + static_cast<size_t>(j) * d + off);
   }
+  KVX_KV_AVX2 void LoadPlanes(int j, int off, __m256* x) const { x[0] = Load(j, 0, off, off); }
 };
 
 // Codes of 8 consecutive channels in one plane as floats.
@@ -359,7 +316,7 @@ KVX_KV_AVX2 inline void AxpyRowsQ(const Src& src, int n, int d, const float* w, 
 
 // out[j][c] = row_j[c]: rows decoded to floats (pre-RoPE keys, tests).
 template <class Src>
-KVX_KV_AVX2 inline void DecodeRowsQ(const Src& src, int n, int d, float* out) {
+KVX_KV_AVX2 inline void DecodeRowsAvx2(const Src& src, int n, int d, float* out) {
   const int span = src.span();
   for (int j = 0; j < n; ++j) {
     float* o = out + static_cast<size_t>(j) * d;
@@ -481,9 +438,30 @@ KVX_KV_AVX2 inline float ExpSum(float* x, int n, float m) {
 #undef KVX_KV_AVX2
 #undef KVX_KV_UNROLL
 
-// Runtime query-row count -> template instance (1..kMaxQueryRows).
+}  // namespace kvx::kv::simd
+
+// The AVX-512 kernels (avx512::DotRowsQ, AxpyRowsQ, DecodeRowsQ) over the row
+// sources above; the dispatchers below pick them when UseAvx512For(src).
+#include "kv/codec/simd_avx512.h"
+
+namespace kvx::kv::simd {
+
+// Runtime query-row count -> template instance (1..kMaxQueryRows), on the
+// AVX-512 kernels when the CPU and the source's shape allow, else AVX2.
 template <class Src>
 inline void DotRowsQN(const Src& src, int n, int d, const float* q, int nq, float* s, int ss) {
+  if (UseAvx512For(src)) {
+    switch (nq) {
+      case 1: return avx512::DotRowsQ<Src, 1>(src, n, d, q, s, ss);
+      case 2: return avx512::DotRowsQ<Src, 2>(src, n, d, q, s, ss);
+      case 3: return avx512::DotRowsQ<Src, 3>(src, n, d, q, s, ss);
+      case 4: return avx512::DotRowsQ<Src, 4>(src, n, d, q, s, ss);
+      case 5: return avx512::DotRowsQ<Src, 5>(src, n, d, q, s, ss);
+      case 6: return avx512::DotRowsQ<Src, 6>(src, n, d, q, s, ss);
+      case 7: return avx512::DotRowsQ<Src, 7>(src, n, d, q, s, ss);
+      default: return avx512::DotRowsQ<Src, 8>(src, n, d, q, s, ss);
+    }
+  }
   switch (nq) {
     case 1: return DotRowsQ<Src, 1>(src, n, d, q, s, ss);
     case 2: return DotRowsQ<Src, 2>(src, n, d, q, s, ss);
@@ -497,6 +475,18 @@ inline void DotRowsQN(const Src& src, int n, int d, const float* q, int nq, floa
 }
 template <class Src>
 inline void AxpyRowsQN(const Src& src, int n, int d, const float* w, int nq, int ws, float* acc) {
+  if (UseAvx512For(src)) {
+    switch (nq) {
+      case 1: return avx512::AxpyRowsQ<Src, 1>(src, n, d, w, ws, acc);
+      case 2: return avx512::AxpyRowsQ<Src, 2>(src, n, d, w, ws, acc);
+      case 3: return avx512::AxpyRowsQ<Src, 3>(src, n, d, w, ws, acc);
+      case 4: return avx512::AxpyRowsQ<Src, 4>(src, n, d, w, ws, acc);
+      case 5: return avx512::AxpyRowsQ<Src, 5>(src, n, d, w, ws, acc);
+      case 6: return avx512::AxpyRowsQ<Src, 6>(src, n, d, w, ws, acc);
+      case 7: return avx512::AxpyRowsQ<Src, 7>(src, n, d, w, ws, acc);
+      default: return avx512::AxpyRowsQ<Src, 8>(src, n, d, w, ws, acc);
+    }
+  }
   switch (nq) {
     case 1: return AxpyRowsQ<Src, 1>(src, n, d, w, ws, acc);
     case 2: return AxpyRowsQ<Src, 2>(src, n, d, w, ws, acc);
@@ -509,6 +499,13 @@ inline void AxpyRowsQN(const Src& src, int n, int d, const float* w, int nq, int
   }
 }
 
+// out[j][c] = row_j[c] (pre-RoPE keys, tests), AVX-512 or AVX2.
+template <class Src>
+inline void DecodeRowsQ(const Src& src, int n, int d, float* out) {
+  if (UseAvx512For(src)) return avx512::DecodeRowsQ(src, n, d, out);
+  DecodeRowsAvx2(src, n, d, out);
+}
+
 // Whether the SIMD path applies to rows of `d` elements on this CPU.
 inline bool UseSimd(int d) {
   return d % 8 == 0 && HasAvx2Fma() && !ForceScalarForTest().load(std::memory_order_relaxed);
@@ -518,12 +515,13 @@ inline bool UseSimdQuant(int d, int bits) { return (d * bits) % 64 == 0 && UseSi
 
 #else
 
+inline std::atomic<bool>& ForceAvx2ForTest() {  // no AVX paths here; kept for tests
+  static std::atomic<bool> force{false};
+  return force;
+}
+inline bool HasAvx512() { return false; }
 inline bool UseSimd(int) { return false; }
 inline bool UseSimdQuant(int, int) { return false; }
-template <typename T>
-inline void DotRows(const float*, const T*, int, int, float*) {}
-template <typename T>
-inline void AxpyRows(const T*, int, int, const float*, float*) {}
 struct F16Rows {
   const uint16_t* rows;
   int d;
