@@ -38,6 +38,25 @@ def llama_cpp(bin_dir, model, threads):
             res["decode4096"] = json.loads(line)["speed_tg"]
     return res
 
+def microbench(binary, bench_filter, out):
+    """Runs a Google Benchmark binary of bench/ and returns its JSON benchmarks (medians of 3)."""
+    run([binary, "--benchmark_filter=" + bench_filter, "--benchmark_repetitions=3",
+         "--benchmark_report_aggregates_only=true", "--benchmark_format=json", "--benchmark_out=" + out,
+         "--benchmark_out_format=json"])
+    rows = json.load(open(out))["benchmarks"]
+    return [b for b in rows if b.get("aggregate_name") == "median"]
+
+def microbench_table(rows):
+    """One generic table: time plus whichever rate counters the benchmark reports."""
+    md = ["| benchmark | time | GB/s | GFLOP/s | tok/s |", "|---|---:|---:|---:|---:|"]
+    for b in rows:
+        name = b["run_name"]
+        gbs = "%.1f" % (b["bytes_per_second"] / 1e9) if "bytes_per_second" in b else ""
+        gfl = "%.1f" % (b["GFLOPS"]) if "GFLOPS" in b else ""
+        toks = "%.1f" % b["tok/s"] if "tok/s" in b else ""
+        md.append("| `%s` | %.3g %s | %s | %s | %s |" % (name, b["real_time"], b["time_unit"], gbs, gfl, toks))
+    return md
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
@@ -87,11 +106,25 @@ def main():
         for key, label in [("prefill", "prefill 512"), ("decode0", "decode, depth 0"), ("decode4096", "decode, depth 4096")]:
             md.append("| %s | %.1f | %.1f | %.2f |" % (label, ours[key], ll[key], ours[key] / ll[key]))
         md.append("")
+    readme_md = list(md)
+    # Kernel microbenchmarks (bench/): weight streaming and GEMMs per type,
+    # memory probes, and decode attention per KV codec.
+    ops = microbench(os.path.join(ROOT, "build/ops_bench"),
+                     "DecodeSweep|PrefillGemm|MemRead|MemTriad|PeakFma|MatMul/q8_0|MatMul/q4_K|BM_",
+                     os.path.join(args.models, "ops_bench.json"))
+    kvb = microbench(os.path.join(ROOT, "build/kv_bench"), "ctx:8192", os.path.join(args.models, "kv_bench.json"))
+    md += ["## Kernel microbenchmarks", "",
+           "`build/ops_bench` and `build/kv_bench` (Google Benchmark, medians of 3; see the comments at the top of "
+           "`bench/ops_bench.cc` and `bench/kv_bench.cc` for what each measures). DecodeSweep streams every weight "
+           "matrix of the smollm2-135m stack once, as one decoded token does; its GB/s is to be compared with "
+           "MemRead. DecodeAttentionAllLayers reads a whole smollm2-135m-shaped KV cache of 8k tokens from DRAM; "
+           "DecodeAttention one layer's, from cache.", ""]
+    md += microbench_table(ops) + [""] + microbench_table(kvb) + [""]
     text = "\n".join(md) + "\n"
     open(os.path.join(ROOT, "docs/benchmarks.md"), "w").write(text)
     readme = os.path.join(ROOT, "README.md")
     s = open(readme).read()
-    body = "\n".join(md[2:]) + "\n"
+    body = "\n".join(readme_md[2:]) + "\n"
     s = re.sub(r"(<!-- bench:begin -->\n).*?(<!-- bench:end -->)", lambda m: m.group(1) + body + m.group(2), s, flags=re.S)
     open(readme, "w").write(s)
     print(text)
