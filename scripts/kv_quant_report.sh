@@ -6,7 +6,7 @@
 #   q8_0/q4_0 KV caches on the probe model, and (with --speed) kvx bench.
 #
 # Usage: scripts/kv_quant_report.sh [--kvx build/kvx] [--shared ../shared] [--threads 2]
-#                                   [--quick] [--speed] [--render-only]
+#                                   [--quick] [--speed | --speed-only] [--render-only]
 # Raw results are kept in docs/results/kv_quant/*.json; --render-only rebuilds
 # the documents from them without running anything.
 set -euo pipefail
