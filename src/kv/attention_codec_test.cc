@@ -26,8 +26,6 @@ using testing::PageOf;
 using testing::PoolFor;
 using testing::RelError;
 
-#define EXPECT_INVARIANTS(pool) EXPECT_TRUE((pool).CheckInvariants().ok()) << (pool).CheckInvariants().ToString()
-
 struct Case {
   const char* spec;
   int dim;

@@ -9,48 +9,11 @@
 #include <random>
 #include <vector>
 
+#include "kv/kv_test_util.h"
 #include "util/fp16.h"
 
 namespace kvx::kv {
 namespace {
-
-#define EXPECT_INVARIANTS(pool) EXPECT_TRUE((pool).CheckInvariants().ok()) << (pool).CheckInvariants().ToString()
-
-// Dense reference in double: per query head, softmax over entries with
-// position <= q_pos. keys/values are [n][kv_heads][dim] as appended.
-std::vector<double> DenseAttention(const std::vector<float>& k, const std::vector<float>& v,
-                                   const std::vector<int32_t>& pos, const std::vector<float>& q,
-                                   const std::vector<int32_t>& q_pos, int n_heads, int kv_heads, int dim,
-                                   double scale) {
-  const int n = static_cast<int>(pos.size()), n_q = static_cast<int>(q_pos.size());
-  const int group = n_heads / kv_heads;
-  std::vector<double> out(static_cast<size_t>(n_q) * n_heads * dim, 0.0);
-  for (int i = 0; i < n_q; ++i) {
-    for (int h = 0; h < n_heads; ++h) {
-      const int kh = h / group;
-      const float* qi = &q[(static_cast<size_t>(i) * n_heads + h) * dim];
-      std::vector<double> s(n, -INFINITY);
-      double mx = -INFINITY;
-      for (int j = 0; j < n; ++j) {
-        if (pos[j] > q_pos[i]) continue;
-        double dot = 0;
-        for (int c = 0; c < dim; ++c) dot += static_cast<double>(qi[c]) * k[(static_cast<size_t>(j) * kv_heads + kh) * dim + c];
-        s[j] = dot * scale;
-        mx = std::max(mx, s[j]);
-      }
-      if (mx == -INFINITY) continue;
-      double sum = 0;
-      for (int j = 0; j < n; ++j) sum += (s[j] = std::exp(s[j] - mx));
-      for (int j = 0; j < n; ++j) {
-        for (int c = 0; c < dim; ++c) {
-          out[(static_cast<size_t>(i) * n_heads + h) * dim + c] +=
-              s[j] / sum * v[(static_cast<size_t>(j) * kv_heads + kh) * dim + c];
-        }
-      }
-    }
-  }
-  return out;
-}
 
 struct Case {
   int head_dim, group, n_q;
@@ -102,7 +65,7 @@ TEST_P(AttentionTest, MatchesDenseReference) {
     for (auto& x : ks) x = Fp16ToFloat(FloatToFp16(x));
     for (auto& x : vs) x = Fp16ToFloat(FloatToFp16(x));
   }
-  const std::vector<double> ref = DenseAttention(ks, vs, pos, q, q_pos, n_heads, kv_heads, dim, scale);
+  const std::vector<double> ref = testing::DenseAttention(ks, vs, pos, q, q_pos, n_heads, kv_heads, dim, scale);
 
   std::vector<float> out(q.size(), 123.0f), out_mt(q.size(), -1.0f);
   Attention(kv, 1, q.data(), q_pos.data(), c.n_q, n_heads, scale, out.data(), nullptr);
@@ -243,7 +206,7 @@ TEST(AttentionTest2, LongContextChunksMatchReferenceForAnyThreadCount) {
     const std::vector<int32_t> q_pos = {n, 5, 700, 1500, n - 1};
     std::vector<float> q(q_pos.size() * n_heads * dim);
     for (auto& x : q) x = 0.3f * nd(rng);
-    const std::vector<double> ref = DenseAttention(ks, vs, pos, q, q_pos, n_heads, kv_heads, dim, 0.125);
+    const std::vector<double> ref = testing::DenseAttention(ks, vs, pos, q, q_pos, n_heads, kv_heads, dim, 0.125);
     std::vector<float> base;
     for (int threads : {0, 1, 2, 5}) {
       for (int n_q : {1, 5}) {

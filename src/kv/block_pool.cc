@@ -160,10 +160,8 @@ PageId BlockPool::Materialize(SizeClass& c) {
 Result<PageId> BlockPool::Allocate(int size_class) {
   KVX_CHECK(size_class >= 0 && size_class < num_size_classes());
   SizeClass& c = classes_[size_class];
+  if (Exhausted(c)) return ResourceExhausted(ExhaustedMessage(c));
   const bool plain_listed = c.head != kNoPage && !(flags_[c.head] & kFlagCached);
-  if ((c.head == kNoPage && c.frontier == end(c)) || bytes_in_use_ + c.page_bytes > budget_bytes_) {
-    return ResourceExhausted(ExhaustedMessage(c));
-  }
   // Plain free pages first (warm), then never-used ones, then cached pages (LRU).
   if (plain_listed || c.frontier == end(c)) return Take(c, c.head);
   return Take(c, Materialize(c));
@@ -172,9 +170,7 @@ Result<PageId> BlockPool::Allocate(int size_class) {
 Result<PageId> BlockPool::AllocateAfter(int size_class, PageId prev) {
   KVX_CHECK(size_class >= 0 && size_class < num_size_classes());
   SizeClass& c = classes_[size_class];
-  if ((c.head == kNoPage && c.frontier == end(c)) || bytes_in_use_ + c.page_bytes > budget_bytes_) {
-    return ResourceExhausted(ExhaustedMessage(c));
-  }
+  if (Exhausted(c)) return ResourceExhausted(ExhaustedMessage(c));
   const PageId next = prev + 1;
   if (prev != kNoPage && prev >= c.first && prev < c.frontier) {
     if (next < c.frontier && (flags_[next] & kFlagOnFreeList) && !(flags_[next] & kFlagCached)) return Take(c, next);

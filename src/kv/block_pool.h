@@ -229,6 +229,10 @@ class BlockPool {
   // Moves the frontier past one never-used page and lists it as free.
   PageId Materialize(SizeClass& c);
   PageId end(const SizeClass& c) const { return c.first + static_cast<PageId>(c.n_pages); }
+  // No free page of the class (listed or past the frontier), or the budget is spent.
+  bool Exhausted(const SizeClass& c) const {
+    return (c.head == kNoPage && c.frontier == end(c)) || bytes_in_use_ + c.page_bytes > budget_bytes_;
+  }
   Status CheckExtents(const SizeClass& c, const std::string& cls) const;
   std::string ExhaustedMessage(const SizeClass& c) const;
 

@@ -2,6 +2,8 @@
 // reference and a pool sized for a spec. Not part of the library.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -11,6 +13,9 @@
 #include "kv/codec/simd_x86.h"
 #include "kv/kv_spec.h"
 #include "kv/sequence_kv.h"
+
+// Expects a pool's invariants to hold, printing the violation otherwise.
+#define EXPECT_INVARIANTS(pool) EXPECT_TRUE((pool).CheckInvariants().ok()) << (pool).CheckInvariants().ToString()
 
 namespace kvx::kv::testing {
 

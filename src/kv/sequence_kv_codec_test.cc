@@ -19,8 +19,6 @@ using testing::Codec;
 using testing::PageOf;
 using testing::PoolFor;
 
-#define EXPECT_INVARIANTS(pool) EXPECT_TRUE((pool).CheckInvariants().ok()) << (pool).CheckInvariants().ToString()
-
 struct Tokens {
   std::vector<int32_t> pos;
   std::vector<float> k, v;

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "kv/codec/codec_id.h"
 
@@ -446,57 +447,42 @@ KVX_KV_AVX2 inline float ExpSum(float* x, int n, float m) {
 
 namespace kvx::kv::simd {
 
-// Runtime query-row count -> template instance (1..kMaxQueryRows), on the
-// AVX-512 kernels when the CPU and the source's shape allow, else AVX2.
+// Calls fn(std::integral_constant<int, NQ>{}) with NQ the runtime query-row
+// count nq as a template constant (1..kMaxQueryRows; larger counts use 8).
+template <class Fn>
+inline void WithQueryRows(int nq, const Fn& fn) {
+  static_assert(kMaxQueryRows == 8);
+  switch (nq) {
+    case 1: return fn(std::integral_constant<int, 1>{});
+    case 2: return fn(std::integral_constant<int, 2>{});
+    case 3: return fn(std::integral_constant<int, 3>{});
+    case 4: return fn(std::integral_constant<int, 4>{});
+    case 5: return fn(std::integral_constant<int, 5>{});
+    case 6: return fn(std::integral_constant<int, 6>{});
+    case 7: return fn(std::integral_constant<int, 7>{});
+    default: return fn(std::integral_constant<int, 8>{});
+  }
+}
+
+// The multi-query kernels for a runtime row count, on the AVX-512 kernels
+// when the CPU and the source's shape allow, else AVX2.
 template <class Src>
 inline void DotRowsQN(const Src& src, int n, int d, const float* q, int nq, float* s, int ss) {
-  if (UseAvx512For(src)) {
-    switch (nq) {
-      case 1: return avx512::DotRowsQ<Src, 1>(src, n, d, q, s, ss);
-      case 2: return avx512::DotRowsQ<Src, 2>(src, n, d, q, s, ss);
-      case 3: return avx512::DotRowsQ<Src, 3>(src, n, d, q, s, ss);
-      case 4: return avx512::DotRowsQ<Src, 4>(src, n, d, q, s, ss);
-      case 5: return avx512::DotRowsQ<Src, 5>(src, n, d, q, s, ss);
-      case 6: return avx512::DotRowsQ<Src, 6>(src, n, d, q, s, ss);
-      case 7: return avx512::DotRowsQ<Src, 7>(src, n, d, q, s, ss);
-      default: return avx512::DotRowsQ<Src, 8>(src, n, d, q, s, ss);
-    }
-  }
-  switch (nq) {
-    case 1: return DotRowsQ<Src, 1>(src, n, d, q, s, ss);
-    case 2: return DotRowsQ<Src, 2>(src, n, d, q, s, ss);
-    case 3: return DotRowsQ<Src, 3>(src, n, d, q, s, ss);
-    case 4: return DotRowsQ<Src, 4>(src, n, d, q, s, ss);
-    case 5: return DotRowsQ<Src, 5>(src, n, d, q, s, ss);
-    case 6: return DotRowsQ<Src, 6>(src, n, d, q, s, ss);
-    case 7: return DotRowsQ<Src, 7>(src, n, d, q, s, ss);
-    default: return DotRowsQ<Src, 8>(src, n, d, q, s, ss);
-  }
+  const bool wide = UseAvx512For(src);
+  WithQueryRows(nq, [&](auto rows) {
+    constexpr int NQ = decltype(rows)::value;
+    if (wide) return avx512::DotRowsQ<Src, NQ>(src, n, d, q, s, ss);
+    DotRowsQ<Src, NQ>(src, n, d, q, s, ss);
+  });
 }
 template <class Src>
 inline void AxpyRowsQN(const Src& src, int n, int d, const float* w, int nq, int ws, float* acc) {
-  if (UseAvx512For(src)) {
-    switch (nq) {
-      case 1: return avx512::AxpyRowsQ<Src, 1>(src, n, d, w, ws, acc);
-      case 2: return avx512::AxpyRowsQ<Src, 2>(src, n, d, w, ws, acc);
-      case 3: return avx512::AxpyRowsQ<Src, 3>(src, n, d, w, ws, acc);
-      case 4: return avx512::AxpyRowsQ<Src, 4>(src, n, d, w, ws, acc);
-      case 5: return avx512::AxpyRowsQ<Src, 5>(src, n, d, w, ws, acc);
-      case 6: return avx512::AxpyRowsQ<Src, 6>(src, n, d, w, ws, acc);
-      case 7: return avx512::AxpyRowsQ<Src, 7>(src, n, d, w, ws, acc);
-      default: return avx512::AxpyRowsQ<Src, 8>(src, n, d, w, ws, acc);
-    }
-  }
-  switch (nq) {
-    case 1: return AxpyRowsQ<Src, 1>(src, n, d, w, ws, acc);
-    case 2: return AxpyRowsQ<Src, 2>(src, n, d, w, ws, acc);
-    case 3: return AxpyRowsQ<Src, 3>(src, n, d, w, ws, acc);
-    case 4: return AxpyRowsQ<Src, 4>(src, n, d, w, ws, acc);
-    case 5: return AxpyRowsQ<Src, 5>(src, n, d, w, ws, acc);
-    case 6: return AxpyRowsQ<Src, 6>(src, n, d, w, ws, acc);
-    case 7: return AxpyRowsQ<Src, 7>(src, n, d, w, ws, acc);
-    default: return AxpyRowsQ<Src, 8>(src, n, d, w, ws, acc);
-  }
+  const bool wide = UseAvx512For(src);
+  WithQueryRows(nq, [&](auto rows) {
+    constexpr int NQ = decltype(rows)::value;
+    if (wide) return avx512::AxpyRowsQ<Src, NQ>(src, n, d, w, ws, acc);
+    AxpyRowsQ<Src, NQ>(src, n, d, w, ws, acc);
+  });
 }
 
 // out[j][c] = row_j[c] (pre-RoPE keys, tests), AVX-512 or AVX2.
