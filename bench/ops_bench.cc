@@ -9,6 +9,8 @@
 //       q8_0), so the weights stream from DRAM: bytes_per_second is the
 //       kernels' effective weight bandwidth, to compare with MemRead.
 //   PrefillGemm/<type>/thr<N>   the same layer stack for 512 tokens (GFLOPS).
+//   .../q8_0_repacked/...       the same with the Q8_0 matrices repacked as the
+//       model loader stores them on AVX3_DL machines (ops/weight_pack.h).
 //   MemRead / MemTriad          STREAM-like probes over 256 MiB arrays.
 //   PeakFma                     f32 FMA peak of the active SIMD target.
 //   ThreadPool/*                dispatch latency of empty parallel loops.
@@ -27,6 +29,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <random>
 #include <string>
@@ -39,6 +42,7 @@
 #include "ops/quant_blocks.h"
 #include "ops/quantize.h"
 #include "ops/simd_target.h"
+#include "ops/weight_pack.h"
 #include "util/thread_pool.h"
 
 namespace kvx::ops {
@@ -107,36 +111,31 @@ void BM_MatMul(benchmark::State& state, TensorType t, int64_t n_out, int64_t n_i
 struct Stack {
   static constexpr int kLayers = 30, kEmbd = 576, kFF = 1536, kQ = 576, kKV = 192, kVocab = 49152;
   struct Layer {
-    std::vector<uint8_t> q, k, v, o, gate, up, down;
+    WeightView q, k, v, o, gate, up, down;
   };
   TensorType type;
+  bool repacked;  // Q8_0 matrices repacked as the model loader does (ops/weight_pack.h)
   std::vector<Layer> layers;
-  std::vector<uint8_t> head;
+  WeightView head{};
   size_t bytes = 0;
   double matmul_flops_per_token = 0;  // excluding the head
 
-  explicit Stack(TensorType t) : type(t), layers(kLayers) {
+  Stack(TensorType t, bool repack) : type(t), repacked(repack), layers(kLayers) {
     // K-quant rows of 576 are not possible: those matrices fall back to q8_0
     // (like llama.cpp's mixes), the FFN ones keep the type.
     const TensorType t576 = GetBlockGeometry(t).block_size > 32 ? TensorType::kQ8_0 : t;
     uint32_t seed = 1;
     for (Layer& l : layers) {
-      l.q = QuantizedMatrix(t576, kEmbd, kQ, seed++);
-      l.k = QuantizedMatrix(t576, kEmbd, kKV, seed++);
-      l.v = QuantizedMatrix(t576, kEmbd, kKV, seed++);
-      l.o = QuantizedMatrix(t576, kQ, kEmbd, seed++);
-      l.gate = QuantizedMatrix(t576, kEmbd, kFF, seed++);
-      l.up = QuantizedMatrix(t576, kEmbd, kFF, seed++);
-      l.down = QuantizedMatrix(t, kFF, kEmbd, seed++);
-      for (auto* m : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) bytes += m->size();
+      l.q = Matrix(t576, kEmbd, kQ, seed++);
+      l.k = Matrix(t576, kEmbd, kKV, seed++);
+      l.v = Matrix(t576, kEmbd, kKV, seed++);
+      l.o = Matrix(t576, kQ, kEmbd, seed++);
+      l.gate = Matrix(t576, kEmbd, kFF, seed++);
+      l.up = Matrix(t576, kEmbd, kFF, seed++);
+      l.down = Matrix(t, kFF, kEmbd, seed++);
     }
-    head = QuantizedMatrix(t576, kEmbd, kVocab, seed);
-    bytes += head.size();
+    head = Matrix(t576, kEmbd, kVocab, seed);
     matmul_flops_per_token = 2.0 * kLayers * (kEmbd * (kQ + 2 * kKV) + kQ * kEmbd + 3.0 * kEmbd * kFF);
-    t576_ = t576;
-  }
-  WeightView View(const std::vector<uint8_t>& m, int64_t n_in, int64_t n_out, TensorType t) const {
-    return WeightView{t, m.data(), n_in, n_out, RowBytesOf(t, n_in)};
   }
   // One forward pass of n tokens through the matmuls (no attention/norms);
   // the head only for the last token when `head_too`.
@@ -150,35 +149,42 @@ struct Stack {
     float* u = g + n * kFF;
     float* logits = u + n * kFF;
     for (const Layer& l : layers) {
-      const MatMulOutput qkv[] = {{View(l.q, kEmbd, kQ, t576_), q},
-                                  {View(l.k, kEmbd, kKV, t576_), k},
-                                  {View(l.v, kEmbd, kKV, t576_), v}};
+      const MatMulOutput qkv[] = {{l.q, q}, {l.k, k}, {l.v, v}};
       MatMulMulti(qkv, x, n, pool);
-      MatMul(View(l.o, kQ, kEmbd, t576_), q, n, x, pool);
-      const MatMulOutput gu[] = {{View(l.gate, kEmbd, kFF, t576_), g}, {View(l.up, kEmbd, kFF, t576_), u}};
+      MatMul(l.o, q, n, x, pool);
+      const MatMulOutput gu[] = {{l.gate, g}, {l.up, u}};
       MatMulMulti(gu, x, n, pool);
-      MatMul(View(l.down, kFF, kEmbd, type), g, n, x, pool);
+      MatMul(l.down, g, n, x, pool);
     }
-    if (head_too) MatMul(View(head, kEmbd, kVocab, t576_), x + (n - 1) * kEmbd, 1, logits, pool);
+    if (head_too) MatMul(head, x + (n - 1) * kEmbd, 1, logits, pool);
   }
 
  private:
-  TensorType t576_ = TensorType::kQ8_0;
+  WeightView Matrix(TensorType t, int64_t n_in, int64_t n_out, uint32_t seed) {
+    std::vector<uint8_t>& m = storage_.emplace_back(QuantizedMatrix(t, n_in, n_out, seed));
+    bytes += m.size();
+    const WeightView w{t, m.data(), n_in, n_out, RowBytesOf(t, n_in)};
+    if (!repacked || !CanRepack(w)) return w;
+    packed_.push_back(PackedWeight::Pack(w));
+    storage_.pop_back();  // only the repacked copy stays in memory
+    return packed_.back().view();
+  }
+  std::deque<std::vector<uint8_t>> storage_;
+  std::deque<PackedWeight> packed_;
 };
 
-const Stack& GetStack(TensorType t) {
-  static std::vector<std::unique_ptr<Stack>> cache;
-  for (auto& s : cache) {
-    if (s->type == t) return *s;
+const Stack& GetStack(TensorType t, bool repack) {
+  static std::unique_ptr<Stack> cache;  // one stack alive at a time (they are large)
+  if (cache == nullptr || cache->type != t || cache->repacked != repack) {
+    cache.reset();
+    cache = std::make_unique<Stack>(t, repack);
   }
-  cache.clear();  // keep one stack alive at a time (they are large)
-  cache.push_back(std::make_unique<Stack>(t));
-  return *cache.back();
+  return *cache;
 }
 
-void BM_DecodeSweep(benchmark::State& state, TensorType t, int threads) {
+void BM_DecodeSweep(benchmark::State& state, TensorType t, bool repack, int threads) {
   AddContext();
-  const Stack& s = GetStack(t);
+  const Stack& s = GetStack(t, repack);
   std::vector<float> buf;
   s.Run(1, true, Pool(threads), &buf);
   std::fill(buf.begin(), buf.end(), 0.01f);
@@ -190,9 +196,9 @@ void BM_DecodeSweep(benchmark::State& state, TensorType t, int threads) {
   state.counters["tok/s"] = benchmark::Counter(1, benchmark::Counter::kIsIterationInvariantRate);
 }
 
-void BM_PrefillGemm(benchmark::State& state, TensorType t, int threads) {
+void BM_PrefillGemm(benchmark::State& state, TensorType t, bool repack, int threads) {
   AddContext();
-  const Stack& s = GetStack(t);
+  const Stack& s = GetStack(t, repack);
   const int64_t n = 512;
   std::vector<float> buf;
   s.Run(n, false, Pool(threads), &buf);
@@ -266,7 +272,13 @@ __attribute__((target("avx512f"))) float FmaChains(int64_t iters) {
   }
   __m512 s = acc[0];
   for (int c = 1; c < 12; ++c) s = _mm512_add_ps(s, acc[c]);
-  return _mm512_reduce_add_ps(s);
+  // Not _mm512_reduce_add_ps: with GCC 12 its extract intrinsics trip
+  // -Wuninitialized (GCC PR105593).
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, s);
+  float sum = 0.0f;
+  for (float x : lanes) sum += x;
+  return sum;
 }
 
 void BM_PeakFma(benchmark::State& state, int threads) {
@@ -422,14 +434,19 @@ int RegisterAll() {
         }
       }
     }
-    for (int threads : {1, 2}) {
-      const std::string thr = "/thr" + std::to_string(threads);
-      benchmark::RegisterBenchmark(("DecodeSweep/" + name + thr).c_str(), BM_DecodeSweep, t, threads)
-          ->Unit(benchmark::kMillisecond)
-          ->UseRealTime();
-      benchmark::RegisterBenchmark(("PrefillGemm/" + name + thr).c_str(), BM_PrefillGemm, t, threads)
-          ->Unit(benchmark::kMillisecond)
-          ->UseRealTime();
+    // Q8_0 also repacked, as the model loader stores it when the AVX3_DL kernels run.
+    for (bool repack : {false, true}) {
+      if (repack && t != TensorType::kQ8_0) continue;
+      const std::string sweep = name + (repack ? "_repacked" : "");
+      for (int threads : {1, 2}) {
+        const std::string thr = "/thr" + std::to_string(threads);
+        benchmark::RegisterBenchmark(("DecodeSweep/" + sweep + thr).c_str(), BM_DecodeSweep, t, repack, threads)
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime();
+        benchmark::RegisterBenchmark(("PrefillGemm/" + sweep + thr).c_str(), BM_PrefillGemm, t, repack, threads)
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime();
+      }
     }
     benchmark::RegisterBenchmark(("Dequantize/" + name).c_str(), BM_Dequantize, t);
     benchmark::RegisterBenchmark(("Quantize/" + name).c_str(), BM_Quantize, t);

@@ -117,7 +117,8 @@ def main():
            "`build/ops_bench` and `build/kv_bench` (Google Benchmark, medians of 3; see the comments at the top of "
            "`bench/ops_bench.cc` and `bench/kv_bench.cc` for what each measures). DecodeSweep streams every weight "
            "matrix of the smollm2-135m stack once, as one decoded token does; its GB/s is to be compared with "
-           "MemRead. DecodeAttentionAllLayers reads a whole smollm2-135m-shaped KV cache of 8k tokens from DRAM; "
+           "MemRead; `q8_0_repacked` is the same with the matrices repacked as the model loader stores them on "
+           "AVX-512 VNNI machines (one aligned stream per 4 rows, `src/ops/weight_pack.h`). DecodeAttentionAllLayers reads a whole smollm2-135m-shaped KV cache of 8k tokens from DRAM; "
            "DecodeAttention one layer's, from cache.", ""]
     md += microbench_table(ops) + [""] + microbench_table(kvb) + [""]
     text = "\n".join(md) + "\n"

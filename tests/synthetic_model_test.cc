@@ -10,6 +10,8 @@
 #include "engine/runtime.h"
 #include "eval/perplexity.h"
 #include "model/synthetic_model.h"
+#include "ops/simd_target.h"
+#include "ops/weight_pack.h"
 #include "support/test_data.h"
 #include "util/mmap_file.h"
 
@@ -52,6 +54,51 @@ TEST(SyntheticModelTest, PerplexityMatchesLlamaCpp) {
     // f32 weights: both engines compute in f32, so only summation order differs.
     const double tol = o.type == gguf::TensorType::kF32 ? 1e-5 : 2e-3;
     EXPECT_NEAR(r->ppl, expected, tol * expected) << o.shape << " " << run["type"];
+  }
+}
+
+// On AVX3_DL machines the loader repacks Q8_0 matrices (ops/weight_pack.h);
+// the logits must be bit-identical to a model loaded without repacking
+// (loaded while dispatch is restricted to AVX2), computed on the same target.
+TEST(SyntheticModelTest, RepackedWeightsGiveIdenticalLogits) {
+  if (!ops::ForceSimdTarget("AVX3_DL") || !ops::ForceSimdTarget("AVX2")) {
+    ops::ForceSimdTarget("");
+    GTEST_SKIP() << "needs a CPU with AVX-512 VNNI (repacking is only done there) and AVX2";
+  }
+  model::SyntheticModelOptions o;
+  o.shape = "tiny";
+  o.type = gguf::TensorType::kQ8_0;
+  const std::string path = testing::TempDir() + "/repack.gguf";
+  ASSERT_TRUE(model::WriteSyntheticModel(o, path).ok());
+  auto load = [&] {
+    engine::RuntimeOptions ro;
+    ro.model_path = path;
+    ro.n_ctx = 64;
+    ro.n_threads = 2;
+    auto rt = engine::Runtime::Create(ro);
+    EXPECT_TRUE(rt.ok()) << rt.status().ToString();
+    return std::move(rt).value();
+  };
+  ASSERT_FALSE(ops::RepackingPays());  // AVX2 dispatch: GGUF rows kept
+  auto rows = load();
+  ops::ForceSimdTarget("");
+  ASSERT_TRUE(ops::RepackingPays());
+  auto repacked = load();
+  EXPECT_EQ(rows->model().RepackedMatrices(), 0);
+  EXPECT_GT(repacked->model().RepackedMatrices(), 0);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 20; ++i) prompt.push_back((i * 37 + 5) % rows->model().config().n_vocab);
+  std::vector<float> want, got;
+  auto a = rows->NewSession();
+  auto b = repacked->NewSession();
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE((*a)->FeedWithLogits(prompt, 0, &want).ok());  // prefill path (a batch)
+  ASSERT_TRUE((*b)->FeedWithLogits(prompt, 0, &got).ok());
+  EXPECT_EQ(want, got);
+  for (int step = 0; step < 3; ++step) {  // decode path (one token)
+    ASSERT_TRUE((*a)->FeedWithLogits({prompt[step]}, 0, &want).ok());
+    ASSERT_TRUE((*b)->FeedWithLogits({prompt[step]}, 0, &got).ok());
+    EXPECT_EQ(want, got) << "decode step " << step;
   }
 }
 

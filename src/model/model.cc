@@ -7,6 +7,8 @@
 #include "kv/attention.h"
 #include "ops/dequant.h"
 #include "ops/nn.h"
+#include "ops/weight_pack.h"
+#include "util/mmap_file.h"
 
 namespace kvx::model {
 
@@ -109,7 +111,33 @@ Status Model::LoadWeights() {
   }
   weight_bytes_ = 0;
   for (const auto& t : f.tensors()) weight_bytes_ += t.n_bytes;
+  if (ops::RepackingPays()) RepackWeights();
   return Status::Ok();
+}
+
+// Replaces the views of repackable matrices by repacked copies (decode reads
+// them as one aligned stream, ops/weight_pack.h) and drops the mapped
+// originals from memory, so the weights are not resident twice. A tied
+// output head shares the embedding table's copy.
+void Model::RepackWeights() {
+  auto repack = [&](ops::WeightView* w) {
+    if (!ops::CanRepack(*w)) return;
+    const void* original = w->data;
+    const size_t bytes = w->row_bytes * static_cast<size_t>(w->n_out);
+    packed_.push_back(ops::PackedWeight::Pack(*w));
+    *w = packed_.back().view();
+    DropMappedPages(original, bytes);
+  };
+  const bool tied = output_.data == token_embd_.data;
+  repack(&token_embd_);
+  if (tied) {
+    output_ = token_embd_;
+  } else {
+    repack(&output_);
+  }
+  for (LayerWeights& w : layers_) {
+    for (ops::WeightView* m : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down}) repack(m);
+  }
 }
 
 uint64_t Model::DecodeWeightBytesPerToken() const {
@@ -176,11 +204,7 @@ Status Model::Forward(const ForwardBatch& batch, kv::SequenceKV* kv, ForwardScra
   s->up.resize(static_cast<size_t>(n) * c.n_ff);
 
   // Token embeddings: one dequantized row per token.
-  const auto* embd = static_cast<const uint8_t*>(token_embd_.data);
-  for (int i = 0; i < n; ++i) {
-    ops::DequantizeRow(token_embd_.type, embd + static_cast<size_t>(batch.tokens[i]) * token_embd_.row_bytes,
-                       &s->x[static_cast<size_t>(i) * d], d);
-  }
+  for (int i = 0; i < n; ++i) ops::DequantizeWeightRow(token_embd_, batch.tokens[i], &s->x[static_cast<size_t>(i) * d]);
 
   ops::RopeParams rope;
   rope.n_dims = c.rope_dims;

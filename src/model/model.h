@@ -1,5 +1,6 @@
 // Model: a loaded llama-family model (config, tokenizer, weight views into the
-// memory-mapped GGUF) and its forward pass.
+// memory-mapped GGUF, or into repacked copies where that makes decode faster:
+// ops/weight_pack.h) and its forward pass.
 //
 // One Model serves many sessions: it is immutable after Load, and Forward
 // takes everything per-sequence (the KV cache, scratch buffers) as arguments.
@@ -9,6 +10,7 @@
 // caller passes its own SequenceKV and ForwardScratch.
 #pragma once
 
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,6 +21,7 @@
 #include "model/config.h"
 #include "model/tokenizer.h"
 #include "ops/matmul.h"
+#include "ops/weight_pack.h"
 #include "util/status.h"
 #include "util/thread_pool.h"
 
@@ -65,6 +68,9 @@ class Model {
   Status Forward(const ForwardBatch& batch, kv::SequenceKV* kv, ForwardScratch* scratch, ThreadPool* pool,
                  float* logits) const;
 
+  // How many weight matrices were repacked at load (ops/weight_pack.h).
+  int RepackedMatrices() const { return static_cast<int>(packed_.size()); }
+
   // Bytes of weights (as stored).
   uint64_t WeightBytes() const { return weight_bytes_; }
   // Weight bytes one decoded token must read: every matrix, the output head,
@@ -78,6 +84,7 @@ class Model {
  private:
   Model() = default;
   Status LoadWeights();
+  void RepackWeights();
 
   std::unique_ptr<gguf::GgufFile> file_;
   ModelConfig config_;
@@ -87,6 +94,7 @@ class Model {
   std::vector<float> output_norm_;
   std::vector<float> rope_freq_factors_;  // empty unless llama3-style scaling
   std::vector<LayerWeights> layers_;
+  std::deque<ops::PackedWeight> packed_;  // repacked matrices the views above point into
   uint64_t weight_bytes_ = 0;
 };
 

@@ -9,6 +9,7 @@
 #include "ops/dequant.h"
 #include "ops/matmul_internal.h"
 #include "ops/quant_blocks.h"
+#include "ops/weight_pack.h"
 #include "util/check.h"
 
 namespace kvx::ops {
@@ -102,9 +103,8 @@ void MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y, Thr
 
 void MatMulReference(const WeightView& w, const float* x, int64_t n_tokens, float* y) {
   std::vector<float> row(static_cast<size_t>(w.n_in));
-  const uint8_t* base = static_cast<const uint8_t*>(w.data);
   for (int64_t o = 0; o < w.n_out; ++o) {
-    DequantizeRow(w.type, base + static_cast<size_t>(o) * w.row_bytes, row.data(), w.n_in);
+    DequantizeWeightRow(w, o, row.data());
     for (int64_t t = 0; t < n_tokens; ++t) {
       double sum = 0;
       const float* xt = x + t * w.n_in;

@@ -26,7 +26,9 @@
 // Blocking: threads split output rows; each thread runs register-blocked
 // micro-kernels (4 rows x 4 tokens of 16-lane accumulators) over token tiles
 // that stay in L2; quantized weights are decoded once per tile into an L1
-// panel (prefill) or straight into registers (decode).
+// panel (prefill) or straight into registers (decode). Q8_0 matrices the
+// model loader repacked (WeightLayout::kRowGroups4, ops/weight_pack.h) give
+// the same results from one aligned stream per 4 rows.
 //
 // Thread-safety: MatMul may be called concurrently on distinct outputs; the
 // pool, if given, must not be used by another caller at the same time.
@@ -41,13 +43,21 @@
 
 namespace kvx::ops {
 
+// How a weight matrix's bytes are arranged.
+enum class WeightLayout : uint8_t {
+  kRows,        // GGUF rows as in the file, row_bytes apart
+  kRowGroups4,  // Q8_0 repacked so decode reads one aligned stream (ops/weight_pack.h)
+};
+
 // A read-only view of a weight matrix: n_out rows of n_in elements.
 struct WeightView {
   gguf::TensorType type;
   const void* data;
   int64_t n_in;
   int64_t n_out;
-  size_t row_bytes;  // distance between rows (>= RowBytesOf(type, n_in))
+  size_t row_bytes;  // kRows: distance between rows (>= RowBytesOf(type, n_in));
+                     // other layouts: RowBytesOf(type, n_in), bytes per row as stored
+  WeightLayout layout = WeightLayout::kRows;
 };
 
 // y[t*n_out + o] = dot(W row o, x + t*n_in) for t < n_tokens.

@@ -386,6 +386,8 @@ KVX_ATTR void IntRowsTyped(const WeightView& w, const QuantizedActs& a, float* y
 }
 
 void MatMulRowsInt(const WeightView& w, const QuantizedActs& a, float* y, int64_t r0, int64_t r1) {
+  // Repacked matrices are only made when the AVX3_DL kernels run (ops/weight_pack.h).
+  if (w.layout != WeightLayout::kRows) return MatMulRowsIntScalar(w, a, y, r0, r1);
   switch (w.type) {
     case TensorType::kQ8_0: return IntRowsTyped<TensorType::kQ8_0>(w, a, y, r0, r1);
     case TensorType::kQ4_0: return IntRowsTyped<TensorType::kQ4_0>(w, a, y, r0, r1);

@@ -140,7 +140,28 @@ inline float ReduceLanes(const float* v) {
   return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
 
+// Geometry of the WeightLayout::kRowGroups4 layout (ops/weight_pack.h).
+struct RowGroups4 {
+  static constexpr int kRows = 4;
+  int64_t n_chunks = 0;      // n_in / kChunk
+  uint8_t* quants = nullptr;  // [n_out / 4][n_chunks][4][kChunk]
+  uint16_t* scales = nullptr; // [n_out / 4][n_chunks][4][2]
+  const uint8_t* Quants(int64_t group, int64_t c) const { return quants + (group * n_chunks + c) * kRows * kChunk; }
+  const uint16_t* Scales(int64_t group, int64_t c) const { return scales + (group * n_chunks + c) * kRows * 2; }
+  uint8_t* MutableQuants(int64_t group, int64_t c) const { return quants + (group * n_chunks + c) * kRows * kChunk; }
+  uint16_t* MutableScales(int64_t group, int64_t c) const { return scales + (group * n_chunks + c) * kRows * 2; }
+};
+inline RowGroups4 RowGroups4Of(const WeightView& w) {
+  RowGroups4 g;
+  g.n_chunks = w.n_in / kChunk;
+  // The view is read-only; the mutable accessors are for the packer, which owns the buffer.
+  g.quants = static_cast<uint8_t*>(const_cast<void*>(w.data));
+  g.scales = reinterpret_cast<uint16_t*>(g.quants + static_cast<size_t>(w.n_out) * w.n_in);
+  return g;
+}
+
 // Scalar reference kernels. Rows [r0, r1) of w, all tokens; y is [t][n_out].
+// Any layout (other than kRows, rows are first copied back to GGUF form).
 void MatMulRowsFloatScalar(const WeightView& w, const float* x, int64_t n_tokens, float* y, int64_t r0, int64_t r1);
 void MatMulRowsIntScalar(const WeightView& w, const QuantizedActs& a, float* y, int64_t r0, int64_t r1);
 

@@ -4,9 +4,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "ops/matmul_internal.h"
 #include "ops/quant_blocks.h"
+#include "ops/weight_pack.h"
 #include "util/check.h"
 
 namespace kvx::ops::internal {
@@ -194,8 +196,14 @@ void MatMulRowsIntScalar(const WeightView& w, const QuantizedActs& a, float* y, 
   const int64_t n_chunks = a.k_pad / kChunk;
   uint8_t u[kChunk];
   float s[kChunkLanes], m[kChunkLanes];
+  std::vector<uint8_t> stored;  // a row of a repacked matrix, back in GGUF form
+  if (w.layout != WeightLayout::kRows) stored.resize(RowBytesOf(w.type, w.n_in));
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* row = base + static_cast<size_t>(r) * w.row_bytes;
+    if (w.layout != WeightLayout::kRows) {
+      CopyRowAsStored(w, r, stored.data());
+      row = stored.data();
+    }
     for (int64_t t = 0; t < a.n_tokens; ++t) {
       const int8_t* q = a.QRow(t);
       const float* da = a.DRow(t);

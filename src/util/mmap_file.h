@@ -31,6 +31,12 @@ class MappedFile {
   size_t size_ = 0;
 };
 
+// Drops the resident pages of a read-only file mapping within [p, p + n)
+// (the whole pages inside it) from this process's memory: for data copied
+// elsewhere (repacked weights), so it no longer counts toward RSS. Reading
+// it again pages it back in from the file. Best effort.
+void DropMappedPages(const void* p, size_t n);
+
 // Reads a whole file into a string (for text inputs).
 Result<std::string> ReadFileToString(const std::string& path);
 
