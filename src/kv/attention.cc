@@ -49,12 +49,25 @@ struct Job {
   std::vector<std::vector<int32_t>> obs_pos;   // [h][n_h]
 };
 
-// x[j] *= scale, returns the max (SIMD when available).
-float ScaleMax(float* x, int n, float scale) {
-  if (simd::UseSimd(8)) return simd::ScaleMax(x, n, scale);
+// max_j x[j], -inf for n == 0 (SIMD when available).
+float Max(const float* x, int n) {
+  if (simd::UseSimd(8)) return simd::Max(x, n);
   float m = kNegInf;
-  for (int j = 0; j < n; ++j) m = std::max(m, x[j] *= scale);
+  for (int j = 0; j < n; ++j) m = std::max(m, x[j]);
   return m;
+}
+
+// x[j] *= f (SIMD when available).
+void Scale(float* x, int n, float f) {
+  if (simd::UseSimd(8)) return simd::Scale(x, n, f);
+  for (int j = 0; j < n; ++j) x[j] *= f;
+}
+
+// Smallest and largest of the n >= 1 positions (SIMD when available).
+void MinMax(const int32_t* pos, int n, int32_t* lo, int32_t* hi) {
+  if (simd::UseSimd(8)) return simd::MinMaxI32(pos, n, lo, hi);
+  *lo = *hi = pos[0];
+  for (int j = 1; j < n; ++j) *lo = std::min(*lo, pos[j]), *hi = std::max(*hi, pos[j]);
 }
 
 // x[j] = exp(x[j] - m) (0 for -inf), returns the sum (SIMD when available).
@@ -63,6 +76,34 @@ float ExpSum(float* x, int n, float m) {
   float sum = 0.0f;
   for (int j = 0; j < n; ++j) sum += (x[j] = std::exp(x[j] - m));
   return sum;
+}
+
+// One online-softmax step over a block of n >= 1 scores of each row r < nr (row
+// r at s + r * ss): with M = max(mx[r], the row's scores), the scores become
+// the weights exp(s - M) (0 for -inf; all 0 while M = -inf), sum[r] =
+// sum[r] * f[r] + their sum where f[r] = exp(mx[r] - M) is the factor the
+// row's accumulator must be scaled by (1 when it need not be), mx[r] = M.
+// Returns whether any weight is > 0. Fused AVX-512 kernel when available.
+bool SoftmaxStep(float* s, int ss, int n, int nr, float* mx, float* sum, float* f) {
+  bool any = false;
+  if (simd::UseSimd(8) && simd::SoftmaxStep(s, ss, n, nr, mx, sum, f, &any)) return any;
+  for (int r = 0; r < nr; ++r) {
+    float* row = s + static_cast<size_t>(r) * ss;
+    const float block_max = Max(row, n);
+    f[r] = 1.0f;
+    if (block_max > mx[r]) {
+      if (mx[r] != kNegInf) f[r] = std::exp(mx[r] - block_max);
+      mx[r] = block_max;
+    }
+    if (mx[r] == kNegInf) {  // nothing visible to this row yet
+      std::fill(row, row + n, 0.0f);
+      continue;
+    }
+    const float block_sum = ExpSum(row, n, mx[r]);  // weights are >= 0: sum > 0 iff any is
+    sum[r] = sum[r] * f[r] + block_sum;
+    any |= block_sum > 0.0f;
+  }
+  return any;
 }
 
 // s[r*ss + j] = q_r . K_j for the page's m entries, in whatever form the page has.
@@ -137,6 +178,9 @@ void RunItem(Job& job, int h, int block, int chunk) {
   s.q.resize(static_cast<size_t>(nr) * D);
   s.scores.resize(static_cast<size_t>(nr) * T);
 
+  // The queries times the scale, once here rather than every score of every
+  // page: bit-identical scores for a power-of-two scale such as 1/sqrt(64),
+  // otherwise they differ in the last bits.
   int32_t qp[kMaxQueryRows];
   int32_t q_max = std::numeric_limits<int32_t>::min();
   for (int r = 0; r < nr; ++r) {
@@ -144,6 +188,7 @@ void RunItem(Job& job, int h, int block, int chunk) {
     float* qr = &s.q[static_cast<size_t>(r) * D];
     std::memcpy(qr, job.q + (static_cast<size_t>(i) * job.n_heads + head) * D, sizeof(float) * D);
     if (job.keys_rotated && !job.pre_rope) job.rot->Forward(qr);  // (Q q) . (Q k) = q . k
+    Scale(qr, D, job.scale);
     qp[r] = job.q_pos[i];
     q_max = std::max(q_max, qp[r]);
   }
@@ -152,8 +197,11 @@ void RunItem(Job& job, int h, int block, int chunk) {
   // page's keys, then its values, so memory is read in page order. Two passes
   // (all keys of the chunk, then all values) read half of each page and skip
   // the other half, which defeats the hardware prefetchers: on a 2-core EPYC
-  // decode at 8k context ran at half the speed. The running max only grows;
-  // when a page raises it, the row's sum and accumulator are rescaled.
+  // decode at 8k context ran at half the speed. Even groups of 2-4 pages
+  // (their keys, one softmax step, their values) were 15-35% slower from DRAM
+  // on a Zen 5 VM, more than the per-page bookkeeping they save. The running
+  // max only grows; when a page raises it, the row's sum and accumulator are
+  // rescaled.
   float* part = job.partials + (job.item_base[h] + static_cast<size_t>(block) * job.chunks[h] + chunk) * job.part_stride;
   float* acc = part;
   float* part_max = part + kMaxQueryRows * D;
@@ -166,26 +214,16 @@ void RunItem(Job& job, int h, int block, int chunk) {
     const uint8_t* page = pool.PageData(t.pages()[p]);
     const int m = t.EntriesInPage(p, T);
     const int32_t* pos = PagePositions(page);
-    int32_t pos_min = pos[0], pos_max = pos[0];
-    for (int j = 1; j < m; ++j) pos_min = std::min(pos_min, pos[j]), pos_max = std::max(pos_max, pos[j]);
+    int32_t pos_min, pos_max;
+    MinMax(pos, m, &pos_min, &pos_max);
     if (pos_min > q_max) continue;  // after every row: skip
-    float* sp = s.scores.data();    // [nr][T]
+    float* sp = s.scores.data();  // [nr][T]
     PageScores<C>(job, t.is_full(p), page, m, s.q.data(), nr, sp, T);
-    float page_max[kMaxQueryRows];
     for (int r = 0; r < nr; ++r) {
+      if (pos_max <= qp[r]) continue;  // the whole page is visible to this row (always, in decode)
       float* row = sp + static_cast<size_t>(r) * T;
-      if (pos_max <= qp[r]) {  // the whole page is visible (always, in decode)
-        page_max[r] = ScaleMax(row, m, job.scale);
-        continue;
-      }
-      page_max[r] = kNegInf;
       for (int j = 0; j < m; ++j) {
-        if (pos[j] > qp[r]) {
-          row[j] = kNegInf;
-        } else {
-          row[j] *= job.scale;
-          page_max[r] = std::max(page_max[r], row[j]);
-        }
+        if (pos[j] > qp[r]) row[j] = kNegInf;
       }
     }
     if (job.observer != nullptr) {
@@ -195,25 +233,10 @@ void RunItem(Job& job, int h, int block, int chunk) {
                     sizeof(float) * m);
       }
     }
-    bool any = false;
+    float f[kMaxQueryRows];
+    const bool any = SoftmaxStep(sp, T, m, nr, mx, sum, f);
     for (int r = 0; r < nr; ++r) {
-      float* row = sp + static_cast<size_t>(r) * T;
-      if (page_max[r] > mx[r]) {  // rescale what the row has so far to the new max
-        if (mx[r] != kNegInf) {
-          const float f = std::exp(mx[r] - page_max[r]);
-          sum[r] *= f;
-          float* a = acc + static_cast<size_t>(r) * D;
-          for (int x = 0; x < D; ++x) a[x] *= f;
-        }
-        mx[r] = page_max[r];
-      }
-      if (mx[r] == kNegInf) {  // nothing visible to this row yet
-        std::fill(row, row + m, 0.0f);
-        continue;
-      }
-      const float page_sum = ExpSum(row, m, mx[r]);  // weights are >= 0: sum > 0 iff any is
-      sum[r] += page_sum;
-      any |= page_sum > 0.0f;
+      if (f[r] != 1.0f) Scale(acc + static_cast<size_t>(r) * D, D, f[r]);  // what the row has so far, to the new max
     }
     if (!any) continue;
     const uint8_t* data = page + PageDataOffset(T);

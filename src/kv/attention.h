@@ -33,9 +33,10 @@
 //     allocated in runs, see block_pool.h), which the hardware prefetchers
 //     follow; a pass over all keys of a chunk then all its values did not.
 //
-// Numerics: scores, softmax and accumulation are float; the softmax subtracts
-// the running row max; the output is sum_j exp(s_j - max) V_j / sum_j
-// exp(s_j - max). A query that sees no entry gets a zero output.
+// Numerics: scores, softmax and accumulation are float; the scale multiplies
+// the queries (once per work item), so s_j = (scale q) . k_j; the softmax
+// subtracts the running row max; the output is sum_j exp(s_j - max) V_j /
+// sum_j exp(s_j - max). A query that sees no entry gets a zero output.
 // Codec transforms: with a Hadamard rotation the queries are rotated like the
 // keys and the output is rotated back; with pre-RoPE keys each page's keys are
 // decoded to a one-page tile, (un-rotated,) roped at their stored positions

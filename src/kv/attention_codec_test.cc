@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -241,6 +242,58 @@ TEST(AttentionCodecTest2, QualityOrdering) {
   EXPECT_LT(error("codec=int2,rotate=hadamard"), int2);
   EXPECT_LT(error("codec=int2,outliers=0.02"), int2);
   EXPECT_LT(error("codec=int4,group=64,rotate=hadamard"), error("codec=int4,group=64"));
+}
+
+// The fused AVX-512 online-softmax step (decode's per-page bookkeeping)
+// against a double reference: blocks shorter and longer than 16 with masked
+// tails, masked (-inf) entries, rows that see nothing yet, maxima that rise
+// and ones that do not.
+TEST(AttentionCodecTest2, SoftmaxStepMatchesReference) {
+#ifdef KVX_KV_HAVE_X86_SIMD
+  if (!simd::HasAvx512()) GTEST_SKIP() << "no AVX-512";
+  std::mt19937 rng(4);
+  std::normal_distribution<float> nd;
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int n : {1, 5, 15, 16, 17, 31, 32, 33, 64, 70}) {
+    for (int nr = 1; nr <= kMaxQueryRows; ++nr) {
+      const int ss = n + 3;
+      std::vector<float> s(static_cast<size_t>(nr) * ss, 7.0f);
+      float mx[kMaxQueryRows], sum[kMaxQueryRows], f[kMaxQueryRows];
+      for (int r = 0; r < nr; ++r) {
+        for (int j = 0; j < n; ++j) s[r * ss + j] = r == 1 || r == 3 || rng() % 5 == 0 ? -inf : 2.0f * nd(rng);
+        mx[r] = r % 3 == 0 ? -inf : r % 3 == 1 ? 5.0f : 0.5f * nd(rng);
+        sum[r] = mx[r] == -inf ? 0.0f : 1.5f;
+      }
+      const std::vector<float> s0 = s;
+      const std::vector<float> mx0(mx, mx + nr), sum0(sum, sum + nr);
+      bool any = false;
+      ASSERT_TRUE(simd::SoftmaxStep(s.data(), ss, n, nr, mx, sum, f, &any));
+      bool want_any = false;
+      for (int r = 0; r < nr; ++r) {
+        SCOPED_TRACE(::testing::Message() << "n " << n << " nr " << nr << " row " << r);
+        float m = mx0[r];
+        for (int j = 0; j < n; ++j) m = std::max(m, s0[r * ss + j]);
+        ASSERT_EQ(mx[r], m);
+        // exp of the float difference (as the kernel takes it), to about an ulp.
+        const double want_f = mx0[r] == -inf || m == mx0[r] ? 1.0 : std::exp(double{mx0[r] - m});
+        EXPECT_NEAR(f[r], want_f, 3e-7 * want_f);
+        double block = 0;
+        for (int j = 0; j < n; ++j) {
+          const double w = m == -inf ? 0.0 : std::exp(double{s0[r * ss + j] - m});
+          EXPECT_NEAR(s[r * ss + j], w, 3e-7 * w) << j;
+          block += w;
+        }
+        for (int j = n; j < ss; ++j) EXPECT_EQ(s[r * ss + j], 7.0f);  // beyond the block: untouched
+        const double want_sum = sum0[r] * want_f + block;
+        EXPECT_NEAR(sum[r], want_sum, 1e-6 * want_sum);
+        want_any |= block > 0;
+      }
+      EXPECT_EQ(any, want_any);
+    }
+  }
+#else
+  GTEST_SKIP() << "no x86 SIMD";
+#endif
 }
 
 }  // namespace

@@ -42,11 +42,11 @@ inline bool HasAvx512() {
           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))) {
       return false;
     }
-    unsigned eax, ebx, ecx, edx;
-    __asm__("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(1), "c"(0));
+    unsigned eax, ebx, ecx, edx;  // volatile: see HasAvx2Fma
+    __asm__ volatile("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(1), "c"(0));
     if (!((ecx >> 27) & 1u)) return false;  // OSXSAVE
     unsigned lo, hi;
-    __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
     return (lo & 0xE6u) == 0xE6u;  // SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM
   }();
   return has;
@@ -383,15 +383,120 @@ KVX_KV_AVX512 inline void DecodeRowsQ(const Src& src, int n, int d, float* out) 
   }
 }
 
+// ---- Softmax. ----
+
+// (Full-mask spellings for the reason given at CvtPh.)
+KVX_KV_AVX512 inline __m512 Max16(__m512 a, __m512 b) { return _mm512_maskz_max_ps(0xFFFF, a, b); }
+// The largest and the sum of the 16 lanes.
+KVX_KV_AVX512 inline float ReduceMax(__m512 v) {
+  v = Max16(v, _mm512_maskz_shuffle_f32x4(0xFFFF, v, v, 0x4E));
+  v = Max16(v, _mm512_maskz_shuffle_f32x4(0xFFFF, v, v, 0xB1));
+  v = Max16(v, _mm512_maskz_permute_ps(0xFFFF, v, 0x4E));
+  v = Max16(v, _mm512_maskz_permute_ps(0xFFFF, v, 0xB1));
+  return _mm512_cvtss_f32(v);
+}
+KVX_KV_AVX512 inline float ReduceSum(__m512 v) { return _mm512_cvtss_f32(Fold<0>(Fold<1>(Fold<2>(Fold<3>(v))))); }
+
+// exp(x) for x <= 0: ExpNonPositive (simd_x86.h) on 16 lanes, the same
+// polynomial and cut-offs (exactly 0 below -87.3, so -inf gives 0).
+KVX_KV_AVX512 inline __m512 ExpNonPositive16(__m512 x) {
+  const __mmask16 zero_below = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_LT_OQ);
+  x = Max16(x, _mm512_set1_ps(-87.3f));
+  const __m512 t = _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f));
+  const __m512 fx = _mm512_maskz_roundscale_ps(0xFFFF, t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);  // floor
+  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
+  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
+  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
+  // y * 2^fx: fx >= -126, so this is the multiplication by the normal 2^fx.
+  return _mm512_maskz_scalef_ps(static_cast<__mmask16>(~zero_below), y, fx);
+}
+
+// Block b of 16 floats at x: whole when b < full, else the `tail` lanes
+// (loaded as -inf beyond them).
+KVX_KV_AVX512 inline __m512 LoadBlock(const float* x, int b, int full, __mmask16 tail) {
+  if (b < full) return _mm512_loadu_ps(x + 16 * b);
+  return _mm512_mask_loadu_ps(_mm512_set1_ps(-__builtin_inff()), tail, x + 16 * b);
+}
+KVX_KV_AVX512 inline void StoreBlock(float* x, int b, int full, __mmask16 tail, __m512 v) {
+  if (b < full) {
+    _mm512_storeu_ps(x + 16 * b, v);
+  } else {
+    _mm512_mask_storeu_ps(x + 16 * b, tail, v);
+  }
+}
+
+// One online-softmax step over a block of n >= 1 scores per row, for the NQ rows
+// x_r = s + r * ss: M = max(mx[r], max_j x_r[j]); x_r[j] = exp(x_r[j] - M)
+// (0 for -inf; all 0 while M = -inf); sum[r] = sum[r] * f[r] + sum_j x_r[j]
+// with f[r] = exp(mx[r] - M), the factor the row's accumulator must be
+// scaled by (1 when the max did not rise or the row had nothing yet); mx[r] =
+// M. Returns whether any weight is > 0.
+// Fused over the rows, which are unrolled so their exp chains overlap, and
+// the row max is reduced only when it rises: with 16-entry pages this
+// bookkeeping otherwise costs about as much as the scores. A block of at most
+// 16 stays in registers.
+template <int NQ>
+KVX_KV_AVX512 inline bool SoftmaxStep(float* s, int ss, int n, float* mx, float* sum, float* f) {
+  const int full = n / 16;  // whole blocks of 16, then a masked tail
+  const __mmask16 tail = static_cast<__mmask16>((1u << (n % 16)) - 1);
+  const int nb = full + (tail != 0);
+  __m512 x0[NQ], vmax[NQ];
+  KVX_KV_UNROLL
+  for (int r = 0; r < NQ; ++r) {
+    const float* x = s + static_cast<size_t>(r) * ss;
+    vmax[r] = x0[r] = LoadBlock(x, 0, full, tail);
+    for (int b = 1; b < nb; ++b) vmax[r] = Max16(vmax[r], LoadBlock(x, b, full, tail));
+  }
+  KVX_KV_UNROLL
+  for (int r = 0; r < NQ; ++r) {
+    f[r] = 1.0f;
+    if (_mm512_cmp_ps_mask(vmax[r], _mm512_set1_ps(mx[r]), _CMP_GT_OQ) != 0) {
+      const float m = ReduceMax(vmax[r]);
+      if (mx[r] != -__builtin_inff()) f[r] = __builtin_expf(mx[r] - m);
+      mx[r] = m;
+    }
+  }
+  // A row with nothing visible yet (M = -inf) has only -inf scores: against
+  // -FLT_MAX instead of M they still give exp(-inf) = 0, without a branch.
+  __m512 acc[NQ];
+  KVX_KV_UNROLL
+  for (int r = 0; r < NQ; ++r) {
+    float* x = s + static_cast<size_t>(r) * ss;
+    const __m512 m = _mm512_set1_ps(mx[r] == -__builtin_inff() ? -__FLT_MAX__ : mx[r]);
+    acc[r] = ExpNonPositive16(_mm512_sub_ps(x0[r], m));
+    StoreBlock(x, 0, full, tail, acc[r]);
+    for (int b = 1; b < nb; ++b) {
+      const __m512 e = ExpNonPositive16(_mm512_sub_ps(LoadBlock(x, b, full, tail), m));
+      StoreBlock(x, b, full, tail, e);
+      acc[r] = _mm512_add_ps(acc[r], e);
+    }
+  }
+  bool any = false;
+  KVX_KV_UNROLL
+  for (int r = 0; r < NQ; ++r) {
+    const float block_sum = ReduceSum(acc[r]);  // weights are >= 0: > 0 iff any is
+    sum[r] = sum[r] * f[r] + block_sum;
+    any |= block_sum > 0.0f;
+  }
+  return any;
+}
+
 #undef KVX_KV_AVX512
 #undef KVX_KV_UNROLL
 
 }  // namespace avx512
 
-// Whether the AVX-512 kernels run for this source (CPU, shape, test hook).
+// Whether the AVX-512 kernels run (CPU, test hook); for a row source, also its shape.
+inline bool UseAvx512() { return HasAvx512() && !ForceAvx2ForTest().load(std::memory_order_relaxed); }
 template <class Src>
 inline bool UseAvx512For(const Src& src) {
-  return HasAvx512() && avx512::Zmm<Src>::Ok(src) && !ForceAvx2ForTest().load(std::memory_order_relaxed);
+  return UseAvx512() && avx512::Zmm<Src>::Ok(src);
 }
 
 }  // namespace kvx::kv::simd

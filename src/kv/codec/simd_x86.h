@@ -36,9 +36,11 @@ inline bool HasAvx2Fma() {
   static const bool has = [] {
     __builtin_cpu_init();
     // F16C is read from CPUID leaf 1 (ECX bit 29) directly: clang 14's
-    // __builtin_cpu_supports does not know "f16c".
+    // __builtin_cpu_supports does not know "f16c". volatile: a plain asm
+    // counts as a pure expression, which GCC may hoist out of this
+    // once-only initialiser into a caller's hot loop (a VM exit per CPUID).
     unsigned eax, ebx, ecx, edx;
-    __asm__("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(1), "c"(0));
+    __asm__ volatile("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(1), "c"(0));
     const bool f16c = (ecx >> 29) & 1u;
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
   }();
@@ -393,25 +395,46 @@ KVX_KV_AVX2 inline __m256 ExpNonPositive(__m256 x) {
   return _mm256_andnot_ps(zero_below, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
 }
 
-// x[j] *= scale; returns max_j x[j] (-inf for n == 0).
-KVX_KV_AVX2 inline float ScaleMax(float* x, int n, float scale) {
-  const __m256 sc = _mm256_set1_ps(scale);
+// max_j x[j] (-inf for n == 0).
+KVX_KV_AVX2 inline float Max(const float* x, int n) {
   __m256 mx = _mm256_set1_ps(-__builtin_inff());
   int j = 0;
-  for (; j + 8 <= n; j += 8) {
-    const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + j), sc);
-    _mm256_storeu_ps(x + j, v);
-    mx = _mm256_max_ps(mx, v);
-  }
+  for (; j + 8 <= n; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(x + j));
   float m = -__builtin_inff();
   alignas(32) float lanes[8];
   _mm256_store_ps(lanes, mx);
   for (float l : lanes) m = l > m ? l : m;
-  for (; j < n; ++j) {
-    x[j] *= scale;
-    m = x[j] > m ? x[j] : m;
-  }
+  for (; j < n; ++j) m = x[j] > m ? x[j] : m;
   return m;
+}
+
+// x[j] *= f.
+KVX_KV_AVX2 inline void Scale(float* x, int n, float f) {
+  const __m256 fv = _mm256_set1_ps(f);
+  int j = 0;
+  for (; j + 8 <= n; j += 8) _mm256_storeu_ps(x + j, _mm256_mul_ps(_mm256_loadu_ps(x + j), fv));
+  for (; j < n; ++j) x[j] *= f;
+}
+
+// Smallest and largest of x[0..n) (n >= 1).
+KVX_KV_AVX2 inline void MinMaxI32(const int32_t* x, int n, int32_t* lo, int32_t* hi) {
+  int j = 0;
+  int32_t mn = x[0], mx = x[0];
+  if (n >= 8) {
+    __m256i vmn = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)), vmx = vmn;
+    for (j = 8; j + 8 <= n; j += 8) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + j));
+      vmn = _mm256_min_epi32(vmn, v);
+      vmx = _mm256_max_epi32(vmx, v);
+    }
+    alignas(32) int32_t a[8], b[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(a), vmn);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(b), vmx);
+    for (int t = 0; t < 8; ++t) mn = a[t] < mn ? a[t] : mn, mx = b[t] > mx ? b[t] : mx;
+  }
+  for (; j < n; ++j) mn = x[j] < mn ? x[j] : mn, mx = x[j] > mx ? x[j] : mx;
+  *lo = mn;
+  *hi = mx;
 }
 
 // x[j] = exp(x[j] - m) (0 for x[j] = -inf); returns sum_j x[j], summed in 8
@@ -492,6 +515,14 @@ inline void DecodeRowsQ(const Src& src, int n, int d, float* out) {
   DecodeRowsAvx2(src, n, d, out);
 }
 
+// avx512::SoftmaxStep when the AVX-512 kernels run; false (nothing done) when
+// they do not.
+inline bool SoftmaxStep(float* s, int ss, int n, int nr, float* mx, float* sum, float* f, bool* any) {
+  if (!UseAvx512()) return false;
+  WithQueryRows(nr, [&](auto rows) { *any = avx512::SoftmaxStep<decltype(rows)::value>(s, ss, n, mx, sum, f); });
+  return true;
+}
+
 // Whether the SIMD path applies to rows of `d` elements on this CPU.
 inline bool UseSimd(int d) {
   return d % 8 == 0 && HasAvx2Fma() && !ForceScalarForTest().load(std::memory_order_relaxed);
@@ -537,7 +568,10 @@ struct F32Rows {
 template <class Src>
 inline void DecodeRowsQ(const Src&, int, int, float*) {}
 inline void RopeRow(float*, const float*, int, bool, bool) {}
-inline float ScaleMax(float*, int, float) { return 0; }
+inline float Max(const float*, int) { return 0; }
+inline void Scale(float*, int, float) {}
+inline bool SoftmaxStep(float*, int, int, int, float*, float*, float*, bool*) { return false; }
+inline void MinMaxI32(const int32_t*, int, int32_t*, int32_t*) {}
 inline float ExpSum(float*, int, float) { return 0; }
 
 #endif
