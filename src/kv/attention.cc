@@ -164,21 +164,6 @@ void PageScores(const Job& job, bool full, const uint8_t* page, int m, const flo
   }
 }
 
-// Asks for the next page of a chain (up to kPrefetchBytes of it) in L1 while
-// the current one is computed. The hardware prefetchers alone did not overlap
-// the memory with the compute: page by page, decode attention read about
-// 12 GB/s per thread from DRAM and computed about 20 GB/s from cache, as if
-// the two added up. With this, on a 2-core Zen 5 VM, a whole smollm2-135m f16
-// cache at 8k (kv_bench DecodeAttentionAllLayers) went from ~20 to ~9.7 ms on
-// one thread and ~10 to ~6 ms on two; int8 and kivi4 pages gained too. Two
-// pages ahead, or into L2 only, was slower.
-constexpr size_t kPrefetchBytes = 32 << 10;  // within L1 even for the largest pages
-void PrefetchPage(const BlockPool& pool, PageId id) {
-  const char* p = reinterpret_cast<const char*>(pool.PageData(id));
-  const size_t n = std::min(kPrefetchBytes, pool.PageBytesOf(id));
-  for (size_t o = 0; o < n; o += 64) __builtin_prefetch(p + o, 0, 3);
-}
-
 // One work item: rows [row0, row0 + nr) of kv head h against the pages of one
 // context chunk. Writes the partial (acc, max, sum) of each row.
 template <PageCodec C>
@@ -227,7 +212,6 @@ void RunItem(Job& job, int h, int block, int chunk) {
   const std::size_t n_obs = job.observer != nullptr ? static_cast<size_t>(t.length()) : 0;
   for (int p = p0; p < p1; ++p) {
     const uint8_t* page = pool.PageData(t.pages()[p]);
-    if (p + 1 < t.num_pages()) PrefetchPage(pool, t.pages()[p + 1]);
     const int m = t.EntriesInPage(p, T);
     const int32_t* pos = PagePositions(page);
     int32_t pos_min, pos_max;

@@ -32,9 +32,6 @@
 //     values, keeps the memory stream sequential (the table's pages are
 //     allocated in runs, see block_pool.h), which the hardware prefetchers
 //     follow; a pass over all keys of a chunk then all its values did not.
-//     The next page is also prefetched into L1 while the current one is
-//     computed, so memory and compute overlap (about 2x from DRAM on one
-//     thread).
 //
 // Numerics: scores, softmax and accumulation are float; the scale multiplies
 // the queries (once per work item), so s_j = (scale q) . k_j; the softmax
