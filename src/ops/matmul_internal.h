@@ -146,15 +146,13 @@ struct RowGroups4 {
   int64_t n_chunks = 0;      // n_in / kChunk
   uint8_t* quants = nullptr;  // [n_out / 4][n_chunks][4][kChunk]
   uint16_t* scales = nullptr; // [n_out / 4][n_chunks][4][2]
-  const uint8_t* Quants(int64_t group, int64_t c) const { return quants + (group * n_chunks + c) * kRows * kChunk; }
-  const uint16_t* Scales(int64_t group, int64_t c) const { return scales + (group * n_chunks + c) * kRows * 2; }
-  uint8_t* MutableQuants(int64_t group, int64_t c) const { return quants + (group * n_chunks + c) * kRows * kChunk; }
-  uint16_t* MutableScales(int64_t group, int64_t c) const { return scales + (group * n_chunks + c) * kRows * 2; }
+  uint8_t* Quants(int64_t group, int64_t c) const { return quants + (group * n_chunks + c) * kRows * kChunk; }
+  uint16_t* Scales(int64_t group, int64_t c) const { return scales + (group * n_chunks + c) * kRows * 2; }
 };
 inline RowGroups4 RowGroups4Of(const WeightView& w) {
   RowGroups4 g;
   g.n_chunks = w.n_in / kChunk;
-  // The view is read-only; the mutable accessors are for the packer, which owns the buffer.
+  // The view is read-only; only the packer, which owns the buffer, writes through these.
   g.quants = static_cast<uint8_t*>(const_cast<void*>(w.data));
   g.scales = reinterpret_cast<uint16_t*>(g.quants + static_cast<size_t>(w.n_out) * w.n_in);
   return g;

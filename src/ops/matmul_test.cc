@@ -19,6 +19,7 @@
 
 #include "ops/dequant.h"
 #include "ops/matmul_internal.h"
+#include "ops/ops_test_util.h"
 #include "ops/quant_blocks.h"
 #include "ops/quantize.h"
 #include "ops/simd_target.h"
@@ -31,29 +32,8 @@ using gguf::TensorType;
 const TensorType kTypes[] = {TensorType::kF32,  TensorType::kF16,  TensorType::kBF16, TensorType::kQ8_0,
                              TensorType::kQ4_0, TensorType::kQ4_K, TensorType::kQ5_K, TensorType::kQ6_K};
 
-std::vector<float> Gaussian(int64_t n, uint32_t seed, float mean = 0.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(mean, 1.0f);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
-
-// A quantized weight matrix; rows may be padded (row_bytes > RowBytesOf).
-struct TestMatrix {
-  std::vector<uint8_t> bytes;
-  WeightView view;
-};
-
-TestMatrix MakeMatrix(TensorType t, int64_t n_in, int64_t n_out, uint32_t seed, size_t pad = 0) {
-  TestMatrix m;
-  const size_t rb = RowBytesOf(t, n_in) + pad;
-  m.bytes.assign(rb * n_out, 0xAB);  // padding bytes are garbage on purpose
-  const auto w = Gaussian(n_in * n_out, seed);
-  for (int64_t o = 0; o < n_out; ++o) QuantizeRow(t, w.data() + o * n_in, m.bytes.data() + o * rb, n_in);
-  m.view = WeightView{t, m.bytes.data(), n_in, n_out, rb};
-  return m;
-}
+using testing::Gaussian;
+using testing::MakeMatrix;
 
 // Runs the body once per SIMD target available on this CPU, then restores
 // the default dispatch.

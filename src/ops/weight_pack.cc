@@ -36,8 +36,8 @@ PackedWeight PackedWeight::Pack(const WeightView& w) {
   for (int64_t r = 0; r < w.n_out; ++r) {
     const uint8_t* row = src + static_cast<size_t>(r) * w.row_bytes;
     for (int64_t c = 0; c < g.n_chunks; ++c) {
-      uint8_t* q = g.MutableQuants(r / RowGroups4::kRows, c) + (r % RowGroups4::kRows) * internal::kChunk;
-      uint16_t* s = g.MutableScales(r / RowGroups4::kRows, c) + (r % RowGroups4::kRows) * 2;
+      uint8_t* q = g.Quants(r / RowGroups4::kRows, c) + (r % RowGroups4::kRows) * internal::kChunk;
+      uint16_t* s = g.Scales(r / RowGroups4::kRows, c) + (r % RowGroups4::kRows) * 2;
       for (int h = 0; h < 2; ++h) {
         const uint8_t* blk = row + (2 * c + h) * kQ8_0Bytes;
         std::memcpy(&s[h], blk, 2);

@@ -7,13 +7,12 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "ops/dequant.h"
 #include "ops/quant_blocks.h"
-#include "ops/quantize.h"
+#include "ops/ops_test_util.h"
 #include "ops/simd_target.h"
 
 namespace kvx::ops {
@@ -21,31 +20,15 @@ namespace {
 
 using gguf::TensorType;
 
-std::vector<float> Gaussian(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist;
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
+using testing::Gaussian;
+using testing::TestMatrix;
 
-struct Matrix {
-  std::vector<uint8_t> bytes;
-  WeightView view;
-};
-
-Matrix MakeQ8(int64_t n_in, int64_t n_out, uint32_t seed, size_t pad = 0) {
-  Matrix m;
-  const size_t rb = RowBytesOf(TensorType::kQ8_0, n_in) + pad;
-  m.bytes.assign(rb * n_out, 0xAB);
-  const auto w = Gaussian(n_in * n_out, seed);
-  for (int64_t o = 0; o < n_out; ++o) QuantizeRow(TensorType::kQ8_0, w.data() + o * n_in, m.bytes.data() + o * rb, n_in);
-  m.view = WeightView{TensorType::kQ8_0, m.bytes.data(), n_in, n_out, rb};
-  return m;
+TestMatrix MakeQ8(int64_t n_in, int64_t n_out, uint32_t seed, size_t pad = 0) {
+  return testing::MakeMatrix(TensorType::kQ8_0, n_in, n_out, seed, pad);
 }
 
 TEST(WeightPackTest, OnlyQ8_0RowsOfTheRightShape) {
-  const Matrix m = MakeQ8(128, 8, 1);
+  const TestMatrix m = MakeQ8(128, 8, 1);
   EXPECT_TRUE(CanRepack(m.view));
   WeightView v = m.view;
   v.n_out = 6;  // not a multiple of 4 rows
@@ -61,7 +44,7 @@ TEST(WeightPackTest, OnlyQ8_0RowsOfTheRightShape) {
 }
 
 TEST(WeightPackTest, RowsRoundTripAndDequantize) {
-  const Matrix m = MakeQ8(192, 12, 2, /*pad=*/6);  // padded rows in the source
+  const TestMatrix m = MakeQ8(192, 12, 2, /*pad=*/6);  // padded rows in the source
   const PackedWeight p = PackedWeight::Pack(m.view);
   EXPECT_EQ(p.view().layout, WeightLayout::kRowGroups4);
   EXPECT_EQ(p.view().row_bytes, RowBytesOf(TensorType::kQ8_0, 192));
@@ -80,7 +63,7 @@ TEST(WeightPackTest, MatMulBitIdenticalToTheGgufLayout) {
   ThreadPool pool(2);
   for (const int64_t n_in : {64, 576}) {
     const int64_t n_out = 40;
-    const Matrix m = MakeQ8(n_in, n_out, 3);
+    const TestMatrix m = MakeQ8(n_in, n_out, 3);
     const PackedWeight p = PackedWeight::Pack(m.view);
     for (const int64_t n_tok : {1, 3, 9}) {
       const auto x = Gaussian(n_tok * n_in, 4);
@@ -94,7 +77,7 @@ TEST(WeightPackTest, MatMulBitIdenticalToTheGgufLayout) {
           EXPECT_EQ(want, got);
         }
         // Several outputs at once (Q/K/V style), one of them packed.
-        const Matrix other = MakeQ8(n_in, 8, 5);
+        const TestMatrix other = MakeQ8(n_in, 8, 5);
         std::vector<float> y0(n_tok * n_out), y1(n_tok * 8), ref0(n_tok * n_out), ref1(n_tok * 8);
         const MatMulOutput outs[] = {{p.view(), y0.data()}, {other.view, y1.data()}};
         MatMulMulti(outs, x.data(), n_tok, &pool);

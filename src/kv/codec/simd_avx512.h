@@ -398,20 +398,17 @@ KVX_KV_AVX512 inline float ReduceMax(__m512 v) {
 KVX_KV_AVX512 inline float ReduceSum(__m512 v) { return _mm512_cvtss_f32(Fold<0>(Fold<1>(Fold<2>(Fold<3>(v))))); }
 
 // exp(x) for x <= 0: ExpNonPositive (simd_x86.h) on 16 lanes, the same
-// polynomial and cut-offs (exactly 0 below -87.3, so -inf gives 0).
+// polynomial and cut-offs, exp_poly (exactly 0 below -87.3, so -inf gives 0).
 KVX_KV_AVX512 inline __m512 ExpNonPositive16(__m512 x) {
-  const __mmask16 zero_below = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_LT_OQ);
-  x = Max16(x, _mm512_set1_ps(-87.3f));
-  const __m512 t = _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f));
+  using namespace exp_poly;
+  const __mmask16 zero_below = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kCut), _CMP_LT_OQ);
+  x = Max16(x, _mm512_set1_ps(kCut));
+  const __m512 t = _mm512_fmadd_ps(x, _mm512_set1_ps(kLog2e), _mm512_set1_ps(0.5f));
   const __m512 fx = _mm512_maskz_roundscale_ps(0xFFFF, t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);  // floor
-  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
-  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
-  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
+  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(kLn2Hi), x);
+  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(kLn2Lo), x);
+  __m512 y = _mm512_set1_ps(kP[0]);
+  for (int i = 1; i < 6; ++i) y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(kP[i]));
   y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
   // y * 2^fx: fx >= -126, so this is the multiplication by the normal 2^fx.
   return _mm512_maskz_scalef_ps(static_cast<__mmask16>(~zero_below), y, fx);

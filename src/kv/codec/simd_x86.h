@@ -378,18 +378,23 @@ KVX_KV_AVX2 inline void HalfToFloat(const uint16_t* h, int n, float* out) {
 // exp(x) for x <= 0 (Cephes expf: x = n ln2 + r, |r| <= ln2/2, degree-6
 // polynomial; about 1 ulp), exactly 1 at 0 and exactly 0 below -87.3 (so
 // masked entries, x = -inf, get weight 0).
+// Its constants, shared with the AVX-512 version (simd_avx512.h).
+namespace exp_poly {
+inline constexpr float kCut = -87.3f;                    // below: exactly 0
+inline constexpr float kLog2e = 1.44269504088896341f;
+inline constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;  // ln 2 in two parts
+inline constexpr float kP[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                                4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+}  // namespace exp_poly
 KVX_KV_AVX2 inline __m256 ExpNonPositive(__m256 x) {
-  const __m256 zero_below = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ);
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
-  const __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  using namespace exp_poly;
+  const __m256 zero_below = _mm256_cmp_ps(x, _mm256_set1_ps(kCut), _CMP_LT_OQ);
+  x = _mm256_max_ps(x, _mm256_set1_ps(kCut));
+  const __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(kLog2e), _mm256_set1_ps(0.5f)));
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(kLn2Hi), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(kLn2Lo), x);
+  __m256 y = _mm256_set1_ps(kP[0]);
+  for (int i = 1; i < 6; ++i) y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(kP[i]));
   y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
   const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
   return _mm256_andnot_ps(zero_below, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
