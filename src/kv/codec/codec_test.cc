@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kv/codec/codecs.h"
@@ -99,10 +100,10 @@ TEST(CodecTest, F16RoundTripIsRoundToNearestEven) { RoundTrip<F16Codec>(1.0f / 1
 
 // The dispatched loops agree with the scalar ones on every SIMD path (AVX-512
 // when the CPU has it, and AVX2 forced), for 1..8 query rows and row counts
-// that exercise each multi-row block size and the single-row tail.
+// that exercise each multi-row block size and the single-row tail, on pages
+// of T entries (the f16 keys are stored channel-major, so T is their stride).
 template <typename C>
-void SimdMatchesScalar(int d) {
-  const int T = 16;
+void SimdMatchesScalar(int d, int T = 16) {
   const CodecParams prm = Params(T, d);
   std::vector<uint8_t> page(PageBytesFor<C>(prm));
   uint8_t* data = page.data() + PageDataOffset(T);
@@ -128,7 +129,9 @@ void SimdMatchesScalar(int d) {
     }
     for (size_t i = 0; i < dec.size(); ++i) ASSERT_EQ(dec[i], dec_ref[i]) << d << " " << i;
     for (int nq = 1; nq <= 8; ++nq) {
-      for (int n : {1, 2, 3, 5, 7, 12, 15, 16}) {
+      for (int n : {1, 2, 3, 5, 7, 12, 15, 16, 17, 31, 32, 33, 63, 64}) {
+        if (n > T) continue;
+        SCOPED_TRACE("T " + std::to_string(T));
         std::vector<float> s1(nq * T), s2(nq * T), a1(nq * d, 0.5f), a2(nq * d, 0.5f);
         {
           testing::ScopedKernelPath force(path);
@@ -160,6 +163,11 @@ TEST(CodecTest, SimdMatchesScalar) {
   for (int d : {8, 16, 24, 32, 48, 64, 80, 128, 7}) {
     SimdMatchesScalar<F32Codec>(d);
     SimdMatchesScalar<F16Codec>(d);
+  }
+  // Page sizes below, at and above one AVX-512 block of entries (the f16
+  // keys' channel stride; 1-2 query rows take two blocks at a time at 64).
+  for (int T : {1, 2, 4, 8, 32, 64}) {
+    for (int d : {8, 64, 7}) SimdMatchesScalar<F16Codec>(d, T);
   }
 }
 

@@ -4,8 +4,12 @@
 // (its Q is also rounded to f16 for the K*Q matmul in some backends; we keep q
 // in float, which is slightly more accurate and costs nothing here).
 //
-// Data layout (after the page's position header):
-//   K[page_tokens][head_dim] f16 bits, then V[page_tokens][head_dim] f16 bits.
+// Data layout (after the page's position header), T = page_tokens, d = head_dim:
+//   K^T[d][T]  f16 bits, channel-major: kt[c * T + j] is channel c of entry j;
+//   V[T][d]    f16 bits, row-major.
+// Keys are transposed because scoring reads them as "channel c of the next 16
+// entries" (one vector per channel, no horizontal sums; simd::DotColumnsF16)
+// while values are accumulated row by row (acc += w_j v_j), which wants rows.
 //
 // Thread-safety: stateless; concurrent reads of one page are safe.
 #pragma once
@@ -33,17 +37,6 @@ inline float HalfToFloatFast(uint16_t h) {
   return BitsToFloat(FloatToBits(f) | (static_cast<uint32_t>(h & 0x8000u) << 16));
 }
 
-// Deterministic dot of float q with an f16 row (fixed summation order).
-inline float DotF32F16(const float* a, const uint16_t* b, int n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int l = 0; l < 8; ++l) acc[l] += a[i + l] * HalfToFloatFast(b[i + l]);
-  }
-  for (; i < n; ++i) acc[i & 7] += a[i] * HalfToFloatFast(b[i]);
-  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-}
-
 struct F16Codec {
   static constexpr bool kRowWise = true;
 
@@ -56,10 +49,10 @@ struct F16Codec {
   }
 
   static void EncodeRow(const CodecParams& p, uint8_t* data, int slot, const float* k, const float* v) {
-    const int d = p.head_dim;
-    uint16_t* keys = reinterpret_cast<uint16_t*>(data) + static_cast<size_t>(slot) * d;
-    uint16_t* values = reinterpret_cast<uint16_t*>(data) + static_cast<size_t>(p.page_tokens + slot) * d;
-    for (int c = 0; c < d; ++c) keys[c] = FloatToFp16(k[c]);
+    const int d = p.head_dim, T = p.page_tokens;
+    uint16_t* keys = reinterpret_cast<uint16_t*>(data) + slot;
+    uint16_t* values = reinterpret_cast<uint16_t*>(data) + static_cast<size_t>(T + slot) * d;
+    for (int c = 0; c < d; ++c) keys[static_cast<size_t>(c) * T] = FloatToFp16(k[c]);
     for (int c = 0; c < d; ++c) values[c] = FloatToFp16(v[c]);
   }
   static void EncodePage(const CodecParams& p, uint8_t* data, int n, const float* k, const float* v) {
@@ -67,19 +60,30 @@ struct F16Codec {
       EncodeRow(p, data, j, k + static_cast<size_t>(j) * p.head_dim, v + static_cast<size_t>(j) * p.head_dim);
     }
   }
+  // Row-major floats from the transposed keys (page conversion, pre-RoPE
+  // scoring and tests; attention scores the keys in place).
   static void DecodeKeys(const CodecParams& p, const uint8_t* data, int n, float* k) {
-    if (simd::UseSimd(p.head_dim)) return simd::DecodeRowsQ(simd::F16Rows{Keys(data), p.head_dim}, n, p.head_dim, k);
+    const int d = p.head_dim, T = p.page_tokens;
     const uint16_t* keys = Keys(data);
-    for (size_t i = 0; i < static_cast<size_t>(n) * p.head_dim; ++i) k[i] = HalfToFloatFast(keys[i]);
+    for (int c = 0; c < d; ++c) {
+      const uint16_t* col = keys + static_cast<size_t>(c) * T;
+      for (int j = 0; j < n; ++j) k[static_cast<size_t>(j) * d + c] = HalfToFloatFast(col[j]);
+    }
   }
   static void DecodeValues(const CodecParams& p, const uint8_t* data, int n, float* v) {
     const uint16_t* values = Values(p, data);
     for (size_t i = 0; i < static_cast<size_t>(n) * p.head_dim; ++i) v[i] = HalfToFloatFast(values[i]);
   }
 
-  // Portable loops (also the reference for the SIMD ones in tests).
-  static void ScoresScalar(const uint16_t* keys, int head_dim, int n, const float* q, float* s) {
-    for (int j = 0; j < n; ++j) s[j] = DotF32F16(q, keys + static_cast<size_t>(j) * head_dim, head_dim);
+  // Portable loops (also the reference for the SIMD ones in tests). Scores
+  // sum 4 partial dots over the channels c = u (mod 4), (p0 + p1) + (p2 + p3),
+  // the order of the SIMD kernels (they differ only by FMA rounding).
+  static void ScoresScalar(const uint16_t* kt, int head_dim, int T, int n, const float* q, float* s) {
+    for (int j = 0; j < n; ++j) {
+      float part[4] = {0, 0, 0, 0};
+      for (int c = 0; c < head_dim; ++c) part[c & 3] += q[c] * HalfToFloatFast(kt[static_cast<size_t>(c) * T + j]);
+      s[j] = (part[0] + part[1]) + (part[2] + part[3]);
+    }
   }
   static void AccumulateValuesScalar(const uint16_t* values, int head_dim, int n, const float* p, float* acc) {
     for (int j = 0; j < n; ++j) {
@@ -92,14 +96,13 @@ struct F16Codec {
 
   // The attention inner loops: AVX-512 or AVX2/F16C when available
   // (simd_x86.h, simd_avx512.h), else scalar. The SIMD kernels convert each
-  // row once for all query rows.
+  // key channel / value row once for all query rows.
   static void Scores(const CodecParams& p, const uint8_t* data, int n, const float* q, int nq, float* s, int ss) {
-    const int d = p.head_dim;
-    if (simd::UseSimd(d)) {
-      simd::DotRowsQN(simd::F16Rows{Keys(data), d}, n, d, q, nq, s, ss);
-      return;
+    const int d = p.head_dim, T = p.page_tokens;
+    if (simd::UseSimd(d) && simd::DotColumnsF16(Keys(data), T, n, d, q, nq, s, ss)) return;
+    for (int r = 0; r < nq; ++r) {
+      ScoresScalar(Keys(data), d, T, n, q + static_cast<size_t>(r) * d, s + static_cast<size_t>(r) * ss);
     }
-    for (int r = 0; r < nq; ++r) ScoresScalar(Keys(data), d, n, q + static_cast<size_t>(r) * d, s + static_cast<size_t>(r) * ss);
   }
   static void AccumulateValues(const CodecParams& p, const uint8_t* data, int n, const float* w, int nq, int ws,
                                float* acc) {

@@ -19,6 +19,7 @@
 
 #ifdef KVX_KV_HAVE_X86_SIMD
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstddef>
@@ -379,6 +380,90 @@ KVX_KV_AVX512 inline void DecodeRowsQ(const Src& src, int n, int d, float* out) 
       Zmm<Src>::LoadPlanes(src, j, off, x);
       KVX_KV_UNROLL
       for (int plane = 0; plane < P; ++plane) _mm512_storeu_ps(o + plane * span + off, x[plane]);
+    }
+  }
+}
+
+// ---- Scores over channel-major f16 keys (see DotColumnsAvx2). ----
+
+// Rows [0, NR) of q against NB blocks of 16 entries from j0: the channel
+// loads use `load` (pages of fewer than 16 entries), the stores `store`
+// (the last block of a partly filled page). Same summation order as the AVX2
+// and scalar paths.
+template <int NR, int NB, bool kFullLoad = true>
+KVX_KV_AVX512 inline void DotColumnsBlock(const uint16_t* kt, int T, int j0, __mmask16 load, __mmask16 store, int d,
+                                          const float* q, float* s, int ss) {
+  __m512 a[NB][NR][4];
+  KVX_KV_UNROLL
+  for (int b = 0; b < NB; ++b) {
+    KVX_KV_UNROLL
+    for (int r = 0; r < NR; ++r) {
+      KVX_KV_UNROLL
+      for (int u = 0; u < 4; ++u) a[b][r][u] = _mm512_setzero_ps();
+    }
+  }
+  for (int c = 0; c < d; c += 4) {
+    KVX_KV_UNROLL
+    for (int u = 0; u < 4; ++u) {
+      const uint16_t* col = kt + static_cast<size_t>(c + u) * T + j0;
+      KVX_KV_UNROLL
+      for (int b = 0; b < NB; ++b) {
+        const __m256i h = kFullLoad ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(col + 16 * b))
+                                    : _mm256_maskz_loadu_epi16(load, col + 16 * b);
+        const __m512 x = _mm512_maskz_cvtph_ps(0xFFFF, h);
+        KVX_KV_UNROLL
+        for (int r = 0; r < NR; ++r) {
+          a[b][r][u] = _mm512_fmadd_ps(_mm512_set1_ps(q[static_cast<size_t>(r) * d + c + u]), x, a[b][r][u]);
+        }
+      }
+    }
+  }
+  KVX_KV_UNROLL
+  for (int b = 0; b < NB; ++b) {
+    KVX_KV_UNROLL
+    for (int r = 0; r < NR; ++r) {
+      const __m512 v = _mm512_add_ps(_mm512_add_ps(a[b][r][0], a[b][r][1]), _mm512_add_ps(a[b][r][2], a[b][r][3]));
+      _mm512_mask_storeu_ps(s + static_cast<size_t>(r) * ss + j0 + 16 * b, b + 1 < NB ? 0xFFFF : store, v);
+    }
+  }
+}
+
+// s[r*ss + j] = q_r . k_j for r < nq, j < n. REQUIRES: T % 16 == 0 or
+// T < 16 (one masked block), d % 4 == 0. Up to 4 query rows per pass (16
+// accumulators); with 1-2 rows, two blocks of entries at once so that at
+// least 8 FMA chains overlap.
+KVX_KV_AVX512 inline void DotColumns(const uint16_t* kt, int T, int n, int d, const float* q, int nq, float* s,
+                                     int ss) {
+  const __mmask16 load = T >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << T) - 1);
+  for (int r0 = 0; r0 < nq; r0 += 4) {
+    const int nr = std::min(4, nq - r0);
+    const float* qr = q + static_cast<size_t>(r0) * d;
+    float* sr = s + static_cast<size_t>(r0) * ss;
+    int j0 = 0;
+    if (nr <= 2) {
+      for (; j0 + 32 <= n; j0 += 32) {
+        if (nr == 1) DotColumnsBlock<1, 2>(kt, T, j0, load, 0xFFFF, d, qr, sr, ss);
+        else DotColumnsBlock<2, 2>(kt, T, j0, load, 0xFFFF, d, qr, sr, ss);
+      }
+    }
+    if (T < 16) {
+      const __mmask16 store = static_cast<__mmask16>((1u << n) - 1);
+      switch (nr) {
+        case 1: DotColumnsBlock<1, 1, false>(kt, T, 0, load, store, d, qr, sr, ss); break;
+        case 2: DotColumnsBlock<2, 1, false>(kt, T, 0, load, store, d, qr, sr, ss); break;
+        case 3: DotColumnsBlock<3, 1, false>(kt, T, 0, load, store, d, qr, sr, ss); break;
+        default: DotColumnsBlock<4, 1, false>(kt, T, 0, load, store, d, qr, sr, ss); break;
+      }
+      continue;
+    }
+    for (; j0 < n; j0 += 16) {
+      const __mmask16 store = n - j0 >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - j0)) - 1);
+      switch (nr) {
+        case 1: DotColumnsBlock<1, 1>(kt, T, j0, load, store, d, qr, sr, ss); break;
+        case 2: DotColumnsBlock<2, 1>(kt, T, j0, load, store, d, qr, sr, ss); break;
+        case 3: DotColumnsBlock<3, 1>(kt, T, j0, load, store, d, qr, sr, ss); break;
+        default: DotColumnsBlock<4, 1>(kt, T, j0, load, store, d, qr, sr, ss); break;
+      }
     }
   }
 }

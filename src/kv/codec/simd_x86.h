@@ -317,6 +317,64 @@ KVX_KV_AVX2 inline void AxpyRowsQ(const Src& src, int n, int d, const float* w, 
   }
 }
 
+// ---- Scores over channel-major f16 keys (the f16 codec's key block). ----
+//
+// kt[c * T + j] holds channel c of entry j, so one load gives one channel of
+// 8 (16 on AVX-512) consecutive entries, and the scores of those entries come
+// out of FMAs with a broadcast query channel as one vector: no horizontal
+// reduction per (query, entry), which cost as much as the FMAs themselves in
+// the row-major kernels. Each score is the sum of 4 partial sums over the
+// channels c = u (mod 4), added as (p0 + p1) + (p2 + p3): a fixed order shared
+// by every path (F16Codec::ScoresScalar is the reference), independent of the
+// page size and of how many query rows are scored together.
+
+// Rows [0, NR) of q against the 8 entries at j0 (lanes < `valid` stored).
+template <int NR>
+KVX_KV_AVX2 inline void DotColumnsBlockAvx2(const uint16_t* kt, int T, int j0, int valid, int d, const float* q,
+                                            float* s, int ss) {
+  __m256 a[NR][4];
+  KVX_KV_UNROLL
+  for (int r = 0; r < NR; ++r) {
+    KVX_KV_UNROLL
+    for (int u = 0; u < 4; ++u) a[r][u] = _mm256_setzero_ps();
+  }
+  for (int c = 0; c < d; c += 4) {
+    KVX_KV_UNROLL
+    for (int u = 0; u < 4; ++u) {
+      const __m256 x = _mm256_cvtph_ps(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(kt + static_cast<size_t>(c + u) * T + j0)));
+      KVX_KV_UNROLL
+      for (int r = 0; r < NR; ++r) {
+        a[r][u] = _mm256_fmadd_ps(_mm256_broadcast_ss(q + static_cast<size_t>(r) * d + c + u), x, a[r][u]);
+      }
+    }
+  }
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(valid), lane);
+  KVX_KV_UNROLL
+  for (int r = 0; r < NR; ++r) {
+    const __m256 v = _mm256_add_ps(_mm256_add_ps(a[r][0], a[r][1]), _mm256_add_ps(a[r][2], a[r][3]));
+    _mm256_maskstore_ps(s + static_cast<size_t>(r) * ss + j0, keep, v);
+  }
+}
+
+// s[r*ss + j] = q_r . k_j for r < nq, j < n. REQUIRES: T % 8 == 0, d % 4 == 0.
+// Two query rows per pass (8 accumulators of the 16 ymm registers).
+KVX_KV_AVX2 inline void DotColumnsAvx2(const uint16_t* kt, int T, int n, int d, const float* q, int nq, float* s,
+                                       int ss) {
+  for (int r0 = 0; r0 < nq; r0 += 2) {
+    const float* qr = q + static_cast<size_t>(r0) * d;
+    float* sr = s + static_cast<size_t>(r0) * ss;
+    for (int j0 = 0; j0 < n; j0 += 8) {
+      if (nq - r0 >= 2) {
+        DotColumnsBlockAvx2<2>(kt, T, j0, n - j0, d, qr, sr, ss);
+      } else {
+        DotColumnsBlockAvx2<1>(kt, T, j0, n - j0, d, qr, sr, ss);
+      }
+    }
+  }
+}
+
 // out[j][c] = row_j[c]: rows decoded to floats (pre-RoPE keys, tests).
 template <class Src>
 KVX_KV_AVX2 inline void DecodeRowsAvx2(const Src& src, int n, int d, float* out) {
@@ -513,6 +571,20 @@ inline void AxpyRowsQN(const Src& src, int n, int d, const float* w, int nq, int
   });
 }
 
+// Scores over channel-major f16 keys (DotColumnsAvx2): AVX-512 when the CPU
+// has it, else AVX2 when the page size allows; false (nothing done) when
+// neither applies (the caller runs F16Codec::ScoresScalar).
+inline bool DotColumnsF16(const uint16_t* kt, int T, int n, int d, const float* q, int nq, float* s, int ss) {
+  if (d % 4 != 0) return false;
+  if (UseAvx512() && (T % 16 == 0 || T < 16)) {
+    avx512::DotColumns(kt, T, n, d, q, nq, s, ss);
+    return true;
+  }
+  if (T % 8 != 0) return false;
+  DotColumnsAvx2(kt, T, n, d, q, nq, s, ss);
+  return true;
+}
+
 // out[j][c] = row_j[c] (pre-RoPE keys, tests), AVX-512 or AVX2.
 template <class Src>
 inline void DecodeRowsQ(const Src& src, int n, int d, float* out) {
@@ -572,6 +644,7 @@ struct F32Rows {
 };
 template <class Src>
 inline void DecodeRowsQ(const Src&, int, int, float*) {}
+inline bool DotColumnsF16(const uint16_t*, int, int, int, const float*, int, float*, int) { return false; }
 inline void RopeRow(float*, const float*, int, bool, bool) {}
 inline float Max(const float*, int) { return 0; }
 inline void Scale(float*, int, float) {}
