@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "kv/codec/codecs.h"
@@ -172,9 +173,7 @@ void PageScores(const Job& job, bool full, const uint8_t* page, int m, const flo
 // to 5.8 ms (twice, in two sessions, alternating on/off within one binary),
 // in others both ran at 7.5-8 ms; it never measured slower. 65 prefetch
 // instructions per page of about 600 cycles of work.
-inline void PrefetchPage(const BlockPool& pool, PageId id) {
-  const uint8_t* p = pool.PageData(id);
-  const size_t bytes = pool.PageBytesOf(id);
+inline void PrefetchPage(const uint8_t* p, size_t bytes) {
   for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, /*rw=*/0, /*locality=*/3);
 }
 
@@ -196,7 +195,7 @@ void RunItem(Job& job, int h, int block, int chunk) {
   // page: bit-identical scores for a power-of-two scale such as 1/sqrt(64),
   // otherwise they differ in the last bits.
   int32_t qp[kMaxQueryRows];
-  int32_t q_max = std::numeric_limits<int32_t>::min();
+  int32_t q_max = std::numeric_limits<int32_t>::min(), q_min = std::numeric_limits<int32_t>::max();
   for (int r = 0; r < nr; ++r) {
     const int row = row0 + r, i = row / G, head = h * G + row % G;
     float* qr = &s.q[static_cast<size_t>(r) * D];
@@ -205,7 +204,11 @@ void RunItem(Job& job, int h, int block, int chunk) {
     Scale(qr, D, job.scale);
     qp[r] = job.q_pos[i];
     q_max = std::max(q_max, qp[r]);
+    q_min = std::min(q_min, qp[r]);
   }
+  // Pages in f16 form that every row sees whole (all of them in decode) go
+  // through the fused kernel when it runs here (F16Codec::DecodeStep).
+  const bool fused = !job.pre_rope && job.observer == nullptr;
 
   // One pass over the chunk, page by page (online softmax): scores of the
   // page's keys, then its values, so memory is read in page order. Two passes
@@ -226,12 +229,20 @@ void RunItem(Job& job, int h, int block, int chunk) {
   const std::size_t n_obs = job.observer != nullptr ? static_cast<size_t>(t.length()) : 0;
   for (int p = p0; p < p1; ++p) {
     const uint8_t* page = pool.PageData(t.pages()[p]);
-    if (p + 1 < p1) PrefetchPage(pool, t.pages()[p + 1]);
+    const uint8_t* next = p + 1 < p1 ? pool.PageData(t.pages()[p + 1]) : nullptr;
+    const size_t next_bytes = next != nullptr ? pool.PageBytesOf(t.pages()[p + 1]) : 0;
     const int m = t.EntriesInPage(p, T);
     const int32_t* pos = PagePositions(page);
     int32_t pos_min, pos_max;
     MinMax(pos, m, &pos_min, &pos_max);
     if (pos_min > q_max) continue;  // after every row: skip
+    const bool f16_page = std::is_same_v<C, F16Codec> || t.is_full(p);
+    if (fused && f16_page && pos_max <= q_min &&
+        F16Codec::DecodeStep(job.lc->params, page + PageDataOffset(T), m, s.q.data(), nr, mx, sum, acc, next,
+                             next_bytes)) {
+      continue;
+    }
+    if (next != nullptr) PrefetchPage(next, next_bytes);
     float* sp = s.scores.data();  // [nr][T]
     PageScores<C>(job, t.is_full(p), page, m, s.q.data(), nr, sp, T);
     for (int r = 0; r < nr; ++r) {

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kv/kv_test_util.h"
@@ -123,6 +124,53 @@ TEST(AttentionTest2, F16CacheIsCloseToF32Cache) {
     EXPECT_INVARIANTS(*bp);
   }
   for (int c = 0; c < 64; ++c) EXPECT_NEAR(out16[c], out32[c], 2e-3);
+}
+
+class NullObserver : public AttentionObserver {
+ public:
+  void OnProbabilities(int, int, int, int, const float*, const int32_t*, int) override {}
+};
+
+// Decode over f16 pages takes the fused kernel (F16Codec::DecodeStep) where
+// it runs; an observer sends the same call down the general path (scores,
+// softmax step, values). Both must agree for GQA groups above and below
+// the kernel's 4-row groups, page sizes of 1 and 4 blocks, partial last
+// pages and scores whose running max keeps rising (rescaling).
+TEST(AttentionTest2, FusedDecodeMatchesGeneralPath) {
+  for (int T : {16, 64}) {
+    for (int group : {1, 3, 8}) {
+      for (int n : {5, 16, 200}) {
+        SCOPED_TRACE("T " + std::to_string(T) + " group " + std::to_string(group) + " n " + std::to_string(n));
+        const int kv_heads = 2, n_heads = kv_heads * group, dim = 64;
+        const KVLayout layout{1, kv_heads, dim, T};
+        auto bp = std::move(BlockPool::Create({.budget_bytes = 8 << 20, .page_bytes = PageBytes(layout, CodecId::kF16)}))
+                      .value();
+        SequenceKV kv(bp.get(), layout, CodecId::kF16);
+        std::mt19937 rng(T * 1000 + group * 10 + n);
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        std::vector<int32_t> pos(n);
+        std::iota(pos.begin(), pos.end(), 0);
+        std::vector<float> k(static_cast<size_t>(n) * kv_heads * dim), v(k.size()), q(static_cast<size_t>(n_heads) * dim);
+        for (auto& x : v) x = nd(rng);
+        for (auto& x : q) x = nd(rng);
+        // Keys drift towards the queries' direction: later entries score
+        // higher, so the running max rises page after page.
+        for (int j = 0; j < n; ++j) {
+          for (size_t c = 0; c < static_cast<size_t>(kv_heads) * dim; ++c) {
+            k[j * kv_heads * dim + c] = nd(rng) + 0.02f * j * q[c % (static_cast<size_t>(group) * dim)];
+          }
+        }
+        ASSERT_TRUE(kv.Append(0, n, pos.data(), k.data(), v.data()).ok());
+        const int32_t qp = n;
+        std::vector<float> fused(q.size()), general(q.size());
+        ThreadPool threads(2);
+        Attention(kv, 0, q.data(), &qp, 1, n_heads, 0.125f, fused.data(), &threads);
+        NullObserver observer;
+        Attention(kv, 0, q.data(), &qp, 1, n_heads, 0.125f, general.data(), &threads, &observer);
+        for (size_t i = 0; i < q.size(); ++i) ASSERT_NEAR(fused[i], general[i], 2e-6f * (1 + std::fabs(general[i]))) << i;
+      }
+    }
+  }
 }
 
 // Records probabilities per (query, head) to check the observer contract.

@@ -104,6 +104,17 @@ struct F16Codec {
       ScoresScalar(Keys(data), d, T, n, q + static_cast<size_t>(r) * d, s + static_cast<size_t>(r) * ss);
     }
   }
+  // Decode attention over a page whose first n entries are all visible to
+  // the nq query rows: folds them into each row's online-softmax state (mx,
+  // sum, acc [nq][d]) in one fused kernel. False (nothing done) when that
+  // kernel does not run here; the caller then takes the general path.
+  // `next` (next_bytes long, may be null) is prefetched meanwhile: the
+  // page the caller visits next.
+  static bool DecodeStep(const CodecParams& p, const uint8_t* data, int n, const float* q, int nq, float* mx,
+                         float* sum, float* acc, const uint8_t* next, size_t next_bytes) {
+    return simd::UseSimd(p.head_dim) && simd::F16DecodePage(Keys(data), Values(p, data), p.page_tokens, n, p.head_dim,
+                                                            q, nq, mx, sum, acc, next, next_bytes);
+  }
   static void AccumulateValues(const CodecParams& p, const uint8_t* data, int n, const float* w, int nq, int ws,
                                float* acc) {
     const int d = p.head_dim;

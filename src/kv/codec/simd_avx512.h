@@ -386,13 +386,13 @@ KVX_KV_AVX512 inline void DecodeRowsQ(const Src& src, int n, int d, float* out) 
 
 // ---- Scores over channel-major f16 keys (see DotColumnsAvx2). ----
 
-// Rows [0, NR) of q against NB blocks of 16 entries from j0: the channel
-// loads use `load` (pages of fewer than 16 entries), the stores `store`
-// (the last block of a partly filled page). Same summation order as the AVX2
-// and scalar paths.
-template <int NR, int NB, bool kFullLoad = true>
-KVX_KV_AVX512 inline void DotColumnsBlock(const uint16_t* kt, int T, int j0, __mmask16 load, __mmask16 store, int d,
-                                          const float* q, float* s, int ss) {
+// out[b][r] = the scores of rows [0, NR) of q against the 16 entries at
+// j0 + 16 b, b < NB (channel loads masked by `load` unless kFullLoad: a
+// page of fewer than 16 entries). Same summation order as the AVX2 and
+// scalar paths.
+template <int NR, int NB, bool kFullLoad>
+KVX_KV_AVX512 inline void ColumnDots(const uint16_t* kt, int T, int j0, __mmask16 load, int d, const float* q,
+                                     __m512 (&out)[NB][NR], const char* pf = nullptr, int pf_lines = 0) {
   __m512 a[NB][NR][4];
   KVX_KV_UNROLL
   for (int b = 0; b < NB; ++b) {
@@ -403,11 +403,15 @@ KVX_KV_AVX512 inline void DotColumnsBlock(const uint16_t* kt, int T, int j0, __m
     }
   }
   for (int c = 0; c < d; c += 4) {
+    // Optional software prefetch spread over the loop: pf_lines cache lines
+    // from pf per step (F16DecodePage's next page).
+    for (int i = 0; i < pf_lines; ++i) _mm_prefetch(pf + (static_cast<size_t>(c / 4) * pf_lines + i) * 64, _MM_HINT_T0);
     KVX_KV_UNROLL
     for (int u = 0; u < 4; ++u) {
       const uint16_t* col = kt + static_cast<size_t>(c + u) * T + j0;
       KVX_KV_UNROLL
       for (int b = 0; b < NB; ++b) {
+        // Plain loads for whole blocks: masked ones were 30% slower from DRAM.
         const __m256i h = kFullLoad ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(col + 16 * b))
                                     : _mm256_maskz_loadu_epi16(load, col + 16 * b);
         const __m512 x = _mm512_maskz_cvtph_ps(0xFFFF, h);
@@ -422,8 +426,22 @@ KVX_KV_AVX512 inline void DotColumnsBlock(const uint16_t* kt, int T, int j0, __m
   for (int b = 0; b < NB; ++b) {
     KVX_KV_UNROLL
     for (int r = 0; r < NR; ++r) {
-      const __m512 v = _mm512_add_ps(_mm512_add_ps(a[b][r][0], a[b][r][1]), _mm512_add_ps(a[b][r][2], a[b][r][3]));
-      _mm512_mask_storeu_ps(s + static_cast<size_t>(r) * ss + j0 + 16 * b, b + 1 < NB ? 0xFFFF : store, v);
+      out[b][r] = _mm512_add_ps(_mm512_add_ps(a[b][r][0], a[b][r][1]), _mm512_add_ps(a[b][r][2], a[b][r][3]));
+    }
+  }
+}
+
+// ColumnDots stored to s (row r at s + r * ss), the last block's lanes by `store`.
+template <int NR, int NB, bool kFullLoad = true>
+KVX_KV_AVX512 inline void DotColumnsBlock(const uint16_t* kt, int T, int j0, __mmask16 load, __mmask16 store, int d,
+                                          const float* q, float* s, int ss) {
+  __m512 v[NB][NR];
+  ColumnDots<NR, NB, kFullLoad>(kt, T, j0, load, d, q, v);
+  KVX_KV_UNROLL
+  for (int b = 0; b < NB; ++b) {
+    KVX_KV_UNROLL
+    for (int r = 0; r < NR; ++r) {
+      _mm512_mask_storeu_ps(s + static_cast<size_t>(r) * ss + j0 + 16 * b, b + 1 < NB ? 0xFFFF : store, v[b][r]);
     }
   }
 }
@@ -567,6 +585,95 @@ KVX_KV_AVX512 inline bool SoftmaxStep(float* s, int ss, int n, float* mx, float*
     any |= block_sum > 0.0f;
   }
   return any;
+}
+
+// ---- Fused decode step over one f16 page. ----
+
+// The page's first m entries (keys channel-major kt, values row-major v),
+// all visible to the NR query rows q, folded into each row's running
+// (mx, sum, acc) 16 entries at a time: the block's scores stay in registers
+// (ColumnDots), one online-softmax step (the max is reduced only when it
+// rises; a rise rescales the row's sum and accumulator), and the weights go
+// straight into the value FMAs. The same arithmetic as DotColumns +
+// SoftmaxStep + AxpyRowsQ except that the softmax steps over blocks of 16
+// (not whole pages), so results agree with them up to rounding. On
+// 16-entry pages the separate kernels spent as long on the softmax
+// bookkeeping between them as on the scores. REQUIRES: T % 16 == 0,
+// d % 16 == 0, NR <= 4.
+template <int NR>
+KVX_KV_AVX512 inline void F16DecodePage(const uint16_t* kt, const uint16_t* v, int T, int m, int d, const float* q,
+                                        float* mx, float* sum, float* acc, const uint8_t* next, size_t next_bytes) {
+  alignas(64) float w[NR][16];
+  // The next page is prefetched a few lines per score step, spread over the
+  // page's 16-entry blocks, so its misses overlap this page's arithmetic.
+  const int steps = (m + 15) / 16 * (d / 4);
+  const int pf_lines = next == nullptr ? 0 : static_cast<int>((next_bytes / 64 + steps - 1) / steps);
+  const char* pf = reinterpret_cast<const char*>(next);
+  for (int j0 = 0; j0 < m; j0 += 16) {
+    const int valid = std::min(16, m - j0);
+    __m512 sc[1][NR];
+    ColumnDots<NR, 1, true>(kt, T, j0, 0xFFFF, d, q, sc, pf, pf_lines);
+    pf += static_cast<size_t>(d / 4) * pf_lines * 64;
+    const __mmask16 live = valid == 16 ? 0xFFFF : static_cast<__mmask16>((1u << valid) - 1);
+    KVX_KV_UNROLL
+    for (int r = 0; r < NR; ++r) {
+      const __m512 x = _mm512_mask_blend_ps(live, _mm512_set1_ps(-__builtin_inff()), sc[0][r]);
+      float f = 1.0f;
+      if (_mm512_cmp_ps_mask(x, _mm512_set1_ps(mx[r]), _CMP_GT_OQ) != 0) {
+        const float mnew = ReduceMax(x);
+        if (mx[r] != -__builtin_inff()) f = __builtin_expf(mx[r] - mnew);
+        mx[r] = mnew;
+      }
+      const __m512 mv = _mm512_set1_ps(mx[r] == -__builtin_inff() ? -__FLT_MAX__ : mx[r]);
+      const __m512 e = ExpNonPositive16(_mm512_sub_ps(x, mv));
+      _mm512_store_ps(w[r], e);
+      if (f != 1.0f) {
+        float* a = acc + static_cast<size_t>(r) * d;
+        const __m512 fv = _mm512_set1_ps(f);
+        for (int c = 0; c < d; c += 16) _mm512_storeu_ps(a + c, _mm512_mul_ps(_mm512_loadu_ps(a + c), fv));
+      }
+      sum[r] = sum[r] * f + ReduceSum(e);
+    }
+    // acc[r] += sum_j w[r][j] v_j, 64 channels (4 zmm per row) at a time.
+    const uint16_t* vb = v + static_cast<size_t>(j0) * d;
+    int c = 0;
+    for (; c + 64 <= d; c += 64) {
+      __m512 a[NR][4];
+      KVX_KV_UNROLL
+      for (int r = 0; r < NR; ++r) {
+        KVX_KV_UNROLL
+        for (int u = 0; u < 4; ++u) a[r][u] = _mm512_loadu_ps(acc + static_cast<size_t>(r) * d + c + 16 * u);
+      }
+      for (int j = 0; j < valid; ++j) {
+        __m512 x[4];
+        KVX_KV_UNROLL
+        for (int u = 0; u < 4; ++u) x[u] = CvtPh(vb + static_cast<size_t>(j) * d + c + 16 * u);
+        KVX_KV_UNROLL
+        for (int r = 0; r < NR; ++r) {
+          const __m512 wr = _mm512_set1_ps(w[r][j]);
+          KVX_KV_UNROLL
+          for (int u = 0; u < 4; ++u) a[r][u] = _mm512_fmadd_ps(wr, x[u], a[r][u]);
+        }
+      }
+      KVX_KV_UNROLL
+      for (int r = 0; r < NR; ++r) {
+        KVX_KV_UNROLL
+        for (int u = 0; u < 4; ++u) _mm512_storeu_ps(acc + static_cast<size_t>(r) * d + c + 16 * u, a[r][u]);
+      }
+    }
+    for (; c < d; c += 16) {
+      __m512 a[NR];
+      KVX_KV_UNROLL
+      for (int r = 0; r < NR; ++r) a[r] = _mm512_loadu_ps(acc + static_cast<size_t>(r) * d + c);
+      for (int j = 0; j < valid; ++j) {
+        const __m512 x = CvtPh(vb + static_cast<size_t>(j) * d + c);
+        KVX_KV_UNROLL
+        for (int r = 0; r < NR; ++r) a[r] = _mm512_fmadd_ps(_mm512_set1_ps(w[r][j]), x, a[r]);
+      }
+      KVX_KV_UNROLL
+      for (int r = 0; r < NR; ++r) _mm512_storeu_ps(acc + static_cast<size_t>(r) * d + c, a[r]);
+    }
+  }
 }
 
 #undef KVX_KV_AVX512

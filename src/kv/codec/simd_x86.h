@@ -9,6 +9,7 @@
 // Thread-safety: pure functions.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -585,6 +586,26 @@ inline bool DotColumnsF16(const uint16_t* kt, int T, int n, int d, const float* 
   return true;
 }
 
+// avx512::F16DecodePage for nq <= kMaxQueryRows rows (in groups of at most
+// 4) when the AVX-512 kernels run and the shape allows (T % 16 == 0,
+// d % 16 == 0); false (nothing done) otherwise.
+inline bool F16DecodePage(const uint16_t* kt, const uint16_t* v, int T, int m, int d, const float* q, int nq,
+                          float* mx, float* sum, float* acc, const uint8_t* next, size_t next_bytes) {
+  if (!UseAvx512() || T % 16 != 0 || d % 16 != 0) return false;
+  for (int r0 = 0; r0 < nq; r0 += 4) {
+    const float* qr = q + static_cast<size_t>(r0) * d;
+    float* ar = acc + static_cast<size_t>(r0) * d;
+    const uint8_t* pf = r0 == 0 ? next : nullptr;  // once
+    switch (std::min(4, nq - r0)) {
+      case 1: avx512::F16DecodePage<1>(kt, v, T, m, d, qr, mx + r0, sum + r0, ar, pf, next_bytes); break;
+      case 2: avx512::F16DecodePage<2>(kt, v, T, m, d, qr, mx + r0, sum + r0, ar, pf, next_bytes); break;
+      case 3: avx512::F16DecodePage<3>(kt, v, T, m, d, qr, mx + r0, sum + r0, ar, pf, next_bytes); break;
+      default: avx512::F16DecodePage<4>(kt, v, T, m, d, qr, mx + r0, sum + r0, ar, pf, next_bytes); break;
+    }
+  }
+  return true;
+}
+
 // out[j][c] = row_j[c] (pre-RoPE keys, tests), AVX-512 or AVX2.
 template <class Src>
 inline void DecodeRowsQ(const Src& src, int n, int d, float* out) {
@@ -645,6 +666,10 @@ struct F32Rows {
 template <class Src>
 inline void DecodeRowsQ(const Src&, int, int, float*) {}
 inline bool DotColumnsF16(const uint16_t*, int, int, int, const float*, int, float*, int) { return false; }
+inline bool F16DecodePage(const uint16_t*, const uint16_t*, int, int, int, const float*, int, float*, float*, float*,
+                          const uint8_t*, size_t) {
+  return false;
+}
 inline void RopeRow(float*, const float*, int, bool, bool) {}
 inline float Max(const float*, int) { return 0; }
 inline void Scale(float*, int, float) {}
