@@ -167,12 +167,13 @@ void PageScores(const Job& job, bool full, const uint8_t* page, int m, const flo
 
 // Asks for the whole of the next page of a chain while this one is computed
 // (into L1: a page is 4-17 KB, L1D 32-48 KB), since hardware prefetchers do
-// not cross 4 KiB boundaries and need a few misses to start a stream. On the
-// Zen 5 VM this was measured on, the effect depends on the machine's state:
-// in some runs kv_bench's all-layer f16 8k decode (2 threads) went from 8.7
-// to 5.8 ms (twice, in two sessions, alternating on/off within one binary),
-// in others both ran at 7.5-8 ms; it never measured slower. 65 prefetch
-// instructions per page of about 600 cycles of work.
+// not cross 4 KiB boundaries and need a few misses to start a stream. The
+// general path issues them in one burst per page; on the Zen 5 VM this was
+// measured on, its effect depended on the machine's state (kv_bench's f16 8k
+// all-layer decode, 2 threads: 8.7 -> 5.8 ms in some runs, no change in
+// others, never slower). The fused f16 kernel spreads the same prefetches
+// over its score steps instead (F16Codec::DecodeStep), which gained in every
+// run: 8.0-8.4 -> 4.6-4.8 ms with the fusion.
 inline void PrefetchPage(const uint8_t* p, size_t bytes) {
   for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, /*rw=*/0, /*locality=*/3);
 }
