@@ -158,7 +158,9 @@ def main():
            "matrix of the smollm2-135m stack once, as one decoded token does; its GB/s is to be compared with "
            "MemRead; `q8_0_repacked` is the same with the matrices repacked as the model loader stores them on "
            "AVX-512 VNNI machines (one aligned stream per 4 rows, `src/ops/weight_pack.h`). DecodeAttentionAllLayers reads a whole smollm2-135m-shaped KV cache of 8k tokens from DRAM; "
-           "DecodeAttention one layer's, from cache.", ""]
+           "DecodeAttention one layer's, from cache. f16 pages go through the fused decode kernel (channel-major keys, "
+           "scores + online softmax + values per 16 entries in registers, next page prefetched across the score steps: "
+           "`F16Codec::DecodeStep`); the quantized codecs through the general row-major kernels.", ""]
     md += microbench_table(ops) + [""] + microbench_table(kvb) + [""]
     text = "\n".join(md) + "\n"
     open(os.path.join(ROOT, "docs/benchmarks.md"), "w").write(text)
