@@ -62,7 +62,13 @@ __attribute__((target("avx512f"))) float SumRangeAvx512(const float* x, size_t b
     a2 = _mm512_add_ps(a2, _mm512_loadu_ps(x + i + 32));
     a3 = _mm512_add_ps(a3, _mm512_loadu_ps(x + i + 48));
   }
-  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3))) + SumRangeScalar(x, i, e);
+  // Not _mm512_reduce_add_ps: with GCC 12 its extract intrinsics trip
+  // -Wuninitialized (GCC PR105593).
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+  float s = SumRangeScalar(x, i, e);
+  for (float l : lanes) s += l;
+  return s;
 }
 
 __attribute__((target("avx2"))) float SumRangeAvx2(const float* x, size_t b, size_t e) {

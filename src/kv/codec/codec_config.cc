@@ -103,6 +103,13 @@ Status ValidateCodecConfig(const KVLayout& layout, const CodecConfig& config) {
   }
   std::set<size_t> sizes;
   for (const LayerCodec& lc : ResolveLayers(layout, config)) {
+    const bool kivi = lc.id == CodecId::kKivi4 || lc.id == CodecId::kKivi2;
+    if (kivi && lc.params.page_tokens * lc.params.k_bits % 8 != 0) {
+      // ChannelTensor packs each channel's codes over the page into whole bytes.
+      return InvalidArgument(spec + ": KIVI quantizes keys per channel over a page, which needs at least 4 tokens "
+                             "per page (page=" + std::to_string(lc.params.page_tokens) +
+                             "); use page=32 or more, as the KIVI paper does");
+    }
     sizes.insert(AlignUp(lc.packed_page_bytes, kPageAlign));
     if (lc.sealed || lc.sink_pages > 0) sizes.insert(AlignUp(lc.full_page_bytes, kPageAlign));
   }

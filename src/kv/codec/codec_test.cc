@@ -184,7 +184,6 @@ TEST(CodecTest, Avx512DispatchFollowsCpuShapeAndHooks) {
   const uint8_t codes[64] = {};
   EXPECT_EQ(simd::UseAvx512For(simd::TokenRows<4>{codes, params, 32, 2, 5}), simd::HasAvx512());
   EXPECT_FALSE(simd::UseAvx512For(simd::TokenRows<4>{codes, params, 32, 8, 3}));  // groups of 8 channels
-  EXPECT_FALSE(simd::UseAvx512For(simd::ChannelRows<2>{codes, params, params, 8}));  // 8-byte planes
   {
     testing::ScopedKernelPath force(testing::KernelPath::kAvx2);
     EXPECT_FALSE(simd::UseAvx512For(rows64));

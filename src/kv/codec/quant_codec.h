@@ -208,8 +208,16 @@ inline void TokenTensor::Axpy(const CodecParams& p, int bits, const uint8_t* bas
 struct ChannelTensor {
   static constexpr bool kRowWise = false;
 
+  // Codes are stored channel-major: column c (channel c of the page's T
+  // entries) at base + c * ColBytes, planar-packed along the entries
+  // (quant::PackRow over T codes: entry j in byte j % ColBytes at bit shift
+  // bits * (j / ColBytes)). One 16-byte load then gives 16 consecutive
+  // entries of a channel per plane, and scores come out 16 entries per
+  // vector (simd::DotCodeColumns) instead of one horizontal sum per entry.
+  // REQUIRES: page_tokens * bits % 8 == 0 (ValidateCodecConfig).
+  static int ColBytes(const CodecParams& p, int bits) { return quant::RowBytes(p.page_tokens, bits); }
   static size_t CodeBytes(const CodecParams& p, int bits) {
-    return AlignUp(static_cast<size_t>(p.page_tokens) * quant::RowBytes(p.head_dim, bits), 8);
+    return AlignUp(static_cast<size_t>(p.head_dim) * ColBytes(p, bits), 8);
   }
   static size_t Bytes(const CodecParams& p, int bits) {
     return CodeBytes(p, bits) + AlignUp(static_cast<size_t>(p.head_dim) * 4, 8);
@@ -234,67 +242,69 @@ struct ChannelTensor {
   }
   // Encodes rows x[n][d] (n = T: the page is sealed); skip as in TokenTensor.
   static void EncodeRows(const CodecParams& p, int bits, uint8_t* base, int n, const float* x, const uint8_t* skip) {
-    const int d = p.head_dim, rb = quant::RowBytes(d, bits);
+    const int d = p.head_dim, T = p.page_tokens, cb = ColBytes(p, bits);
     uint16_t* st = reinterpret_cast<uint16_t*>(base + CodeBytes(p, bits));
-    std::vector<uint8_t> codes(static_cast<size_t>(n) * d);
+    std::vector<uint8_t> column(static_cast<size_t>(T), 0);
     for (int c = 0; c < d; ++c) {
       float s, m;
       // No clipping search here: clipping a key channel's extremes distorts
       // the largest scores (measured: KIVI + clip is worse).
       quant::ChooseGroup(x + c, n, d, skip == nullptr ? nullptr : skip + c, bits, /*sym=*/false, /*clip=*/false,
                          st + 2 * c, &s, &m);
-      for (int j = 0; j < n; ++j) {
-        const size_t i = static_cast<size_t>(j) * d + c;
-        codes[i] = quant::QuantizeOne(x[i], s, m, bits);
-      }
+      for (int j = 0; j < n; ++j) column[j] = quant::QuantizeOne(x[static_cast<size_t>(j) * d + c], s, m, bits);
+      quant::PackRow(column.data(), T, bits, base + static_cast<size_t>(c) * cb);
     }
-    for (int j = 0; j < n; ++j) quant::PackRow(&codes[static_cast<size_t>(j) * d], d, bits, base + static_cast<size_t>(j) * rb);
   }
 
   static float At(const CodecParams& p, int bits, const uint8_t* base, int j, int c) {
-    const int d = p.head_dim;
     return quant::Dequant(Stats(p, bits, base) + 2 * c,
-                          quant::CodeAt(base + static_cast<size_t>(j) * quant::RowBytes(d, bits), d, bits, c));
+                          quant::CodeAt(base + static_cast<size_t>(c) * ColBytes(p, bits), p.page_tokens, bits, j));
   }
-  // SIMD path: the page's per-channel parameters converted to floats once
-  // per page visit, then fn(source).
-  template <typename Fn>
-  static void WithSource(const CodecParams& p, int bits, const uint8_t* base, Fn&& fn) {
-    const int d = p.head_dim;
-    float scale[kMaxHeadDim], min[kMaxHeadDim];
+
+  // Rows out[n][d] (pre-RoPE scoring, page conversion, tests).
+  static void Decode(const CodecParams& p, int bits, const uint8_t* base, int n, float* out) {
+    const int d = p.head_dim, T = p.page_tokens, cb = ColBytes(p, bits);
     const uint16_t* st = Stats(p, bits, base);
     for (int c = 0; c < d; ++c) {
-      scale[c] = HalfToFloatFast(st[2 * c]);
-      min[c] = HalfToFloatFast(st[2 * c + 1]);
-    }
-    DispatchBits(bits, [&](auto b) {
-      constexpr int B = decltype(b)::value;
-      fn(simd::ChannelRows<B>{base, scale, min, quant::RowBytes(d, B)});
-    });
-  }
-
-  static void Decode(const CodecParams& p, int bits, const uint8_t* base, int n, float* out) {
-    const int d = p.head_dim;
-    if (simd::UseSimdQuant(d, bits)) {
-      WithSource(p, bits, base, [&](const auto& src) { simd::DecodeRowsQ(src, n, d, out); });
-      return;
-    }
-    for (int j = 0; j < n; ++j) {
-      for (int c = 0; c < d; ++c) out[static_cast<size_t>(j) * d + c] = At(p, bits, base, j, c);
+      const uint8_t* col = base + static_cast<size_t>(c) * cb;
+      for (int j = 0; j < n; ++j) out[static_cast<size_t>(j) * d + c] = quant::Dequant(st + 2 * c, quant::CodeAt(col, T, bits, j));
     }
   }
 
+  // s[r*ss + j] = q_r . x_j with x = min + scale * code per channel:
+  // (q_r * scale) . code_j + q_r . min, the queries scaled once per page.
   static void Dot(const CodecParams& p, int bits, const uint8_t* base, int n, const float* q, int nq, float* s,
                   int ss) {
-    const int d = p.head_dim;
-    if (simd::UseSimdQuant(d, bits)) {
-      WithSource(p, bits, base, [&](const auto& src) { simd::DotRowsQN(src, n, d, q, nq, s, ss); });
-      return;
+    const int d = p.head_dim, T = p.page_tokens, cb = ColBytes(p, bits);
+    const uint16_t* st = Stats(p, bits, base);
+    KVX_CHECK(nq <= kMaxQueryRows);
+    float qs[kMaxQueryRows * kMaxHeadDim], bias[kMaxQueryRows];
+    const bool simd = simd::UseSimdQuant(d, bits);
+    if (!(simd && simd::ScaleQueriesByChannel(st, d, q, nq, qs, bias))) {
+      for (int r = 0; r < nq; ++r) {
+        const float* qr = q + static_cast<size_t>(r) * d;
+        bias[r] = 0.0f;
+        for (int c = 0; c < d; ++c) {
+          qs[static_cast<size_t>(r) * d + c] = qr[c] * HalfToFloatFast(st[2 * c]);
+          bias[r] += qr[c] * HalfToFloatFast(st[2 * c + 1]);
+        }
+      }
     }
-    float row[kMaxHeadDim];
-    for (int j = 0; j < n; ++j) {
-      for (int c = 0; c < d; ++c) row[c] = At(p, bits, base, j, c);
-      for (int r = 0; r < nq; ++r) s[static_cast<size_t>(r) * ss + j] = DotF32(q + static_cast<size_t>(r) * d, row, d);
+    if (simd) {
+      const bool done = DispatchBits(bits, [&](auto b) {
+        return simd::DotCodeColumns<decltype(b)::value>(base, cb, n, d, qs, nq, bias, s, ss);
+      });
+      if (done) return;
+    }
+    for (int r = 0; r < nq; ++r) {
+      const float* qr = qs + static_cast<size_t>(r) * d;
+      for (int j = 0; j < n; ++j) {
+        float acc = 0.0f;
+        for (int c = 0; c < d; ++c) {
+          acc += qr[c] * static_cast<float>(quant::CodeAt(base + static_cast<size_t>(c) * cb, T, bits, j));
+        }
+        s[static_cast<size_t>(r) * ss + j] = acc + bias[r];
+      }
     }
   }
 };

@@ -204,6 +204,12 @@ std::vector<Config> Configs() {
           }
         }
       }
+      // KIVI keys are channel-major, packed along the page: pages whose
+      // columns are shorter than one SIMD block (scalar path), exactly one
+      // AVX2 block, and several AVX-512 blocks per plane.
+      if (kivi) {
+        for (int T : {8, 128}) out.push_back({kivi, kb, vb, 64, T, 32, 0});
+      }
     }
   }
   return out;

@@ -130,21 +130,6 @@ struct Zmm<TokenRows<B>> {
   }
 };
 
-// Per-channel parameters shared by the page's rows (KIVI keys).
-template <int B>
-struct Zmm<ChannelRows<B>> {
-  static constexpr int kPlanes = 8 / B;
-  static bool Ok(const ChannelRows<B>& s) { return s.row_bytes % 16 == 0; }
-  KVX_KV_AVX512 static void LoadPlanes(const ChannelRows<B>& s, int j, int off, __m512* x) {
-    LoadAllPlanes16<B>(s.codes + static_cast<size_t>(j) * s.row_bytes + off, x);
-    KVX_KV_UNROLL
-    for (int plane = 0; plane < kPlanes; ++plane) {
-      const int c = plane * s.row_bytes + off;
-      x[plane] = _mm512_fmadd_ps(x[plane], _mm512_loadu_ps(s.scale + c), _mm512_loadu_ps(s.min + c));
-    }
-  }
-};
-
 // ---- Joint horizontal reduction of several rows' accumulators. ----
 
 // Level L of the reduction tree: a and b each hold partial sums of 2^L keys
@@ -486,6 +471,59 @@ KVX_KV_AVX512 inline void DotColumns(const uint16_t* kt, int T, int n, int d, co
   }
 }
 
+// ---- Scores over channel-major quantized codes (see DotCodeColumnsAvx2). ----
+
+template <int B, int NR>
+KVX_KV_AVX512 inline void DotCodeColumnsBlock(const uint8_t* codes, int cb, int off, int n, int d, const float* qs,
+                                              const float* bias, float* s, int ss) {
+  constexpr int P = 8 / B;
+  __m512 a[P][NR];
+  KVX_KV_UNROLL
+  for (int pl = 0; pl < P; ++pl) {
+    KVX_KV_UNROLL
+    for (int r = 0; r < NR; ++r) a[pl][r] = _mm512_setzero_ps();
+  }
+  for (int c = 0; c < d; ++c) {
+    __m512 x[P];
+    LoadAllPlanes16<B>(codes + static_cast<size_t>(c) * cb + off, x);
+    KVX_KV_UNROLL
+    for (int r = 0; r < NR; ++r) {
+      const __m512 qv = _mm512_set1_ps(qs[static_cast<size_t>(r) * d + c]);
+      KVX_KV_UNROLL
+      for (int pl = 0; pl < P; ++pl) a[pl][r] = _mm512_fmadd_ps(qv, x[pl], a[pl][r]);
+    }
+  }
+  KVX_KV_UNROLL
+  for (int pl = 0; pl < P; ++pl) {
+    const int j0 = pl * cb + off;
+    if (j0 >= n) break;
+    const __mmask16 keep = n - j0 >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - j0)) - 1);
+    KVX_KV_UNROLL
+    for (int r = 0; r < NR; ++r) {
+      _mm512_mask_storeu_ps(s + static_cast<size_t>(r) * ss + j0, keep,
+                            _mm512_add_ps(a[pl][r], _mm512_set1_ps(bias[r])));
+    }
+  }
+}
+
+// REQUIRES: cb % 16 == 0. Up to 4 query rows per pass (at most 16 accumulators).
+template <int B>
+KVX_KV_AVX512 inline void DotCodeColumns(const uint8_t* codes, int cb, int n, int d, const float* qs, int nq,
+                                         const float* bias, float* s, int ss) {
+  for (int r0 = 0; r0 < nq; r0 += 4) {
+    const float* qr = qs + static_cast<size_t>(r0) * d;
+    float* sr = s + static_cast<size_t>(r0) * ss;
+    for (int off = 0; off < cb && off < n; off += 16) {
+      switch (std::min(4, nq - r0)) {
+        case 1: DotCodeColumnsBlock<B, 1>(codes, cb, off, n, d, qr, bias + r0, sr, ss); break;
+        case 2: DotCodeColumnsBlock<B, 2>(codes, cb, off, n, d, qr, bias + r0, sr, ss); break;
+        case 3: DotCodeColumnsBlock<B, 3>(codes, cb, off, n, d, qr, bias + r0, sr, ss); break;
+        default: DotCodeColumnsBlock<B, 4>(codes, cb, off, n, d, qr, bias + r0, sr, ss); break;
+      }
+    }
+  }
+}
+
 // ---- Softmax. ----
 
 // (Full-mask spellings for the reason given at CvtPh.)
@@ -585,6 +623,31 @@ KVX_KV_AVX512 inline bool SoftmaxStep(float* s, int ss, int n, float* mx, float*
     any |= block_sum > 0.0f;
   }
   return any;
+}
+
+// ---- KIVI keys: queries scaled per channel. ----
+
+// qs[r][c] = q[r][c] * scale_c and bias[r] = sum_c q[r][c] * min_c for
+// r < nq, from the page's interleaved f16 (scale_c, min_c) pairs st[2c],
+// st[2c + 1]: DotCodeColumns' inputs, once per page visit. REQUIRES:
+// d % 16 == 0, nq <= 8.
+KVX_KV_AVX512 inline void ScaleQueriesByChannel(const uint16_t* st, int d, const float* q, int nq, float* qs,
+                                                float* bias) {
+  alignas(64) static constexpr int32_t kEven[16] = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+  alignas(64) static constexpr int32_t kOdd[16] = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
+  const __m512i even = _mm512_load_si512(kEven), odd = _mm512_load_si512(kOdd);
+  __m512 b[8];
+  for (int r = 0; r < nq; ++r) b[r] = _mm512_setzero_ps();
+  for (int c0 = 0; c0 < d; c0 += 16) {
+    const __m512 lo = CvtPh(st + 2 * c0), hi = CvtPh(st + 2 * c0 + 16);
+    const __m512 scale = _mm512_permutex2var_ps(lo, even, hi), min = _mm512_permutex2var_ps(lo, odd, hi);
+    for (int r = 0; r < nq; ++r) {
+      const __m512 qv = _mm512_loadu_ps(q + static_cast<size_t>(r) * d + c0);
+      _mm512_storeu_ps(qs + static_cast<size_t>(r) * d + c0, _mm512_mul_ps(qv, scale));
+      b[r] = _mm512_fmadd_ps(qv, min, b[r]);
+    }
+  }
+  for (int r = 0; r < nq; ++r) bias[r] = ReduceSum(b[r]);
 }
 
 // ---- Fused decode step over one f16 page. ----

@@ -141,29 +141,6 @@ struct TokenRows {
   }
 };
 
-// Per-channel parameters shared by all rows of the page (KIVI keys), as floats.
-template <int B>
-struct ChannelRows {
-  static constexpr int kPlanes = 8 / B;
-  const uint8_t* codes;
-  const float* scale;
-  const float* min;
-  int row_bytes;
-  int span() const { return row_bytes; }
-  KVX_KV_AVX2 __m256 Load(int j, int plane, int off, int c) const {
-    const __m256 q = LoadCodes<B>(codes + static_cast<size_t>(j) * row_bytes + off, plane * B);
-    return _mm256_fmadd_ps(q, _mm256_loadu_ps(scale + c), _mm256_loadu_ps(min + c));
-  }
-  KVX_KV_AVX2 void LoadPlanes(int j, int off, __m256* x) const {
-    LoadAllPlanes<B>(codes + static_cast<size_t>(j) * row_bytes + off, x);
-    KVX_KV_UNROLL
-    for (int plane = 0; plane < kPlanes; ++plane) {
-      const int c = plane * row_bytes + off;
-      x[plane] = _mm256_fmadd_ps(x[plane], _mm256_loadu_ps(scale + c), _mm256_loadu_ps(min + c));
-    }
-  }
-};
-
 // s[r*ss + j] = q_r . row_j for r < NQ, j < n (q is [NQ][d]). Each row is
 // loaded and dequantized once for all NQ query rows (a GQA group shares its
 // kv head); the 8 bytes at `off` are loaded once for all planes. Two
@@ -371,6 +348,67 @@ KVX_KV_AVX2 inline void DotColumnsAvx2(const uint16_t* kt, int T, int n, int d, 
         DotColumnsBlockAvx2<2>(kt, T, j0, n - j0, d, qr, sr, ss);
       } else {
         DotColumnsBlockAvx2<1>(kt, T, j0, n - j0, d, qr, sr, ss);
+      }
+    }
+  }
+}
+
+// ---- Scores over channel-major quantized codes (KIVI keys). ----
+//
+// Column c holds the page's entries of channel c, planar-packed along the
+// entries: entry j in byte j % cb at bit shift B * (j / cb), cb = T * B / 8
+// bytes. With per-channel parameters x = min_c + scale_c * code, a score is
+//   q . x_j = sum_c (q_c scale_c) code_cj + sum_c q_c min_c,
+// so the caller scales the queries once per page (qs) and adds the constant
+// (bias); the kernel is a plain dot of qs with the codes, 8 (16 on AVX-512)
+// consecutive entries per vector per plane, summed over the channels in
+// order (the order ChannelTensor's scalar path uses).
+
+// Rows [0, NR) against the entries in the 8 bytes at `off` of every column.
+template <int B, int NR>
+KVX_KV_AVX2 inline void DotCodeColumnsBlockAvx2(const uint8_t* codes, int cb, int off, int n, int d, const float* qs,
+                                                const float* bias, float* s, int ss) {
+  constexpr int P = 8 / B;
+  __m256 a[P][NR];
+  KVX_KV_UNROLL
+  for (int pl = 0; pl < P; ++pl) {
+    KVX_KV_UNROLL
+    for (int r = 0; r < NR; ++r) a[pl][r] = _mm256_setzero_ps();
+  }
+  for (int c = 0; c < d; ++c) {
+    __m256 x[P];
+    LoadAllPlanes<B>(codes + static_cast<size_t>(c) * cb + off, x);
+    KVX_KV_UNROLL
+    for (int r = 0; r < NR; ++r) {
+      const __m256 qv = _mm256_broadcast_ss(qs + static_cast<size_t>(r) * d + c);
+      KVX_KV_UNROLL
+      for (int pl = 0; pl < P; ++pl) a[pl][r] = _mm256_fmadd_ps(qv, x[pl], a[pl][r]);
+    }
+  }
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  KVX_KV_UNROLL
+  for (int pl = 0; pl < P; ++pl) {
+    const int j0 = pl * cb + off;
+    const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(n - j0), lane);
+    KVX_KV_UNROLL
+    for (int r = 0; r < NR; ++r) {
+      _mm256_maskstore_ps(s + static_cast<size_t>(r) * ss + j0, keep, _mm256_add_ps(a[pl][r], _mm256_set1_ps(bias[r])));
+    }
+  }
+}
+
+// s[r*ss + j] = qs_r . codes_j + bias[r] for r < nq, j < n. REQUIRES: cb % 8 == 0.
+template <int B>
+KVX_KV_AVX2 inline void DotCodeColumnsAvx2(const uint8_t* codes, int cb, int n, int d, const float* qs, int nq,
+                                           const float* bias, float* s, int ss) {
+  for (int r0 = 0; r0 < nq; r0 += 2) {
+    const float* qr = qs + static_cast<size_t>(r0) * d;
+    float* sr = s + static_cast<size_t>(r0) * ss;
+    for (int off = 0; off < cb && off < n; off += 8) {
+      if (nq - r0 >= 2) {
+        DotCodeColumnsBlockAvx2<B, 2>(codes, cb, off, n, d, qr, bias + r0, sr, ss);
+      } else {
+        DotCodeColumnsBlockAvx2<B, 1>(codes, cb, off, n, d, qr, bias + r0, sr, ss);
       }
     }
   }
@@ -606,6 +644,29 @@ inline bool F16DecodePage(const uint16_t* kt, const uint16_t* v, int T, int m, i
   return true;
 }
 
+// Scores over channel-major B-bit codes (DotCodeColumnsAvx2): AVX-512 when
+// the CPU has it and columns are whole 16-byte blocks, else AVX2 for whole
+// 8-byte blocks; false (nothing done) otherwise (the caller's scalar loop).
+template <int B>
+inline bool DotCodeColumns(const uint8_t* codes, int cb, int n, int d, const float* qs, int nq, const float* bias,
+                           float* s, int ss) {
+  if (UseAvx512() && cb % 16 == 0) {
+    avx512::DotCodeColumns<B>(codes, cb, n, d, qs, nq, bias, s, ss);
+    return true;
+  }
+  if (cb % 8 != 0) return false;
+  DotCodeColumnsAvx2<B>(codes, cb, n, d, qs, nq, bias, s, ss);
+  return true;
+}
+
+// avx512::ScaleQueriesByChannel when the AVX-512 kernels run and d % 16 == 0;
+// false (nothing done) otherwise.
+inline bool ScaleQueriesByChannel(const uint16_t* st, int d, const float* q, int nq, float* qs, float* bias) {
+  if (!UseAvx512() || d % 16 != 0 || nq > kMaxQueryRows) return false;
+  avx512::ScaleQueriesByChannel(st, d, q, nq, qs, bias);
+  return true;
+}
+
 // out[j][c] = row_j[c] (pre-RoPE keys, tests), AVX-512 or AVX2.
 template <class Src>
 inline void DecodeRowsQ(const Src& src, int n, int d, float* out) {
@@ -647,13 +708,6 @@ struct TokenRows {
   const float* params;
   int row_bytes, groups, group_shift;
 };
-template <int B>
-struct ChannelRows {
-  const uint8_t* codes;
-  const float* scale;
-  const float* min;
-  int row_bytes;
-};
 template <class Src>
 inline void DotRowsQN(const Src&, int, int, const float*, int, float*, int) {}
 template <class Src>
@@ -666,6 +720,11 @@ struct F32Rows {
 template <class Src>
 inline void DecodeRowsQ(const Src&, int, int, float*) {}
 inline bool DotColumnsF16(const uint16_t*, int, int, int, const float*, int, float*, int) { return false; }
+template <int B>
+inline bool DotCodeColumns(const uint8_t*, int, int, int, const float*, int, const float*, float*, int) {
+  return false;
+}
+inline bool ScaleQueriesByChannel(const uint16_t*, int, const float*, int, float*, float*) { return false; }
 inline bool F16DecodePage(const uint16_t*, const uint16_t*, int, int, int, const float*, int, float*, float*, float*,
                           const uint8_t*, size_t) {
   return false;
