@@ -114,6 +114,10 @@ TEST(KVSpecTest, ValidateAgainstLayout) {
   s = ValidateKVSpec(MustParse("codec=int8"), KVLayout{2, 2, 12, 16});
   EXPECT_NE(s.message().find("head_dim % 8"), std::string::npos) << s.message();
   EXPECT_TRUE(ValidateKVSpec(MustParse("codec=f16"), KVLayout{2, 2, 12, 16}).ok());
+  // KIVI packs each key channel's codes over the page into whole bytes.
+  s = ValidateKVSpec(MustParse("codec=kivi2,page=2"), KVLayout{2, 2, 64, 2});
+  EXPECT_NE(s.message().find("at least 4 tokens per page"), std::string::npos) << s.message();
+  EXPECT_TRUE(ValidateKVSpec(MustParse("codec=kivi2,page=4"), KVLayout{2, 2, 64, 4}).ok());
 }
 
 TEST(KVSpecTest, Errors) {

@@ -13,9 +13,11 @@
 //                    page, so it is always sealed.
 //
 // Page data layout (offsets rounded up to 8 bytes):
-//   K codes [T][d*kb/8] | K params | V codes [T][d*vb/8] | V params [T][d/group][2] f16
+//   K codes | K params | V codes [T][d*vb/8] | V params [T][d/group][2] f16
 //   | K outliers | V outliers
-// K params are [T][d/group][2] f16 (per token) or [d][2] f16 (per channel).
+// K codes are [T][d*kb/8] per token, or for KIVI channel-major [d][T*kb/8]
+// (each channel's T codes packed along the page: ChannelTensor); K params
+// are [T][d/group][2] f16 (per token) or [d][2] f16 (per channel).
 // Outliers (p.outliers per tensor, KVQuant's dense-and-sparse): the entries
 // farthest from their quantization group's mean (|x - mean|: the ones that
 // stretch the group's min/max most) are excluded from the group's range and
