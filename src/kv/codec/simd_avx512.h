@@ -650,6 +650,68 @@ KVX_KV_AVX512 inline void ScaleQueriesByChannel(const uint16_t* st, int d, const
   for (int r = 0; r < nq; ++r) bias[r] = ReduceSum(b[r]);
 }
 
+// r[0..15] transposed in place (r[i][k] <-> r[k][i]): unpack, in-lane
+// shuffles, then 128-bit lane shuffles (r[i] = row i of a 16x16 tile).
+// (Full-mask spellings for the reason given at CvtPh.)
+KVX_KV_AVX512 inline void Transpose16(__m512* r) {
+  __m512 t[16], u[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_maskz_unpacklo_ps(0xFFFF, r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_maskz_unpackhi_ps(0xFFFF, r[2 * i], r[2 * i + 1]);
+  }
+  // u[4i + e], 128-bit lane l: rows 4i..4i+3 of column 4l + e.
+  for (int i = 0; i < 4; ++i) {
+    u[4 * i] = _mm512_maskz_shuffle_ps(0xFFFF, t[4 * i], t[4 * i + 2], 0x44);
+    u[4 * i + 1] = _mm512_maskz_shuffle_ps(0xFFFF, t[4 * i], t[4 * i + 2], 0xEE);
+    u[4 * i + 2] = _mm512_maskz_shuffle_ps(0xFFFF, t[4 * i + 1], t[4 * i + 3], 0x44);
+    u[4 * i + 3] = _mm512_maskz_shuffle_ps(0xFFFF, t[4 * i + 1], t[4 * i + 3], 0xEE);
+  }
+  for (int e = 0; e < 4; ++e) {
+    const __m512 lo = _mm512_maskz_shuffle_f32x4(0xFFFF, u[e], u[4 + e], 0x44), hi = _mm512_maskz_shuffle_f32x4(0xFFFF, u[e], u[4 + e], 0xEE);
+    const __m512 lo2 = _mm512_maskz_shuffle_f32x4(0xFFFF, u[8 + e], u[12 + e], 0x44);
+    const __m512 hi2 = _mm512_maskz_shuffle_f32x4(0xFFFF, u[8 + e], u[12 + e], 0xEE);
+    r[e] = _mm512_maskz_shuffle_f32x4(0xFFFF, lo, lo2, 0x88);
+    r[4 + e] = _mm512_maskz_shuffle_f32x4(0xFFFF, lo, lo2, 0xDD);
+    r[8 + e] = _mm512_maskz_shuffle_f32x4(0xFFFF, hi, hi2, 0x88);
+    r[12 + e] = _mm512_maskz_shuffle_f32x4(0xFFFF, hi, hi2, 0xDD);
+  }
+}
+
+// Rows out[n][d] of channel-major B-bit codes (ChannelTensor's layout) with
+// per-channel f16 (scale, min) pairs st: 16 channels x 16 entries dequantized
+// per block, transposed in registers, stored as 16 row segments.
+// REQUIRES: cb % 16 == 0, d % 16 == 0.
+template <int B>
+KVX_KV_AVX512 inline void DecodeCodeColumns(const uint8_t* codes, int cb, const uint16_t* st, int n, int d,
+                                            float* out) {
+  constexpr int P = 8 / B;
+  alignas(64) static constexpr int32_t kEven[16] = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+  alignas(64) static constexpr int32_t kOdd[16] = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
+  const __m512i even = _mm512_load_si512(kEven), odd = _mm512_load_si512(kOdd);
+  const __m512i mask = _mm512_set1_epi32((1 << B) - 1);
+  for (int c0 = 0; c0 < d; c0 += 16) {
+    alignas(64) float scale[16], min[16];
+    const __m512 lo = CvtPh(st + 2 * c0), hi = CvtPh(st + 2 * c0 + 16);
+    _mm512_store_ps(scale, _mm512_permutex2var_ps(lo, even, hi));
+    _mm512_store_ps(min, _mm512_permutex2var_ps(lo, odd, hi));
+    for (int off = 0; off < cb; off += 16) {
+      for (int pl = 0; pl < P; ++pl) {
+        const int j0 = pl * cb + off;
+        if (j0 >= n) break;
+        __m512 x[16];
+        for (int k = 0; k < 16; ++k) {
+          const __m512i v = CvtU8(codes + static_cast<size_t>(c0 + k) * cb + off);
+          const __m512i c = B < 8 ? _mm512_and_si512(_mm512_maskz_srli_epi32(0xFFFF, v, pl * B), mask) : v;
+          x[k] = _mm512_fmadd_ps(CvtI32(c), _mm512_set1_ps(scale[k]), _mm512_set1_ps(min[k]));
+        }
+        Transpose16(x);
+        const int rows = std::min(16, n - j0);
+        for (int t = 0; t < rows; ++t) _mm512_storeu_ps(out + static_cast<size_t>(j0 + t) * d + c0, x[t]);
+      }
+    }
+  }
+}
+
 // ---- Fused decode step over one f16 page. ----
 
 // The page's first m entries (keys channel-major kt, values row-major v),

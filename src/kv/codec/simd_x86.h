@@ -659,6 +659,15 @@ inline bool DotCodeColumns(const uint8_t* codes, int cb, int n, int d, const flo
   return true;
 }
 
+// avx512::DecodeCodeColumns when the AVX-512 kernels run and the shape
+// allows (cb % 16 == 0, d % 16 == 0); false (nothing done) otherwise.
+template <int B>
+inline bool DecodeCodeColumns(const uint8_t* codes, int cb, const uint16_t* st, int n, int d, float* out) {
+  if (!UseAvx512() || cb % 16 != 0 || d % 16 != 0) return false;
+  avx512::DecodeCodeColumns<B>(codes, cb, st, n, d, out);
+  return true;
+}
+
 // avx512::ScaleQueriesByChannel when the AVX-512 kernels run and d % 16 == 0;
 // false (nothing done) otherwise.
 inline bool ScaleQueriesByChannel(const uint16_t* st, int d, const float* q, int nq, float* qs, float* bias) {
@@ -725,6 +734,8 @@ inline bool DotCodeColumns(const uint8_t*, int, int, int, const float*, int, con
   return false;
 }
 inline bool ScaleQueriesByChannel(const uint16_t*, int, const float*, int, float*, float*) { return false; }
+template <int B>
+inline bool DecodeCodeColumns(const uint8_t*, int, const uint16_t*, int, int, float*) { return false; }
 inline bool F16DecodePage(const uint16_t*, const uint16_t*, int, int, int, const float*, int, float*, float*, float*,
                           const uint8_t*, size_t) {
   return false;
