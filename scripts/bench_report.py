@@ -160,7 +160,7 @@ def main():
            "AVX-512 VNNI machines (one aligned stream per 4 rows, `src/ops/weight_pack.h`). DecodeAttentionAllLayers reads a whole smollm2-135m-shaped KV cache of 8k tokens from DRAM; "
            "DecodeAttention one layer's, from cache. f16 pages go through the fused decode kernel (channel-major keys, "
            "scores + online softmax + values per 16 entries in registers, next page prefetched across the score steps: "
-           "`F16Codec::DecodeStep`); the quantized codecs through the general row-major kernels.", ""]
+           "`F16Codec::DecodeStep`); KIVI scores its channel-major key codes 16 entries per vector (`ChannelTensor::Dot`); the per-token codecs (int8/int4) use the general row-major kernels.", ""]
     md += microbench_table(ops) + [""] + microbench_table(kvb) + [""]
     text = "\n".join(md) + "\n"
     open(os.path.join(ROOT, "docs/benchmarks.md"), "w").write(text)
