@@ -567,8 +567,10 @@ KVX_KV_AVX2 inline float ExpSum(float* x, int n, float m) {
 }  // namespace kvx::kv::simd
 
 // The AVX-512 kernels (avx512::DotRowsQ, AxpyRowsQ, DecodeRowsQ) over the row
-// sources above; the dispatchers below pick them when UseAvx512For(src).
+// sources above, and the channel-major ones (DotColumns, DotCodeColumns,
+// F16DecodePage...); the dispatchers below pick them when the CPU has AVX-512.
 #include "kv/codec/simd_avx512.h"
+#include "kv/codec/simd_avx512_columns.h"
 
 namespace kvx::kv::simd {
 
