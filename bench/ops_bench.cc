@@ -135,6 +135,21 @@ struct Stack {
       l.down = Matrix(t, kFF, kEmbd, seed++);
     }
     head = Matrix(t576, kEmbd, kVocab, seed);
+    if (repacked) {
+      // Repacked as the model loader does, into one buffer; only the copies stay in memory.
+      std::vector<WeightView*> views = {&head};
+      for (Layer& l : layers) {
+        for (WeightView* m : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) views.push_back(m);
+      }
+      std::vector<const void*> originals;
+      for (const WeightView* w : views) {
+        if (CanRepack(*w)) originals.push_back(w->data);
+      }
+      packed_ = PackedWeights::PackAll(views);
+      for (std::vector<uint8_t>& m : storage_) {
+        if (std::find(originals.begin(), originals.end(), m.data()) != originals.end()) std::vector<uint8_t>().swap(m);
+      }
+    }
     matmul_flops_per_token = 2.0 * kLayers * (kEmbd * (kQ + 2 * kKV) + kQ * kEmbd + 3.0 * kEmbd * kFF);
   }
   // One forward pass of n tokens through the matmuls (no attention/norms);
@@ -163,14 +178,10 @@ struct Stack {
   WeightView Matrix(TensorType t, int64_t n_in, int64_t n_out, uint32_t seed) {
     std::vector<uint8_t>& m = storage_.emplace_back(QuantizedMatrix(t, n_in, n_out, seed));
     bytes += m.size();
-    const WeightView w{t, m.data(), n_in, n_out, RowBytesOf(t, n_in)};
-    if (!repacked || !CanRepack(w)) return w;
-    packed_.push_back(PackedWeight::Pack(w));
-    storage_.pop_back();  // only the repacked copy stays in memory
-    return packed_.back().view();
+    return WeightView{t, m.data(), n_in, n_out, RowBytesOf(t, n_in)};
   }
   std::deque<std::vector<uint8_t>> storage_;
-  std::deque<PackedWeight> packed_;
+  PackedWeights packed_;
 };
 
 const Stack& GetStack(TensorType t, bool repack) {

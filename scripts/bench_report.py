@@ -157,7 +157,7 @@ def main():
            "`bench/ops_bench.cc` and `bench/kv_bench.cc` for what each measures). DecodeSweep streams every weight "
            "matrix of the smollm2-135m stack once, as one decoded token does; its GB/s is to be compared with "
            "MemRead; `q8_0_repacked` is the same with the matrices repacked as the model loader stores them on "
-           "AVX-512 VNNI machines (one aligned stream per 4 rows, `src/ops/weight_pack.h`). DecodeAttentionAllLayers reads a whole smollm2-135m-shaped KV cache of 8k tokens from DRAM; "
+           "AVX-512 VNNI machines (one aligned stream per 4 rows, all matrices in one buffer on transparent huge pages, `src/ops/weight_pack.h`). DecodeAttentionAllLayers reads a whole smollm2-135m-shaped KV cache of 8k tokens from DRAM; "
            "DecodeAttention one layer's, from cache. f16 pages go through the fused decode kernel (channel-major keys, "
            "scores + online softmax + values per 16 entries in registers, next page prefetched across the score steps: "
            "`F16Codec::DecodeStep`); KIVI scores its channel-major key codes 16 entries per vector (`ChannelTensor::Dot`); the per-token codecs (int8/int4) use the general row-major kernels.", ""]

@@ -120,24 +120,17 @@ Status Model::LoadWeights() {
 // originals from memory, so the weights are not resident twice. A tied
 // output head shares the embedding table's copy.
 void Model::RepackWeights() {
-  auto repack = [&](ops::WeightView* w) {
-    if (!ops::CanRepack(*w)) return;
-    const void* original = w->data;
-    const size_t bytes = w->row_bytes * static_cast<size_t>(w->n_out);
-    packed_.push_back(ops::PackedWeight::Pack(*w));
-    *w = packed_.back().view();
-    DropMappedPages(original, bytes);
-  };
-  const bool tied = output_.data == token_embd_.data;
-  repack(&token_embd_);
-  if (tied) {
-    output_ = token_embd_;
-  } else {
-    repack(&output_);
-  }
+  std::vector<ops::WeightView*> views = {&token_embd_, &output_};
   for (LayerWeights& w : layers_) {
-    for (ops::WeightView* m : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down}) repack(m);
+    for (ops::WeightView* m : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down}) views.push_back(m);
   }
+  std::vector<std::pair<const void*, size_t>> originals;  // each once (a tied head is the embedding table)
+  for (const ops::WeightView* w : views) {
+    const bool seen = std::any_of(originals.begin(), originals.end(), [&](const auto& o) { return o.first == w->data; });
+    if (ops::CanRepack(*w) && !seen) originals.emplace_back(w->data, w->row_bytes * static_cast<size_t>(w->n_out));
+  }
+  packed_ = ops::PackedWeights::PackAll(views);
+  for (const auto& [data, bytes] : originals) DropMappedPages(data, bytes);
 }
 
 uint64_t Model::DecodeWeightBytesPerToken() const {

@@ -10,7 +10,6 @@
 // caller passes its own SequenceKV and ForwardScratch.
 #pragma once
 
-#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -69,7 +68,7 @@ class Model {
                  float* logits) const;
 
   // How many weight matrices were repacked at load (ops/weight_pack.h).
-  int RepackedMatrices() const { return static_cast<int>(packed_.size()); }
+  int RepackedMatrices() const { return packed_.count(); }
 
   // Bytes of weights (as stored).
   uint64_t WeightBytes() const { return weight_bytes_; }
@@ -94,7 +93,7 @@ class Model {
   std::vector<float> output_norm_;
   std::vector<float> rope_freq_factors_;  // empty unless llama3-style scaling
   std::vector<LayerWeights> layers_;
-  std::deque<ops::PackedWeight> packed_;  // repacked matrices the views above point into
+  ops::PackedWeights packed_;  // repacked matrices the views above point into
   uint64_t weight_bytes_ = 0;
 };
 

@@ -1,6 +1,10 @@
 #include "ops/weight_pack.h"
 
+#include <sys/mman.h>
+
+#include <algorithm>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "ops/dequant.h"
@@ -20,18 +24,18 @@ bool CanRepack(const WeightView& w) {
 
 bool RepackingPays() { return ActiveSimdTarget() == "AVX3_DL"; }
 
-PackedWeight PackedWeight::Pack(const WeightView& w) {
+namespace {
+
+constexpr size_t kHugePage = size_t{2} << 20;
+
+// Writes the kRowGroups4 copy of w to dst (64-byte aligned) and returns its view.
+WeightView PackInto(const WeightView& w, uint8_t* dst) {
   KVX_CHECK(CanRepack(w));
-  const size_t row_bytes = RowBytesOf(w.type, w.n_in);
-  const size_t bytes = row_bytes * static_cast<size_t>(w.n_out);
-  PackedWeight p;
-  p.buffer_.reset(static_cast<uint8_t*>(std::aligned_alloc(64, internal::RoundUp(static_cast<int64_t>(bytes), 64))));
-  KVX_CHECK_MSG(p.buffer_ != nullptr, "out of memory repacking weights");
-  p.view_ = w;
-  p.view_.data = p.buffer_.get();
-  p.view_.row_bytes = row_bytes;
-  p.view_.layout = WeightLayout::kRowGroups4;
-  const RowGroups4 g = internal::RowGroups4Of(p.view_);
+  WeightView p = w;
+  p.data = dst;
+  p.row_bytes = RowBytesOf(w.type, w.n_in);
+  p.layout = WeightLayout::kRowGroups4;
+  const RowGroups4 g = internal::RowGroups4Of(p);
   const auto* src = static_cast<const uint8_t*>(w.data);
   for (int64_t r = 0; r < w.n_out; ++r) {
     const uint8_t* row = src + static_cast<size_t>(r) * w.row_bytes;
@@ -46,6 +50,63 @@ PackedWeight PackedWeight::Pack(const WeightView& w) {
     }
   }
   return p;
+}
+
+}  // namespace
+
+PackedWeights PackedWeights::PackAll(std::span<WeightView* const> views) {
+  // Distinct source matrices, each with its offset in the buffer.
+  std::vector<std::pair<const void*, size_t>> offsets;
+  size_t total = 0;
+  for (const WeightView* w : views) {
+    if (!CanRepack(*w)) continue;
+    const bool seen = std::any_of(offsets.begin(), offsets.end(), [&](const auto& o) { return o.first == w->data; });
+    if (seen) continue;
+    offsets.emplace_back(w->data, total);
+    total += static_cast<size_t>(internal::RoundUp(static_cast<int64_t>(RowBytesOf(w->type, w->n_in) * w->n_out), 64));
+  }
+  PackedWeights p;
+  if (total == 0) return p;
+  // A mapping one huge page longer than needed, so that the buffer can start
+  // on a huge-page boundary (the kernel backs only aligned 2 MiB ranges).
+  p.mapped_ = static_cast<size_t>(internal::RoundUp(static_cast<int64_t>(total), kHugePage)) + kHugePage;
+  void* m = mmap(nullptr, p.mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  KVX_CHECK_MSG(m != MAP_FAILED, "out of memory repacking weights");
+  p.base_ = static_cast<uint8_t*>(m);
+  uint8_t* buf = p.base_ + (kHugePage - reinterpret_cast<uintptr_t>(p.base_) % kHugePage) % kHugePage;
+  // Advice only: without transparent huge pages this fails and the buffer
+  // stays in ordinary pages.
+  (void)madvise(buf, static_cast<size_t>(internal::RoundUp(static_cast<int64_t>(total), kHugePage)), MADV_HUGEPAGE);
+  p.bytes_ = total;
+  p.count_ = static_cast<int>(offsets.size());
+  std::vector<std::pair<const void*, WeightView>> packed;  // source data -> its copy
+  for (WeightView* w : views) {
+    if (!CanRepack(*w)) continue;
+    const auto done = std::find_if(packed.begin(), packed.end(), [&](const auto& e) { return e.first == w->data; });
+    if (done != packed.end()) {
+      *w = done->second;
+      continue;
+    }
+    const auto at = std::find_if(offsets.begin(), offsets.end(), [&](const auto& o) { return o.first == w->data; });
+    const void* source = w->data;
+    *w = PackInto(*w, buf + at->second);
+    packed.emplace_back(source, *w);
+  }
+  return p;
+}
+
+PackedWeights::~PackedWeights() {
+  if (base_ != nullptr) munmap(base_, mapped_);
+}
+
+PackedWeights::PackedWeights(PackedWeights&& o) noexcept { *this = std::move(o); }
+
+PackedWeights& PackedWeights::operator=(PackedWeights&& o) noexcept {
+  std::swap(base_, o.base_);
+  std::swap(mapped_, o.mapped_);
+  std::swap(bytes_, o.bytes_);
+  std::swap(count_, o.count_);
+  return *this;
 }
 
 void CopyRowAsStored(const WeightView& w, int64_t r, uint8_t* out) {

@@ -17,12 +17,12 @@
 // Exactly as many bytes as the GGUF rows; the arithmetic is the same as on
 // the GGUF layout, so results are bit-identical (tests check it).
 //
-// Thread-safety: PackedWeight is immutable after Pack; the functions are pure.
+// Thread-safety: PackedWeights is immutable after PackAll; the functions are pure.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
-#include <cstdlib>
-#include <memory>
+#include <span>
 
 #include "ops/matmul.h"
 
@@ -36,19 +36,40 @@ bool CanRepack(const WeightView& w);
 // matrices through the scalar reference, correctly but slowly.
 bool RepackingPays();
 
-// An owned, repacked copy of a weight matrix.
-class PackedWeight {
+// Repacked copies of a set of weight matrices, in one buffer that asks the
+// kernel for transparent huge pages (madvise MADV_HUGEPAGE; Linux's default
+// "madvise" mode grants them only on request). Decode streams every matrix
+// once per token; with 4 KiB pages that stream crosses a TLB entry, and the
+// hardware prefetchers stop, every 4 KiB. Measured on the 2-core Zen 5 VM,
+// alternating the two builds: `ops_bench DecodeSweep/q8_0_repacked/thr1`
+// faster in 9 of 10 pairs (median +3%), `kvx bench --depths 0` (2 threads)
+// median +2% over 8 pairs, within that machine's noise. Where huge pages are
+// unavailable the buffer is ordinary memory. (The KV pool keeps 4 KiB pages:
+// huge pages made no difference to attention from DRAM in kv_bench, and
+// they would coarsen how finely freed KV memory returns to the system.)
+class PackedWeights {
  public:
-  // REQUIRES: CanRepack(w).
-  static PackedWeight Pack(const WeightView& w);
-  const WeightView& view() const { return view_; }
+  PackedWeights() = default;
+  ~PackedWeights();
+  PackedWeights(PackedWeights&& o) noexcept;
+  PackedWeights& operator=(PackedWeights&& o) noexcept;
+  PackedWeights(const PackedWeights&) = delete;
+  PackedWeights& operator=(const PackedWeights&) = delete;
+
+  // Repacks every view in `views` for which CanRepack holds and points it at
+  // its copy; views that share data (a tied embedding and output head) share
+  // one copy. The others are left as they are.
+  static PackedWeights PackAll(std::span<WeightView* const> views);
+
+  // Matrices repacked, and the bytes of their copies (each rounded up to 64).
+  int count() const { return count_; }
+  size_t bytes() const { return bytes_; }
 
  private:
-  struct Free {
-    void operator()(uint8_t* p) const { std::free(p); }
-  };
-  std::unique_ptr<uint8_t, Free> buffer_;
-  WeightView view_{};
+  uint8_t* base_ = nullptr;  // mapping of mapped_ bytes (munmap'ed by the destructor)
+  size_t mapped_ = 0;
+  size_t bytes_ = 0;
+  int count_ = 0;
 };
 
 // Row r of w in its GGUF encoding (RowBytesOf(type, n_in) bytes), whatever
