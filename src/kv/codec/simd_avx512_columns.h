@@ -23,10 +23,13 @@ namespace kvx::kv::simd::avx512 {
 // out[b][r] = the scores of rows [0, NR) of q against the 16 entries at
 // j0 + 16 b, b < NB (channel loads masked by `load` unless kFullLoad: a
 // page of fewer than 16 entries). Same summation order as the AVX2 and
-// scalar paths.
-template <int NR, int NB, bool kFullLoad>
+// scalar paths. With kPfLines > 0, also prefetches kPfLines consecutive
+// cache lines from pf per step of 4 channels (F16DecodePage's next page; a
+// compile-time count, since a runtime loop of prefetches cost 3-7% of the
+// fused kernel's time).
+template <int NR, int NB, bool kFullLoad, int kPfLines = 0>
 KVX_KV_AVX512 inline void ColumnDots(const uint16_t* kt, int T, int j0, __mmask16 load, int d, const float* q,
-                                     __m512 (&out)[NB][NR], const char* pf = nullptr, int pf_lines = 0) {
+                                     __m512 (&out)[NB][NR], const char* pf = nullptr) {
   __m512 a[NB][NR][4];
   KVX_KV_UNROLL
   for (int b = 0; b < NB; ++b) {
@@ -37,9 +40,8 @@ KVX_KV_AVX512 inline void ColumnDots(const uint16_t* kt, int T, int j0, __mmask1
     }
   }
   for (int c = 0; c < d; c += 4) {
-    // Optional software prefetch spread over the loop: pf_lines cache lines
-    // from pf per step (F16DecodePage's next page).
-    for (int i = 0; i < pf_lines; ++i) _mm_prefetch(pf + (static_cast<size_t>(c / 4) * pf_lines + i) * 64, _MM_HINT_T0);
+    KVX_KV_UNROLL
+    for (int i = 0; i < kPfLines; ++i) _mm_prefetch(pf + (static_cast<size_t>(c / 4) * kPfLines + i) * 64, _MM_HINT_T0);
     KVX_KV_UNROLL
     for (int u = 0; u < 4; ++u) {
       const uint16_t* col = kt + static_cast<size_t>(c + u) * T + j0;
@@ -282,16 +284,23 @@ template <int NR>
 KVX_KV_AVX512 inline void F16DecodePage(const uint16_t* kt, const uint16_t* v, int T, int m, int d, const float* q,
                                         float* mx, float* sum, float* acc, const uint8_t* next, size_t next_bytes) {
   alignas(64) float w[NR][16];
-  // The next page is prefetched a few lines per score step, spread over the
-  // page's 16-entry blocks, so its misses overlap this page's arithmetic.
-  const int steps = (m + 15) / 16 * (d / 4);
-  const int pf_lines = next == nullptr ? 0 : static_cast<int>((next_bytes / 64 + steps - 1) / steps);
+  // The next page is prefetched 4 lines per score step, spread over the
+  // page's 16-entry blocks, so its misses overlap this page's arithmetic: an
+  // f16 page holds 4 T d bytes of keys and values, 4 lines per step of 4
+  // channels of 16 entries; the rest (its position header) goes first.
+  constexpr int kPfPerStep = 4;
+  const size_t spread = static_cast<size_t>((m + 15) / 16) * (d / 4) * kPfPerStep * 64;
   const char* pf = reinterpret_cast<const char*>(next);
+  for (size_t o = spread; pf != nullptr && o < next_bytes; o += 64) _mm_prefetch(pf + o, _MM_HINT_T0);
   for (int j0 = 0; j0 < m; j0 += 16) {
     const int valid = std::min(16, m - j0);
     __m512 sc[1][NR];
-    ColumnDots<NR, 1, true>(kt, T, j0, 0xFFFF, d, q, sc, pf, pf_lines);
-    pf += static_cast<size_t>(d / 4) * pf_lines * 64;
+    if (pf != nullptr) {
+      ColumnDots<NR, 1, true, kPfPerStep>(kt, T, j0, 0xFFFF, d, q, sc, pf);
+      pf += static_cast<size_t>(d / 4) * kPfPerStep * 64;
+    } else {
+      ColumnDots<NR, 1, true>(kt, T, j0, 0xFFFF, d, q, sc);
+    }
     const __mmask16 live = valid == 16 ? 0xFFFF : static_cast<__mmask16>((1u << valid) - 1);
     KVX_KV_UNROLL
     for (int r = 0; r < NR; ++r) {
