@@ -169,13 +169,14 @@ void PageScores(const Job& job, bool full, const uint8_t* page, int m, const flo
 // (into L1: a page is 4-17 KB, L1D 32-48 KB), since hardware prefetchers do
 // not cross 4 KiB boundaries and need a few misses to start a stream. The
 // general path issues them in two bursts per page (before its scores and
-// before its values); on the Zen 5 VM this was measured on, one burst's
+// before its values). On the Zen 5 VM this was measured on, one burst's
 // effect depended on the machine's state (kv_bench's f16 8k all-layer
 // decode, 2 threads: 8.7 -> 5.8 ms in some runs, no change in others, never
-// slower), and two halves were up to 5% faster again for KIVI (kivi4 p128 8k
-// all layers, 1 thread: 7.7-8.0 -> 7.3-7.5 ms; int8 within noise). The fused f16 kernel spreads the same prefetches
-// over its score steps instead (F16Codec::DecodeStep), which gained in every
-// run: 8.0-8.4 -> 4.6-4.8 ms with the fusion.
+// slower); two halves were up to 5% faster again for KIVI (kivi4 p128 8k all
+// layers, 1 thread: 7.7-8.0 -> 7.3-7.5 ms; int8 within noise). The fused f16
+// kernel spreads the same prefetches over its score steps instead
+// (F16Codec::DecodeStep), which gained in every run: 8.0-8.4 -> 4.6-4.8 ms
+// with the fusion.
 inline void PrefetchPage(const uint8_t* p, size_t bytes) {
   for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, /*rw=*/0, /*locality=*/3);
 }

@@ -285,9 +285,10 @@ KVX_KV_AVX512 inline void F16DecodePage(const uint16_t* kt, const uint16_t* v, i
                                         float* mx, float* sum, float* acc, const uint8_t* next, size_t next_bytes) {
   alignas(64) float w[NR][16];
   // The next page is prefetched 4 lines per score step, spread over the
-  // page's 16-entry blocks, so its misses overlap this page's arithmetic: an
-  // f16 page holds 4 T d bytes of keys and values, 4 lines per step of 4
-  // channels of 16 entries; the rest (its position header) goes first.
+  // page's 16-entry blocks, so its misses overlap this page's arithmetic: a
+  // full f16 page holds 4 T d bytes of keys and values, 4 lines per step of
+  // 4 channels of 16 entries. What the steps do not cover (the line its
+  // position header adds, or more after a partial page) is requested first.
   constexpr int kPfPerStep = 4;
   const size_t spread = static_cast<size_t>((m + 15) / 16) * (d / 4) * kPfPerStep * 64;
   const char* pf = reinterpret_cast<const char*>(next);
