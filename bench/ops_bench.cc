@@ -141,14 +141,11 @@ struct Stack {
       for (Layer& l : layers) {
         for (WeightView* m : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) views.push_back(m);
       }
-      std::vector<const void*> originals;
-      for (const WeightView* w : views) {
-        if (CanRepack(*w)) originals.push_back(w->data);
-      }
-      packed_ = PackedWeights::PackAll(views);
-      for (std::vector<uint8_t>& m : storage_) {
-        if (std::find(originals.begin(), originals.end(), m.data()) != originals.end()) std::vector<uint8_t>().swap(m);
-      }
+      packed_ = PackedWeights::PackAll(views, [&](const void* data, size_t) {
+        for (std::vector<uint8_t>& m : storage_) {
+          if (m.data() == data) std::vector<uint8_t>().swap(m);
+        }
+      });
     }
     matmul_flops_per_token = 2.0 * kLayers * (kEmbd * (kQ + 2 * kKV) + kQ * kEmbd + 3.0 * kEmbd * kFF);
   }

@@ -124,13 +124,7 @@ void Model::RepackWeights() {
   for (LayerWeights& w : layers_) {
     for (ops::WeightView* m : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w_gate, &w.w_up, &w.w_down}) views.push_back(m);
   }
-  std::vector<std::pair<const void*, size_t>> originals;  // each once (a tied head is the embedding table)
-  for (const ops::WeightView* w : views) {
-    const bool seen = std::any_of(originals.begin(), originals.end(), [&](const auto& o) { return o.first == w->data; });
-    if (ops::CanRepack(*w) && !seen) originals.emplace_back(w->data, w->row_bytes * static_cast<size_t>(w->n_out));
-  }
-  packed_ = ops::PackedWeights::PackAll(views);
-  for (const auto& [data, bytes] : originals) DropMappedPages(data, bytes);
+  packed_ = ops::PackedWeights::PackAll(views, [](const void* data, size_t bytes) { DropMappedPages(data, bytes); });
 }
 
 uint64_t Model::DecodeWeightBytesPerToken() const {

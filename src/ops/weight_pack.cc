@@ -54,15 +54,23 @@ WeightView PackInto(const WeightView& w, uint8_t* dst) {
 
 }  // namespace
 
-PackedWeights PackedWeights::PackAll(std::span<WeightView* const> views) {
-  // Distinct source matrices, each with its offset in the buffer.
-  std::vector<std::pair<const void*, size_t>> offsets;
+PackedWeights PackedWeights::PackAll(std::span<WeightView* const> views, const SourceDone& done) {
+  // The distinct source matrices (a tied head is the embedding table), each
+  // with its offset in the buffer and, once made, its copy.
+  struct Source {
+    const void* data;
+    size_t bytes;   // of the source rows (their stride may exceed the packed rows')
+    size_t offset;  // of the copy in the buffer
+    WeightView copy;
+  };
+  std::vector<Source> sources;
+  auto find = [&](const void* data) {
+    return std::find_if(sources.begin(), sources.end(), [&](const Source& e) { return e.data == data; });
+  };
   size_t total = 0;
   for (const WeightView* w : views) {
-    if (!CanRepack(*w)) continue;
-    const bool seen = std::any_of(offsets.begin(), offsets.end(), [&](const auto& o) { return o.first == w->data; });
-    if (seen) continue;
-    offsets.emplace_back(w->data, total);
+    if (!CanRepack(*w) || find(w->data) != sources.end()) continue;
+    sources.push_back({w->data, w->row_bytes * static_cast<size_t>(w->n_out), total, {}});
     total += static_cast<size_t>(internal::RoundUp(static_cast<int64_t>(RowBytesOf(w->type, w->n_in) * w->n_out), 64));
   }
   PackedWeights p;
@@ -78,19 +86,15 @@ PackedWeights PackedWeights::PackAll(std::span<WeightView* const> views) {
   // stays in ordinary pages.
   (void)madvise(buf, static_cast<size_t>(internal::RoundUp(static_cast<int64_t>(total), kHugePage)), MADV_HUGEPAGE);
   p.bytes_ = total;
-  p.count_ = static_cast<int>(offsets.size());
-  std::vector<std::pair<const void*, WeightView>> packed;  // source data -> its copy
+  p.count_ = static_cast<int>(sources.size());
   for (WeightView* w : views) {
     if (!CanRepack(*w)) continue;
-    const auto done = std::find_if(packed.begin(), packed.end(), [&](const auto& e) { return e.first == w->data; });
-    if (done != packed.end()) {
-      *w = done->second;
-      continue;
-    }
-    const auto at = std::find_if(offsets.begin(), offsets.end(), [&](const auto& o) { return o.first == w->data; });
-    const void* source = w->data;
-    *w = PackInto(*w, buf + at->second);
-    packed.emplace_back(source, *w);
+    const auto source = find(w->data);
+    if (source->copy.data == nullptr) source->copy = PackInto(*w, buf + source->offset);
+    *w = source->copy;
+  }
+  if (done) {
+    for (const Source& e : sources) done(e.data, e.bytes);
   }
   return p;
 }

@@ -22,6 +22,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 
 #include "ops/matmul.h"
@@ -58,8 +59,11 @@ class PackedWeights {
 
   // Repacks every view in `views` for which CanRepack holds and points it at
   // its copy; views that share data (a tied embedding and output head) share
-  // one copy. The others are left as they are.
-  static PackedWeights PackAll(std::span<WeightView* const> views);
+  // one copy. The others are left as they are. Then calls done(data, bytes)
+  // once per distinct source matrix repacked (its GGUF rows, which the
+  // caller may now release).
+  using SourceDone = std::function<void(const void* data, size_t bytes)>;
+  static PackedWeights PackAll(std::span<WeightView* const> views, const SourceDone& done = {});
 
   // Matrices repacked, and the bytes of their copies (each rounded up to 64).
   int count() const { return count_; }

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ops/dequant.h"
@@ -24,9 +25,9 @@ using gguf::TensorType;
 using testing::Gaussian;
 using testing::TestMatrix;
 
-PackedWeights PackViews(std::initializer_list<WeightView*> views) {
+PackedWeights PackViews(std::initializer_list<WeightView*> views, const PackedWeights::SourceDone& done = {}) {
   const std::vector<WeightView*> v(views);
-  return PackedWeights::PackAll(v);
+  return PackedWeights::PackAll(v, done);
 }
 
 TestMatrix MakeQ8(int64_t n_in, int64_t n_out, uint32_t seed, size_t pad = 0) {
@@ -59,10 +60,14 @@ TEST(WeightPackTest, OnlyQ8_0RowsOfTheRightShape) {
 // Views of the same matrix (a tied embedding and output head) share one
 // copy; each distinct matrix gets its own, 64-byte aligned, in one buffer.
 TEST(WeightPackTest, PackAllSharesTiedMatricesAndAlignsCopies) {
-  const TestMatrix a = MakeQ8(128, 8, 7), b = MakeQ8(64, 12, 8);
+  const TestMatrix a = MakeQ8(128, 8, 7, /*pad=*/6), b = MakeQ8(64, 12, 8);  // a: source rows longer than packed ones
   WeightView a1 = a.view, a2 = a.view, bv = b.view;
-  PackedWeights p = PackViews({&a1, &bv, &a2});
+  std::vector<std::pair<const void*, size_t>> released;  // each source once, with its rows' bytes
+  PackedWeights p = PackViews({&a1, &bv, &a2}, [&](const void* data, size_t bytes) { released.emplace_back(data, bytes); });
   EXPECT_EQ(p.count(), 2);
+  const std::vector<std::pair<const void*, size_t>> sources = {{a.view.data, 8 * a.view.row_bytes},
+                                                               {b.view.data, 12 * b.view.row_bytes}};
+  EXPECT_EQ(released, sources);
   const size_t copies = 8 * RowBytesOf(TensorType::kQ8_0, 128) + 12 * RowBytesOf(TensorType::kQ8_0, 64);
   EXPECT_GE(p.bytes(), copies);  // each copy rounded up to 64 bytes
   EXPECT_LT(p.bytes(), copies + 2 * 64);

@@ -95,8 +95,8 @@ struct F16Codec {
   }
 
   // The attention inner loops: AVX-512 or AVX2/F16C when available
-  // (simd_x86.h, simd_avx512.h, simd_avx512_columns.h), else scalar. The SIMD kernels convert each
-  // key channel / value row once for all query rows.
+  // (simd_x86.h, simd_avx512.h, simd_avx512_columns.h), else scalar. The
+  // SIMD kernels convert each key channel / value row once for all query rows.
   static void Scores(const CodecParams& p, const uint8_t* data, int n, const float* q, int nq, float* s, int ss) {
     const int d = p.head_dim, T = p.page_tokens;
     if (simd::UseSimd(d) && simd::DotColumnsF16(Keys(data), T, n, d, q, nq, s, ss)) return;

@@ -265,16 +265,14 @@ struct ChannelTensor {
 
   // Rows out[n][d] (pre-RoPE scoring, page conversion, tests).
   static void Decode(const CodecParams& p, int bits, const uint8_t* base, int n, float* out) {
-    const int d = p.head_dim, T = p.page_tokens, cb = ColBytes(p, bits);
-    const uint16_t* st = Stats(p, bits, base);
+    const int d = p.head_dim;
     if (simd::UseSimdQuant(d, bits) && DispatchBits(bits, [&](auto b) {
-          return simd::DecodeCodeColumns<decltype(b)::value>(base, cb, st, n, d, out);
+          return simd::DecodeCodeColumns<decltype(b)::value>(base, ColBytes(p, bits), Stats(p, bits, base), n, d, out);
         })) {
       return;
     }
-    for (int c = 0; c < d; ++c) {
-      const uint8_t* col = base + static_cast<size_t>(c) * cb;
-      for (int j = 0; j < n; ++j) out[static_cast<size_t>(j) * d + c] = quant::Dequant(st + 2 * c, quant::CodeAt(col, T, bits, j));
+    for (int j = 0; j < n; ++j) {
+      for (int c = 0; c < d; ++c) out[static_cast<size_t>(j) * d + c] = At(p, bits, base, j, c);
     }
   }
 
