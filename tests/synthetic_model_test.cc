@@ -5,6 +5,8 @@
 // BPE tokenizer and every weight type agree with an independent engine.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 
 #include "engine/runtime.h"
@@ -57,10 +59,13 @@ TEST(SyntheticModelTest, PerplexityMatchesLlamaCpp) {
   }
 }
 
-// On AVX3_DL machines the loader repacks Q8_0 matrices (ops/weight_pack.h);
-// the logits must be bit-identical to a model loaded without repacking
-// (loaded while dispatch is restricted to AVX2), computed on the same target.
-TEST(SyntheticModelTest, RepackedWeightsGiveIdenticalLogits) {
+// On AVX3_DL machines the loader repacks Q8_0 matrices (ops/weight_pack.h),
+// whose kernels sum each 32-block in int32 (ops/matmul_internal.h): the
+// logits must match a model loaded without repacking (loaded while dispatch
+// is restricted to AVX2) to float rounding, computed on the same target.
+// (Bit-identity of the repacked kernels across targets, threads and batch
+// sizes is ops/weight_pack_test.cc's.)
+TEST(SyntheticModelTest, RepackedWeightsGiveTheSameLogitsToRounding) {
   if (!ops::ForceSimdTarget("AVX3_DL") || !ops::ForceSimdTarget("AVX2")) {
     ops::ForceSimdTarget("");
     GTEST_SKIP() << "needs a CPU with AVX-512 VNNI (repacking is only done there) and AVX2";
@@ -92,13 +97,25 @@ TEST(SyntheticModelTest, RepackedWeightsGiveIdenticalLogits) {
   auto a = rows->NewSession();
   auto b = repacked->NewSession();
   ASSERT_TRUE(a.ok() && b.ok());
+  // Float rounding through every layer: a small fraction of the logits' spread.
+  auto expect_close = [](const std::vector<float>& x, const std::vector<float>& y, const std::string& what) {
+    ASSERT_EQ(x.size(), y.size()) << what;
+    float spread = 0, worst = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      spread = std::max(spread, std::fabs(x[i]));
+      worst = std::max(worst, std::fabs(x[i] - y[i]));
+    }
+    EXPECT_GT(spread, 0.0f) << what;
+    EXPECT_LE(worst, 1e-3f * spread) << what;
+    EXPECT_NE(x, y) << what << ": identical, so the repacked kernels did not run";
+  };
   ASSERT_TRUE((*a)->FeedWithLogits(prompt, 0, &want).ok());  // prefill path (a batch)
   ASSERT_TRUE((*b)->FeedWithLogits(prompt, 0, &got).ok());
-  EXPECT_EQ(want, got);
+  expect_close(want, got, "prefill");
   for (int step = 0; step < 3; ++step) {  // decode path (one token)
     ASSERT_TRUE((*a)->FeedWithLogits({prompt[step]}, 0, &want).ok());
     ASSERT_TRUE((*b)->FeedWithLogits({prompt[step]}, 0, &got).ok());
-    EXPECT_EQ(want, got) << "decode step " << step;
+    expect_close(want, got, "decode step " + std::to_string(step));
   }
 }
 

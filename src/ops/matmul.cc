@@ -18,9 +18,9 @@ namespace {
 using internal::QuantizedActs;
 
 // Rows are handed to threads in groups of this many (a multiple of the
-// micro-kernels' row counts, 4 and 6), so only the last group of a matrix
-// is partial.
-constexpr int64_t kRowGroup = 12;
+// micro-kernels' row counts, 4 and 6, and of the 16-row groups of repacked
+// Q8_0 matrices), so only the last group of a matrix is partial.
+constexpr int64_t kRowGroup = 48;
 // Ranges per thread of the dynamic row split: for batches (prefill), where a
 // range is milliseconds of work; for one token (decode), where a whole
 // matrix is a few microseconds, one per thread. Each range costs a claim on

@@ -27,8 +27,11 @@
 // micro-kernels (4 rows x 4 tokens of 16-lane accumulators) over token tiles
 // that stay in L2; quantized weights are decoded once per tile into an L1
 // panel (prefill) or straight into registers (decode). Q8_0 matrices the
-// model loader repacked (WeightLayout::kRowGroups4, ops/weight_pack.h) give
-// the same results from one aligned stream per 4 rows.
+// model loader repacked (WeightLayout::kInterleaved16, ops/weight_pack.h)
+// are read as one aligned stream of 16-row groups, by kernels that hold 16
+// rows per vector and sum each 32-block in int32 (matmul_internal.h): the
+// same error bound, results that differ from the GGUF layout's in the last
+// bits, and still bit-identical across targets, threads and batch sizes.
 //
 // Thread-safety: MatMul may be called concurrently on distinct outputs; the
 // pool, if given, must not be used by another caller at the same time.
@@ -46,7 +49,7 @@ namespace kvx::ops {
 // How a weight matrix's bytes are arranged.
 enum class WeightLayout : uint8_t {
   kRows,        // GGUF rows as in the file, row_bytes apart
-  kRowGroups4,  // Q8_0 repacked so decode reads one aligned stream (ops/weight_pack.h)
+  kInterleaved16,  // Q8_0 repacked: 16-row groups interleaved for VNNI (ops/weight_pack.h)
 };
 
 // A read-only view of a weight matrix: n_out rows of n_in elements.

@@ -59,7 +59,9 @@ KVX_ATTR void QuantizeActs(const float* x, int64_t t0, int64_t t1, QuantizedActs
       __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(lane_sum), _mm256_extracti128_si256(lane_sum, 1));
       s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
       s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
-      sa[b] = db * static_cast<float>(_mm_cvtsi128_si32(s4));
+      const int32_t sum = _mm_cvtsi128_si32(s4);
+      sa[b] = db * static_cast<float>(sum);
+      a->block_bias[t * (a->k_pad / 32) + b] = -128 * sum;
     }
   }
 }

@@ -52,7 +52,9 @@ KVX_ATTR void QuantizeActs(const float* x, int64_t t0, int64_t t1, QuantizedActs
       const __m256i lane_sum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), q8);
       _mm256_storeu_ps(d + 8 * b, _mm256_set1_ps(db));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(bias + 8 * b), _mm256_sub_epi32(_mm256_setzero_si256(), lane_sum));
-      sa[b] = db * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)));
+      const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+      sa[b] = db * static_cast<float>(sum);
+      a->block_bias[t * (a->k_pad / 32) + b] = -128 * sum;
     }
   }
 }
@@ -330,41 +332,6 @@ struct PanelSrc {
   KVX_INLINE __m512 Min(int r, int64_t sb) const { return _mm512_load_ps(m + (r * n_super + sb) * kChunkLanes); }
 };
 
-// Reads canonical chunks from a Q8_0 matrix repacked as kRowGroups4
-// (ops/weight_pack.h): the quants are already canonical and 64-byte aligned;
-// the 8 block scales of a chunk's 4 rows are one 16-byte load. Rows r of the
-// source are rows (group * 4 + r) of the matrix.
-template <bool kPrefetch>
-struct PackedSrc {
-  static constexpr int kChunksPerSuper = 1;
-  // Decode streams the quants from DRAM; the hardware prefetcher alone left
-  // ~30% of the read bandwidth unused on Zen 5. Prefetching 4 KiB ahead in
-  // the (contiguous) quant stream fixes that; it may run past the matrix's
-  // end, which prefetches ignore.
-  static constexpr int kPrefetchBytes = 4096;
-  const uint8_t* quants;    // the group's chunk 0
-  const uint16_t* scales;   // the group's chunk 0
-  KVX_INLINE void Begin(int, int64_t) {}
-  KVX_INLINE void Load(int r, int64_t c, int /*g*/, __m512i* u, __m512* s) const {
-    const uint8_t* q = quants + (c * RowGroups4::kRows + r) * kChunk;
-    if constexpr (kPrefetch) _mm_prefetch(reinterpret_cast<const char*>(q + kPrefetchBytes), _MM_HINT_T0);
-    *u = _mm512_load_si512(q);
-    // Lanes 0..7: row r's first block scale, 8..15: its second.
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + c * 8)));
-    const __m512i idx = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(2 * r)),
-                                           _mm256_set1_epi32(2 * r + 1), 1);
-    *s = _mm512_permutexvar_ps(idx, _mm512_castps256_ps512(d));
-  }
-  KVX_INLINE __m512 Min(int, int64_t) const { return _mm512_setzero_ps(); }
-};
-
-template <bool kPrefetch = false>
-KVX_INLINE PackedSrc<kPrefetch> MakePacked(const WeightView& w, int64_t r) {
-  const RowGroups4 g = RowGroups4Of(w);
-  const int64_t group = r / RowGroups4::kRows;
-  return {g.Quants(group, 0), g.Scales(group, 0)};
-}
-
 // The integer micro-kernel: kR rows x kT tokens (tokens t0.. of a).
 template <int kR, int kT, bool kBias, bool kMin, class Src>
 KVX_ATTR void IntTile(Src src, const QuantizedActs& a, int64_t t0, int shift, float* y, int64_t ldy) {
@@ -419,7 +386,6 @@ KVX_ATTR void IntTile(Src src, const QuantizedActs& a, int64_t t0, int shift, fl
 // 4 rows x 4 tokens: 16 accumulators + 4 weight + 4 scale vectors + the
 // token's activations, bias and scales (27 of the 32 zmm registers).
 constexpr int kIntRows = 4, kIntTokens = 4;
-static_assert(kIntRows == RowGroups4::kRows, "the packed layout's row groups are the decode tile's rows");
 
 template <TensorType kType, int kR, bool kMayHalf = true, bool kPrefetch = false>
 KVX_INLINE DirectSrc<kType, kR, kMayHalf, kPrefetch> MakeDirect(const WeightView& w, int64_t r) {
@@ -457,9 +423,6 @@ KVX_ATTR void DecodePanelFrom(Src src, int64_t n_chunks, uint8_t* pu, float* ps,
 // Decodes rows [r, r+kR) into the panel (canonical chunks).
 template <TensorType kType, int kR>
 KVX_ATTR void DecodePanel(const WeightView& w, int64_t r, int64_t n_chunks, uint8_t* pu, float* ps, float* pm) {
-  if constexpr (kType == TensorType::kQ8_0 && kR == RowGroups4::kRows) {
-    if (w.layout == WeightLayout::kRowGroups4) return DecodePanelFrom<kType, kR>(MakePacked(w, r), n_chunks, pu, ps, pm);
-  }
   DecodePanelFrom<kType, kR>(MakeDirect<kType, kR>(w, r), n_chunks, pu, ps, pm);
 }
 
@@ -470,16 +433,6 @@ KVX_ATTR void IntRowsTyped(const WeightView& w, const QuantizedActs& a, float* y
   constexpr int kCps = kInfo.chunks_per_super;
   const int shift = kBias ? kInfo.bias_shift : 0;
   const int64_t ldy = w.n_out, n_tok = a.n_tokens;
-  const bool packed = w.layout == WeightLayout::kRowGroups4;
-  KVX_CHECK(!packed || (kType == TensorType::kQ8_0 && r0 % kIntRows == 0 && (r1 % kIntRows == 0 || r1 == w.n_out)));
-  if constexpr (kType == TensorType::kQ8_0) {
-    if (packed && n_tok == 1) {  // decode from the repacked stream
-      for (int64_t r = r0; r < r1; r += kIntRows) {
-        IntTile<kIntRows, 1, kBias, kMin>(MakePacked<true>(w, r), a, 0, shift, y + r, ldy);
-      }
-      return;
-    }
-  }
   if (n_tok == 1 && w.n_in % kChunk == 0) {  // decode: weights straight into registers
     int64_t r = r0;
     for (; r + kIntRows <= r1; r += kIntRows) {
@@ -521,6 +474,115 @@ KVX_ATTR void IntRowsTyped(const WeightView& w, const QuantizedActs& a, float* y
   }
 }
 
+// ---- integer path: Q8_0 repacked as kInterleaved16 ------------------------
+// The 16 rows of a group sit in the 16 lanes (matmul_internal.h): per
+// 32-block, int32 sums seeded with the activations' block bias take 8
+// vpdpbusd (weights from the unit, 4 activation quants broadcast), then one
+// conversion, multiply and fma per (group, token). No lane reductions, and a
+// group's 16 outputs are one store.
+// kPrefetch (decode): the matrix is one sequential stream of units; each
+// line is requested 4 KiB ahead (the hardware prefetcher alone left ~30% of
+// the read bandwidth unused on Zen 5). Prefetches past the end are ignored.
+template <int kR, int kT, bool kPrefetch>
+KVX_ATTR void InterleavedTile(const Interleaved16& g, int64_t group, const QuantizedActs& a, int64_t t0, float* y,
+                              int64_t ldy) {
+  constexpr int kPrefetchBytes = 4096;
+  __m512 acc[kR][kT];
+  KVX_UNROLL for (int r = 0; r < kR; ++r) {
+    KVX_UNROLL for (int t = 0; t < kT; ++t) acc[r][t] = _mm512_setzero_ps();
+  }
+  const int8_t* q[kT];
+  const float* d[kT];
+  const int32_t* bias[kT];
+  KVX_UNROLL for (int t = 0; t < kT; ++t) {
+    q[t] = a.QRow(t0 + t);
+    d[t] = a.DRow(t0 + t);
+    bias[t] = a.BlockBiasRow(t0 + t);
+  }
+  for (int64_t c = 0; c < g.n_chunks; ++c) {
+    const uint8_t* unit[kR];
+    KVX_UNROLL for (int r = 0; r < kR; ++r) {
+      unit[r] = g.Unit(group + r, c);
+      if constexpr (kPrefetch) {
+        KVX_UNROLL for (int l = 0; l < Interleaved16::kUnitBytes / 64; ++l) {
+          _mm_prefetch(reinterpret_cast<const char*>(unit[r] + kPrefetchBytes + 64 * l), _MM_HINT_T0);
+        }
+      }
+    }
+    KVX_UNROLL for (int h = 0; h < 2; ++h) {
+      const int64_t b = 2 * c + h;
+      __m512i isum[kR][kT];
+      KVX_UNROLL for (int t = 0; t < kT; ++t) {
+        const __m512i seed = _mm512_set1_epi32(bias[t][b]);
+        KVX_UNROLL for (int r = 0; r < kR; ++r) isum[r][t] = seed;
+      }
+      KVX_UNROLL for (int s = 0; s < Interleaved16::kSteps; ++s) {
+        __m512i wv[kR];
+        KVX_UNROLL for (int r = 0; r < kR; ++r) wv[r] = _mm512_load_si512(unit[r] + (h * Interleaved16::kSteps + s) * 64);
+        KVX_UNROLL for (int t = 0; t < kT; ++t) {
+          int32_t a4;
+          std::memcpy(&a4, q[t] + kActBlock * b + 4 * s, 4);
+          const __m512i av = _mm512_set1_epi32(a4);
+          KVX_UNROLL for (int r = 0; r < kR; ++r) isum[r][t] = _mm512_dpbusd_epi32(isum[r][t], wv[r], av);
+        }
+      }
+      KVX_UNROLL for (int r = 0; r < kR; ++r) {
+        const __m512 dw = _mm512_cvtph_ps(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Interleaved16::Scales(unit[r]) + Interleaved16::kRows * h)));
+        KVX_UNROLL for (int t = 0; t < kT; ++t) {
+          const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(d[t][8 * b]));
+          acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][t]), scale, acc[r][t]);
+        }
+      }
+    }
+  }
+  KVX_UNROLL for (int t = 0; t < kT; ++t) {
+    KVX_UNROLL for (int r = 0; r < kR; ++r) _mm512_storeu_ps(y + t * ldy + Interleaved16::kRows * r, acc[r][t]);
+  }
+}
+
+// Prefill tile: kInterleavedGroups groups x kInterleavedTokens tokens.
+// Each vpdpbusd needs a weight vector and a broadcast activation; a tile of
+// R groups x T tokens loads R + T of them per R*T vpdpbusd, and holds R*T
+// int32 sums and R*T float accumulators: 3 x 4 = 24 of the 32 zmm
+// registers, 7 loads per 12 vpdpbusd.
+#ifndef KVX_IL_R
+#define KVX_IL_R 3
+#define KVX_IL_T 4
+#endif
+constexpr int kInterleavedGroups = KVX_IL_R, kInterleavedTokens = KVX_IL_T;
+
+template <int kR>
+KVX_ATTR void InterleavedTokens(const Interleaved16& g, int64_t gr, const QuantizedActs& a, int64_t t0, int64_t t1,
+                                float* y, int64_t ldy) {
+  float* yg = y + Interleaved16::kRows * gr;
+  int64_t t = t0;
+  for (; t + kInterleavedTokens <= t1; t += kInterleavedTokens) {
+    InterleavedTile<kR, kInterleavedTokens, false>(g, gr, a, t, yg + t * ldy, ldy);
+  }
+  for (; t < t1; ++t) InterleavedTile<kR, 1, false>(g, gr, a, t, yg + t * ldy, ldy);
+}
+
+KVX_ATTR void InterleavedRows(const WeightView& w, const QuantizedActs& a, float* y, int64_t r0, int64_t r1) {
+  constexpr int kRows = Interleaved16::kRows;
+  KVX_CHECK(r0 % kRows == 0 && r1 % kRows == 0);
+  const Interleaved16 g = Interleaved16Of(w);
+  const int64_t ldy = w.n_out, n_tok = a.n_tokens, g0 = r0 / kRows, g1 = r1 / kRows;
+  if (n_tok == 1) {
+    for (int64_t gr = g0; gr < g1; ++gr) InterleavedTile<1, 1, true>(g, gr, a, 0, y + kRows * gr, ldy);
+    return;
+  }
+  const int64_t tt = TokenTile(2 * a.k_pad + a.k_pad / 8);  // quants, scales, block biases
+  for (int64_t t0 = 0; t0 < n_tok; t0 += tt) {
+    const int64_t t1 = std::min(n_tok, t0 + tt);
+    int64_t gr = g0;
+    for (; gr + kInterleavedGroups <= g1; gr += kInterleavedGroups) {
+      InterleavedTokens<kInterleavedGroups>(g, gr, a, t0, t1, y, ldy);
+    }
+    for (; gr < g1; ++gr) InterleavedTokens<1>(g, gr, a, t0, t1, y, ldy);
+  }
+}
+
 void MatMulRowsFloat(const WeightView& w, const float* x, int64_t n_tokens, float* y, int64_t r0, int64_t r1) {
   switch (w.type) {
     case TensorType::kF32: return FloatRows<TensorType::kF32>(w, x, n_tokens, y, r0, r1);
@@ -532,7 +594,9 @@ void MatMulRowsFloat(const WeightView& w, const float* x, int64_t n_tokens, floa
 
 void MatMulRowsInt(const WeightView& w, const QuantizedActs& a, float* y, int64_t r0, int64_t r1) {
   switch (w.type) {
-    case TensorType::kQ8_0: return IntRowsTyped<TensorType::kQ8_0>(w, a, y, r0, r1);
+    case TensorType::kQ8_0:
+      if (w.layout == WeightLayout::kInterleaved16) return InterleavedRows(w, a, y, r0, r1);
+      return IntRowsTyped<TensorType::kQ8_0>(w, a, y, r0, r1);
     case TensorType::kQ4_0: return IntRowsTyped<TensorType::kQ4_0>(w, a, y, r0, r1);
     case TensorType::kQ4_K: return IntRowsTyped<TensorType::kQ4_K>(w, a, y, r0, r1);
     case TensorType::kQ5_K: return IntRowsTyped<TensorType::kQ5_K>(w, a, y, r0, r1);

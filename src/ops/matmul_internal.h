@@ -28,6 +28,22 @@
 //   with m_j = dmin*min_j and sa_j = da_j * sum(a quants of sub-block j).
 //   The lanes are summed by ReduceLanes.
 //
+// * Interleaved Q8_0 (WeightLayout::kInterleaved16, ops/weight_pack.h).
+//   Per 32-block b of the row, the exact integer dot of its weights with
+//   the activation quants,
+//       isum_b = sum_{j<32} (w_j + 128) * a_j  +  block_bias_b,
+//   block_bias_b = -128 * (sum of the block's 32 activation quants), then
+//       acc = fma(float(isum_b), d_w,b * d_a,b, acc)
+//   in block order from acc = 0, and y = acc: one float chain per output,
+//   no lanes (a SIMD kernel holds 16 rows in the 16 lanes instead). This is
+//   the contract llama.cpp's q8_0 x q8_0 dot follows too, and it costs one
+//   conversion, one multiply and one fma per 8 vpdpbusd instead of one each
+//   per vpdpbusd, which is what lets the prefill GEMM approach the int8
+//   peak. (The canonical-chunk contract above still serves the other types
+//   and Q8_0 in GGUF rows; moving those onto per-block sums is future work,
+//   so a Q8_0 matrix gives slightly different, equally accurate, results
+//   repacked and not.)
+//
 // Every target performs exactly these float operations in this order, so
 // results are bit-identical across SIMD targets, thread counts and batch
 // sizes (a token computed alone or inside a prefill batch). Accuracy of the
@@ -85,11 +101,13 @@ struct QuantizedActs {
   float* d = nullptr;       // [n_tokens][k_pad / 4]    per-lane block scale
   int32_t* bias = nullptr;  // [n_tokens][k_pad / 4]    per-lane -(sum of its 4 q)
   float* sa = nullptr;      // [n_tokens][k_pad / 32]   d * sum(q) per 32-block
+  int32_t* block_bias = nullptr;  // [n_tokens][k_pad / 32]   -128 * sum(q) per 32-block
 
   const int8_t* QRow(int64_t t) const { return q + t * k_pad; }
   const float* DRow(int64_t t) const { return d + t * (k_pad / 4); }
   const int32_t* BiasRow(int64_t t) const { return bias + t * (k_pad / 4); }
   const float* SaRow(int64_t t) const { return sa + t * (k_pad / 32); }
+  const int32_t* BlockBiasRow(int64_t t) const { return block_bias + t * (k_pad / 32); }
   int64_t SaStride() const { return k_pad / 32; }
 };
 
@@ -140,26 +158,30 @@ inline float ReduceLanes(const float* v) {
   return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
 
-// Geometry of the WeightLayout::kRowGroups4 layout (ops/weight_pack.h).
-struct RowGroups4 {
-  static constexpr int kRows = 4;
-  int64_t n_chunks = 0;      // n_in / kChunk
-  uint8_t* quants = nullptr;  // [n_out / 4][n_chunks][4][kChunk]
-  uint16_t* scales = nullptr; // [n_out / 4][n_chunks][4][2]
-  uint8_t* Quants(int64_t group, int64_t c) const { return quants + (group * n_chunks + c) * kRows * kChunk; }
-  uint16_t* Scales(int64_t group, int64_t c) const { return scales + (group * n_chunks + c) * kRows * 2; }
+// Geometry of the WeightLayout::kInterleaved16 layout (ops/weight_pack.h):
+// per group of 16 rows and 64-element chunk c, one 1088-byte unit of
+//   quants [2 blocks][8 steps][16 rows][4] uint8 = w + 128 (step s of block
+//          h holds elements 32h+4s..32h+4s+3 of each row: one vpdpbusd
+//          operand for the 16 rows), then
+//   scales [2 blocks][16 rows] f16 bits;
+// units in (group, chunk) order, so a matrix is one sequential stream.
+struct Interleaved16 {
+  static constexpr int kRows = 16;
+  static constexpr int kSteps = 8;                        // 4-element steps per 32-block
+  static constexpr int kQuantBytes = 2 * kSteps * kRows * 4;  // 1024
+  static constexpr int kUnitBytes = kQuantBytes + 2 * kRows * 2;  // 1088 = 17 lines
+  int64_t n_chunks = 0;  // n_in / kChunk
+  const uint8_t* base = nullptr;
+  const uint8_t* Unit(int64_t group, int64_t c) const { return base + (group * n_chunks + c) * kUnitBytes; }
+  static const uint16_t* Scales(const uint8_t* unit) { return reinterpret_cast<const uint16_t*>(unit + kQuantBytes); }
 };
-inline RowGroups4 RowGroups4Of(const WeightView& w) {
-  RowGroups4 g;
-  g.n_chunks = w.n_in / kChunk;
-  // The view is read-only; only the packer, which owns the buffer, writes through these.
-  g.quants = static_cast<uint8_t*>(const_cast<void*>(w.data));
-  g.scales = reinterpret_cast<uint16_t*>(g.quants + static_cast<size_t>(w.n_out) * w.n_in);
-  return g;
+inline Interleaved16 Interleaved16Of(const WeightView& w) {
+  return {w.n_in / kChunk, static_cast<const uint8_t*>(w.data)};
 }
 
 // Scalar reference kernels. Rows [r0, r1) of w, all tokens; y is [t][n_out].
-// Any layout (other than kRows, rows are first copied back to GGUF form).
+// Any layout (other than kRows, rows are first copied back to GGUF form);
+// kInterleaved16 by its own contract above.
 void MatMulRowsFloatScalar(const WeightView& w, const float* x, int64_t n_tokens, float* y, int64_t r0, int64_t r1);
 void MatMulRowsIntScalar(const WeightView& w, const QuantizedActs& a, float* y, int64_t r0, int64_t r1);
 

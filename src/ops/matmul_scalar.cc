@@ -39,7 +39,7 @@ inline float FloatWeight(TensorType t, const uint8_t* row, int64_t k) {
 
 size_t QuantizedActsBytes(int64_t n_tokens, int64_t k) {
   const int64_t k_pad = RoundUp(k, kChunk);
-  const int64_t per_plane[] = {k_pad, 4 * (k_pad / 4), 4 * (k_pad / 4), 4 * (k_pad / 32)};
+  const int64_t per_plane[] = {k_pad, 4 * (k_pad / 4), 4 * (k_pad / 4), 4 * (k_pad / 32), 4 * (k_pad / 32)};
   size_t total = 0;
   for (int64_t b : per_plane) total += static_cast<size_t>(RoundUp(b * n_tokens, 64));
   return total;
@@ -55,6 +55,7 @@ QuantizedActs LayoutQuantizedActs(void* buffer, int64_t n_tokens, int64_t k) {
   a.d = Carve<float>(p, n_tokens * (a.k_pad / 4));
   a.bias = Carve<int32_t>(p, n_tokens * (a.k_pad / 4));
   a.sa = Carve<float>(p, n_tokens * (a.k_pad / 32));
+  a.block_bias = Carve<int32_t>(p, n_tokens * (a.k_pad / 32));
   return a;
 }
 
@@ -66,6 +67,7 @@ void QuantizeActsScalar(const float* x, int64_t t0, int64_t t1, QuantizedActs* a
     float* d = a->d + t * (a->k_pad / 4);
     int32_t* bias = a->bias + t * (a->k_pad / 4);
     float* sa = a->sa + t * (a->k_pad / 32);
+    int32_t* block_bias = a->block_bias + t * (a->k_pad / 32);
     for (int64_t b = 0; b < nb; ++b) {
       const int64_t i0 = b * kActBlock;
       float amax = 0.0f;
@@ -85,6 +87,7 @@ void QuantizeActsScalar(const float* x, int64_t t0, int64_t t1, QuantizedActs* a
         sum += lane_sum[l];
       }
       sa[b] = db * static_cast<float>(sum);
+      block_bias[b] = -128 * sum;
     }
   }
 }
@@ -190,7 +193,32 @@ void MatMulRowsFloatScalar(const WeightView& w, const float* x, int64_t n_tokens
   }
 }
 
+namespace {
+
+// The kInterleaved16 contract (matmul_internal.h), from the row's GGUF form.
+void MatMulRowsInterleavedScalar(const WeightView& w, const QuantizedActs& a, float* y, int64_t r0, int64_t r1) {
+  std::vector<uint8_t> row(RowBytesOf(w.type, w.n_in));
+  const int64_t nb = w.n_in / kActBlock;
+  for (int64_t r = r0; r < r1; ++r) {
+    CopyRowAsStored(w, r, row.data());
+    for (int64_t t = 0; t < a.n_tokens; ++t) {
+      const int8_t* q = a.QRow(t);
+      float acc = 0.0f;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = row.data() + b * kQ8_0Bytes;
+        int32_t isum = a.BlockBiasRow(t)[b];
+        for (int j = 0; j < kActBlock; ++j) isum += static_cast<int32_t>(blk[2 + j] ^ 0x80) * q[kActBlock * b + j];
+        acc = std::fma(static_cast<float>(isum), LoadF16(blk) * a.DRow(t)[8 * b], acc);
+      }
+      y[t * w.n_out + r] = acc;
+    }
+  }
+}
+
+}  // namespace
+
 void MatMulRowsIntScalar(const WeightView& w, const QuantizedActs& a, float* y, int64_t r0, int64_t r1) {
+  if (w.layout == WeightLayout::kInterleaved16) return MatMulRowsInterleavedScalar(w, a, y, r0, r1);
   const IntTypeInfo info = GetIntTypeInfo(w.type);
   const uint8_t* base = static_cast<const uint8_t*>(w.data);
   const int64_t n_chunks = a.k_pad / kChunk;

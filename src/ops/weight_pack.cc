@@ -15,11 +15,11 @@
 
 namespace kvx::ops {
 
-using internal::RowGroups4;
+using internal::Interleaved16;
 
 bool CanRepack(const WeightView& w) {
   return w.layout == WeightLayout::kRows && w.type == gguf::TensorType::kQ8_0 && w.n_in > 0 &&
-         w.n_in % internal::kChunk == 0 && w.n_out > 0 && w.n_out % RowGroups4::kRows == 0;
+         w.n_in % internal::kChunk == 0 && w.n_out > 0 && w.n_out % Interleaved16::kRows == 0;
 }
 
 bool RepackingPays() { return ActiveSimdTarget() == "AVX3_DL"; }
@@ -28,25 +28,33 @@ namespace {
 
 constexpr size_t kHugePage = size_t{2} << 20;
 
-// Writes the kRowGroups4 copy of w to dst (64-byte aligned) and returns its view.
+// Where element (r, 32b + j) of a kInterleaved16 matrix keeps its quant,
+// and row r's scale of block b, relative to the buffer.
+size_t QuantOffset(const Interleaved16& g, int64_t r, int64_t b, int j) {
+  const int64_t unit = (r / Interleaved16::kRows * g.n_chunks + b / 2) * Interleaved16::kUnitBytes;
+  const int64_t step = (b % 2) * Interleaved16::kSteps + j / 4;
+  return static_cast<size_t>(unit + (step * Interleaved16::kRows + r % Interleaved16::kRows) * 4 + j % 4);
+}
+size_t ScaleOffset(const Interleaved16& g, int64_t r, int64_t b) {
+  const int64_t unit = (r / Interleaved16::kRows * g.n_chunks + b / 2) * Interleaved16::kUnitBytes;
+  return static_cast<size_t>(unit + Interleaved16::kQuantBytes + ((b % 2) * Interleaved16::kRows + r % Interleaved16::kRows) * 2);
+}
+
+// Writes the kInterleaved16 copy of w to dst (64-byte aligned) and returns its view.
 WeightView PackInto(const WeightView& w, uint8_t* dst) {
   KVX_CHECK(CanRepack(w));
   WeightView p = w;
   p.data = dst;
   p.row_bytes = RowBytesOf(w.type, w.n_in);
-  p.layout = WeightLayout::kRowGroups4;
-  const RowGroups4 g = internal::RowGroups4Of(p);
+  p.layout = WeightLayout::kInterleaved16;
+  const Interleaved16 g = internal::Interleaved16Of(p);
   const auto* src = static_cast<const uint8_t*>(w.data);
   for (int64_t r = 0; r < w.n_out; ++r) {
     const uint8_t* row = src + static_cast<size_t>(r) * w.row_bytes;
-    for (int64_t c = 0; c < g.n_chunks; ++c) {
-      uint8_t* q = g.Quants(r / RowGroups4::kRows, c) + (r % RowGroups4::kRows) * internal::kChunk;
-      uint16_t* s = g.Scales(r / RowGroups4::kRows, c) + (r % RowGroups4::kRows) * 2;
-      for (int h = 0; h < 2; ++h) {
-        const uint8_t* blk = row + (2 * c + h) * kQ8_0Bytes;
-        std::memcpy(&s[h], blk, 2);
-        for (int j = 0; j < kQK8_0; ++j) q[kQK8_0 * h + j] = static_cast<uint8_t>(blk[2 + j] ^ 0x80);
-      }
+    for (int64_t b = 0; b < w.n_in / kQK8_0; ++b) {
+      const uint8_t* blk = row + b * kQ8_0Bytes;
+      std::memcpy(dst + ScaleOffset(g, r, b), blk, 2);
+      for (int j = 0; j < kQK8_0; ++j) dst[QuantOffset(g, r, b, j)] = static_cast<uint8_t>(blk[2 + j] ^ 0x80);
     }
   }
   return p;
@@ -120,15 +128,11 @@ void CopyRowAsStored(const WeightView& w, int64_t r, uint8_t* out) {
                 RowBytesOf(w.type, w.n_in));
     return;
   }
-  const RowGroups4 g = internal::RowGroups4Of(w);
-  for (int64_t c = 0; c < g.n_chunks; ++c) {
-    const uint8_t* q = g.Quants(r / RowGroups4::kRows, c) + (r % RowGroups4::kRows) * internal::kChunk;
-    const uint16_t* s = g.Scales(r / RowGroups4::kRows, c) + (r % RowGroups4::kRows) * 2;
-    for (int h = 0; h < 2; ++h) {
-      uint8_t* blk = out + (2 * c + h) * kQ8_0Bytes;
-      std::memcpy(blk, &s[h], 2);
-      for (int j = 0; j < kQK8_0; ++j) blk[2 + j] = static_cast<uint8_t>(q[kQK8_0 * h + j] ^ 0x80);
-    }
+  const Interleaved16 g = internal::Interleaved16Of(w);
+  for (int64_t b = 0; b < w.n_in / kQK8_0; ++b) {
+    uint8_t* blk = out + b * kQ8_0Bytes;
+    std::memcpy(blk, g.base + ScaleOffset(g, r, b), 2);
+    for (int j = 0; j < kQK8_0; ++j) blk[2 + j] = static_cast<uint8_t>(g.base[QuantOffset(g, r, b, j)] ^ 0x80);
   }
 }
 

@@ -1,21 +1,23 @@
-// Weight repacking for decode: Q8_0 matrices rearranged at load time so that
-// a decoded token reads each matrix as one aligned, sequential stream.
+// Weight repacking: Q8_0 matrices rearranged at load time for the AVX-512
+// VNNI kernels, so that decode reads each matrix as one aligned sequential
+// stream and the prefill GEMM keeps 16 rows in each vector.
 //
 // Why: decode streams every weight once per token, so its speed is the
 // bandwidth the matvec achieves. In the GGUF layout a Q8_0 row is a run of
-// 34-byte blocks (f16 scale + 32 quants); the AVX-512 kernel reads 4 rows at
-// once, i.e. 4 interleaved streams of unaligned 32-byte loads. On a 2-core
-// Zen 5 VM that reached ~60% of the read bandwidth; the same arithmetic over
-// the layout below reaches ~90% (scratch measurement; `ops_bench`
-// DecodeSweep/q8_0 compares both, see docs/benchmarks.md).
+// 34-byte blocks (f16 scale + 32 quants); reading several rows at once means
+// several interleaved streams of unaligned 32-byte loads (~60% of the read
+// bandwidth on a 2-core Zen 5 VM, against ~90% for one aligned stream). And
+// the prefill GEMM, with rows in the vector lanes, sums each 32-block in
+// int32 with 8 vpdpbusd and spends just 3 float operations on it, where
+// GGUF rows cost 3 float operations per vpdpbusd (ops/matmul_internal.h).
 //
-// Layout kRowGroups4 (n_out % 4 == 0, n_in % 64 == 0), one buffer:
-//   quants [n_out/4][n_in/64][4 rows][64] uint8  = w + 128 (the kernels'
-//          canonical unsigned chunk, ops/matmul_internal.h), 64-byte aligned;
-//   scales [n_out/4][n_in/64][4 rows][2] f16 bits (the two 32-blocks' d),
-//          right after the quants.
-// Exactly as many bytes as the GGUF rows; the arithmetic is the same as on
-// the GGUF layout, so results are bit-identical (tests check it).
+// Layout kInterleaved16 (n_out % 16 == 0, n_in % 64 == 0), one buffer of
+// 1088-byte units, one per (16-row group, 64-element chunk), in that order:
+//   quants [2 blocks][8 steps][16 rows][4] uint8 = w + 128 (a step is 4
+//          consecutive elements of each of the 16 rows: one vpdpbusd operand);
+//   scales [2 blocks][16 rows] f16 bits (the blocks' d).
+// Exactly as many bytes as the GGUF rows (34 per 32 elements); units are
+// 64-byte aligned when the buffer is (1088 = 17 lines).
 //
 // Thread-safety: PackedWeights is immutable after PackAll; the functions are pure.
 #pragma once
@@ -29,7 +31,7 @@
 
 namespace kvx::ops {
 
-// Whether w can be repacked (Q8_0 in GGUF rows of the right shape).
+// Whether w can be repacked (Q8_0 in GGUF rows, n_out % 16 == 0, n_in % 64 == 0).
 bool CanRepack(const WeightView& w);
 
 // Whether repacking pays on this machine: the active SIMD target has
