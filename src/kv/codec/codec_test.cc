@@ -48,6 +48,36 @@ TEST(CodecTest, HalfToFloatFastMatchesReferenceForAllBits) {
   }
 }
 
+// The vector float -> half conversion the f16 codec appends with gives the
+// bits of the scalar FloatToFp16 for every input class: normals across the
+// whole exponent range (ties included), subnormals, zero, the overflow
+// boundary, infinities and NaNs with any payload, in any slot of a group.
+TEST(CodecTest, FloatToHalfMatchesFloatToFp16) {
+  if (!simd::UseSimd(8)) GTEST_SKIP() << "no AVX2/F16C on this CPU";
+  std::vector<float> x;
+  std::mt19937 rng(3);
+  for (uint32_t e = 90; e < 160; ++e) {  // 2^-37 .. 2^32
+    for (int i = 0; i < 64; ++i) {
+      uint32_t bits = (e << 23) | (rng() & 0x7FFFFFu);
+      if (i % 4 == 0) bits = (bits & ~0x1FFFu) | 0x1000u;  // exactly halfway between two halves
+      if (i % 2 == 1) bits |= 0x80000000u;
+      x.push_back(BitsToFloat(bits));
+    }
+  }
+  for (float f : {0.0f, -0.0f, 65504.0f, 65519.0f, 65520.0f, 1e9f, 5.96e-8f, 2.98e-8f, 2.99e-8f, 6.1e-5f}) {
+    x.push_back(f);
+    x.push_back(-f);
+  }
+  // Infinities and NaNs, all inside whole vector groups.
+  for (uint32_t bits : {0x7F800000u, 0xFF800000u, 0x7FC00000u, 0x7F800001u, 0xFFFFFFFFu, 0x7FA5A5A5u, 0xFFA5A5A5u}) {
+    x.insert(x.begin() + 3, BitsToFloat(bits));
+  }
+  x.resize(x.size() + 5, 1.0f);  // a tail shorter than a vector
+  std::vector<uint16_t> got(x.size());
+  simd::FloatToHalf(x.data(), static_cast<int>(x.size()), got.data());
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(got[i], FloatToFp16(x[i])) << i << ": " << x[i];
+}
+
 template <typename C>
 void RoundTrip(float tolerance_rel) {
   const int T = 8, D = 24;

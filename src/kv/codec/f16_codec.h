@@ -52,6 +52,16 @@ struct F16Codec {
     const int d = p.head_dim, T = p.page_tokens;
     uint16_t* keys = reinterpret_cast<uint16_t*>(data) + slot;
     uint16_t* values = reinterpret_cast<uint16_t*>(data) + static_cast<size_t>(T + slot) * d;
+    // Vector conversion, the same bits: a prefill appends every token of
+    // every layer here, and the scalar conversion was ~8% of its time.
+    constexpr int kMaxSimdDim = 512;
+    if (d <= kMaxSimdDim && simd::UseSimd(d)) {
+      uint16_t kh[kMaxSimdDim];
+      simd::FloatToHalf(k, d, kh);
+      for (int c = 0; c < d; ++c) keys[static_cast<size_t>(c) * T] = kh[c];
+      simd::FloatToHalf(v, d, values);
+      return;
+    }
     for (int c = 0; c < d; ++c) keys[static_cast<size_t>(c) * T] = FloatToFp16(k[c]);
     for (int c = 0; c < d; ++c) values[c] = FloatToFp16(v[c]);
   }

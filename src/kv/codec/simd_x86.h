@@ -16,6 +16,7 @@
 #include <type_traits>
 
 #include "kv/codec/codec_id.h"
+#include "util/fp16.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #define KVX_KV_HAVE_X86_SIMD 1
@@ -470,6 +471,23 @@ KVX_KV_AVX2 inline void HalfToFloat(const uint16_t* h, int n, float* out) {
   for (; i < n; ++i) out[i] = _cvtsh_ss(h[i]);
 }
 
+// n floats -> halves, exactly FloatToFp16 (util/fp16.h): F16C rounds to
+// nearest even as it does; it keeps NaN payloads, which FloatToFp16 does
+// not (every NaN becomes the quiet NaN 0x7E00 with its sign), so a group
+// holding a NaN is redone by it.
+KVX_KV_AVX2 inline void FloatToHalf(const float* x, int n, uint16_t* out) {
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    if (_mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)) != 0) {
+      for (int j = i; j < i + 8; ++j) out[j] = FloatToFp16(x[j]);
+      continue;
+    }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+  }
+  for (; i < n; ++i) out[i] = FloatToFp16(x[i]);
+}
+
 // ---- Softmax pieces. ----
 
 // exp(x) for x <= 0 (Cephes expf: x = n ln2 + r, |r| <= ln2/2, degree-6
@@ -724,6 +742,7 @@ inline void DotRowsQN(const Src&, int, int, const float*, int, float*, int) {}
 template <class Src>
 inline void AxpyRowsQN(const Src&, int, int, const float*, int, int, float*) {}
 inline void HalfToFloat(const uint16_t*, int, float*) {}
+inline void FloatToHalf(const float*, int, uint16_t*) {}
 struct F32Rows {
   const float* rows;
   int d;
