@@ -2,7 +2,8 @@
 // codec on 1 and 2 threads: BM_DecodeAttention (one layer, in cache, contexts
 // 1k/4k/8k) and BM_DecodeAttentionAllLayers (a whole smollm2-135m-shaped
 // cache, from DRAM). bytes_per_second counts the KV bytes read (each page is
-// read once per GQA group).
+// read once per GQA group). BM_PrefillAttention: a prompt's causal
+// attention over itself (every query token at once, as a prefill batch).
 #include <benchmark/benchmark.h>
 
 #include <cmath>
@@ -108,6 +109,59 @@ KVX_DECODE_ALL_LAYERS_BENCH(f16, "codec=f16");
 KVX_DECODE_ALL_LAYERS_BENCH(f16_p64, "codec=f16,page=64");
 KVX_DECODE_ALL_LAYERS_BENCH(int8, "codec=int8");
 KVX_DECODE_ALL_LAYERS_BENCH(kivi4_p128, "codec=kivi4,page=128,group=64");
+
+// A prefill batch's attention: n tokens appended to an empty cache of one
+// smollm2-135m-shaped layer (3 kv heads, 9 query heads, head_dim 64), then
+// every token attends to itself and those before it. GFLOPS counts the
+// causal score and value products (4 d flops per visible query-key pair).
+void BM_PrefillAttention(benchmark::State& state, const char* spec_text) {
+  const int n = static_cast<int>(state.range(0));
+  const int threads = static_cast<int>(state.range(1));
+  const int kv_heads = 3, n_heads = 9, dim = 64;
+  const KVSpec spec = *ParseKVSpec(spec_text);
+  const KVLayout layout{1, kv_heads, dim, spec.page_tokens};
+  auto pool = BlockPool::Create({.budget_bytes = BudgetForContext(layout, spec.codec, n),
+                                 .page_bytes = PageBytes(layout, spec.codec)});
+  if (!pool.ok()) {
+    state.SkipWithError(pool.status().ToString().c_str());
+    return;
+  }
+  SequenceKV kv(pool->get(), layout, spec.codec);
+  ops::RopeParams rope{};
+  rope.n_dims = dim;
+  kv.set_rope(rope);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd;
+  std::vector<float> k(static_cast<size_t>(n) * kv_heads * dim), v(k.size()), q(static_cast<size_t>(n) * n_heads * dim);
+  for (auto& x : k) x = nd(rng);
+  for (auto& x : v) x = nd(rng);
+  for (auto& x : q) x = nd(rng);
+  std::vector<int32_t> pos(n);
+  std::iota(pos.begin(), pos.end(), 0);
+  if (!kv.Append(0, n, pos.data(), k.data(), v.data()).ok()) {
+    state.SkipWithError("append failed");
+    return;
+  }
+  std::vector<float> out(q.size());
+  const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
+  std::unique_ptr<ThreadPool> tp = threads > 1 ? std::make_unique<ThreadPool>(threads) : nullptr;
+  for (auto _ : state) {
+    Attention(kv, 0, q.data(), pos.data(), n, n_heads, scale, out.data(), tp.get());
+    benchmark::DoNotOptimize(out.data());
+  }
+  const double pairs = 0.5 * n * (n + 1.0) * n_heads;
+  state.counters["GFLOPS"] = benchmark::Counter(pairs * 4 * dim * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+#define KVX_PREFILL_BENCH(name, spec)                                                              \
+  BENCHMARK_CAPTURE(BM_PrefillAttention, name, spec)                                              \
+      ->ArgsProduct({{512, 2048}, {1, 2}})                                                         \
+      ->ArgNames({"tokens", "threads"})                                                            \
+      ->Unit(benchmark::kMicrosecond)                                                              \
+      ->UseRealTime()
+
+KVX_PREFILL_BENCH(f16, "codec=f16");
+KVX_PREFILL_BENCH(kivi4_p128, "codec=kivi4,page=128,group=64");
 
 }  // namespace
 }  // namespace kvx::kv
