@@ -381,6 +381,16 @@ KVX_KV_AVX512 inline float ReduceMax(__m512 v) {
   v = Max16(v, _mm512_maskz_permute_ps(0xFFFF, v, 0xB1));
   return _mm512_cvtss_f32(v);
 }
+// a * b + c with two roundings, never contracted into one fma (whatever
+// -ffp-contract allows): the softmax running sums of the AVX-512 kernels
+// (SoftmaxStep, F16DecodePage) use it, so that they agree bit for bit by
+// construction rather than by the compiler's choice (the observed and plain
+// attention paths must: attention_test.cc).
+KVX_KV_AVX512 inline float MulThenAdd(float a, float b, float c) {
+  float p = a * b;
+  __asm__("" : "+v"(p));  // opaque: the product is rounded before the add
+  return p + c;
+}
 KVX_KV_AVX512 inline float ReduceSum(__m512 v) { return _mm512_cvtss_f32(Fold<0>(Fold<1>(Fold<2>(Fold<3>(v))))); }
 
 // exp(x) for x <= 0: ExpNonPositive (simd_x86.h) on 16 lanes, the same
@@ -464,7 +474,7 @@ KVX_KV_AVX512 inline bool SoftmaxStep(float* s, int ss, int n, float* mx, float*
   KVX_KV_UNROLL
   for (int r = 0; r < NQ; ++r) {
     const float block_sum = ReduceSum(acc[r]);  // weights are >= 0: > 0 iff any is
-    sum[r] = sum[r] * f[r] + block_sum;
+    sum[r] = MulThenAdd(sum[r], f[r], block_sum);
     any |= block_sum > 0.0f;
   }
   return any;

@@ -320,7 +320,7 @@ KVX_KV_AVX512 inline void F16DecodePage(const uint16_t* kt, const uint16_t* v, i
         const __m512 fv = _mm512_set1_ps(f);
         for (int c = 0; c < d; c += 16) _mm512_storeu_ps(a + c, _mm512_mul_ps(_mm512_loadu_ps(a + c), fv));
       }
-      sum[r] = sum[r] * f + ReduceSum(e);
+      sum[r] = MulThenAdd(sum[r], f, ReduceSum(e));
     }
     // acc[r] += sum_j w[r][j] v_j, 64 channels (4 zmm per row) at a time.
     const uint16_t* vb = v + static_cast<size_t>(j0) * d;
