@@ -151,16 +151,20 @@ def main():
     ops = microbench(os.path.join(ROOT, "build/ops_bench"),
                      "DecodeSweep|PrefillGemm|MemRead|MemTriad|PeakFma|MatMul/q8_0|MatMul/q4_K|BM_",
                      os.path.join(args.models, "ops_bench.json"))
-    kvb = microbench(os.path.join(ROOT, "build/kv_bench"), "ctx:8192", os.path.join(args.models, "kv_bench.json"))
+    kvb = microbench(os.path.join(ROOT, "build/kv_bench"), "ctx:8192|tokens:512/", os.path.join(args.models, "kv_bench.json"))
     md += ["## Kernel microbenchmarks", "",
            "`build/ops_bench` and `build/kv_bench` (Google Benchmark, medians of 3; see the comments at the top of "
            "`bench/ops_bench.cc` and `bench/kv_bench.cc` for what each measures). DecodeSweep streams every weight "
            "matrix of the smollm2-135m stack once, as one decoded token does; its GB/s is to be compared with "
            "MemRead; `q8_0_repacked` is the same with the matrices repacked as the model loader stores them on "
-           "AVX-512 VNNI machines (one aligned stream per 4 rows, all matrices in one buffer on transparent huge pages, `src/ops/weight_pack.h`). DecodeAttentionAllLayers reads a whole smollm2-135m-shaped KV cache of 8k tokens from DRAM; "
+           "AVX-512 VNNI machines (groups of 16 rows interleaved 4 bytes at a time, so that one vpdpbusd serves 16 rows and each "
+           "32-block is summed in int32; one aligned stream; all matrices in one buffer on transparent huge pages; "
+           "`src/ops/weight_pack.h`). DecodeAttentionAllLayers reads a whole smollm2-135m-shaped KV cache of 8k tokens from DRAM; "
            "DecodeAttention one layer's, from cache. f16 pages go through the fused decode kernel (channel-major keys, "
            "scores + online softmax + values per 16 entries in registers, next page prefetched across the score steps: "
-           "`F16Codec::DecodeStep`); KIVI scores its channel-major key codes 16 entries per vector (`ChannelTensor::Dot`); the per-token codecs (int8/int4) use the general row-major kernels.", ""]
+           "`F16Codec::DecodeStep`); KIVI scores its channel-major key codes 16 entries per vector (`ChannelTensor::Dot`); the per-token codecs (int8/int4) use the general row-major kernels. "
+           "PrefillAttention is a 512-token prompt's causal attention over itself (one smollm2-135m layer, every "
+           "query at once; GFLOPS counts 4 head_dim flops per visible query-key pair).", ""]
     md += microbench_table(ops) + [""] + microbench_table(kvb) + [""]
     text = "\n".join(md) + "\n"
     open(os.path.join(ROOT, "docs/benchmarks.md"), "w").write(text)
