@@ -36,7 +36,7 @@
 //       acc = fma(float(isum_b), d_w,b * d_a,b, acc)
 //   in block order from acc = 0, and y = acc: one float chain per output,
 //   no lanes (a SIMD kernel holds 16 rows in the 16 lanes instead). This is
-//   the contract llama.cpp's q8_0 x q8_0 dot follows too, and it costs one
+//   the form of llama.cpp's reference q8_0 x q8_0 dot, and it costs one
 //   conversion, one multiply and one fma per 8 vpdpbusd instead of one each
 //   per vpdpbusd, which is what lets the prefill GEMM approach the int8
 //   peak. (The canonical-chunk contract above still serves the other types
