@@ -130,7 +130,8 @@ TEST(WeightPackTest, MatMulIdenticalForEveryTargetThreadCountAndBatch) {
     WeightView packed = m.view;
     const PackedWeights p = PackViews({&packed});
     ASSERT_EQ(packed.layout, WeightLayout::kInterleaved16);
-    // 29 tokens = two 12-token tiles, one of 4 and one single token.
+    // 29 tokens: seven 4-token tiles and a single token; 80 rows: a tile of 3
+    // groups and two single groups (threads take 48-row ranges).
     const int64_t n_tok = 29;
     const auto x = Gaussian(n_tok * n_in, 4);
     // The reference: each token alone, on the scalar baseline.
