@@ -10,6 +10,7 @@
 #include <memory>
 #include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "kv/attention.h"
@@ -18,6 +19,27 @@
 
 namespace kvx::kv {
 namespace {
+
+// An empty cache of `layout` for `n_tokens` tokens with RoPE over head_dim
+// (nullptr, and the benchmark skipped, when the pool cannot be made).
+struct BenchCache {
+  std::unique_ptr<BlockPool> pool;
+  std::unique_ptr<SequenceKV> kv;
+};
+BenchCache MakeCache(benchmark::State& state, const KVSpec& spec, const KVLayout& layout, int n_tokens) {
+  auto pool = BlockPool::Create({.budget_bytes = BudgetForContext(layout, spec.codec, n_tokens),
+                                 .page_bytes = PageBytes(layout, spec.codec)});
+  if (!pool.ok()) {
+    state.SkipWithError(pool.status().ToString().c_str());
+    return {};
+  }
+  BenchCache c{std::move(pool).value(), nullptr};
+  c.kv = std::make_unique<SequenceKV>(c.pool.get(), layout, spec.codec);
+  ops::RopeParams rope{};
+  rope.n_dims = layout.head_dim;
+  c.kv->set_rope(rope);
+  return c;
+}
 
 // One decode step's attention over every layer of an n_ctx-token cache:
 // `layers` layers of `kv_heads` kv heads and `n_heads` query heads, head_dim
@@ -28,16 +50,9 @@ void RunDecodeAttention(benchmark::State& state, const char* spec_text, int laye
   const KVSpec spec = *ParseKVSpec(spec_text);
   const int dim = 64;
   const KVLayout layout{layers, kv_heads, dim, spec.page_tokens};
-  auto pool = BlockPool::Create({.budget_bytes = BudgetForContext(layout, spec.codec, n_ctx),
-                                 .page_bytes = PageBytes(layout, spec.codec)});
-  if (!pool.ok()) {
-    state.SkipWithError(pool.status().ToString().c_str());
-    return;
-  }
-  SequenceKV kv(pool->get(), layout, spec.codec);
-  ops::RopeParams rope{};
-  rope.n_dims = dim;
-  kv.set_rope(rope);
+  BenchCache cache = MakeCache(state, spec, layout, n_ctx);
+  if (cache.kv == nullptr) return;
+  SequenceKV& kv = *cache.kv;
   std::mt19937 rng(1);
   std::normal_distribution<float> nd;
   const int chunk = 256;
@@ -120,16 +135,9 @@ void BM_PrefillAttention(benchmark::State& state, const char* spec_text) {
   const int kv_heads = 3, n_heads = 9, dim = 64;
   const KVSpec spec = *ParseKVSpec(spec_text);
   const KVLayout layout{1, kv_heads, dim, spec.page_tokens};
-  auto pool = BlockPool::Create({.budget_bytes = BudgetForContext(layout, spec.codec, n),
-                                 .page_bytes = PageBytes(layout, spec.codec)});
-  if (!pool.ok()) {
-    state.SkipWithError(pool.status().ToString().c_str());
-    return;
-  }
-  SequenceKV kv(pool->get(), layout, spec.codec);
-  ops::RopeParams rope{};
-  rope.n_dims = dim;
-  kv.set_rope(rope);
+  BenchCache cache = MakeCache(state, spec, layout, n);
+  if (cache.kv == nullptr) return;
+  SequenceKV& kv = *cache.kv;
   std::mt19937 rng(1);
   std::normal_distribution<float> nd;
   std::vector<float> k(static_cast<size_t>(n) * kv_heads * dim), v(k.size()), q(static_cast<size_t>(n) * n_heads * dim);

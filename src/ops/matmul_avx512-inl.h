@@ -518,7 +518,8 @@ KVX_ATTR void InterleavedTile(const Interleaved16& g, int64_t group, const Quant
       }
       KVX_UNROLL for (int s = 0; s < Interleaved16::kSteps; ++s) {
         __m512i wv[kR];
-        KVX_UNROLL for (int r = 0; r < kR; ++r) wv[r] = _mm512_load_si512(unit[r] + (h * Interleaved16::kSteps + s) * 64);
+        const int64_t step_offset = (h * Interleaved16::kSteps + s) * 64;
+        KVX_UNROLL for (int r = 0; r < kR; ++r) wv[r] = _mm512_load_si512(unit[r] + step_offset);
         KVX_UNROLL for (int t = 0; t < kT; ++t) {
           int32_t a4;
           std::memcpy(&a4, q[t] + kActBlock * b + 4 * s, 4);
@@ -527,8 +528,8 @@ KVX_ATTR void InterleavedTile(const Interleaved16& g, int64_t group, const Quant
         }
       }
       KVX_UNROLL for (int r = 0; r < kR; ++r) {
-        const __m512 dw = _mm512_cvtph_ps(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(Interleaved16::Scales(unit[r]) + Interleaved16::kRows * h)));
+        const uint16_t* scales = Interleaved16::Scales(unit[r]) + Interleaved16::kRows * h;
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales)));
         KVX_UNROLL for (int t = 0; t < kT; ++t) {
           const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(d[t][8 * b]));
           acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][t]), scale, acc[r][t]);

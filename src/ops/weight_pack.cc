@@ -29,15 +29,19 @@ namespace {
 constexpr size_t kHugePage = size_t{2} << 20;
 
 // Where element (r, 32b + j) of a kInterleaved16 matrix keeps its quant,
-// and row r's scale of block b, relative to the buffer.
+// and row r's scale of block b, relative to the buffer: in the unit of r's
+// 16-row group and b's chunk, at step j / 4 of half b % 2.
+int64_t UnitOffset(const Interleaved16& g, int64_t r, int64_t b) {
+  return (r / Interleaved16::kRows * g.n_chunks + b / 2) * Interleaved16::kUnitBytes;
+}
 size_t QuantOffset(const Interleaved16& g, int64_t r, int64_t b, int j) {
-  const int64_t unit = (r / Interleaved16::kRows * g.n_chunks + b / 2) * Interleaved16::kUnitBytes;
   const int64_t step = (b % 2) * Interleaved16::kSteps + j / 4;
-  return static_cast<size_t>(unit + (step * Interleaved16::kRows + r % Interleaved16::kRows) * 4 + j % 4);
+  const int64_t lane = step * Interleaved16::kRows + r % Interleaved16::kRows;
+  return static_cast<size_t>(UnitOffset(g, r, b) + lane * 4 + j % 4);
 }
 size_t ScaleOffset(const Interleaved16& g, int64_t r, int64_t b) {
-  const int64_t unit = (r / Interleaved16::kRows * g.n_chunks + b / 2) * Interleaved16::kUnitBytes;
-  return static_cast<size_t>(unit + Interleaved16::kQuantBytes + ((b % 2) * Interleaved16::kRows + r % Interleaved16::kRows) * 2);
+  const int64_t slot = (b % 2) * Interleaved16::kRows + r % Interleaved16::kRows;
+  return static_cast<size_t>(UnitOffset(g, r, b) + Interleaved16::kQuantBytes + slot * 2);
 }
 
 // Writes the kInterleaved16 copy of w to dst (64-byte aligned) and returns its view.
