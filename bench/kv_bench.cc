@@ -2,8 +2,9 @@
 // codec on 1 and 2 threads: BM_DecodeAttention (one layer, in cache, contexts
 // 1k/4k/8k) and BM_DecodeAttentionAllLayers (a whole smollm2-135m-shaped
 // cache, from DRAM). bytes_per_second counts the KV bytes read (each page is
-// read once per GQA group). BM_PrefillAttention: a prompt's causal
-// attention over itself (every query token at once, as a prefill batch).
+// read once per GQA group). BM_F16DecodeKernel: the fused f16 kernel alone,
+// for comparison with the whole attention. BM_PrefillAttention: a prompt's
+// causal attention over itself (every query token at once, as a prefill batch).
 #include <benchmark/benchmark.h>
 
 #include <cmath>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "kv/attention.h"
+#include "kv/codec/f16_codec.h"
 #include "kv/kv_spec.h"
 #include "kv/sequence_kv.h"
 
@@ -124,6 +126,63 @@ KVX_DECODE_ALL_LAYERS_BENCH(f16, "codec=f16");
 KVX_DECODE_ALL_LAYERS_BENCH(f16_p64, "codec=f16,page=64");
 KVX_DECODE_ALL_LAYERS_BENCH(int8, "codec=int8");
 KVX_DECODE_ALL_LAYERS_BENCH(kivi4_p128, "codec=kivi4,page=128,group=64");
+
+// The fused f16 decode kernel alone (F16Codec::DecodeStep, one smollm2 GQA
+// group of 3 query rows, head_dim 64) over one contiguous run of full
+// 16-entry pages spaced as the pool spaces them, each call prefetching the
+// next page as attention does; each benchmark thread has its own run and
+// running state. 64 pages stay in L2; 46080 pages are the bytes of the 8k
+// cache of BM_DecodeAttentionAllLayers. Set against that benchmark at the
+// same bytes, the difference is what attention spends outside the kernel
+// (page tables, work items, merges, thread sync, the pages' placement).
+void BM_F16DecodeKernel(benchmark::State& state) {
+  const int n_pages = static_cast<int>(state.range(0)) / state.threads();
+  CodecParams params;
+  params.page_tokens = 16;
+  params.head_dim = 64;
+  const int rows = 3, d = params.head_dim, T = params.page_tokens;
+  const size_t page_bytes = (PageDataOffset(T) + F16Codec::DataBytes(params) + 63) / 64 * 64;
+  std::vector<uint8_t> storage(page_bytes * n_pages + 64);  // pool pages are 64-byte aligned
+  uint8_t* pages = storage.data() + (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64;
+  std::mt19937 rng(1 + state.thread_index());
+  std::normal_distribution<float> nd;
+  std::vector<float> k(d), v(d);
+  for (int p = 0; p < n_pages; ++p) {
+    for (int j = 0; j < T; ++j) {
+      for (int c = 0; c < d; ++c) {
+        k[c] = nd(rng);
+        v[c] = nd(rng);
+      }
+      F16Codec::EncodeRow(params, pages + p * page_bytes + PageDataOffset(T), j, k.data(), v.data());
+    }
+  }
+  std::vector<float> q(static_cast<size_t>(rows) * d), acc(q.size());
+  for (float& x : q) x = 0.125f * nd(rng);
+  for (auto _ : state) {
+    float mx[rows], sum[rows] = {};
+    std::fill(mx, mx + rows, -INFINITY);
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (int p = 0; p < n_pages; ++p) {
+      const uint8_t* page = pages + p * page_bytes;
+      const uint8_t* next = p + 1 < n_pages ? page + page_bytes : nullptr;
+      if (!F16Codec::DecodeStep(params, page + PageDataOffset(T), T, q.data(), rows, mx, sum, acc.data(), next,
+                                next != nullptr ? page_bytes : 0)) {
+        state.SkipWithError("the fused kernel does not run on this CPU");
+        return;
+      }
+    }
+    benchmark::DoNotOptimize(acc.data());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * n_pages * static_cast<int64_t>(page_bytes));
+}
+BENCHMARK(BM_F16DecodeKernel)
+    ->Arg(64)
+    ->Arg(46080)
+    ->ArgName("pages")
+    ->Threads(1)
+    ->Threads(2)
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
 
 // A prefill batch's attention: n tokens appended to an empty cache of one
 // smollm2-135m-shaped layer (3 kv heads, 9 query heads, head_dim 64), then
