@@ -29,8 +29,10 @@ struct BenchCache {
   std::unique_ptr<SequenceKV> kv;
 };
 BenchCache MakeCache(benchmark::State& state, const KVSpec& spec, const KVLayout& layout, int n_tokens) {
-  auto pool = BlockPool::Create({.budget_bytes = BudgetForContext(layout, spec.codec, n_tokens),
-                                 .page_bytes = PageBytes(layout, spec.codec)});
+  const uint64_t budget = BudgetForContext(layout, spec.codec, n_tokens);
+  auto pool = BlockPool::Create({.budget_bytes = budget,
+                                 .page_bytes = PageBytes(layout, spec.codec),
+                                 .extent_bytes = ExtentBytesFor(layout, budget, 1)});
   if (!pool.ok()) {
     state.SkipWithError(pool.status().ToString().c_str());
     return {};

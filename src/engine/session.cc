@@ -13,6 +13,7 @@ Result<std::unique_ptr<kv::BlockPool>> MakeBlockPool(const model::Model& model, 
   kv::BlockPoolOptions o;
   o.budget_bytes = budget;
   o.page_bytes = page_bytes;
+  o.extent_bytes = kv::ExtentBytesFor(layout, budget, n_seqs);
   return kv::BlockPool::Create(o);
 }
 

@@ -14,7 +14,7 @@ namespace kvx::kv {
 
 Result<std::unique_ptr<BlockPool>> BlockPool::Create(const BlockPoolOptions& options) {
   if (options.page_bytes == 0) return InvalidArgument("KV block pool: page size must be > 0");
-  std::unique_ptr<BlockPool> pool(new BlockPool(options.budget_bytes));
+  std::unique_ptr<BlockPool> pool(new BlockPool(options.budget_bytes, std::max<size_t>(options.extent_bytes, 1)));
   KVX_ASSIGN_OR_RETURN(const int cls, pool->AddSizeClass(options.page_bytes));
   KVX_CHECK(cls == 0);
   return pool;
@@ -54,7 +54,7 @@ Result<int> BlockPool::AddSizeClass(size_t page_bytes_in) {
   c.reserved_bytes = reserved;
   c.first = static_cast<PageId>(n_pages_);
   c.n_pages = static_cast<int64_t>(n_pages64);
-  c.extent_pages = static_cast<int32_t>(std::clamp<uint64_t>(kExtentBytes / page_bytes, 1, n_pages64));
+  c.extent_pages = static_cast<int32_t>(std::clamp<uint64_t>(extent_bytes_ / page_bytes, 1, n_pages64));
   const size_t n_extents = static_cast<size_t>((n_pages64 + c.extent_pages - 1) / c.extent_pages);
   c.frontier = c.first;
   if (!c.extent_free.Resize(n_extents) || !c.extent_prev.Resize(n_extents) || !c.extent_next.Resize(n_extents) ||

@@ -37,14 +37,24 @@
 // reading 4 KiB pages scattered like that runs at ~9 GB/s against ~21 GB/s
 // in runs of 16 (bench/kv_bench BM_DecodeAttentionAllLayers shows the effect
 // on attention). So each class is also divided into extents of about
-// kExtentBytes, and AllocateAfter(cls, prev) — what a growing table calls —
-// takes the page right after `prev` when it is free, else the first page of
-// a wholly free extent (most recently emptied first, for warm memory), else
-// the front of the free list. Other tables start in other extents, so a
-// table's pages form runs. Extents are a preference, never a reservation:
-// every free page stays allocatable, and the budget counts only pages in use.
-// 256 KiB: whole-cache decode attention (f16, 8k, 2 threads) took ~12 ms with
-// 64 KiB extents and ~10.5 ms with 256 KiB or 1 MiB ones.
+// BlockPoolOptions::extent_bytes, and AllocateAfter(cls, prev) — what a
+// growing table calls — takes the page right after `prev` when it is free,
+// else the first page of a wholly free extent (most recently emptied first,
+// for warm memory), else the front of the free list. Other tables start in
+// other extents, so a table's pages form runs. Extents are a preference,
+// never a reservation: every free page stays allocatable, and the budget
+// counts only pages in use.
+// The extent size trades run length against how many tables have runs: a
+// table grows through its extent and then jumps; with fewer extents than
+// tables, the tables left over take scattered pages from the free list.
+// The best size is one table's whole length when the budget has an extent
+// for every table, which is what ExtentBytesFor() (sequence_kv.h) picks for
+// the pools the engine makes. Measured alternately (kv_bench
+// BM_DecodeAttentionAllLayers/f16/ctx:8192, 90 tables of ~2.1 MB in a pool
+// sized for them): 2 MiB extents beat 256 KiB ones in 8 of 9 pairs on
+// 2 threads (median -5%) and 4 of 5 on 1 thread (-3.5%); 1 MiB was 4% and
+// 8 MiB (fewer extents than tables) 7% slower than 2 MiB. With slower
+// kernels, earlier: 64 KiB ~12 ms, 256 KiB or 1 MiB ~10.5 ms.
 //
 // Size classes (a slab allocator in miniature): a quantized cache needs pages
 // of more than one size — a KIVI layer writes its newest tokens into f16
@@ -78,12 +88,18 @@ namespace kvx::kv {
 using PageId = int32_t;
 inline constexpr PageId kNoPage = -1;
 
+// Default target bytes of one extent ("Locality" above).
+inline constexpr size_t kDefaultExtentBytes = 256 * 1024;
+
 struct BlockPoolOptions {
   // Total bytes of pages the pool may hand out. Must hold at least one page.
   uint64_t budget_bytes = 0;
   // Bytes per page of size class 0 (codec-specific, see PageBytes() in
   // sequence_kv.h); rounded up to a multiple of 64.
   size_t page_bytes = 0;
+  // Target bytes of one extent ("Locality" above); ExtentBytesFor() in
+  // sequence_kv.h sizes it to the tables the pool will hold.
+  size_t extent_bytes = kDefaultExtentBytes;
 };
 
 struct BlockPoolStats {
@@ -122,9 +138,9 @@ class BlockPool {
   // first page): prefers the page after `prev`, then a wholly free extent
   // (see "Locality" above). Same errors as Allocate().
   Result<PageId> AllocateAfter(int size_class, PageId prev);
-  // Target bytes of one extent (a class's extent holds max(1, this / page
-  // bytes) pages).
-  static constexpr size_t kExtentBytes = 256 * 1024;
+  // The default extent size (a class's extent holds max(1, extent bytes /
+  // page bytes) pages).
+  static constexpr size_t kExtentBytes = kDefaultExtentBytes;
 
   // REQUIRES: RefCount(id) > 0.
   void Ref(PageId id);
@@ -214,7 +230,7 @@ class BlockPool {
   static constexpr uint8_t kFlagTouched = 2;     // memory possibly committed
   static constexpr uint8_t kFlagCached = 4;      // (prefix cache) content still indexed
 
-  explicit BlockPool(uint64_t budget) : budget_bytes_(budget) {}
+  BlockPool(uint64_t budget, size_t extent_bytes) : budget_bytes_(budget), extent_bytes_(extent_bytes) {}
   bool Valid(PageId id) const { return id >= 0 && id < n_pages_; }
   void PushFront(PageId id);
   void PushBack(PageId id);
@@ -239,6 +255,7 @@ class BlockPool {
   std::vector<SizeClass> classes_;
   int64_t n_pages_ = 0;  // over all classes
   uint64_t budget_bytes_;
+  size_t extent_bytes_;
   uint64_t bytes_in_use_ = 0;
   int64_t n_in_use_ = 0;
 

@@ -60,6 +60,12 @@ uint64_t BytesForContext(const KVLayout& layout, const CodecConfig& codec, int64
   return total;
 }
 
+size_t ExtentBytesFor(const KVLayout& layout, uint64_t budget, int n_seqs) {
+  const uint64_t tables =
+      static_cast<uint64_t>(std::max(n_seqs, 1)) * std::max(layout.n_layers, 1) * std::max(layout.n_kv_heads, 1);
+  return static_cast<size_t>(std::clamp<uint64_t>(budget / tables, 1, kMaxExtentBytes));
+}
+
 uint64_t BudgetForContext(const KVLayout& layout, const CodecConfig& codec, int64_t n_ctx) {
   uint64_t total = BytesForContext(layout, codec, n_ctx);
   if (n_ctx == 0) return 0;

@@ -64,6 +64,13 @@ uint64_t BytesForContext(const KVLayout& layout, const CodecConfig& codec, int64
 // packed pages are allocated before the staging pages they replace are freed).
 uint64_t BudgetForContext(const KVLayout& layout, const CodecConfig& codec, int64_t n_ctx);
 
+// Extent size (BlockPoolOptions::extent_bytes, block_pool.h "Locality") for a
+// pool of `budget` bytes shared by n_seqs sequences of `layout`: one
+// (layer, kv head) table's share of the budget, so that every table can run
+// through an extent of its own (at most kMaxExtentBytes).
+inline constexpr size_t kMaxExtentBytes = 4 << 20;
+size_t ExtentBytesFor(const KVLayout& layout, uint64_t budget, int n_seqs);
+
 class SequenceKV {
  public:
   // REQUIRES: pool outlives this object; layout.Validate() is OK;

@@ -56,32 +56,58 @@ TEST(SequenceKVTest, SizingHelpers) {
   EXPECT_EQ(BudgetForContext(layout, CodecId::kF32, 0), 0u);
 }
 
-// Layers appended in turn, in prefill chunks and then token by token as
-// decode does, still leave each (layer, head) table in runs of consecutive
-// pages (block_pool.h, "Locality"), so decode streams through memory.
-TEST(SequenceKVTest, TablesGrowInContiguousRuns) {
-  const KVLayout layout{4, 2, 64, 16};
+// Fills a 2048-token cache of `layout` layer after layer as a forward pass
+// does (prefill chunks of 256, then token by token) from a pool sized for
+// it with extents of `extent_bytes`; returns how often a (layer, head)
+// table's next page is not the one right after its previous page.
+int TableBreaks(const KVLayout& layout, size_t extent_bytes) {
   const int n_ctx = 2048;
-  auto pool = MakePool(layout, CodecId::kF16, static_cast<int>(BudgetForContext(layout, CodecId::kF16, n_ctx) /
-                                                               PageBytes(layout, CodecId::kF16)));
+  auto pool = std::move(BlockPool::Create({.budget_bytes = BudgetForContext(layout, CodecId::kF16, n_ctx),
+                                           .page_bytes = PageBytes(layout, CodecId::kF16),
+                                           .extent_bytes = extent_bytes}))
+                  .value();
   SequenceKV kv(pool.get(), layout, CodecId::kF16);
   for (int start = 0; start < n_ctx;) {
     const int n = start < n_ctx / 2 ? 256 : 1;
     const Tokens t = MakeTokens(start, n, layout.n_kv_heads, layout.head_dim);
-    for (int l = 0; l < layout.n_layers; ++l) ASSERT_TRUE(kv.Append(l, n, t.pos.data(), t.k.data(), t.v.data()).ok());
+    for (int l = 0; l < layout.n_layers; ++l) EXPECT_TRUE(kv.Append(l, n, t.pos.data(), t.k.data(), t.v.data()).ok());
     start += n;
   }
-  int breaks = 0, pages = 0;
+  int breaks = 0;
   for (int l = 0; l < layout.n_layers; ++l) {
     for (int h = 0; h < layout.n_kv_heads; ++h) {
       const PageTable& t = kv.table(l, h);
+      EXPECT_EQ(t.length(), n_ctx);
       for (int p = 1; p < t.num_pages(); ++p) breaks += t.pages()[p] != t.pages()[p - 1] + 1;
-      pages += t.num_pages();
     }
   }
-  const int per_extent = static_cast<int>(BlockPool::kExtentBytes / pool->page_bytes());
-  EXPECT_LE(breaks, 2 * pages / per_extent) << pages << " pages";  // runs of half an extent or more
   EXPECT_INVARIANTS(*pool);
+  return breaks;
+}
+
+// Layers appended in turn still leave each (layer, head) table in runs of
+// consecutive pages (block_pool.h, "Locality"), so decode streams through
+// memory: runs of half an extent or more with the default extents, and one
+// run per table with extents sized by ExtentBytesFor (a table's share of
+// the budget), the extents the engine's pools use.
+TEST(SequenceKVTest, TablesGrowInContiguousRuns) {
+  const KVLayout layout{4, 2, 64, 16};
+  const int pages = 8 * 2048 / 16;
+  const int per_extent = static_cast<int>(BlockPool::kExtentBytes / PageBytes(layout, CodecId::kF16));
+  EXPECT_LE(TableBreaks(layout, BlockPool::kExtentBytes), 2 * pages / per_extent);
+  const uint64_t budget = BudgetForContext(layout, CodecId::kF16, 2048);
+  EXPECT_EQ(ExtentBytesFor(layout, budget, 1), budget / 8);
+  EXPECT_EQ(TableBreaks(layout, ExtentBytesFor(layout, budget, 1)), 0);
+  // Extents several times a table's share leave most tables without one.
+  EXPECT_GT(TableBreaks(layout, 4 * ExtentBytesFor(layout, budget, 1)), pages / 4);
+}
+
+TEST(SequenceKVTest, ExtentBytesForSharesTheBudgetAmongTables) {
+  const KVLayout layout{30, 3, 64, 16};
+  EXPECT_EQ(ExtentBytesFor(layout, 90u << 20, 1), size_t{1} << 20);
+  EXPECT_EQ(ExtentBytesFor(layout, 90u << 20, 4), size_t{1} << 18);  // four sequences
+  EXPECT_EQ(ExtentBytesFor(layout, uint64_t{90} << 30, 1), kMaxExtentBytes);
+  EXPECT_EQ(ExtentBytesFor(layout, 10, 1), 1u);
 }
 
 class SequenceKVCodecTest : public ::testing::TestWithParam<CodecId> {};
