@@ -64,6 +64,12 @@ void Scale(float* x, int n, float f) {
   for (int j = 0; j < n; ++j) x[j] *= f;
 }
 
+// y[j] += a * x[j] (SIMD when available).
+void AddScaled(float* y, const float* x, int n, float a) {
+  if (simd::UseSimd(8)) return simd::AddScaled(y, x, n, a);
+  for (int j = 0; j < n; ++j) y[j] += a * x[j];
+}
+
 // Smallest and largest of the n >= 1 positions (SIMD when available).
 void MinMax(const int32_t* pos, int n, int32_t* lo, int32_t* hi) {
   if (simd::UseSimd(8)) return simd::MinMaxI32(pos, n, lo, hi);
@@ -314,11 +320,10 @@ void MergeBlock(const Job& job, int h, int block, float* out) {
         if (m == kNegInf) continue;
         const float e = std::exp(m - big);  // exactly 1 for the chunk holding the max
         total += part[kMaxQueryRows * D + kMaxQueryRows + r] * e;
-        const float* acc = part + static_cast<size_t>(r) * D;
-        for (int x = 0; x < D; ++x) o[x] += acc[x] * e;
+        AddScaled(o, part + static_cast<size_t>(r) * D, D, e);
       }
       inv = 1.0f / total;
-      for (int x = 0; x < D; ++x) o[x] *= inv;
+      Scale(o, D, inv);
       if (job.rot != nullptr) job.rot->Inverse(o);  // sum_j p_j Q v_j = Q o
     }
     if (job.observer != nullptr) {

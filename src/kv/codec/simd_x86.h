@@ -536,6 +536,16 @@ KVX_KV_AVX2 inline void Scale(float* x, int n, float f) {
   for (; j < n; ++j) x[j] *= f;
 }
 
+// y[j] += a * x[j].
+KVX_KV_AVX2 inline void AddScaled(float* y, const float* x, int n, float a) {
+  const __m256 av = _mm256_set1_ps(a);
+  int j = 0;
+  for (; j + 8 <= n; j += 8) {
+    _mm256_storeu_ps(y + j, _mm256_fmadd_ps(_mm256_loadu_ps(x + j), av, _mm256_loadu_ps(y + j)));
+  }
+  for (; j < n; ++j) y[j] += a * x[j];
+}
+
 // Smallest and largest of x[0..n) (n >= 1).
 KVX_KV_AVX2 inline void MinMaxI32(const int32_t* x, int n, int32_t* lo, int32_t* hi) {
   int j = 0;
@@ -764,6 +774,7 @@ inline bool F16DecodePage(const uint16_t*, const uint16_t*, int, int, int, const
 inline void RopeRow(float*, const float*, int, bool, bool) {}
 inline float Max(const float*, int) { return 0; }
 inline void Scale(float*, int, float) {}
+inline void AddScaled(float*, const float*, int, float) {}
 inline bool SoftmaxStep(float*, int, int, int, float*, float*, float*, bool*) { return false; }
 inline void MinMaxI32(const int32_t*, int, int32_t*, int32_t*) {}
 inline float ExpSum(float*, int, float) { return 0; }
