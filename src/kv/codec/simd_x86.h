@@ -536,7 +536,7 @@ KVX_KV_AVX2 inline void Scale(float* x, int n, float f) {
   for (; j < n; ++j) x[j] *= f;
 }
 
-// y[j] += a * x[j].
+// y[j] += a * x[j] (fused: one rounding, where the scalar tail rounds twice).
 KVX_KV_AVX2 inline void AddScaled(float* y, const float* x, int n, float a) {
   const __m256 av = _mm256_set1_ps(a);
   int j = 0;
