@@ -130,33 +130,47 @@ KVX_DECODE_ALL_LAYERS_BENCH(int8, "codec=int8");
 KVX_DECODE_ALL_LAYERS_BENCH(kivi4_p128, "codec=kivi4,page=128,group=64");
 
 // The fused f16 decode kernel alone (F16Codec::DecodeStep, one smollm2 GQA
-// group of 3 query rows, head_dim 64) over one contiguous run of full
-// 16-entry pages spaced as the pool spaces them, each call prefetching the
-// next page as attention does; each benchmark thread has its own run and
-// running state. 64 pages stay in L2; 46080 pages are the bytes of the 8k
-// cache of BM_DecodeAttentionAllLayers. Set against that benchmark at the
+// group of 3 query rows, head_dim 64) over one run of full 16-entry pages,
+// consecutive in a BlockPool as a table's pages are, each call prefetching
+// the next page as attention does; each benchmark thread has its own pool
+// and running state. 64 pages stay in L2; 46080 pages are the bytes of the
+// 8k cache of BM_DecodeAttentionAllLayers. Set against that benchmark at the
 // same bytes, the difference is what attention spends outside the kernel
 // (page tables, work items, merges, thread sync, the pages' placement).
 void BM_F16DecodeKernel(benchmark::State& state) {
   const int n_pages = static_cast<int>(state.range(0)) / state.threads();
+  const KVLayout layout{1, 1, 64, 16};
+  const int rows = 3, d = layout.head_dim, T = layout.page_tokens;
+  const size_t page_bytes = PageBytes(layout, CodecId::kF16);
+  auto made = BlockPool::Create({.budget_bytes = page_bytes * n_pages, .page_bytes = page_bytes});
+  if (!made.ok()) {
+    state.SkipWithError(made.status().ToString().c_str());
+    return;
+  }
+  std::unique_ptr<BlockPool> pool = std::move(made).value();
   CodecParams params;
-  params.page_tokens = 16;
-  params.head_dim = 64;
-  const int rows = 3, d = params.head_dim, T = params.page_tokens;
-  const size_t page_bytes = (PageDataOffset(T) + F16Codec::DataBytes(params) + 63) / 64 * 64;
-  std::vector<uint8_t> storage(page_bytes * n_pages + 64);  // pool pages are 64-byte aligned
-  uint8_t* pages = storage.data() + (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64;
+  params.page_tokens = T;
+  params.head_dim = d;
   std::mt19937 rng(1 + state.thread_index());
   std::normal_distribution<float> nd;
   std::vector<float> k(d), v(d);
-  for (int p = 0; p < n_pages; ++p) {
+  std::vector<const uint8_t*> pages;
+  for (PageId prev = kNoPage; static_cast<int>(pages.size()) < n_pages;) {
+    const Result<PageId> id = pool->AllocateAfter(0, prev);
+    if (!id.ok()) {
+      state.SkipWithError(id.status().ToString().c_str());
+      return;
+    }
+    prev = *id;
+    uint8_t* page = pool->PageData(prev);
     for (int j = 0; j < T; ++j) {
       for (int c = 0; c < d; ++c) {
         k[c] = nd(rng);
         v[c] = nd(rng);
       }
-      F16Codec::EncodeRow(params, pages + p * page_bytes + PageDataOffset(T), j, k.data(), v.data());
+      F16Codec::EncodeRow(params, page + PageDataOffset(T), j, k.data(), v.data());
     }
+    pages.push_back(page);
   }
   std::vector<float> q(static_cast<size_t>(rows) * d), acc(q.size());
   for (float& x : q) x = 0.125f * nd(rng);
@@ -165,9 +179,8 @@ void BM_F16DecodeKernel(benchmark::State& state) {
     std::fill(mx, mx + rows, -INFINITY);
     std::fill(acc.begin(), acc.end(), 0.0f);
     for (int p = 0; p < n_pages; ++p) {
-      const uint8_t* page = pages + p * page_bytes;
-      const uint8_t* next = p + 1 < n_pages ? page + page_bytes : nullptr;
-      if (!F16Codec::DecodeStep(params, page + PageDataOffset(T), T, q.data(), rows, mx, sum, acc.data(), next,
+      const uint8_t* next = p + 1 < n_pages ? pages[p + 1] : nullptr;
+      if (!F16Codec::DecodeStep(params, pages[p] + PageDataOffset(T), T, q.data(), rows, mx, sum, acc.data(), next,
                                 next != nullptr ? page_bytes : 0)) {
         state.SkipWithError("the fused kernel does not run on this CPU");
         return;

@@ -187,6 +187,13 @@ inline void PrefetchPage(const uint8_t* p, size_t bytes) {
   for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, /*rw=*/0, /*locality=*/3);
 }
 
+// The first page of kv head h's context chunk `chunk` (kNoPage past the end).
+PageId ChunkFirstPage(const Job& job, int h, int chunk) {
+  const PageTable& t = job.kv->table(job.layer, h);
+  const int first = chunk * job.chunk_pages;
+  return first < t.num_pages() ? t.pages()[first] : kNoPage;
+}
+
 // One work item: rows [row0, row0 + nr) of kv head h against the pages of one
 // context chunk. Writes the partial (acc, max, sum) of each row. `after` is
 // the first page of the item this thread runs next (kNoPage if none): it is
@@ -426,12 +433,7 @@ void Attention(const SequenceKV& kv, int layer, const float* q, const int32_t* q
   DispatchCodec(job.lc->id, [&](auto codec) {
     using C = decltype(codec);
     RunAll(item_h.size(), pool, [&](size_t it, size_t next) {
-      PageId after = kNoPage;
-      if (next < item_h.size()) {
-        const PageTable& t = kv.table(layer, item_h[next]);
-        const int first = item_chunk[next] * job.chunk_pages;
-        if (first < t.num_pages()) after = t.pages()[first];
-      }
+      const PageId after = next < item_h.size() ? ChunkFirstPage(job, item_h[next], item_chunk[next]) : kNoPage;
       RunItem<C>(job, item_h[it], item_block[it], item_chunk[it], after);
     });
   });
