@@ -322,17 +322,19 @@ void BM_ThreadPoolStatic(benchmark::State& state) {
 }
 BENCHMARK(BM_ThreadPoolStatic)->UseRealTime();
 
+// 64 indices in claims of `grain` (grain 1: attention's one item per claim).
 void BM_ThreadPoolDynamic(benchmark::State& state) {
   ThreadPool& pool = *Pool(2);
+  const size_t grain = static_cast<size_t>(state.range(0));
   std::vector<int64_t> out(64);
   for (auto _ : state) {
-    pool.ParallelForDynamic(64, 8, [&](size_t b, size_t e, int) {
+    pool.ParallelForDynamic(64, grain, [&](size_t b, size_t e, int) {
       for (size_t i = b; i < e; ++i) out[i] += 1;
     });
   }
   benchmark::DoNotOptimize(out.data());
 }
-BENCHMARK(BM_ThreadPoolDynamic)->UseRealTime();
+BENCHMARK(BM_ThreadPoolDynamic)->ArgName("grain")->Arg(1)->Arg(8)->UseRealTime();
 
 // ---- small kernels ----------------------------------------------------------------
 

@@ -347,24 +347,20 @@ void MergeBlock(const Job& job, int h, int block, float* out) {
   }
 }
 
-// Runs fn(index, next) for index in [0, n) on the pool with dynamic scheduling
-// (each index writes only its own outputs, so the order is irrelevant), in
-// ranges of about n / (kRangesPerThread * threads) items: every range is a
-// claim on a cache line the threads share, and one claim per item (48 per
-// layer at 8k context on smollm2-135m) cost ~7% of decode attention there
-// (kv_bench f16 8k all layers, 2 threads: 4.3-4.9 -> 3.9-4.6 ms in 6 of 7
-// alternated runs); two ranges per thread still balance uneven items.
-// `next` is the index the same thread runs next, or n when its range ends.
+// Runs fn(index, next) for index in [0, n) on the pool, one index per claim
+// (each index writes only its own outputs, so the order is irrelevant).
+// Claims are cheap since each thread claims from its own share of [0, n)
+// until shares run out (ThreadPool), so one-item claims balance the threads
+// to within an item. `next` is the index the thread most likely runs next
+// (index + 1, n past the end), whose first page is prefetched.
 template <typename Fn>
 void RunAll(size_t n, ThreadPool* pool, const Fn& fn) {
   if (pool == nullptr || pool->size() <= 1 || n <= 1) {
     for (size_t i = 0; i < n; ++i) fn(i, i + 1);
     return;
   }
-  constexpr size_t kRangesPerThread = 2;
-  const size_t grain = std::max<size_t>(1, n / (kRangesPerThread * static_cast<size_t>(pool->size())));
-  pool->ParallelForDynamic(n, grain, [&](size_t begin, size_t end, int) {
-    for (size_t i = begin; i < end; ++i) fn(i, i + 1 < end ? i + 1 : n);
+  pool->ParallelForDynamic(n, 1, [&](size_t begin, size_t end, int) {
+    for (size_t i = begin; i < end; ++i) fn(i, i + 1);
   });
 }
 

@@ -23,10 +23,11 @@ using internal::QuantizedActs;
 constexpr int64_t kRowGroup = 48;
 // Ranges per thread of the dynamic row split: for batches (prefill), where a
 // range is milliseconds of work; for one token (decode), where a whole
-// matrix is a few microseconds, one per thread. Each range costs a claim on
-// a shared cache line and restarts the prefetch streams; on a 2-core Zen 5
-// VM that was ~0.5 us per range, and decode at depth 0 ran 340 tok/s with 4
-// ranges per thread against 420 with 1 (kvx bench, smollm2-135m q8_0).
+// matrix is a few microseconds, one per thread. Each range restarts the
+// prefetch streams (and, when measured, also cost a claim on a shared cache
+// line: ~0.5 us per range on a 2-core Zen 5 VM, where decode at depth 0 ran
+// 340 tok/s with 4 ranges per thread against 420 with 1; kvx bench,
+// smollm2-135m q8_0).
 constexpr size_t kChunksPerThread = 4, kDecodeChunksPerThread = 1;
 // Quantize activations on several threads above this many elements.
 constexpr int64_t kParallelQuantizeElems = 1 << 15;

@@ -40,20 +40,25 @@ bool SpinFor(Pred pred) {
   }
 }
 
-// The claim word of a job: | epoch:24 | n_chunks:20 | next:20 |. Threads
-// claim chunk `next` with a CAS on the whole word, so a late worker can
-// never claim a chunk of a newer job (the epoch would differ).
+// A share's claim word: | epoch:24 | end:20 | next:20 |, the chunks
+// [next, end) of the share not yet claimed. The owner claims `next` (next+1),
+// a thief the last chunk (end-1), each with a CAS on the whole word, so a
+// late worker can never claim a chunk of a newer job (the epoch would differ).
 constexpr int kFieldBits = 20;
 constexpr uint64_t kFieldMask = (uint64_t{1} << kFieldBits) - 1;
 constexpr uint64_t kMaxChunks = kFieldMask;
-inline uint64_t PackClaim(uint32_t epoch, uint64_t n_chunks) {
-  return (static_cast<uint64_t>(epoch & 0xFFFFFF) << (2 * kFieldBits)) | (n_chunks << kFieldBits);
+inline uint64_t PackClaim(uint32_t epoch, uint64_t end, uint64_t next) {
+  return (static_cast<uint64_t>(epoch & 0xFFFFFF) << (2 * kFieldBits)) | (end << kFieldBits) | next;
 }
 inline uint32_t ClaimEpoch(uint64_t c) { return static_cast<uint32_t>(c >> (2 * kFieldBits)); }
-inline uint64_t ClaimChunks(uint64_t c) { return (c >> kFieldBits) & kFieldMask; }
+inline uint64_t ClaimEnd(uint64_t c) { return (c >> kFieldBits) & kFieldMask; }
 inline uint64_t ClaimNext(uint64_t c) { return c & kFieldMask; }
 
 }  // namespace
+
+struct alignas(64) ThreadPool::ShareWord {
+  std::atomic<uint64_t> word{0};
+};
 
 // Fields written by the caller and read by every worker sit apart from the
 // counters the threads update, so finishing threads do not invalidate the
@@ -64,12 +69,15 @@ struct ThreadPool::Shared {
   // and overwrite them, before that chunk is done).
   alignas(64) const RangeFn* job = nullptr;
   size_t job_n = 0;
-  size_t job_grain = 0;  // chunk c = [c * grain, ...); 0: equal split into n_chunks
+  size_t job_grain = 0;  // chunk c = [c * grain, ...); 0: equal split into job_chunks
+  uint64_t job_chunks = 0;
   std::atomic<bool> stop{false};
   // Incremented once per job; idle workers wait for it to change.
   alignas(64) std::atomic<uint32_t> epoch{0};
   std::atomic<int> sleeping_workers{0};
-  alignas(64) std::atomic<uint64_t> claim{0};
+  // One claim word per thread's share of the chunks, each on its own line:
+  // until shares run out, a thread's claims touch only its own line.
+  std::unique_ptr<ShareWord[]> shares;
   // Chunks done in the current job.
   alignas(64) std::atomic<int64_t> done{0};
   std::atomic<int> caller_sleeping{0};
@@ -78,6 +86,7 @@ struct ThreadPool::Shared {
 ThreadPool::ThreadPool(int n_threads) : shared_(std::make_unique<Shared>()) {
   if (n_threads <= 0) n_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   n_threads_ = n_threads;
+  shared_->shares = std::make_unique<ShareWord[]>(static_cast<size_t>(n_threads_));
   for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
 }
 
@@ -109,30 +118,47 @@ void ThreadPool::ParallelForDynamic(size_t n, size_t grain, RangeFn fn) {
   Run(n, grain, (n + grain - 1) / grain, fn);
 }
 
-// Claims and runs chunks of the job that `word` (a claim-word value) belongs
-// to; returns how many this thread ran.
-int64_t ThreadPool::RunClaimedChunks(Shared& s, uint64_t word, int thread) {
-  int64_t ran = 0;
-  const uint32_t epoch = ClaimEpoch(word);
-  for (;;) {
-    if (ClaimEpoch(word) != epoch || ClaimNext(word) >= ClaimChunks(word)) return ran;
-    if (!s.claim.compare_exchange_weak(word, word + 1, std::memory_order_acq_rel, std::memory_order_acquire)) {
-      continue;  // word was reloaded
-    }
-    const size_t c = ClaimNext(word), n = s.job_n;
-    size_t b, e;
-    if (s.job_grain > 0) {
-      b = c * s.job_grain;
-      e = std::min(n, b + s.job_grain);
-    } else {  // equal split into n_chunks ranges, the first n % n_chunks one longer
-      const size_t parts = ClaimChunks(word), chunk = n / parts, extra = n % parts;
-      b = c * chunk + std::min(c, extra);
-      e = b + chunk + (c < extra ? 1 : 0);
-    }
-    (*s.job)(b, e, thread);
-    ++ran;
-    word = s.claim.load(std::memory_order_acquire);
+// Runs chunk c of the current job: [c * grain, ...), or with grain 0 the
+// c-th of n_chunks almost equal ranges (the first n % n_chunks one longer).
+static void RunChunk(const ThreadPool::RangeFn& fn, size_t n, size_t grain, uint64_t n_chunks, uint64_t c,
+                     int thread) {
+  size_t b, e;
+  if (grain > 0) {
+    b = c * grain;
+    e = std::min(n, b + grain);
+  } else {
+    const size_t chunk = n / n_chunks, extra = n % n_chunks;
+    b = c * chunk + std::min<size_t>(c, extra);
+    e = b + chunk + (c < extra ? 1 : 0);
   }
+  fn(b, e, thread);
+}
+
+// Claims and runs chunks of job `epoch`: first the thread's own share, front
+// to back, then the other shares' last chunks (back to front, so their owners
+// keep going in order undisturbed). Returns how many this thread ran.
+int64_t ThreadPool::RunClaimedChunks(Shared& s, uint32_t epoch, int thread, int n_shares) {
+  int64_t ran = 0;
+  epoch &= 0xFFFFFF;
+  for (int k = 0; k < n_shares; ++k) {
+    const int owner = (thread + k) % n_shares;
+    std::atomic<uint64_t>& claim = s.shares[owner].word;
+    uint64_t word = claim.load(std::memory_order_acquire);
+    for (;;) {
+      if (ClaimEpoch(word) != epoch) return ran;  // the job is over (a newer one may have started)
+      const uint64_t next = ClaimNext(word), end = ClaimEnd(word);
+      if (next >= end) break;  // this share is done: on to the next
+      const bool own = k == 0;
+      const uint64_t claimed = own ? word + 1 : word - (uint64_t{1} << kFieldBits);
+      if (!claim.compare_exchange_weak(word, claimed, std::memory_order_acq_rel, std::memory_order_acquire)) {
+        continue;  // word was reloaded
+      }
+      RunChunk(*s.job, s.job_n, s.job_grain, s.job_chunks, own ? next : end - 1, thread);
+      ++ran;
+      word = claim.load(std::memory_order_acquire);
+    }
+  }
+  return ran;
 }
 
 void ThreadPool::Run(size_t n, size_t grain, uint64_t n_chunks, RangeFn fn) {
@@ -141,14 +167,20 @@ void ThreadPool::Run(size_t n, size_t grain, uint64_t n_chunks, RangeFn fn) {
   s.job = &fn;
   s.job_n = n;
   s.job_grain = grain;
+  s.job_chunks = n_chunks;
   s.done.store(0, std::memory_order_relaxed);
-  s.claim.store(PackClaim(epoch, n_chunks), std::memory_order_relaxed);
+  // Thread t's share: chunks [t * n_chunks / T, (t + 1) * n_chunks / T).
+  const uint64_t shares = static_cast<uint64_t>(n_threads_);
+  for (uint64_t t = 0; t < shares; ++t) {
+    s.shares[t].word.store(PackClaim(epoch, (t + 1) * n_chunks / shares, t * n_chunks / shares),
+                           std::memory_order_relaxed);
+  }
   // seq_cst pairs with the workers' increment of sleeping_workers: either we
   // see a sleeper and wake it, or the sleeper sees the new epoch.
   s.epoch.store(epoch, std::memory_order_seq_cst);
   if (s.sleeping_workers.load(std::memory_order_seq_cst) > 0) s.epoch.notify_all();
 
-  const int64_t mine = RunClaimedChunks(s, s.claim.load(std::memory_order_acquire), 0);
+  const int64_t mine = RunClaimedChunks(s, epoch, 0, n_threads_);
   const int64_t target = static_cast<int64_t>(n_chunks);
   if (s.done.fetch_add(mine, std::memory_order_acq_rel) + mine != target) {
     auto finished = [&] { return s.done.load(std::memory_order_acquire) == target; };
@@ -175,9 +207,7 @@ void ThreadPool::WorkerLoop(int index) {
     }
     seen = s.epoch.load(std::memory_order_acquire);
     if (s.stop.load(std::memory_order_relaxed)) return;
-    const uint64_t word = s.claim.load(std::memory_order_acquire);
-    if (ClaimEpoch(word) != (seen & 0xFFFFFF)) continue;  // that job is already over
-    const int64_t ran = RunClaimedChunks(s, word, index);
+    const int64_t ran = RunClaimedChunks(s, seen, index, n_threads_);
     if (ran == 0) continue;
     // seq_cst pairs with the caller's store of caller_sleeping.
     s.done.fetch_add(ran, std::memory_order_seq_cst);

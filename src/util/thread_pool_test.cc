@@ -79,6 +79,28 @@ TEST(ThreadPoolTest, ManyTinyJobsMixedKinds) {
   }
 }
 
+TEST(ThreadPoolTest, OthersTakeOverTheShareOfABlockedThread) {
+  // Whichever thread runs index 0 (normally the caller, first in its own
+  // share) blocks until every other index has run: the rest of its share
+  // must be taken over by the other threads, or this would time out.
+  for (int threads : {2, 3}) {
+    ThreadPool pool(threads);
+    const size_t n = 40;
+    std::atomic<size_t> others{0};
+    bool all_ran = false;
+    pool.ParallelForDynamic(n, 1, [&](size_t b, size_t, int) {
+      if (b != 0) {
+        others++;
+        return;
+      }
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (others.load() != n - 1 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+      all_ran = others.load() == n - 1;
+    });
+    EXPECT_TRUE(all_ran) << threads << " threads: index 0's thread waited alone";
+  }
+}
+
 TEST(ThreadPoolTest, WakesSleepingWorkers) {
   // After kSpinMicros idle, workers sleep on a futex; the next job must wake
   // them: with 30 ranges of 1 ms, the workers join in well before the end.
