@@ -86,11 +86,13 @@ float ExpSum(float* x, int n, float m) {
 }
 
 // One online-softmax step over a block of n >= 1 scores of each row r < nr (row
-// r at s + r * ss): with M = max(mx[r], the row's scores), the scores become
-// the weights exp(s - M) (0 for -inf; all 0 while M = -inf), sum[r] =
-// sum[r] * f[r] + their sum where f[r] = exp(mx[r] - M) is the factor the
-// row's accumulator must be scaled by (1 when it need not be), mx[r] = M.
-// Returns whether any weight is > 0. Fused AVX-512 kernel when available.
+// r at s + r * ss): M = mx[r], the row's reference max, unless the block's
+// max exceeds it by more than kSoftmaxSlack (or mx[r] = -inf), when M = the
+// block's max; the scores become the weights exp(s - M) (0 for -inf; all 0
+// while M = -inf), sum[r] = sum[r] * f[r] + their sum where f[r] =
+// exp(mx[r] - M) is the factor the row's accumulator must be scaled by (1
+// when it need not be), mx[r] = M. Returns whether any weight is > 0. Fused
+// AVX-512 kernel when available.
 bool SoftmaxStep(float* s, int ss, int n, int nr, float* mx, float* sum, float* f) {
   bool any = false;
   if (simd::UseSimd(8) && simd::SoftmaxStep(s, ss, n, nr, mx, sum, f, &any)) return any;
@@ -98,7 +100,7 @@ bool SoftmaxStep(float* s, int ss, int n, int nr, float* mx, float* sum, float* 
     float* row = s + static_cast<size_t>(r) * ss;
     const float block_max = Max(row, n);
     f[r] = 1.0f;
-    if (block_max > mx[r]) {
+    if (block_max > mx[r] + kSoftmaxSlack) {
       if (mx[r] != kNegInf) f[r] = std::exp(mx[r] - block_max);
       mx[r] = block_max;
     }
@@ -237,9 +239,9 @@ void RunItem(Job& job, int h, int block, int chunk, PageId after) {
   // the other half, which defeats the hardware prefetchers: on a 2-core EPYC
   // decode at 8k context ran at half the speed. Even groups of 2-4 pages
   // (their keys, one softmax step, their values) were 15-35% slower from DRAM
-  // on a Zen 5 VM, more than the per-page bookkeeping they save. The running
-  // max only grows; when a page raises it, the row's sum and accumulator are
-  // rescaled.
+  // on a Zen 5 VM, more than the per-page bookkeeping they save. The
+  // reference max only grows; when a page raises it (by more than
+  // kSoftmaxSlack), the row's sum and accumulator are rescaled.
   float* part = job.partials + (job.item_base[h] + static_cast<size_t>(block) * job.chunks[h] + chunk) * job.part_stride;
   float* acc = part;
   float* part_max = part + kMaxQueryRows * D;

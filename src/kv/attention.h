@@ -27,16 +27,19 @@
 //     multi-row kernels accumulate in a row-count-specific order.)
 //
 //   * within a work item, one pass page by page (online softmax): a page's
-//     scores, then its values, with the running max, sum and accumulator
-//     rescaled when a page raises the max. Reading each page once, keys then
-//     values, keeps the memory stream sequential (the table's pages are
-//     allocated in runs, see block_pool.h), which the hardware prefetchers
-//     follow; a pass over all keys of a chunk then all its values did not.
+//     scores, then its values, with the reference max, sum and accumulator
+//     rescaled when a page raises the max (see Numerics). Reading each page
+//     once, keys then values, keeps the memory stream sequential (the
+//     table's pages are allocated in runs, see block_pool.h), which the
+//     hardware prefetchers follow; a pass over all keys of a chunk then all
+//     its values did not.
 //
 // Numerics: scores, softmax and accumulation are float; the scale multiplies
 // the queries (once per work item), so s_j = (scale q) . k_j; the softmax
-// subtracts the running row max; the output is sum_j exp(s_j - max) V_j /
-// sum_j exp(s_j - max). A query that sees no entry gets a zero output.
+// subtracts a reference row max m, which follows the running max only when
+// that exceeds it by more than kSoftmaxSlack (codec_id.h: rescaling on every
+// rise cost ~5% of decode attention); the output is sum_j exp(s_j - m) V_j /
+// sum_j exp(s_j - m). A query that sees no entry gets a zero output.
 // Codec transforms: with a Hadamard rotation the queries are rotated like the
 // keys and the output is rotated back; with pre-RoPE keys each page's keys are
 // decoded to a one-page tile, (un-rotated,) roped at their stored positions

@@ -393,9 +393,9 @@ KVX_KV_AVX512 inline float MulThenAdd(float a, float b, float c) {
 }
 KVX_KV_AVX512 inline float ReduceSum(__m512 v) { return _mm512_cvtss_f32(Fold<0>(Fold<1>(Fold<2>(Fold<3>(v))))); }
 
-// exp(x) for x <= 0: ExpNonPositive (simd_x86.h) on 16 lanes, the same
+// exp(x) for x <= kSoftmaxSlack: ExpSoftmax (simd_x86.h) on 16 lanes, the same
 // polynomial and cut-offs, exp_poly (exactly 0 below -87.3, so -inf gives 0).
-KVX_KV_AVX512 inline __m512 ExpNonPositive16(__m512 x) {
+KVX_KV_AVX512 inline __m512 ExpSoftmax16(__m512 x) {
   using namespace exp_poly;
   const __mmask16 zero_below = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kCut), _CMP_LT_OQ);
   x = Max16(x, _mm512_set1_ps(kCut));
@@ -425,13 +425,14 @@ KVX_KV_AVX512 inline void StoreBlock(float* x, int b, int full, __mmask16 tail, 
 }
 
 // One online-softmax step over a block of n >= 1 scores per row, for the NQ rows
-// x_r = s + r * ss: M = max(mx[r], max_j x_r[j]); x_r[j] = exp(x_r[j] - M)
+// x_r = s + r * ss: M = mx[r] unless max_j x_r[j] > mx[r] + kSoftmaxSlack,
+// then M = max_j x_r[j] (the reference max, codec_id.h); x_r[j] = exp(x_r[j] - M)
 // (0 for -inf; all 0 while M = -inf); sum[r] = sum[r] * f[r] + sum_j x_r[j]
 // with f[r] = exp(mx[r] - M), the factor the row's accumulator must be
 // scaled by (1 when the max did not rise or the row had nothing yet); mx[r] =
 // M. Returns whether any weight is > 0.
 // Fused over the rows, which are unrolled so their exp chains overlap, and
-// the row max is reduced only when it rises: with 16-entry pages this
+// the row max is reduced only when the reference rises: with 16-entry pages this
 // bookkeeping otherwise costs about as much as the scores. A block of at most
 // 16 stays in registers.
 template <int NQ>
@@ -449,7 +450,7 @@ KVX_KV_AVX512 inline bool SoftmaxStep(float* s, int ss, int n, float* mx, float*
   KVX_KV_UNROLL
   for (int r = 0; r < NQ; ++r) {
     f[r] = 1.0f;
-    if (_mm512_cmp_ps_mask(vmax[r], _mm512_set1_ps(mx[r]), _CMP_GT_OQ) != 0) {
+    if (_mm512_cmp_ps_mask(vmax[r], _mm512_set1_ps(mx[r] + kSoftmaxSlack), _CMP_GT_OQ) != 0) {
       const float m = ReduceMax(vmax[r]);
       if (mx[r] != -__builtin_inff()) f[r] = __builtin_expf(mx[r] - m);
       mx[r] = m;
@@ -462,10 +463,10 @@ KVX_KV_AVX512 inline bool SoftmaxStep(float* s, int ss, int n, float* mx, float*
   for (int r = 0; r < NQ; ++r) {
     float* x = s + static_cast<size_t>(r) * ss;
     const __m512 m = _mm512_set1_ps(mx[r] == -__builtin_inff() ? -__FLT_MAX__ : mx[r]);
-    acc[r] = ExpNonPositive16(_mm512_sub_ps(x0[r], m));
+    acc[r] = ExpSoftmax16(_mm512_sub_ps(x0[r], m));
     StoreBlock(x, 0, full, tail, acc[r]);
     for (int b = 1; b < nb; ++b) {
-      const __m512 e = ExpNonPositive16(_mm512_sub_ps(LoadBlock(x, b, full, tail), m));
+      const __m512 e = ExpSoftmax16(_mm512_sub_ps(LoadBlock(x, b, full, tail), m));
       StoreBlock(x, b, full, tail, e);
       acc[r] = _mm512_add_ps(acc[r], e);
     }

@@ -272,8 +272,9 @@ KVX_KV_AVX512 inline void DecodeCodeColumns(const uint8_t* codes, int cb, const 
 // The page's first m entries (keys channel-major kt, values row-major v),
 // all visible to the NR query rows q, folded into each row's running
 // (mx, sum, acc) 16 entries at a time: the block's scores stay in registers
-// (ColumnDots), one online-softmax step (the max is reduced only when it
-// rises; a rise rescales the row's sum and accumulator), and the weights go
+// (ColumnDots), one online-softmax step (the reference max, codec_id.h's
+// kSoftmaxSlack, is reduced only when it rises; a rise rescales the row's
+// sum and accumulator), and the weights go
 // straight into the value FMAs. The same arithmetic as DotColumns +
 // SoftmaxStep + AxpyRowsQ except that the softmax steps over blocks of 16
 // (not whole pages), so results agree with them up to rounding. On
@@ -307,13 +308,13 @@ KVX_KV_AVX512 inline void F16DecodePage(const uint16_t* kt, const uint16_t* v, i
     for (int r = 0; r < NR; ++r) {
       const __m512 x = _mm512_mask_blend_ps(live, _mm512_set1_ps(-__builtin_inff()), sc[0][r]);
       float f = 1.0f;
-      if (_mm512_cmp_ps_mask(x, _mm512_set1_ps(mx[r]), _CMP_GT_OQ) != 0) {
+      if (_mm512_cmp_ps_mask(x, _mm512_set1_ps(mx[r] + kSoftmaxSlack), _CMP_GT_OQ) != 0) {
         const float mnew = ReduceMax(x);
         if (mx[r] != -__builtin_inff()) f = __builtin_expf(mx[r] - mnew);
         mx[r] = mnew;
       }
       const __m512 mv = _mm512_set1_ps(mx[r] == -__builtin_inff() ? -__FLT_MAX__ : mx[r]);
-      const __m512 e = ExpNonPositive16(_mm512_sub_ps(x, mv));
+      const __m512 e = ExpSoftmax16(_mm512_sub_ps(x, mv));
       _mm512_store_ps(w[r], e);
       if (f != 1.0f) {
         float* a = acc + static_cast<size_t>(r) * d;

@@ -490,9 +490,11 @@ KVX_KV_AVX2 inline void FloatToHalf(const float* x, int n, uint16_t* out) {
 
 // ---- Softmax pieces. ----
 
-// exp(x) for x <= 0 (Cephes expf: x = n ln2 + r, |r| <= ln2/2, degree-6
-// polynomial; about 1 ulp), exactly 1 at 0 and exactly 0 below -87.3 (so
-// masked entries, x = -inf, get weight 0).
+// exp(x) for the softmax's x = s - reference max <= kSoftmaxSlack (codec_id.h;
+// the result is built as poly * 2^n, valid while n + 127 fits an exponent)
+// (Cephes expf: x = n ln2 + r, |r| <= ln2/2, degree-6 polynomial; about
+// 1 ulp), exactly 1 at 0 and exactly 0 below -87.3 (so masked entries,
+// x = -inf, get weight 0).
 // Its constants, shared with the AVX-512 version (simd_avx512.h).
 namespace exp_poly {
 inline constexpr float kCut = -87.3f;                    // below: exactly 0
@@ -501,7 +503,7 @@ inline constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;  // ln 2
 inline constexpr float kP[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
                                 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
 }  // namespace exp_poly
-KVX_KV_AVX2 inline __m256 ExpNonPositive(__m256 x) {
+KVX_KV_AVX2 inline __m256 ExpSoftmax(__m256 x) {
   using namespace exp_poly;
   const __m256 zero_below = _mm256_cmp_ps(x, _mm256_set1_ps(kCut), _CMP_LT_OQ);
   x = _mm256_max_ps(x, _mm256_set1_ps(kCut));
@@ -574,14 +576,14 @@ KVX_KV_AVX2 inline float ExpSum(float* x, int n, float m) {
   __m256 acc = _mm256_setzero_ps();
   int j = 0;
   for (; j + 8 <= n; j += 8) {
-    const __m256 e = ExpNonPositive(_mm256_sub_ps(_mm256_loadu_ps(x + j), mv));
+    const __m256 e = ExpSoftmax(_mm256_sub_ps(_mm256_loadu_ps(x + j), mv));
     _mm256_storeu_ps(x + j, e);
     acc = _mm256_add_ps(acc, e);
   }
   if (j < n) {  // tail through a padded lane block (-inf pads give 0)
     alignas(32) float tail[8];
     for (int t = 0; t < 8; ++t) tail[t] = j + t < n ? x[j + t] : -__builtin_inff();
-    const __m256 e = ExpNonPositive(_mm256_sub_ps(_mm256_load_ps(tail), mv));
+    const __m256 e = ExpSoftmax(_mm256_sub_ps(_mm256_load_ps(tail), mv));
     _mm256_store_ps(tail, e);
     for (int t = 0; j + t < n; ++t) x[j + t] = tail[t];
     acc = _mm256_add_ps(acc, e);
