@@ -129,10 +129,10 @@ KVX_DECODE_ALL_LAYERS_BENCH(f16_p64, "codec=f16,page=64");
 KVX_DECODE_ALL_LAYERS_BENCH(int8, "codec=int8");
 KVX_DECODE_ALL_LAYERS_BENCH(kivi4_p128, "codec=kivi4,page=128,group=64");
 
-// The fused f16 decode kernel alone (F16Codec::DecodeStep, one smollm2 GQA
+// The fused f16 decode kernel alone (F16Codec::AttendRun, one smollm2 GQA
 // group of 3 query rows, head_dim 64) over one run of full 16-entry pages,
-// consecutive in a BlockPool as a table's pages are, each call prefetching
-// the next page as attention does; each benchmark thread has its own pool
+// consecutive in a BlockPool as a table's pages are, each page prefetching
+// the next as in attention; each benchmark thread has its own pool
 // and running state. 64 pages stay in L2; 46080 pages are the bytes of the
 // 8k cache of BM_DecodeAttentionAllLayers. Set against that benchmark at the
 // same bytes, the difference is what attention spends outside the kernel
@@ -164,6 +164,7 @@ void BM_F16DecodeKernel(benchmark::State& state) {
     prev = *id;
     uint8_t* page = pool->PageData(prev);
     for (int j = 0; j < T; ++j) {
+      PagePositions(page)[j] = static_cast<int32_t>(pages.size()) * T + j;
       for (int c = 0; c < d; ++c) {
         k[c] = nd(rng);
         v[c] = nd(rng);
@@ -174,18 +175,17 @@ void BM_F16DecodeKernel(benchmark::State& state) {
   }
   std::vector<float> q(static_cast<size_t>(rows) * d), acc(q.size());
   for (float& x : q) x = 0.125f * nd(rng);
+  if (!F16Codec::HasAttendRun(params)) {
+    state.SkipWithError("the fused kernel does not run on this CPU");
+    return;
+  }
+  const int32_t qpos[rows] = {n_pages * T, n_pages * T, n_pages * T};  // sees every entry
   for (auto _ : state) {
     float mx[rows], sum[rows] = {};
     std::fill(mx, mx + rows, -INFINITY);
     std::fill(acc.begin(), acc.end(), 0.0f);
-    for (int p = 0; p < n_pages; ++p) {
-      const uint8_t* next = p + 1 < n_pages ? pages[p + 1] : nullptr;
-      if (!F16Codec::DecodeStep(params, pages[p] + PageDataOffset(T), T, q.data(), rows, mx, sum, acc.data(), next,
-                                next != nullptr ? page_bytes : 0)) {
-        state.SkipWithError("the fused kernel does not run on this CPU");
-        return;
-      }
-    }
+    F16Codec::AttendRun(params, pages.data(), n_pages, T, page_bytes, q.data(), qpos, rows, mx, sum, acc.data(),
+                        nullptr, 0);
     benchmark::DoNotOptimize(acc.data());
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * n_pages * static_cast<int64_t>(page_bytes));

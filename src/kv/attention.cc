@@ -218,7 +218,7 @@ void RunItem(Job& job, int h, int block, int chunk, PageId after) {
   // page: bit-identical scores for a power-of-two scale such as 1/sqrt(64),
   // otherwise they differ in the last bits.
   int32_t qp[kMaxQueryRows];
-  int32_t q_max = std::numeric_limits<int32_t>::min(), q_min = std::numeric_limits<int32_t>::max();
+  int32_t q_max = std::numeric_limits<int32_t>::min();
   for (int r = 0; r < nr; ++r) {
     const int row = row0 + r, i = row / G, head = h * G + row % G;
     float* qr = &s.q[static_cast<size_t>(r) * D];
@@ -227,11 +227,14 @@ void RunItem(Job& job, int h, int block, int chunk, PageId after) {
     Scale(qr, D, job.scale);
     qp[r] = job.q_pos[i];
     q_max = std::max(q_max, qp[r]);
-    q_min = std::min(q_min, qp[r]);
   }
-  // Pages in f16 form that every row sees whole (all of them in decode) go
-  // through the fused kernel when it runs here (F16Codec::DecodeStep).
-  const bool fused = !job.pre_rope && job.observer == nullptr;
+  // Runs of pages in f16 form go through the fused kernel when it runs here
+  // (F16Codec::AttendRun, which masks what a row must not see itself).
+  const bool fused = !job.pre_rope && job.observer == nullptr && F16Codec::HasAttendRun(job.lc->params);
+  // Decode's query comes after every entry; a prefill block's rows skip the
+  // pages after all of them (half the pages of a causal prompt).
+  const bool skip_future = job.rows_per_head > G;
+  thread_local std::vector<const uint8_t*> run;
 
   // One pass over the chunk, page by page (online softmax): scores of the
   // page's keys, then its values, so memory is read in page order. Two passes
@@ -250,9 +253,34 @@ void RunItem(Job& job, int h, int block, int chunk, PageId after) {
   float mx[kMaxQueryRows], sum[kMaxQueryRows] = {};
   std::fill(mx, mx + nr, kNegInf);
   const std::size_t n_obs = job.observer != nullptr ? static_cast<size_t>(t.length()) : 0;
+  const PageId* ids = t.pages().data();
   for (int p = p0; p < p1; ++p) {
-    const uint8_t* page = pool.PageData(t.pages()[p]);
-    const PageId next_id = p + 1 < p1 ? t.pages()[p + 1] : after;
+    if (fused && (std::is_same_v<C, F16Codec> || t.is_full(p))) {  // the run of f16 pages [p, e)
+      run.clear();
+      int m_last = T, e = p;
+      for (; e < p1 && (std::is_same_v<C, F16Codec> || t.is_full(e)); ++e) {
+        const uint8_t* page = pool.PageData(ids[e]);
+        const int m = t.EntriesInPage(e, T);
+        if (skip_future) {
+          int32_t pos_min, pos_max;
+          MinMax(PagePositions(page), m, &pos_min, &pos_max);
+          if (pos_min > q_max) continue;
+        }
+        run.push_back(page);
+        m_last = m;
+      }
+      if (!run.empty()) {
+        const PageId after_run = e < p1 ? ids[e] : after;
+        const uint8_t* next = after_run != kNoPage ? pool.PageData(after_run) : nullptr;
+        F16Codec::AttendRun(job.lc->params, run.data(), static_cast<int>(run.size()), m_last,
+                            pool.PageBytesOf(ids[p]), s.q.data(), qp, nr, mx, sum, acc, next,
+                            next != nullptr ? pool.PageBytesOf(after_run) : 0);
+      }
+      p = e - 1;
+      continue;
+    }
+    const uint8_t* page = pool.PageData(ids[p]);
+    const PageId next_id = p + 1 < p1 ? ids[p + 1] : after;
     const uint8_t* next = next_id != kNoPage ? pool.PageData(next_id) : nullptr;
     const size_t next_bytes = next != nullptr ? pool.PageBytesOf(next_id) : 0;
     const int m = t.EntriesInPage(p, T);
@@ -260,12 +288,6 @@ void RunItem(Job& job, int h, int block, int chunk, PageId after) {
     int32_t pos_min, pos_max;
     MinMax(pos, m, &pos_min, &pos_max);
     if (pos_min > q_max) continue;  // after every row: skip
-    const bool f16_page = std::is_same_v<C, F16Codec> || t.is_full(p);
-    if (fused && f16_page && pos_max <= q_min &&
-        F16Codec::DecodeStep(job.lc->params, page + PageDataOffset(T), m, s.q.data(), nr, mx, sum, acc, next,
-                             next_bytes)) {
-      continue;
-    }
     // The next page's first half now, its second before this page's values:
     // two bursts of half the size stall less on the miss buffers.
     const size_t first_part = next_bytes / 2 / 64 * 64;

@@ -114,16 +114,24 @@ struct F16Codec {
       ScoresScalar(Keys(data), d, T, n, q + static_cast<size_t>(r) * d, s + static_cast<size_t>(r) * ss);
     }
   }
-  // Decode attention over a page whose first n entries are all visible to
-  // the nq query rows: folds them into each row's online-softmax state (mx,
-  // sum, acc [nq][d]) in one fused kernel. False (nothing done) when that
-  // kernel does not run here; the caller then takes the general path.
-  // `next` (next_bytes long, may be null) is prefetched meanwhile: the
-  // page the caller visits next.
-  static bool DecodeStep(const CodecParams& p, const uint8_t* data, int n, const float* q, int nq, float* mx,
-                         float* sum, float* acc, const uint8_t* next, size_t next_bytes) {
-    return simd::UseSimd(p.head_dim) && simd::F16DecodePage(Keys(data), Values(p, data), p.page_tokens, n, p.head_dim,
-                                                            q, nq, mx, sum, acc, next, next_bytes);
+  // Whether AttendRun runs here (CPU and shape); else the caller takes the
+  // general path (Scores, a softmax step, AccumulateValues).
+  static bool HasAttendRun(const CodecParams& p) {
+    return simd::UseSimd(p.head_dim) && simd::HasF16DecodePages(p.page_tokens, p.head_dim);
+  }
+  // Attention over a run of f16 pages in one fused kernel (scores, online
+  // softmax step and values per 16 entries, in registers): pages[i] is a
+  // page's start (positions, then this codec's data), each holding T entries
+  // but the last (m_last), page_bytes long. Each entry is folded into the
+  // online-softmax state (mx, sum, acc [nq][d]) of every row r < nq that
+  // sees it (position <= qpos[r]). `after` (after_bytes long, may be null),
+  // the page the caller visits next, is prefetched during the last page.
+  // REQUIRES: HasAttendRun(p).
+  static void AttendRun(const CodecParams& p, const uint8_t* const* pages, int n_pages, int m_last, size_t page_bytes,
+                        const float* q, const int32_t* qpos, int nq, float* mx, float* sum, float* acc,
+                        const uint8_t* after, size_t after_bytes) {
+    simd::F16DecodePages(pages, n_pages, m_last, p.page_tokens, p.head_dim, page_bytes, q, qpos, nq, mx, sum, acc,
+                         after, after_bytes);
   }
   static void AccumulateValues(const CodecParams& p, const uint8_t* data, int n, const float* w, int nq, int ws,
                                float* acc) {

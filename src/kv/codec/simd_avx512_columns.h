@@ -269,9 +269,10 @@ KVX_KV_AVX512 inline void DecodeCodeColumns(const uint8_t* codes, int cb, const 
 
 // ---- Fused decode step over one f16 page. ----
 
-// The page's first m entries (keys channel-major kt, values row-major v),
-// all visible to the NR query rows q, folded into each row's running
-// (mx, sum, acc) 16 entries at a time: the block's scores stay in registers
+// The page's first m entries (keys channel-major kt, values row-major v,
+// positions pos), those visible to each of the NR query rows q (position <=
+// the row's qp) folded into the row's running (mx, sum, acc) 16 entries at
+// a time (an entry a row must not see scores -inf: weight 0): the block's scores stay in registers
 // (ColumnDots), one online-softmax step (the reference max, codec_id.h's
 // kSoftmaxSlack, is reduced only when it rises; a rise rescales the row's
 // sum and accumulator), and the weights go
@@ -282,8 +283,9 @@ KVX_KV_AVX512 inline void DecodeCodeColumns(const uint8_t* codes, int cb, const 
 // bookkeeping between them as on the scores. REQUIRES: T % 16 == 0,
 // d % 16 == 0, NR <= 4.
 template <int NR>
-KVX_KV_AVX512 inline void F16DecodePage(const uint16_t* kt, const uint16_t* v, int T, int m, int d, const float* q,
-                                        float* mx, float* sum, float* acc, const uint8_t* next, size_t next_bytes) {
+KVX_KV_AVX512 inline void F16DecodePage(const uint16_t* kt, const uint16_t* v, const int32_t* pos, int T, int m, int d,
+                                        const float* q, const int32_t* qp, float* mx, float* sum, float* acc,
+                                        const uint8_t* next, size_t next_bytes) {
   alignas(64) float w[NR][16];
   // The next page is prefetched 4 lines per score step, spread over the
   // page's 16-entry blocks, so its misses overlap this page's arithmetic: a
@@ -304,9 +306,11 @@ KVX_KV_AVX512 inline void F16DecodePage(const uint16_t* kt, const uint16_t* v, i
       ColumnDots<NR, 1, true>(kt, T, j0, 0xFFFF, d, q, sc);
     }
     const __mmask16 live = valid == 16 ? 0xFFFF : static_cast<__mmask16>((1u << valid) - 1);
+    const __m512i pv = _mm512_loadu_si512(pos + j0);  // whole 16-entry blocks: T % 16 == 0
     KVX_KV_UNROLL
     for (int r = 0; r < NR; ++r) {
-      const __m512 x = _mm512_mask_blend_ps(live, _mm512_set1_ps(-__builtin_inff()), sc[0][r]);
+      const __mmask16 seen = _mm512_mask_cmple_epi32_mask(live, pv, _mm512_set1_epi32(qp[r]));
+      const __m512 x = _mm512_mask_blend_ps(seen, _mm512_set1_ps(-__builtin_inff()), sc[0][r]);
       float f = 1.0f;
       if (_mm512_cmp_ps_mask(x, _mm512_set1_ps(mx[r] + kSoftmaxSlack), _CMP_GT_OQ) != 0) {
         const float mnew = ReduceMax(x);
