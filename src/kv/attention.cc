@@ -182,9 +182,9 @@ void PageScores(const Job& job, bool full, const uint8_t* page, int m, const flo
 // decode, 2 threads: 8.7 -> 5.8 ms in some runs, no change in others, never
 // slower); two halves were up to 5% faster again for KIVI (kivi4 p128 8k all
 // layers, 1 thread: 7.7-8.0 -> 7.3-7.5 ms; int8 within noise). The fused f16
-// kernel spreads the same prefetches over its score steps instead
-// (F16Codec::DecodeStep), which gained in every run: 8.0-8.4 -> 4.6-4.8 ms
-// with the fusion.
+// kernel spreads the same prefetches over its score steps instead, two
+// pages ahead (F16Codec::AttendRun), which gained in every run: 8.0-8.4 ->
+// 4.6-4.8 ms with the fusion.
 inline void PrefetchPage(const uint8_t* p, size_t bytes) {
   for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, /*rw=*/0, /*locality=*/3);
 }

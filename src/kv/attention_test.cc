@@ -131,7 +131,7 @@ class NullObserver : public AttentionObserver {
   void OnProbabilities(int, int, int, int, const float*, const int32_t*, int) override {}
 };
 
-// Decode over f16 pages takes the fused kernel (F16Codec::DecodeStep) where
+// Decode over f16 pages takes the fused kernel (F16Codec::AttendRun) where
 // it runs; an observer sends the same call down the general path (scores,
 // softmax step, values). Both must agree for GQA groups above and below
 // the kernel's 4-row groups, page sizes of 1 and 4 blocks, partial last

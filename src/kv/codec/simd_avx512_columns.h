@@ -24,7 +24,7 @@ namespace kvx::kv::simd::avx512 {
 // j0 + 16 b, b < NB (channel loads masked by `load` unless kFullLoad: a
 // page of fewer than 16 entries). Same summation order as the AVX2 and
 // scalar paths. With kPfLines > 0, also prefetches kPfLines consecutive
-// cache lines from pf per step of 4 channels (F16DecodePage's next page; a
+// cache lines from pf per step of 4 channels (F16DecodePage's page ahead; a
 // compile-time count, since a runtime loop of prefetches cost 3-7% of the
 // fused kernel's time).
 template <int NR, int NB, bool kFullLoad, int kPfLines = 0>
@@ -287,8 +287,8 @@ KVX_KV_AVX512 inline void F16DecodePage(const uint16_t* kt, const uint16_t* v, c
                                         const float* q, const int32_t* qp, float* mx, float* sum, float* acc,
                                         const uint8_t* next, size_t next_bytes) {
   alignas(64) float w[NR][16];
-  // The next page is prefetched 4 lines per score step, spread over the
-  // page's 16-entry blocks, so its misses overlap this page's arithmetic: a
+  // `next` (the page two ahead, F16DecodePages) is prefetched 4 lines per
+  // score step, spread over the page's 16-entry blocks, so its misses overlap this page's arithmetic: a
   // full f16 page holds 4 T d bytes of keys and values, 4 lines per step of
   // 4 channels of 16 entries. What the steps do not cover (the line its
   // position header adds, or more after a partial page) is requested first.
