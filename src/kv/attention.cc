@@ -410,7 +410,10 @@ void Attention(const SequenceKV& kv, int layer, const float* q, const int32_t* q
   job.scale = scale;
   job.rows_per_head = n_q * job.G;
   job.blocks_per_head = (job.rows_per_head + kMaxQueryRows - 1) / kMaxQueryRows;
-  job.chunk_pages = std::max(1, kAttentionChunkTokens / L.page_tokens);
+  int max_pages = 0;
+  for (int h = 0; h < L.n_kv_heads; ++h) max_pages = std::max(max_pages, kv.table(layer, h).num_pages());
+  job.chunk_pages = std::max({1, kAttentionChunkTokens / L.page_tokens,
+                              (max_pages + kAttentionMaxChunks - 1) / kAttentionMaxChunks});
   job.rot = kv.rotation();
   job.keys_rotated = kv.keys_rotated();
   job.pre_rope = kv.keys_pre_rope();

@@ -239,8 +239,11 @@ TEST(AttentionTest2, ObserverSeesNormalisedMaskedProbabilities) {
 // merged with the log-sum-exp rule: same result as the dense reference, and
 // bit-identical whatever the thread count (decode and prefill-like queries).
 TEST(AttentionTest2, LongContextChunksMatchReferenceForAnyThreadCount) {
+  // 4 chunks, and more than kAttentionMaxChunks (longer chunks).
+  for (const int n : {3 * kAttentionChunkTokens + 37, (kAttentionMaxChunks + 2) * kAttentionChunkTokens + 37})
   for (CodecId codec : {CodecId::kF32, CodecId::kF16}) {
-    const int kv_heads = 2, n_heads = 8, dim = 64, n = 3 * kAttentionChunkTokens + 37;
+    SCOPED_TRACE("n " + std::to_string(n));
+    const int kv_heads = 2, n_heads = 8, dim = 64;
     const KVLayout layout{1, kv_heads, dim, 16};
     auto bp = std::move(BlockPool::Create({.budget_bytes = BudgetForContext(layout, codec, n),
                                            .page_bytes = PageBytes(layout, codec)}))
