@@ -131,8 +131,8 @@ KVX_DECODE_ALL_LAYERS_BENCH(kivi4_p128, "codec=kivi4,page=128,group=64");
 
 // The fused f16 decode kernel alone (F16Codec::AttendRun, one smollm2 GQA
 // group of 3 query rows, head_dim 64) over one run of full 16-entry pages,
-// consecutive in a BlockPool as a table's pages are, each page prefetching
-// the next as in attention; each benchmark thread has its own pool
+// consecutive in a BlockPool as a table's pages are, prefetched two pages
+// ahead as in attention; each benchmark thread has its own pool
 // and running state. 64 pages stay in L2; 46080 pages are the bytes of the
 // 8k cache of BM_DecodeAttentionAllLayers. Set against that benchmark at the
 // same bytes, the difference is what attention spends outside the kernel

@@ -124,8 +124,9 @@ struct F16Codec {
   // page's start (positions, then this codec's data), each holding T entries
   // but the last (m_last), page_bytes long. Each entry is folded into the
   // online-softmax state (mx, sum, acc [nq][d]) of every row r < nq that
-  // sees it (position <= qpos[r]). `after` (after_bytes long, may be null),
-  // the page the caller visits next, is prefetched during the last page.
+  // sees it (position <= qpos[r]). Pages are prefetched two ahead; `after`
+  // (after_bytes long, may be null), the page the caller visits next, during
+  // the last but one.
   // REQUIRES: HasAttendRun(p).
   static void AttendRun(const CodecParams& p, const uint8_t* const* pages, int n_pages, int m_last, size_t page_bytes,
                         const float* q, const int32_t* qpos, int nq, float* mx, float* sum, float* acc,
