@@ -21,6 +21,7 @@ struct Scratch {
   std::vector<float> scores;  // [rows][page entries]
   std::vector<float> tile;    // [T][D] decoded keys (pre-RoPE path)
   std::vector<float> qrot;    // [rows][D] queries rotated back to a page's first position
+  std::vector<float> acc;     // [kMaxQueryRows][D] an item's accumulators when it writes the outputs itself
 };
 thread_local Scratch tls_scratch;
 
@@ -44,6 +45,7 @@ struct Job {
   std::vector<size_t> item_base;
   size_t part_stride;   // floats per item: acc [kMaxQueryRows][D], max [kMaxQueryRows], sum [kMaxQueryRows]
   float* partials;
+  float* out;  // [n_q][n_heads][D]
   // Observer only: masked, scaled scores per (h, row, entry), -inf where never computed.
   AttentionObserver* observer;
   std::vector<std::vector<float>> obs_scores;  // [h][rows_per_head * n_h]
@@ -196,6 +198,24 @@ PageId ChunkFirstPage(const Job& job, int h, int chunk) {
   return first < t.num_pages() ? t.pages()[first] : kNoPage;
 }
 
+// Whether kv head h's items write their rows' outputs themselves: a chain
+// of one chunk needs no merge (merging one partial is the identity up to
+// the same division), so the partials and the merge pass are skipped; the
+// observer still goes through the merge, which feeds it.
+bool WritesOutputs(const Job& job, int h) { return job.chunks[h] == 1 && job.observer == nullptr; }
+
+// o = acc / sum, rotated back (0 where nothing was visible: mx = -inf): the
+// output of one row from its (acc, mx, sum), as MergeBlock writes it.
+void WriteRow(const Job& job, const float* acc, float mx, float sum, float* o) {
+  if (mx == kNegInf) {
+    std::fill(o, o + job.D, 0.0f);
+    return;
+  }
+  std::copy(acc, acc + job.D, o);
+  Scale(o, job.D, 1.0f / sum);
+  if (job.rot != nullptr) job.rot->Inverse(o);  // sum_j p_j Q v_j = Q o
+}
+
 // One work item: rows [row0, row0 + nr) of kv head h against the pages of one
 // context chunk. Writes the partial (acc, max, sum) of each row. `after` is
 // the first page of the item this thread runs next (kNoPage if none): it is
@@ -245,10 +265,10 @@ void RunItem(Job& job, int h, int block, int chunk, PageId after) {
   // on a Zen 5 VM, more than the per-page bookkeeping they save. The
   // reference max only grows; when a page raises it (by more than
   // kSoftmaxSlack), the row's sum and accumulator are rescaled.
+  const bool writes_outputs = WritesOutputs(job, h);
+  if (writes_outputs) s.acc.resize(static_cast<size_t>(kMaxQueryRows) * D);
   float* part = job.partials + (job.item_base[h] + static_cast<size_t>(block) * job.chunks[h] + chunk) * job.part_stride;
-  float* acc = part;
-  float* part_max = part + kMaxQueryRows * D;
-  float* part_sum = part_max + kMaxQueryRows;
+  float* acc = writes_outputs ? s.acc.data() : part;
   std::fill(acc, acc + static_cast<size_t>(nr) * D, 0.0f);
   float mx[kMaxQueryRows], sum[kMaxQueryRows] = {};
   std::fill(mx, mx + nr, kNegInf);
@@ -322,8 +342,17 @@ void RunItem(Job& job, int h, int block, int chunk, PageId after) {
       C::AccumulateValues(job.lc->params, data, m, sp, nr, T, acc);
     }
   }
+  if (writes_outputs) {
+    for (int r = 0; r < nr; ++r) {
+      const int row = row0 + r, i = row / G, head = h * G + row % G;
+      WriteRow(job, acc + static_cast<size_t>(r) * D, mx[r], sum[r],
+               job.out + (static_cast<size_t>(i) * job.n_heads + head) * D);
+    }
+    return;
+  }
+  float* part_max = part + kMaxQueryRows * D;
   std::copy(mx, mx + nr, part_max);
-  std::copy(sum, sum + nr, part_sum);
+  std::copy(sum, sum + nr, part_max + kMaxQueryRows);
 }
 
 // Merges the chunk partials of one row block into the outputs (log-sum-exp
@@ -340,7 +369,11 @@ void MergeBlock(const Job& job, int h, int block, float* out) {
     float big = kNegInf;
     for (int c = 0; c < n_chunks; ++c) big = std::max(big, first[c * job.part_stride + kMaxQueryRows * D + r]);
     float inv = 0.0f;
-    if (big == kNegInf) {
+    if (n_chunks == 1) {  // a plain computation (the observer's pass)
+      const float sum = first[kMaxQueryRows * D + kMaxQueryRows + r];
+      WriteRow(job, first + static_cast<size_t>(r) * D, big, sum, o);
+      if (big != kNegInf) inv = 1.0f / sum;
+    } else if (big == kNegInf) {
       std::fill(o, o + D, 0.0f);  // nothing visible (or empty cache)
     } else {
       std::fill(o, o + D, 0.0f);
@@ -418,6 +451,7 @@ void Attention(const SequenceKV& kv, int layer, const float* q, const int32_t* q
   job.keys_rotated = kv.keys_rotated();
   job.pre_rope = kv.keys_pre_rope();
   job.observer = observer;
+  job.out = out;
   job.part_stride = static_cast<size_t>(kMaxQueryRows) * (job.D + 2);
 
   // Items: (kv head, row block, context chunk), h-major.
@@ -460,9 +494,15 @@ void Attention(const SequenceKV& kv, int layer, const float* q, const int32_t* q
       RunItem<C>(job, item_h[it], item_block[it], item_chunk[it], after);
     });
   });
-  const size_t n_blocks = static_cast<size_t>(H) * job.blocks_per_head;
-  const bool merge_parallel = observer != nullptr || n_blocks * job.chunks[0] > 16;
-  RunAll(n_blocks, merge_parallel ? pool : nullptr, [&](size_t b, size_t) {
+  // The row blocks of the heads whose items did not write their outputs.
+  std::vector<size_t> merged;
+  for (int h = 0; h < H; ++h) {
+    if (WritesOutputs(job, h)) continue;
+    for (int b = 0; b < job.blocks_per_head; ++b) merged.push_back(static_cast<size_t>(h) * job.blocks_per_head + b);
+  }
+  const bool merge_parallel = observer != nullptr || merged.size() * job.chunks[0] > 16;
+  RunAll(merged.size(), merge_parallel ? pool : nullptr, [&](size_t i, size_t) {
+    const size_t b = merged[i];
     MergeBlock(job, static_cast<int>(b / job.blocks_per_head), static_cast<int>(b % job.blocks_per_head), out);
   });
 }
