@@ -62,6 +62,7 @@ KVX_ATTR void QuantizeActs(const float* x, int64_t t0, int64_t t1, QuantizedActs
       const int32_t sum = _mm_cvtsi128_si32(s4);
       sa[b] = db * static_cast<float>(sum);
       a->block_bias[t * (a->k_pad / 32) + b] = -128 * sum;
+      a->ds[t * (a->k_pad / 32) + b] = db;
     }
   }
 }

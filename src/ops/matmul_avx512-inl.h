@@ -55,6 +55,7 @@ KVX_ATTR void QuantizeActs(const float* x, int64_t t0, int64_t t1, QuantizedActs
       const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
       sa[b] = db * static_cast<float>(sum);
       a->block_bias[t * (a->k_pad / 32) + b] = -128 * sum;
+      a->ds[t * (a->k_pad / 32) + b] = db;
     }
   }
 }
@@ -492,11 +493,11 @@ KVX_ATTR void InterleavedTile(const Interleaved16& g, int64_t group, const Quant
     KVX_UNROLL for (int t = 0; t < kT; ++t) acc[r][t] = _mm512_setzero_ps();
   }
   const int8_t* q[kT];
-  const float* d[kT];
+  const float* ds[kT];  // per-block activation scales
   const int32_t* bias[kT];
   KVX_UNROLL for (int t = 0; t < kT; ++t) {
     q[t] = a.QRow(t0 + t);
-    d[t] = a.DRow(t0 + t);
+    ds[t] = a.DsRow(t0 + t);
     bias[t] = a.BlockBiasRow(t0 + t);
   }
   for (int64_t c = 0; c < g.n_chunks; ++c) {
@@ -531,7 +532,7 @@ KVX_ATTR void InterleavedTile(const Interleaved16& g, int64_t group, const Quant
         const uint16_t* scales = Interleaved16::Scales(unit[r]) + Interleaved16::kRows * h;
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales)));
         KVX_UNROLL for (int t = 0; t < kT; ++t) {
-          const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(d[t][8 * b]));
+          const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(ds[t][b]));
           acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][t]), scale, acc[r][t]);
         }
       }

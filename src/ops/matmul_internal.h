@@ -102,12 +102,15 @@ struct QuantizedActs {
   int32_t* bias = nullptr;  // [n_tokens][k_pad / 4]    per-lane -(sum of its 4 q)
   float* sa = nullptr;      // [n_tokens][k_pad / 32]   d * sum(q) per 32-block
   int32_t* block_bias = nullptr;  // [n_tokens][k_pad / 32]   -128 * sum(q) per 32-block
+  float* ds = nullptr;            // [n_tokens][k_pad / 32]   d per 32-block (the per-block kernels' compact
+                                  //                          copy of `d`: a prompt's d plane did not fit in L2)
 
   const int8_t* QRow(int64_t t) const { return q + t * k_pad; }
   const float* DRow(int64_t t) const { return d + t * (k_pad / 4); }
   const int32_t* BiasRow(int64_t t) const { return bias + t * (k_pad / 4); }
   const float* SaRow(int64_t t) const { return sa + t * (k_pad / 32); }
   const int32_t* BlockBiasRow(int64_t t) const { return block_bias + t * (k_pad / 32); }
+  const float* DsRow(int64_t t) const { return ds + t * (k_pad / 32); }
   int64_t SaStride() const { return k_pad / 32; }
 };
 

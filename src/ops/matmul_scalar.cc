@@ -39,7 +39,8 @@ inline float FloatWeight(TensorType t, const uint8_t* row, int64_t k) {
 
 size_t QuantizedActsBytes(int64_t n_tokens, int64_t k) {
   const int64_t k_pad = RoundUp(k, kChunk);
-  const int64_t per_plane[] = {k_pad, 4 * (k_pad / 4), 4 * (k_pad / 4), 4 * (k_pad / 32), 4 * (k_pad / 32)};
+  const int64_t per_plane[] = {k_pad, 4 * (k_pad / 4), 4 * (k_pad / 4), 4 * (k_pad / 32), 4 * (k_pad / 32),
+                               4 * (k_pad / 32)};
   size_t total = 0;
   for (int64_t b : per_plane) total += static_cast<size_t>(RoundUp(b * n_tokens, 64));
   return total;
@@ -56,6 +57,7 @@ QuantizedActs LayoutQuantizedActs(void* buffer, int64_t n_tokens, int64_t k) {
   a.bias = Carve<int32_t>(p, n_tokens * (a.k_pad / 4));
   a.sa = Carve<float>(p, n_tokens * (a.k_pad / 32));
   a.block_bias = Carve<int32_t>(p, n_tokens * (a.k_pad / 32));
+  a.ds = Carve<float>(p, n_tokens * (a.k_pad / 32));
   return a;
 }
 
@@ -88,6 +90,7 @@ void QuantizeActsScalar(const float* x, int64_t t0, int64_t t1, QuantizedActs* a
       }
       sa[b] = db * static_cast<float>(sum);
       block_bias[b] = -128 * sum;
+      a->ds[t * (a->k_pad / 32) + b] = db;
     }
   }
 }
@@ -208,7 +211,7 @@ void MatMulRowsInterleavedScalar(const WeightView& w, const QuantizedActs& a, fl
         const uint8_t* blk = row.data() + b * kQ8_0Bytes;
         int32_t isum = a.BlockBiasRow(t)[b];
         for (int j = 0; j < kActBlock; ++j) isum += static_cast<int32_t>(blk[2 + j] ^ 0x80) * q[kActBlock * b + j];
-        acc = std::fma(static_cast<float>(isum), LoadF16(blk) * a.DRow(t)[8 * b], acc);
+        acc = std::fma(static_cast<float>(isum), LoadF16(blk) * a.DsRow(t)[b], acc);
       }
       y[t * w.n_out + r] = acc;
     }

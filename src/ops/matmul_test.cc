@@ -325,6 +325,8 @@ TEST(MatMulTest, ActivationQuantizerMatchesScalarOnEveryTarget) {
     EXPECT_EQ(0, std::memcmp(a.d, ref.d, n * a.k_pad));        // k_pad/4 floats
     EXPECT_EQ(0, std::memcmp(a.bias, ref.bias, n * a.k_pad));  // k_pad/4 int32
     EXPECT_EQ(0, std::memcmp(a.sa, ref.sa, n * a.k_pad / 8));  // k_pad/32 floats
+    EXPECT_EQ(0, std::memcmp(a.block_bias, ref.block_bias, n * a.k_pad / 8));  // k_pad/32 int32
+    EXPECT_EQ(0, std::memcmp(a.ds, ref.ds, n * a.k_pad / 8));                  // k_pad/32 floats
   });
 }
 
