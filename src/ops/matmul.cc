@@ -46,7 +46,7 @@ void CheckWeight(const WeightView& w) {
 void MatMulMulti(std::span<const MatMulOutput> outputs, const float* x, int64_t n_tokens, ThreadPool* pool) {
   if (outputs.empty() || n_tokens <= 0) return;
   const int64_t n_in = outputs[0].w.n_in;
-  bool any_int = false;
+  bool any_int = false, any_lanes = false;
   int64_t n_groups = 0;
   std::vector<int64_t> group_begin;  // first row group of each output
   group_begin.reserve(outputs.size() + 1);
@@ -54,6 +54,7 @@ void MatMulMulti(std::span<const MatMulOutput> outputs, const float* x, int64_t 
     CheckWeight(o.w);
     KVX_CHECK(o.w.n_in == n_in);
     any_int |= internal::IsIntPathType(o.w.type);
+    any_lanes |= internal::IsIntPathType(o.w.type) && o.w.layout != WeightLayout::kInterleaved16;
     group_begin.push_back(n_groups);
     n_groups += (std::max<int64_t>(o.w.n_out, 0) + kRowGroup - 1) / kRowGroup;
   }
@@ -65,6 +66,7 @@ void MatMulMulti(std::span<const MatMulOutput> outputs, const float* x, int64_t 
   if (any_int) {
     void* buf = tls_acts.Get(internal::QuantizedActsBytes(n_tokens, n_in));
     acts = internal::LayoutQuantizedActs(buf, n_tokens, n_in);
+    acts.lane_planes = any_lanes;
     if (threaded && n_tokens > 1 && n_tokens * n_in >= kParallelQuantizeElems) {
       const size_t grain = std::max<size_t>(1, static_cast<size_t>(n_tokens) / (4 * pool->size()));
       pool->ParallelForDynamic(static_cast<size_t>(n_tokens), grain, [&](size_t b, size_t e, int) {
@@ -85,6 +87,7 @@ void MatMulMulti(std::span<const MatMulOutput> outputs, const float* x, int64_t 
       const int64_t r0 = (lo - group_begin[i]) * kRowGroup;
       const int64_t r1 = std::min(w.n_out, (hi - group_begin[i]) * kRowGroup);
       if (internal::IsIntPathType(w.type)) {
+        KVX_DCHECK(acts.lane_planes || w.layout == WeightLayout::kInterleaved16);
         internal::MatMulRowsIntBest(w, acts, outputs[i].y, r0, r1);
       } else {
         internal::MatMulRowsFloatBest(w, x, n_tokens, outputs[i].y, r0, r1);

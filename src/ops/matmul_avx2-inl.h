@@ -54,8 +54,10 @@ KVX_ATTR void QuantizeActs(const float* x, int64_t t0, int64_t t1, QuantizedActs
       const __m256i q8 = _mm256_permutevar8x32_epi32(p, order);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * kActBlock), q8);
       const __m256i lane_sum = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, q8), ones16);
-      _mm256_storeu_ps(d + 8 * b, _mm256_set1_ps(db));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(bias + 8 * b), _mm256_sub_epi32(_mm256_setzero_si256(), lane_sum));
+      if (a->lane_planes) {
+        _mm256_storeu_ps(d + 8 * b, _mm256_set1_ps(db));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(bias + 8 * b), _mm256_sub_epi32(_mm256_setzero_si256(), lane_sum));
+      }
       __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(lane_sum), _mm256_extracti128_si256(lane_sum, 1));
       s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
       s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));

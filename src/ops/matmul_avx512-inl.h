@@ -50,8 +50,10 @@ KVX_ATTR void QuantizeActs(const float* x, int64_t t0, int64_t t1, QuantizedActs
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * kActBlock), q8);
       // Lane sums of 4 quants: 1 * q summed by vpdpbusd.
       const __m256i lane_sum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), q8);
-      _mm256_storeu_ps(d + 8 * b, _mm256_set1_ps(db));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(bias + 8 * b), _mm256_sub_epi32(_mm256_setzero_si256(), lane_sum));
+      if (a->lane_planes) {
+        _mm256_storeu_ps(d + 8 * b, _mm256_set1_ps(db));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(bias + 8 * b), _mm256_sub_epi32(_mm256_setzero_si256(), lane_sum));
+      }
       const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
       sa[b] = db * static_cast<float>(sum);
       a->block_bias[t * (a->k_pad / 32) + b] = -128 * sum;

@@ -102,6 +102,10 @@ struct QuantizedActs {
   int32_t* bias = nullptr;  // [n_tokens][k_pad / 4]    per-lane -(sum of its 4 q)
   float* sa = nullptr;      // [n_tokens][k_pad / 32]   d * sum(q) per 32-block
   int32_t* block_bias = nullptr;  // [n_tokens][k_pad / 32]   -128 * sum(q) per 32-block
+  // Whether d and bias are written: the per-lane kernels (GGUF rows) read
+  // them; a call whose every matrix is kInterleaved16 skips them (590 KB of
+  // writes per pass over a 512-token prompt of width 576).
+  bool lane_planes = true;
   float* ds = nullptr;            // [n_tokens][k_pad / 32]   d per 32-block (the per-block kernels' compact
                                   //                          copy of `d`: a prompt's d plane did not fit in L2)
 

@@ -327,6 +327,16 @@ TEST(MatMulTest, ActivationQuantizerMatchesScalarOnEveryTarget) {
     EXPECT_EQ(0, std::memcmp(a.sa, ref.sa, n * a.k_pad / 8));  // k_pad/32 floats
     EXPECT_EQ(0, std::memcmp(a.block_bias, ref.block_bias, n * a.k_pad / 8));  // k_pad/32 int32
     EXPECT_EQ(0, std::memcmp(a.ds, ref.ds, n * a.k_pad / 8));                  // k_pad/32 floats
+    // Without the per-lane planes: the same per-block planes, d and bias untouched.
+    std::memset(p, 0x5A, bytes);
+    a.lane_planes = false;
+    internal::QuantizeActsBest(x.data(), 0, n, &a);
+    EXPECT_EQ(0, std::memcmp(a.q, ref.q, n * a.k_pad));
+    EXPECT_EQ(0, std::memcmp(a.block_bias, ref.block_bias, n * a.k_pad / 8));
+    EXPECT_EQ(0, std::memcmp(a.ds, ref.ds, n * a.k_pad / 8));
+    const std::vector<uint8_t> untouched(n * a.k_pad, 0x5A);
+    EXPECT_EQ(0, std::memcmp(a.d, untouched.data(), untouched.size()));
+    EXPECT_EQ(0, std::memcmp(a.bias, untouched.data(), untouched.size()));
   });
 }
 
