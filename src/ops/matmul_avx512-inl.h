@@ -573,7 +573,7 @@ KVX_ATTR void InterleavedRows(const WeightView& w, const QuantizedActs& a, float
     for (int64_t gr = g0; gr < g1; ++gr) InterleavedTile<1, 1, true>(g, gr, a, 0, y + kRows * gr, ldy);
     return;
   }
-  const int64_t tt = TokenTile(2 * a.k_pad + a.k_pad / 8);  // quants, scales, block biases
+  const int64_t tt = TokenTile(a.k_pad + a.k_pad / 4);  // quants, block scales (ds), block biases
   for (int64_t t0 = 0; t0 < n_tok; t0 += tt) {
     const int64_t t1 = std::min(n_tok, t0 + tt);
     int64_t gr = g0;
