@@ -66,6 +66,12 @@ void Scale(float* x, int n, float f) {
   for (int j = 0; j < n; ++j) x[j] *= f;
 }
 
+// y[j] = x[j] * f (SIMD when available).
+void ScaledCopy(const float* x, int n, float f, float* y) {
+  if (simd::UseSimd(8)) return simd::ScaledCopy(x, n, f, y);
+  for (int j = 0; j < n; ++j) y[j] = x[j] * f;
+}
+
 // y[j] += a * x[j] (SIMD when available).
 void AddScaled(float* y, const float* x, int n, float a) {
   if (simd::UseSimd(8)) return simd::AddScaled(y, x, n, a);
@@ -211,8 +217,7 @@ void WriteRow(const Job& job, const float* acc, float mx, float sum, float* o) {
     std::fill(o, o + job.D, 0.0f);
     return;
   }
-  std::copy(acc, acc + job.D, o);
-  Scale(o, job.D, 1.0f / sum);
+  ScaledCopy(acc, job.D, 1.0f / sum, o);
   if (job.rot != nullptr) job.rot->Inverse(o);  // sum_j p_j Q v_j = Q o
 }
 
@@ -242,9 +247,14 @@ void RunItem(Job& job, int h, int block, int chunk, PageId after) {
   for (int r = 0; r < nr; ++r) {
     const int row = row0 + r, i = row / G, head = h * G + row % G;
     float* qr = &s.q[static_cast<size_t>(r) * D];
-    std::memcpy(qr, job.q + (static_cast<size_t>(i) * job.n_heads + head) * D, sizeof(float) * D);
-    if (job.keys_rotated && !job.pre_rope) job.rot->Forward(qr);  // (Q q) . (Q k) = q . k
-    Scale(qr, D, job.scale);
+    const float* src = job.q + (static_cast<size_t>(i) * job.n_heads + head) * D;
+    if (job.keys_rotated && !job.pre_rope) {
+      std::memcpy(qr, src, sizeof(float) * D);
+      job.rot->Forward(qr);  // (Q q) . (Q k) = q . k
+      Scale(qr, D, job.scale);
+    } else {
+      ScaledCopy(src, D, job.scale, qr);
+    }
     qp[r] = job.q_pos[i];
     q_max = std::max(q_max, qp[r]);
   }
