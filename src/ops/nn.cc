@@ -45,6 +45,23 @@ void SwiGLUScalar(const float* gate, const float* up, int64_t n, float* out) {
   }
 }
 
+void RopeApplyScalar(float* head, const float* cs, int n_dims, bool neox, int first_pair) {
+  const int half = n_dims / 2;
+  for (int i = first_pair; i < half; ++i) {
+    const float c = cs[2 * i], s = cs[2 * i + 1];
+    // Normal layout rotates adjacent pairs; NeoX rotates the two halves.
+    const int j0 = neox ? i : 2 * i;
+    const int j1 = neox ? i + half : 2 * i + 1;
+    const float x0 = head[j0], x1 = head[j1];
+    head[j0] = x0 * c - x1 * s;
+    head[j1] = x0 * s + x1 * c;
+  }
+}
+
+void AddScalar(const float* a, const float* b, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
 }  // namespace internal
 
 void RmsNorm(const float* x, const float* weight, int64_t n, float eps, float* out) {
@@ -53,9 +70,7 @@ void RmsNorm(const float* x, const float* weight, int64_t n, float eps, float* o
 void Softmax(float* x, int64_t n) { internal::SoftmaxBest(x, n); }
 void SwiGLU(const float* gate, const float* up, int64_t n, float* out) { internal::SwiGLUBest(gate, up, n, out); }
 
-void Add(const float* a, const float* b, int64_t n, float* out) {
-  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
-}
+void Add(const float* a, const float* b, int64_t n, float* out) { internal::AddBest(a, b, n, out); }
 
 void Mul(const float* a, const float* b, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] * b[i];
@@ -79,16 +94,7 @@ void RopeCosSin(int32_t pos, const RopeParams& p, float* cs) {
 }
 
 void RopeApply(float* head, const float* cs, const RopeParams& p) {
-  const int half = p.n_dims / 2;
-  for (int i = 0; i < half; ++i) {
-    const float c = cs[2 * i], s = cs[2 * i + 1];
-    // Normal layout rotates adjacent pairs; NeoX rotates the two halves.
-    const int j0 = p.neox ? i : 2 * i;
-    const int j1 = p.neox ? i + half : 2 * i + 1;
-    const float x0 = head[j0], x1 = head[j1];
-    head[j0] = x0 * c - x1 * s;
-    head[j1] = x0 * s + x1 * c;
-  }
+  internal::RopeApplyBest(head, cs, p.n_dims, p.neox);
 }
 
 void Rope(float* x, int n_heads, int head_dim, int32_t pos, const RopeParams& p) {

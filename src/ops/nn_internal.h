@@ -13,9 +13,14 @@ namespace kvx::ops::internal {
 void RmsNormScalar(const float* x, const float* weight, int64_t n, float eps, float* out);
 void SoftmaxScalar(float* x, int64_t n);
 void SwiGLUScalar(const float* gate, const float* up, int64_t n, float* out);
+// Rotates the pairs [first_pair, n_dims / 2) of one head (see RopeApply).
+void RopeApplyScalar(float* head, const float* cs, int n_dims, bool neox, int first_pair);
+void AddScalar(const float* a, const float* b, int64_t n, float* out);
 
 void RmsNormBest(const float* x, const float* weight, int64_t n, float eps, float* out);
 void SoftmaxBest(float* x, int64_t n);
 void SwiGLUBest(const float* gate, const float* up, int64_t n, float* out);
+void RopeApplyBest(float* head, const float* cs, int n_dims, bool neox);
+void AddBest(const float* a, const float* b, int64_t n, float* out);
 
 }  // namespace kvx::ops::internal

@@ -1,4 +1,4 @@
-// SIMD versions of the nn kernels (RMSNorm, softmax, SwiGLU) with Highway:
+// SIMD versions of the nn kernels (RMSNorm, softmax, SwiGLU, RoPE, Add) with Highway:
 // portable vector code compiled per target (foreach_target) and dispatched at
 // run time; the scalar target uses the references in nn.cc.
 #undef HWY_TARGET_INCLUDE
@@ -21,6 +21,8 @@ void RmsNorm(const float* x, const float* weight, int64_t n, float eps, float* o
 }
 void Softmax(float* x, int64_t n) { SoftmaxScalar(x, n); }
 void SwiGLU(const float* gate, const float* up, int64_t n, float* out) { SwiGLUScalar(gate, up, n, out); }
+void RopeApply(float* head, const float* cs, int n_dims, bool neox) { RopeApplyScalar(head, cs, n_dims, neox, 0); }
+void Add(const float* a, const float* b, int64_t n, float* out) { AddScalar(a, b, n, out); }
 #else
 namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
@@ -116,6 +118,41 @@ void SwiGLU(const float* gate, const float* up, int64_t n, float* out) {
   }
   SwiGLUScalar(gate + i, up + i, n - i, out + i);
 }
+
+// The rotation of RopeApplyScalar, the same products and sums per lane.
+void RopeApply(float* head, const float* cs, int n_dims, bool neox) {
+  const DF d;
+  const int N = static_cast<int>(hn::Lanes(d));
+  const int half = n_dims / 2;
+  int pair = 0;  // pairs [0, pair) done
+  if (!neox) {   // pairs (2i, 2i + 1), cos and sin interleaved alike
+    int j = 0;
+    for (; j + N <= n_dims; j += N) {
+      const auto x = hn::LoadU(d, head + j), t = hn::LoadU(d, cs + j);
+      const auto p = hn::Mul(x, hn::DupEven(t));                   // (x_a cos, x_b cos)
+      const auto q = hn::Mul(hn::Shuffle2301(x), hn::DupOdd(t));  // (x_b sin, x_a sin)
+      hn::StoreU(hn::OddEven(hn::Add(p, q), hn::Sub(p, q)), d, head + j);
+    }
+    pair = j / 2;
+  } else {  // pairs (i, i + half)
+    for (; pair + N <= half; pair += N) {
+      const auto lo = hn::LoadU(d, cs + 2 * pair), hi = hn::LoadU(d, cs + 2 * pair + N);
+      const auto c = hn::ConcatEven(d, hi, lo), s = hn::ConcatOdd(d, hi, lo);
+      const auto a = hn::LoadU(d, head + pair), b = hn::LoadU(d, head + pair + half);
+      hn::StoreU(hn::Sub(hn::Mul(a, c), hn::Mul(b, s)), d, head + pair);
+      hn::StoreU(hn::Add(hn::Mul(a, s), hn::Mul(b, c)), d, head + pair + half);
+    }
+  }
+  RopeApplyScalar(head, cs, n_dims, neox, pair);
+}
+
+void Add(const float* a, const float* b, int64_t n, float* out) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  int64_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(hn::Add(hn::LoadU(d, a + i), hn::LoadU(d, b + i)), d, out + i);
+  AddScalar(a + i, b + i, n - i, out + i);
+}
 #endif
 
 }  // namespace HWY_NAMESPACE
@@ -127,6 +164,12 @@ namespace kvx::ops::internal {
 HWY_EXPORT(RmsNorm);
 HWY_EXPORT(Softmax);
 HWY_EXPORT(SwiGLU);
+HWY_EXPORT(RopeApply);
+HWY_EXPORT(Add);
+void RopeApplyBest(float* head, const float* cs, int n_dims, bool neox) {
+  HWY_DYNAMIC_DISPATCH(RopeApply)(head, cs, n_dims, neox);
+}
+void AddBest(const float* a, const float* b, int64_t n, float* out) { HWY_DYNAMIC_DISPATCH(Add)(a, b, n, out); }
 void RmsNormBest(const float* x, const float* weight, int64_t n, float eps, float* out) {
   HWY_DYNAMIC_DISPATCH(RmsNorm)(x, weight, n, eps, out);
 }

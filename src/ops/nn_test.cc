@@ -108,6 +108,22 @@ TEST(NnSimdTest, MatchScalarReferencesOnEveryTarget) {
       if (n > 20) {
         EXPECT_EQ(sa[5], 0.0f);
       }
+
+      Add(x.data(), u.data(), n, a.data());
+      internal::AddScalar(x.data(), u.data(), n, b.data());
+      EXPECT_EQ(a, b);
+    }
+    // RoPE rounds exactly like the scalar rotation (no fused products),
+    // both layouts, whole vectors and a scalar tail of pairs.
+    for (bool neox : {false, true}) {
+      for (int n_dims : {8, 32, 64, 128, 96 + 4}) {
+        SCOPED_TRACE(std::to_string(n_dims) + (neox ? " neox" : ""));
+        auto x = RandomVec(n_dims, 14, 3.0f), cs = RandomVec(n_dims, 15);
+        auto y = x;
+        internal::RopeApplyBest(x.data(), cs.data(), n_dims, neox);
+        internal::RopeApplyScalar(y.data(), cs.data(), n_dims, neox, 0);
+        EXPECT_EQ(x, y);
+      }
     }
   }
   ForceSimdTarget("");
