@@ -7,7 +7,7 @@
 // conversions these build on are in simd_avx512.h.
 //
 // Included by simd_x86.h right after simd_avx512.h (whose KVX_KV_AVX512 and
-// KVX_KV_UNROLL macros it uses and then undefines); include simd_x86.h.
+// KVX_KV_UNROLL macros it uses); include simd_x86.h.
 #pragma once
 
 #ifdef KVX_KV_HAVE_X86_SIMD
@@ -267,42 +267,6 @@ KVX_KV_AVX512 inline void DecodeCodeColumns(const uint8_t* codes, int cb, const 
   }
 }
 
-// out[r] = the scores of rows [0, NR) of q against the 16 entries at kt
-// (channel c at kt + c * T), one accumulator per row: with 5-8 rows their
-// chains alone keep both FMA pipes busy, and each converted key vector
-// serves all of them (ColumnDots' four partial sums per row would need 32
-// registers). Prefetches like ColumnDots when pf is not null.
-template <int NR, int kPfLines>
-KVX_KV_AVX512 inline void WideColumnDots(const uint16_t* kt, int T, int d, const float* q, __m512 (&out)[NR],
-                                         const char* pf) {
-  KVX_KV_UNROLL
-  for (int r = 0; r < NR; ++r) out[r] = _mm512_setzero_ps();
-  for (int c = 0; c < d; c += 4) {
-    if (pf != nullptr) {
-      KVX_KV_UNROLL
-      for (int i = 0; i < kPfLines; ++i) _mm_prefetch(pf + (static_cast<size_t>(c / 4) * kPfLines + i) * 64, _MM_HINT_T0);
-    }
-    KVX_KV_UNROLL
-    for (int u = 0; u < 4; ++u) {
-      const __m512 x = CvtPh(kt + static_cast<size_t>(c + u) * T);
-      KVX_KV_UNROLL
-      for (int r = 0; r < NR; ++r) {
-        out[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[static_cast<size_t>(r) * d + c + u]), x, out[r]);
-      }
-    }
-  }
-}
-
-// vsum[16 r + i] = (i == 0 ? sum[r] : 0): F16DecodePage's per-lane sums of
-// nr rows, starting from the rows' running sums.
-KVX_KV_AVX512 inline void StartLaneSums(const float* sum, int nr, float* vsum) {
-  for (int r = 0; r < nr; ++r) _mm512_store_ps(vsum + 16 * r, _mm512_maskz_mov_ps(1, _mm512_set1_ps(sum[r])));
-}
-// sum[r] = the sum of vsum's 16 lanes of row r.
-KVX_KV_AVX512 inline void FinishLaneSums(const float* vsum, int nr, float* sum) {
-  for (int r = 0; r < nr; ++r) sum[r] = ReduceSum(_mm512_load_ps(vsum + 16 * r));
-}
-
 // ---- Fused decode step over one f16 page. ----
 
 // The page's first m entries (keys channel-major kt, values row-major v,
@@ -317,15 +281,13 @@ KVX_KV_AVX512 inline void FinishLaneSums(const float* vsum, int nr, float* sum) 
 // (not whole pages), so results agree with them up to rounding. On
 // 16-entry pages the separate kernels spent as long on the softmax
 // bookkeeping between them as on the scores. REQUIRES: T % 16 == 0,
-// d % 16 == 0, NR <= 8.
+// d % 16 == 0, NR <= 4 (more rows of a prompt: F16PromptStep).
 template <int NR>
 KVX_KV_AVX512 inline void F16DecodePage(const uint16_t* kt, const uint16_t* v, const int32_t* pos, int T, int m, int d,
-                                        const float* q, const int32_t* qp, float* mx, float* sum, float* vsum, float* acc,
+                                        const float* q, const int32_t* qp, float* mx, float* sum, float* acc,
                                         const uint8_t* next, size_t next_bytes) {
+  static_assert(NR <= 4);
   alignas(64) float w[NR][16];
-  int32_t qp_min = qp[0];
-  KVX_KV_UNROLL
-  for (int r = 1; r < NR; ++r) qp_min = std::min(qp_min, qp[r]);
   // `next` (the page two ahead, F16DecodePages) is prefetched 4 lines per
   // score step, spread over the page's 16-entry blocks, so its misses overlap this page's arithmetic: a
   // full f16 page holds 4 T d bytes of keys and values, 4 lines per step of
@@ -338,10 +300,7 @@ KVX_KV_AVX512 inline void F16DecodePage(const uint16_t* kt, const uint16_t* v, c
   for (int j0 = 0; j0 < m; j0 += 16) {
     const int valid = std::min(16, m - j0);
     __m512 sc[1][NR];
-    if constexpr (NR > 4) {
-      WideColumnDots<NR, kPfPerStep>(kt + j0, T, d, q, sc[0], pf);
-      if (pf != nullptr) pf += static_cast<size_t>(d / 4) * kPfPerStep * 64;
-    } else if (pf != nullptr) {
+    if (pf != nullptr) {
       ColumnDots<NR, 1, true, kPfPerStep>(kt, T, j0, 0xFFFF, d, q, sc, pf);
       pf += static_cast<size_t>(d / 4) * kPfPerStep * 64;
     } else {
@@ -349,13 +308,10 @@ KVX_KV_AVX512 inline void F16DecodePage(const uint16_t* kt, const uint16_t* v, c
     }
     const __mmask16 live = valid == 16 ? 0xFFFF : static_cast<__mmask16>((1u << valid) - 1);
     const __m512i pv = _mm512_loadu_si512(pos + j0);  // whole 16-entry blocks: T % 16 == 0
-    // Whether every row sees every live entry (all but the diagonal pages of
-    // a prompt): then only the lanes past a partial page need masking.
-    const bool all_seen = _mm512_mask_cmple_epi32_mask(live, pv, _mm512_set1_epi32(qp_min)) == live;
     KVX_KV_UNROLL
     for (int r = 0; r < NR; ++r) {
-      const __mmask16 seen = all_seen ? live : _mm512_mask_cmple_epi32_mask(live, pv, _mm512_set1_epi32(qp[r]));
-      const __m512 x = seen == 0xFFFF ? sc[0][r] : _mm512_mask_blend_ps(seen, _mm512_set1_ps(-__builtin_inff()), sc[0][r]);
+      const __mmask16 seen = _mm512_mask_cmple_epi32_mask(live, pv, _mm512_set1_epi32(qp[r]));
+      const __m512 x = _mm512_mask_blend_ps(seen, _mm512_set1_ps(-__builtin_inff()), sc[0][r]);
       float f = 1.0f;
       if (_mm512_cmp_ps_mask(x, _mm512_set1_ps(mx[r] + kSoftmaxSlack), _CMP_GT_OQ) != 0) {
         const float mnew = ReduceMax(x);
@@ -370,48 +326,13 @@ KVX_KV_AVX512 inline void F16DecodePage(const uint16_t* kt, const uint16_t* v, c
         const __m512 fv = _mm512_set1_ps(f);
         for (int c = 0; c < d; c += 16) _mm512_storeu_ps(a + c, _mm512_mul_ps(_mm512_loadu_ps(a + c), fv));
       }
-      if constexpr (NR > 4) {
-        // A prompt's row block keeps its sums in lanes over the run
-        // (vsum, reduced by F16DecodePages at the end): a horizontal sum
-        // per row and page was a fifth of the softmax step.
-        float* vs = vsum + 16 * r;
-        const __m512 prev = _mm512_load_ps(vs);
-        _mm512_store_ps(vs, _mm512_add_ps(f != 1.0f ? _mm512_mul_ps(prev, _mm512_set1_ps(f)) : prev, e));
-      } else {
-        // Decode's rows sum as SoftmaxStep does, so that a decode step
-        // gives the same bits whether an observer watches or not.
-        sum[r] = MulThenAdd(sum[r], f, ReduceSum(e));
-      }
+      // Summed as SoftmaxStep does, so that a decode step gives the same
+      // bits whether an observer watches or not.
+      sum[r] = MulThenAdd(sum[r], f, ReduceSum(e));
     }
-    // acc[r] += sum_j w[r][j] v_j, 64 channels (4 zmm per row) at a time,
-    // 32 for more than 4 rows (16 accumulators either way).
+    // acc[r] += sum_j w[r][j] v_j, 64 channels (4 zmm per row) at a time.
     const uint16_t* vb = v + static_cast<size_t>(j0) * d;
     int c = 0;
-    if constexpr (NR > 4) {
-      for (; c + 32 <= d; c += 32) {
-        __m512 a[NR][2];
-        KVX_KV_UNROLL
-        for (int r = 0; r < NR; ++r) {
-          KVX_KV_UNROLL
-          for (int u = 0; u < 2; ++u) a[r][u] = _mm512_loadu_ps(acc + static_cast<size_t>(r) * d + c + 16 * u);
-        }
-        for (int j = 0; j < valid; ++j) {
-          const __m512 x0 = CvtPh(vb + static_cast<size_t>(j) * d + c);
-          const __m512 x1 = CvtPh(vb + static_cast<size_t>(j) * d + c + 16);
-          KVX_KV_UNROLL
-          for (int r = 0; r < NR; ++r) {
-            const __m512 wr = _mm512_set1_ps(w[r][j]);
-            a[r][0] = _mm512_fmadd_ps(wr, x0, a[r][0]);
-            a[r][1] = _mm512_fmadd_ps(wr, x1, a[r][1]);
-          }
-        }
-        KVX_KV_UNROLL
-        for (int r = 0; r < NR; ++r) {
-          KVX_KV_UNROLL
-          for (int u = 0; u < 2; ++u) _mm512_storeu_ps(acc + static_cast<size_t>(r) * d + c + 16 * u, a[r][u]);
-        }
-      }
-    }
     for (; c + 64 <= d; c += 64) {
       __m512 a[NR][4];
       KVX_KV_UNROLL
@@ -451,8 +372,8 @@ KVX_KV_AVX512 inline void F16DecodePage(const uint16_t* kt, const uint16_t* v, c
   }
 }
 
-#undef KVX_KV_AVX512
-#undef KVX_KV_UNROLL
+// KVX_KV_AVX512 and KVX_KV_UNROLL stay defined for simd_avx512_prompt.h,
+// which simd_x86.h includes next and which undefines them.
 
 }  // namespace kvx::kv::simd::avx512
 

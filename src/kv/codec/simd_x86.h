@@ -497,6 +497,7 @@ KVX_KV_AVX2 inline float ExpSum(float* x, int n, float m) {
 // F16DecodePage...); the dispatchers below pick them when the CPU has AVX-512.
 #include "kv/codec/simd_avx512.h"
 #include "kv/codec/simd_avx512_columns.h"
+#include "kv/codec/simd_avx512_prompt.h"
 
 namespace kvx::kv::simd {
 
@@ -556,33 +557,73 @@ inline bool DotColumnsF16(const uint16_t* kt, int T, int n, int d, const float* 
 // allows (T % 16 == 0, d % 16 == 0).
 inline bool HasF16DecodePages(int T, int d) { return UseAvx512() && T % 16 == 0 && d % 16 == 0; }
 
-// avx512::F16DecodePage over a run of f16 pages (pages[i]: a page's start,
-// its T positions then, from PageDataOffset(T), keys and values; every page
-// holds T entries but the last, m_last), page by page, for nq <=
-// kMaxQueryRows rows (grouped as said below). While a page is computed the
-// one two places on is prefetched: page_bytes of pages[i + 2], or
-// after_bytes of `after` (may be null, the page the caller visits next)
-// during the last but one; pages[1] at the start. (One page ahead left the
-// stream short of requests: two ahead, kv_bench AllLayers f16 8k ran 4.5%
-// faster on 2 threads and 3.5% on 1; three and four ahead were slower than
-// two.) One call per run keeps the
-// per-page cost outside the kernel low: calling the kernel page by page
-// through the checks and dispatch of a single-page step, with the caller's
-// per-page position checks, made decode attention at 8k context ~8% slower
-// (kv_bench AllLayers f16, 2 threads). REQUIRES: HasF16DecodePages(T, d).
-inline void F16DecodePages(const uint8_t* const* pages, int n_pages, int m_last, int T, int d, size_t page_bytes,
+// avx512::F16PromptStep over a run of f16 pages (as F16DecodePages), two
+// 16-entry blocks per step, for the nq rows of several queries. Each
+// page's first step requests the page two places on (one burst: a
+// prompt's cache is mostly in L2).
+inline void F16PromptPages(const uint8_t* const* pages, int n_pages, int m_last, int T, int d, size_t page_bytes,
                            const float* q, const int32_t* qp, int nq, float* mx, float* sum, float* acc,
                            const uint8_t* after, size_t after_bytes) {
   const size_t data = PageDataOffset(T), values = static_cast<size_t>(T) * d;
-  // The rows of several queries (a prompt's row block) run in one pass of
-  // up to 8 rows, each converted key and value vector serving all of them
-  // (kv_bench PrefillAttention f16 512: 13% faster than two passes of 4),
-  // with their sums kept in lanes (vsum). One query's rows (decode) run in
-  // groups of at most 4 that sum as the general path does, so that a decode
-  // step gives the same bits whether an attention observer watches or not.
-  const bool wide = nq > 4 && !std::all_of(qp, qp + nq, [&](int32_t p) { return p == qp[0]; });
+  const int32_t qp_min = *std::min_element(qp, qp + nq);
   alignas(64) float vsum[kMaxQueryRows * 16];
-  if (wide) avx512::StartLaneSums(sum, nq, vsum);
+  avx512::StartLaneSums(sum, nq, vsum);
+  if (n_pages > 1) {
+    for (size_t o = 0; o < page_bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(pages[1]) + o, _MM_HINT_T0);
+  }
+  WithQueryRows(nq, [&](auto rows) {
+    avx512::F16Block pair[2];
+    int held = 0;
+    for (int i = 0; i < n_pages; ++i) {
+      const uint8_t* next = i + 2 < n_pages ? pages[i + 2] : i + 2 == n_pages ? after : nullptr;
+      const size_t next_bytes = i + 2 < n_pages ? page_bytes : i + 2 == n_pages ? after_bytes : 0;
+      for (size_t o = 0; next != nullptr && o < next_bytes; o += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(next) + o, _MM_HINT_T0);
+      }
+      const uint16_t* kt = reinterpret_cast<const uint16_t*>(pages[i] + data);
+      const int m = i + 1 == n_pages ? m_last : T;
+      for (int j0 = 0; j0 < m; j0 += 16) {
+        pair[held++] = {kt + j0, kt + values + static_cast<size_t>(j0) * d, PagePositions(pages[i]) + j0,
+                        std::min(16, m - j0)};
+        if (held == 2) {
+          avx512::F16PromptStep<rows(), 2>(pair, T, d, q, qp, qp_min, mx, vsum, acc);
+          held = 0;
+        }
+      }
+    }
+    if (held == 1) {
+      const avx512::F16Block one[1] = {pair[0]};
+      avx512::F16PromptStep<rows(), 1>(one, T, d, q, qp, qp_min, mx, vsum, acc);
+    }
+  });
+  avx512::FinishLaneSums(vsum, nq, sum);
+}
+
+// The fused f16 attention over a run of f16 pages (pages[i]: a page's
+// start, its T positions then, from PageDataOffset(T), keys and values;
+// every page holds T entries but the last, m_last), for nq <=
+// kMaxQueryRows rows. The rows of several queries (a prompt's row block,
+// 5-8 rows) take F16PromptPages when d % 32 == 0; otherwise
+// avx512::F16DecodePage runs page by page for groups of at most 4 rows,
+// which sum as the general path does, so that a decode step gives the same
+// bits whether an attention observer watches or not. While a page is
+// computed the one two places on is prefetched: page_bytes of
+// pages[i + 2], or after_bytes of `after` (may be null, the page the
+// caller visits next) during the last but one; pages[1] at the start. (One
+// page ahead left the stream short of requests: two ahead, kv_bench
+// AllLayers f16 8k ran 4.5% faster on 2 threads and 3.5% on 1; three and
+// four ahead were slower than two.) One call per run keeps the per-page
+// cost outside the kernel low: calling the kernel page by page through the
+// checks and dispatch of a single-page step, with the caller's per-page
+// position checks, made decode attention at 8k context ~8% slower (kv_bench
+// AllLayers f16, 2 threads). REQUIRES: HasF16DecodePages(T, d).
+inline void F16DecodePages(const uint8_t* const* pages, int n_pages, int m_last, int T, int d, size_t page_bytes,
+                           const float* q, const int32_t* qp, int nq, float* mx, float* sum, float* acc,
+                           const uint8_t* after, size_t after_bytes) {
+  if (nq > 4 && d % 32 == 0 && !std::all_of(qp, qp + nq, [&](int32_t p) { return p == qp[0]; })) {
+    return F16PromptPages(pages, n_pages, m_last, T, d, page_bytes, q, qp, nq, mx, sum, acc, after, after_bytes);
+  }
+  const size_t data = PageDataOffset(T), values = static_cast<size_t>(T) * d;
   if (n_pages > 1) {
     for (size_t o = 0; o < page_bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(pages[1]) + o, _MM_HINT_T0);
   }
@@ -594,21 +635,20 @@ inline void F16DecodePages(const uint8_t* const* pages, int n_pages, int m_last,
     const int m = i + 1 == n_pages ? m_last : T;
     const uint8_t* next = i + 2 < n_pages ? pages[i + 2] : i + 2 == n_pages ? after : nullptr;
     const size_t next_bytes = i + 2 < n_pages ? page_bytes : i + 2 == n_pages ? after_bytes : 0;
-    if (wide) {
-      WithQueryRows(nq, [&](auto rows) {
-        avx512::F16DecodePage<rows()>(kt, v, pos, T, m, d, q, qp, mx, sum, vsum, acc, next, next_bytes);
-      });
-      continue;
-    }
     for (int r0 = 0; r0 < nq; r0 += 4) {
+      const float* qr = q + static_cast<size_t>(r0) * d;
+      float* ar = acc + static_cast<size_t>(r0) * d;
       const uint8_t* pf = r0 == 0 ? next : nullptr;  // once
-      WithQueryRows(std::min(4, nq - r0), [&](auto rows) {
-        avx512::F16DecodePage<rows()>(kt, v, pos, T, m, d, q + static_cast<size_t>(r0) * d, qp + r0, mx + r0,
-                                      sum + r0, vsum, acc + static_cast<size_t>(r0) * d, pf, next_bytes);
-      });
+      switch (std::min(4, nq - r0)) {
+        case 1: avx512::F16DecodePage<1>(kt, v, pos, T, m, d, qr, qp + r0, mx + r0, sum + r0, ar, pf, next_bytes); break;
+        case 2: avx512::F16DecodePage<2>(kt, v, pos, T, m, d, qr, qp + r0, mx + r0, sum + r0, ar, pf, next_bytes); break;
+        case 3: avx512::F16DecodePage<3>(kt, v, pos, T, m, d, qr, qp + r0, mx + r0, sum + r0, ar, pf, next_bytes); break;
+        default:
+          avx512::F16DecodePage<4>(kt, v, pos, T, m, d, qr, qp + r0, mx + r0, sum + r0, ar, pf, next_bytes);
+          break;
+      }
     }
   }
-  if (wide) avx512::FinishLaneSums(vsum, nq, sum);
 }
 
 // Scores over channel-major B-bit codes (DotCodeColumnsAvx2): AVX-512 when
