@@ -558,28 +558,20 @@ inline bool DotColumnsF16(const uint16_t* kt, int T, int n, int d, const float* 
 inline bool HasF16DecodePages(int T, int d) { return UseAvx512() && T % 16 == 0 && d % 16 == 0; }
 
 // avx512::F16PromptStep over a run of f16 pages (as F16DecodePages), two
-// 16-entry blocks per step, for the nq rows of several queries. Each
-// page's first step requests the page two places on (one burst: a
-// prompt's cache is mostly in L2).
-inline void F16PromptPages(const uint8_t* const* pages, int n_pages, int m_last, int T, int d, size_t page_bytes,
-                           const float* q, const int32_t* qp, int nq, float* mx, float* sum, float* acc,
-                           const uint8_t* after, size_t after_bytes) {
+// 16-entry blocks per step, for the nq rows of several queries. No
+// prefetching: a prompt's row blocks read the same pages one after the
+// other, mostly from L2, and requesting each page two ahead made kv_bench
+// PrefillAttention f16 512 8-10% slower.
+inline void F16PromptPages(const uint8_t* const* pages, int n_pages, int m_last, int T, int d, const float* q,
+                           const int32_t* qp, int nq, float* mx, float* sum, float* acc) {
   const size_t data = PageDataOffset(T), values = static_cast<size_t>(T) * d;
   const int32_t qp_min = *std::min_element(qp, qp + nq);
   alignas(64) float vsum[kMaxQueryRows * 16];
   avx512::StartLaneSums(sum, nq, vsum);
-  if (n_pages > 1) {
-    for (size_t o = 0; o < page_bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(pages[1]) + o, _MM_HINT_T0);
-  }
   WithQueryRows(nq, [&](auto rows) {
     avx512::F16Block pair[2];
     int held = 0;
     for (int i = 0; i < n_pages; ++i) {
-      const uint8_t* next = i + 2 < n_pages ? pages[i + 2] : i + 2 == n_pages ? after : nullptr;
-      const size_t next_bytes = i + 2 < n_pages ? page_bytes : i + 2 == n_pages ? after_bytes : 0;
-      for (size_t o = 0; next != nullptr && o < next_bytes; o += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(next) + o, _MM_HINT_T0);
-      }
       const uint16_t* kt = reinterpret_cast<const uint16_t*>(pages[i] + data);
       const int m = i + 1 == n_pages ? m_last : T;
       for (int j0 = 0; j0 < m; j0 += 16) {
@@ -621,7 +613,7 @@ inline void F16DecodePages(const uint8_t* const* pages, int n_pages, int m_last,
                            const float* q, const int32_t* qp, int nq, float* mx, float* sum, float* acc,
                            const uint8_t* after, size_t after_bytes) {
   if (nq > 4 && d % 32 == 0 && !std::all_of(qp, qp + nq, [&](int32_t p) { return p == qp[0]; })) {
-    return F16PromptPages(pages, n_pages, m_last, T, d, page_bytes, q, qp, nq, mx, sum, acc, after, after_bytes);
+    return F16PromptPages(pages, n_pages, m_last, T, d, q, qp, nq, mx, sum, acc);
   }
   const size_t data = PageDataOffset(T), values = static_cast<size_t>(T) * d;
   if (n_pages > 1) {
