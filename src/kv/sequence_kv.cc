@@ -165,7 +165,8 @@ void SequenceKV::ExtendRopeTable(int32_t max_pos) {
   rope_positions_ = max_pos + 1;
 }
 
-Status SequenceKV::Append(int layer, int n, const int32_t* pos, const float* k, const float* v) {
+Status SequenceKV::Append(int layer, int n, const int32_t* pos, const float* k, const float* v,
+                          ThreadPool* threads) {
   KVX_CHECK(layer >= 0 && layer < layout_.n_layers && n >= 0);
   if (n == 0) return Status::Ok();
   KVX_RETURN_IF_ERROR(EnsureSizeClasses());
@@ -185,7 +186,9 @@ Status SequenceKV::Append(int layer, int n, const int32_t* pos, const float* k, 
   //    pages) before writing anything, so exhaustion leaves the sequence
   //    unchanged. WriteHead consumes them in the same order.
   scratch_.clear();
+  head_first_.assign(H + 1, 0);
   for (int h = 0; h < H; ++h) {
+    head_first_[h] = scratch_.size();
     const PageTable& t = table(layer, h);
     const int len = t.length(), len2 = len + n, np = t.num_pages(), np2 = (len2 + T - 1) / T;
     // The page before p once this call is done (a new page, or the table's):
@@ -217,6 +220,7 @@ Status SequenceKV::Append(int layer, int n, const int32_t* pos, const float* k, 
       before = *page;
     }
   }
+  head_first_[H] = scratch_.size();
 
   // 2. Rotate (the whole chain lives in the rotated basis), then write.
   if (rotation_ != nullptr) {
@@ -230,9 +234,23 @@ Status SequenceKV::Append(int layer, int n, const int32_t* pos, const float* k, 
     if (keys_rotated()) k = rot_k_.data();
     v = rot_v_.data();
   }
-  size_t next_new = 0;
-  for (int h = 0; h < H; ++h) WriteHead(layer, h, n, pos, k, v, &next_new);
-  KVX_CHECK(next_new == scratch_.size());
+  released_.resize(H);
+  auto write_heads = [&](size_t h0, size_t h1, int) {
+    for (size_t h = h0; h < h1; ++h) {
+      size_t next_new = head_first_[h];
+      released_[h].clear();
+      WriteHead(layer, static_cast<int>(h), n, pos, k, v, &next_new, &released_[h]);
+      KVX_CHECK(next_new == head_first_[h + 1]);
+    }
+  };
+  if (threads != nullptr && threads->size() > 1 && H > 1) {
+    threads->ParallelFor(static_cast<size_t>(H), write_heads);
+  } else {
+    write_heads(0, static_cast<size_t>(H), 0);
+  }
+  for (const std::vector<PageId>& ids : released_) {
+    for (PageId id : ids) pool_->Unref(id);
+  }
   scratch_.clear();
 
   if (codec_.pre_rope) {
@@ -243,12 +261,13 @@ Status SequenceKV::Append(int layer, int n, const int32_t* pos, const float* k, 
 }
 
 void SequenceKV::WriteHead(int layer, int h, int n, const int32_t* pos, const float* k, const float* v,
-                           size_t* next_new) {
+                           size_t* next_new, std::vector<PageId>* released) {
   const LayerCodec& lc = layers_[layer];
   const CodecParams& params = lc.params;
   const int T = layout_.page_tokens, H = layout_.n_kv_heads, D = layout_.head_dim;
   PageTable& t = mutable_table(layer, h);
   const int len = t.length(), len2 = len + n, np = t.num_pages(), np2 = (len2 + T - 1) / T;
+  std::vector<float> tile_k, tile_v;  // one page of rows being sealed
   // Input row of entry e (len <= e < len2).
   auto k_row = [&](int e) { return k + (static_cast<size_t>(e - len) * H + h) * D; };
   auto v_row = [&](int e) { return v + (static_cast<size_t>(e - len) * H + h) * D; };
@@ -262,22 +281,22 @@ void SequenceKV::WriteHead(int layer, int h, int n, const int32_t* pos, const fl
       if (p < np && t.is_full(p) && !full2) {
         // Seal: rows 0..old_rows-1 from the staging page, the rest from the input.
         KVX_CHECK(new_rows == T);
-        tile_k_.resize(static_cast<size_t>(T) * D);
-        tile_v_.resize(static_cast<size_t>(T) * D);
+        tile_k.resize(static_cast<size_t>(T) * D);
+        tile_v.resize(static_cast<size_t>(T) * D);
         const PageId old = t.pages()[p];
         const uint8_t* src = pool_->PageData(old);
-        F16Codec::DecodeKeys(params, src + PageDataOffset(T), old_rows, tile_k_.data());
-        F16Codec::DecodeValues(params, src + PageDataOffset(T), old_rows, tile_v_.data());
+        F16Codec::DecodeKeys(params, src + PageDataOffset(T), old_rows, tile_k.data());
+        F16Codec::DecodeValues(params, src + PageDataOffset(T), old_rows, tile_v.data());
         const PageId id = scratch_[(*next_new)++];
         uint8_t* dst = pool_->PageData(id);
         std::memcpy(PagePositions(dst), PagePositions(src), sizeof(int32_t) * old_rows);
         for (int s = old_rows; s < T; ++s) {
           PagePositions(dst)[s] = pos[first + s - len];
-          std::memcpy(&tile_k_[static_cast<size_t>(s) * D], k_row(first + s), sizeof(float) * D);
-          std::memcpy(&tile_v_[static_cast<size_t>(s) * D], v_row(first + s), sizeof(float) * D);
+          std::memcpy(&tile_k[static_cast<size_t>(s) * D], k_row(first + s), sizeof(float) * D);
+          std::memcpy(&tile_v[static_cast<size_t>(s) * D], v_row(first + s), sizeof(float) * D);
         }
-        C::EncodePage(params, dst + PageDataOffset(T), T, tile_k_.data(), tile_v_.data());
-        pool_->Unref(old);
+        C::EncodePage(params, dst + PageDataOffset(T), T, tile_k.data(), tile_v.data());
+        released->push_back(old);
         t.ReplacePage(p, id, false);
         continue;
       }
@@ -293,7 +312,7 @@ void SequenceKV::WriteHead(int layer, int h, int n, const int32_t* pos, const fl
         if (pool_->IsShared(cur)) {  // copy-on-write
           const PageId copy = scratch_[(*next_new)++];
           std::memcpy(pool_->PageData(copy), pool_->PageData(cur), pool_->PageBytesOf(cur));
-          pool_->Unref(cur);
+          released->push_back(cur);
           t.ReplacePage(p, copy, full2);
         }
         page = pool_->PageData(t.pages()[p]);
@@ -304,13 +323,13 @@ void SequenceKV::WriteHead(int layer, int h, int n, const int32_t* pos, const fl
         // A whole page that is already outside the residual window: encode it
         // from the input directly, never staged.
         KVX_CHECK(old_rows == 0 && new_rows == T);
-        tile_k_.resize(static_cast<size_t>(T) * D);
-        tile_v_.resize(static_cast<size_t>(T) * D);
+        tile_k.resize(static_cast<size_t>(T) * D);
+        tile_v.resize(static_cast<size_t>(T) * D);
         for (int s = 0; s < T; ++s) {
-          std::memcpy(&tile_k_[static_cast<size_t>(s) * D], k_row(first + s), sizeof(float) * D);
-          std::memcpy(&tile_v_[static_cast<size_t>(s) * D], v_row(first + s), sizeof(float) * D);
+          std::memcpy(&tile_k[static_cast<size_t>(s) * D], k_row(first + s), sizeof(float) * D);
+          std::memcpy(&tile_v[static_cast<size_t>(s) * D], v_row(first + s), sizeof(float) * D);
         }
-        C::EncodePage(params, data, T, tile_k_.data(), tile_v_.data());
+        C::EncodePage(params, data, T, tile_k.data(), tile_v.data());
       } else if (full2) {
         for (int s = old_rows; s < new_rows; ++s) F16Codec::EncodeRow(params, data, s, k_row(first + s), v_row(first + s));
       } else {

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -121,8 +123,53 @@ TEST_P(SealingTest, FormatsBytesAndReadBack) {
   EXPECT_INVARIANTS(*pool);
 }
 
+// Appends that write the kv heads on a thread pool leave the same pages
+// (ids, formats, bytes) as appends on the caller: growing, sealing,
+// copy-on-write after a fork, and the replaced pages freed.
+TEST_P(SealingTest, ThreadedAppendWritesTheSameBytes) {
+  const char* spec = GetParam();
+  const CodecConfig cc = Codec(spec);
+  const KVLayout layout{1, 3, 16, PageOf(spec)};
+  const int n_ctx = 120;
+  auto pool_a = PoolFor(layout, cc, 2 * n_ctx), pool_b = PoolFor(layout, cc, 2 * n_ctx);
+  ASSERT_NE(pool_a, nullptr);
+  ASSERT_NE(pool_b, nullptr);
+  SequenceKV a(pool_a.get(), layout, cc), b(pool_b.get(), layout, cc);
+  std::unique_ptr<SequenceKV> fork_a, fork_b;
+  ThreadPool threads(2);
+  std::mt19937 rng(9);
+  auto same = [&](const SequenceKV& x, const BlockPool& px, const SequenceKV& y, const BlockPool& py) {
+    for (int h = 0; h < 3; ++h) {
+      const PageTable &tx = x.table(0, h), &ty = y.table(0, h);
+      ASSERT_EQ(tx.length(), ty.length());
+      ASSERT_EQ(tx.pages(), ty.pages()) << h;
+      for (int p = 0; p < tx.num_pages(); ++p) {
+        ASSERT_EQ(tx.is_full(p), ty.is_full(p));
+        const size_t bytes = px.PageBytesOf(tx.pages()[p]);
+        ASSERT_EQ(0, std::memcmp(px.PageData(tx.pages()[p]), py.PageData(ty.pages()[p]), bytes)) << h << " " << p;
+      }
+    }
+    ASSERT_EQ(px.bytes_in_use(), py.bytes_in_use());
+  };
+  int len = 0;
+  while (len < n_ctx) {
+    const int n = std::min(n_ctx - len, 1 + static_cast<int>(rng() % 40));
+    const Tokens t = MakeTokens(len, n, 3, 16);
+    ASSERT_TRUE(a.Append(0, n, t.pos.data(), t.k.data(), t.v.data(), &threads).ok());
+    ASSERT_TRUE(b.Append(0, n, t.pos.data(), t.k.data(), t.v.data()).ok());
+    len += n;
+    same(a, *pool_a, b, *pool_b);
+    if (fork_a == nullptr && len > n_ctx / 2) {  // later appends copy the shared last pages
+      fork_a = a.Fork();
+      fork_b = b.Fork();
+    }
+  }
+  EXPECT_INVARIANTS(*pool_a);
+  EXPECT_INVARIANTS(*pool_b);
+}
+
 INSTANTIATE_TEST_SUITE_P(Specs, SealingTest,
-                         ::testing::Values("codec=int4", "codec=int8,sinks=5", "codec=int4,residual=9",
+                         ::testing::Values("codec=f16", "codec=int4", "codec=int8,sinks=5", "codec=int4,residual=9",
                                            "codec=kivi2,page=8", "codec=kivi4,page=4,residual=13,sinks=6",
                                            "codec=int2,outliers=0.03", "codec=kivi2,page=16,bits.1=k16v16",
                                            "codec=int4,page=4,residual=4,rotate=hadamard"),

@@ -256,7 +256,8 @@ Status Model::Forward(const ForwardBatch& batch, kv::SequenceKV* kv, ForwardScra
         }
       }
     });
-    KVX_RETURN_IF_ERROR(kv->Append(l, n, batch.positions.data(), s->k.data(), s->v.data()));
+    KVX_RETURN_IF_ERROR(kv->Append(l, n, batch.positions.data(), s->k.data(), s->v.data(),
+                                   n >= kParallelTokens ? pool : nullptr));
     kv::Attention(*kv, l, s->q.data(), batch.positions.data(), n, c.n_heads, scale, s->attn.data(), pool);
     ops::MatMul(w.wo, s->attn.data(), n, s->o.data(), pool);
 
