@@ -164,7 +164,9 @@ def main():
            "scores + online softmax + values per 16 entries in registers, the page two ahead prefetched across the score "
            "steps, one call per run of pages: `F16Codec::AttendRun`); KIVI scores its channel-major key codes 16 entries per vector (`ChannelTensor::Dot`); the per-token codecs (int8/int4) use the general row-major kernels. "
            "PrefillAttention is a 512-token prompt's causal attention over itself (one smollm2-135m layer, every "
-           "query at once; GFLOPS counts 4 head_dim flops per visible query-key pair). F16DecodeKernel is the fused "
+           "query at once; GFLOPS counts 4 head_dim flops per visible query-key pair); on f16 pages its blocks of 8 "
+           "query rows take the prompt kernel (two 16-entry blocks per step, `simd_avx512_prompt.h`). "
+           "F16DecodeKernel is the fused "
            "f16 kernel alone over one contiguous run of pages per thread (46080 pages: the bytes of the 8k cache); "
            "set against DecodeAttentionAllLayers/f16/ctx:8192 at the same thread count, the difference is what "
            "attention spends outside the kernel (page tables, work items, merges, thread sync, page placement).", ""]
