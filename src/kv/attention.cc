@@ -222,7 +222,8 @@ void WriteRow(const Job& job, const float* acc, float mx, float sum, float* o) {
 }
 
 // One work item: rows [row0, row0 + nr) of kv head h against the pages of one
-// context chunk. Writes the partial (acc, max, sum) of each row. `after` is
+// context chunk. Writes the partial (acc, max, sum) of each row, or, when
+// the chain is one chunk (WritesOutputs), the rows' outputs. `after` is
 // the first page of the item this thread runs next (kNoPage if none): it is
 // prefetched with the chunk's last page, so that the next item (48 per layer
 // at 8k context on smollm2-135m) does not start on a cold miss (kv_bench f16

@@ -23,9 +23,13 @@
 //     So a single decode query over a long context keeps every thread busy
 //     even when n_kv_heads < threads, and since the chunking depends only on
 //     the chain length the result is bit-identical for any thread count.
-//     A chain of at most one chunk gives exactly the plain computation.
+//     A chain of at most one chunk gives exactly the plain computation: its
+//     items write their rows' outputs themselves, with no partials or merge
+//     (except for an observer, which the merge feeds).
 //     (Results may differ in the last bits with the batch composition: the
-//     multi-row kernels accumulate in a row-count-specific order.)
+//     multi-row kernels accumulate in a row-count-specific order, and a
+//     prompt's blocks of several queries take the f16 prompt kernel, which
+//     sums in lanes: simd_avx512_prompt.h.)
 //
 //   * within a work item, one pass page by page (online softmax): a page's
 //     scores, then its values, with the reference max, sum and accumulator

@@ -126,7 +126,9 @@ struct F16Codec {
   // online-softmax state (mx, sum, acc [nq][d]) of every row r < nq that
   // sees it (position <= qpos[r]). Pages are prefetched two ahead; `after`
   // (after_bytes long, may be null), the page the caller visits next, during
-  // the last but one.
+  // the last but one. Rows of several queries (a prompt's block) take the
+  // prompt kernel instead (32 entries per step, no prefetching:
+  // simd_avx512_prompt.h).
   // REQUIRES: HasAttendRun(p).
   static void AttendRun(const CodecParams& p, const uint8_t* const* pages, int n_pages, int m_last, size_t page_bytes,
                         const float* q, const int32_t* qpos, int nq, float* mx, float* sum, float* acc,
