@@ -380,11 +380,7 @@ void MergeBlock(const Job& job, int h, int block, float* out) {
     float big = kNegInf;
     for (int c = 0; c < n_chunks; ++c) big = std::max(big, first[c * job.part_stride + kMaxQueryRows * D + r]);
     float inv = 0.0f;
-    if (n_chunks == 1) {  // a plain computation (the observer's pass)
-      const float sum = first[kMaxQueryRows * D + kMaxQueryRows + r];
-      WriteRow(job, first + static_cast<size_t>(r) * D, big, sum, o);
-      if (big != kNegInf) inv = 1.0f / sum;
-    } else if (big == kNegInf) {
+    if (big == kNegInf) {
       std::fill(o, o + D, 0.0f);  // nothing visible (or empty cache)
     } else {
       std::fill(o, o + D, 0.0f);

@@ -48,9 +48,9 @@ KVX_ATTR void QuantizeActs(const float* x, int64_t t0, int64_t t1, QuantizedActs
       const __m256i q8 = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm512_cvtepi32_epi8(q0)),
                                                  _mm512_cvtepi32_epi8(q1), 1);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * kActBlock), q8);
-      // Lane sums of 4 quants: 1 * q summed by vpdpbusd.
-      const __m256i lane_sum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), q8);
       if (a->lane_planes) {
+        // Lane sums of 4 quants: 1 * q summed by vpdpbusd.
+        const __m256i lane_sum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), q8);
         _mm256_storeu_ps(d + 8 * b, _mm256_set1_ps(db));
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(bias + 8 * b), _mm256_sub_epi32(_mm256_setzero_si256(), lane_sum));
       }

@@ -84,7 +84,10 @@ void QuantizeActsScalar(const float* x, int64_t t0, int64_t t1, QuantizedActs* a
       }
       int32_t sum = 0;
       for (int l = 0; l < 8; ++l) {
-        if (a->lane_planes) d[8 * b + l] = db, bias[8 * b + l] = -lane_sum[l];
+        if (a->lane_planes) {
+          d[8 * b + l] = db;
+          bias[8 * b + l] = -lane_sum[l];
+        }
         sum += lane_sum[l];
       }
       sa[b] = db * static_cast<float>(sum);
