@@ -183,7 +183,7 @@ void DecodeChunkScalar(TensorType type, const uint8_t* row, int64_t n_in, int64_
   }
 }
 
-void MatMulRowsFloatScalar(const WeightView& w, const float* x, int64_t n_tokens, float* y, int64_t r0, int64_t r1) {
+void MatMulRowsFloatScalar(const WeightView& w, const float* x, int64_t n_tokens, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const uint8_t* base = static_cast<const uint8_t*>(w.data);
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* row = base + static_cast<size_t>(r) * w.row_bytes;
@@ -193,7 +193,7 @@ void MatMulRowsFloatScalar(const WeightView& w, const float* x, int64_t n_tokens
       for (int64_t k = 0; k < w.n_in; ++k) {
         acc[k % kFloatLanes] = std::fma(FloatWeight(w.type, row, k), xt[k], acc[k % kFloatLanes]);
       }
-      y[t * w.n_out + r] = ReduceLanes(acc);
+      y[t * ldy + (r - r0)] = ReduceLanes(acc);
     }
   }
 }
@@ -201,7 +201,7 @@ void MatMulRowsFloatScalar(const WeightView& w, const float* x, int64_t n_tokens
 namespace {
 
 // The kInterleaved16 contract (matmul_internal.h), from the row's GGUF form.
-void MatMulRowsInterleavedScalar(const WeightView& w, const QuantizedActs& a, float* y, int64_t r0, int64_t r1) {
+void MatMulRowsInterleavedScalar(const WeightView& w, const QuantizedActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
   std::vector<uint8_t> row(RowBytesOf(w.type, w.n_in));
   const int64_t nb = w.n_in / kActBlock;
   for (int64_t r = r0; r < r1; ++r) {
@@ -215,15 +215,15 @@ void MatMulRowsInterleavedScalar(const WeightView& w, const QuantizedActs& a, fl
         for (int j = 0; j < kActBlock; ++j) isum += static_cast<int32_t>(blk[2 + j] ^ 0x80) * q[kActBlock * b + j];
         acc = std::fma(static_cast<float>(isum), LoadF16(blk) * a.DsRow(t)[b], acc);
       }
-      y[t * w.n_out + r] = acc;
+      y[t * ldy + (r - r0)] = acc;
     }
   }
 }
 
 }  // namespace
 
-void MatMulRowsIntScalar(const WeightView& w, const QuantizedActs& a, float* y, int64_t r0, int64_t r1) {
-  if (w.layout == WeightLayout::kInterleaved16) return MatMulRowsInterleavedScalar(w, a, y, r0, r1);
+void MatMulRowsIntScalar(const WeightView& w, const QuantizedActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+  if (w.layout == WeightLayout::kInterleaved16) return MatMulRowsInterleavedScalar(w, a, y, ldy, r0, r1);
   const IntTypeInfo info = GetIntTypeInfo(w.type);
   const uint8_t* base = static_cast<const uint8_t*>(w.data);
   const int64_t n_chunks = a.k_pad / kChunk;
@@ -254,7 +254,7 @@ void MatMulRowsIntScalar(const WeightView& w, const QuantizedActs& a, float* y, 
           for (int j = 0; j < 8; ++j) acc[j] = std::fma(-m[j], sa[8 * (c / 4) + j], acc[j]);
         }
       }
-      y[t * w.n_out + r] = ReduceLanes(acc);
+      y[t * ldy + (r - r0)] = ReduceLanes(acc);
     }
   }
 }

@@ -22,7 +22,9 @@
 #include "ops/ops_test_util.h"
 #include "ops/quant_blocks.h"
 #include "ops/quantize.h"
+#include "ops/nn.h"
 #include "ops/simd_target.h"
+#include "ops/weight_pack.h"
 
 namespace kvx::ops {
 namespace {
@@ -304,6 +306,41 @@ TEST(MatMulTest, MultiEqualsSeparateCalls) {
     EXPECT_EQ(yq, sq);
     EXPECT_EQ(yk, sk);
     EXPECT_EQ(yv, sv);
+  }
+}
+
+TEST(MatMulTest, SwiGLUEqualsProductsThenSwiGLU) {
+  // 112 rows: two 48-row groups and a partial one; Q8_0 also repacked
+  // (16-row interleaved groups); 1 token (decode), 7, and 300 (several
+  // token tiles); with and without threads, on every target.
+  ThreadPool pool(3);
+  const int64_t n_in = 256, n_out = 112;
+  for (TensorType t : {TensorType::kQ8_0, TensorType::kQ4_K, TensorType::kF16}) {
+    for (bool repack : {false, true}) {
+      if (repack && t != TensorType::kQ8_0) continue;
+      SCOPED_TRACE(std::string(gguf::TensorTypeName(t)) + (repack ? " repacked" : ""));
+      auto gate = MakeMatrix(t, n_in, n_out, 31), up = MakeMatrix(t, n_in, n_out, 32);
+      PackedWeights packed;
+      if (repack) {
+        std::vector<WeightView*> views = {&gate.view, &up.view};
+        packed = PackedWeights::PackAll(views, {});
+        ASSERT_EQ(gate.view.layout, WeightLayout::kInterleaved16);
+      }
+      ForEachTarget([&](const std::string&) {
+        for (int64_t n_tokens : {1, 7, 300}) {
+          const auto x = Gaussian(n_in * n_tokens, 33);
+          std::vector<float> g(n_out * n_tokens), u(g.size()), want(g.size());
+          const MatMulOutput outs[] = {{gate.view, g.data()}, {up.view, u.data()}};
+          MatMulMulti(outs, x.data(), n_tokens, nullptr);
+          SwiGLU(g.data(), u.data(), n_out * n_tokens, want.data());
+          for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+            std::vector<float> got(g.size(), -1.0f);
+            MatMulSwiGLU(gate.view, up.view, x.data(), n_tokens, got.data(), p);
+            EXPECT_EQ(got, want) << n_tokens << " tokens, " << (p ? "threaded" : "one thread");
+          }
+        }
+      });
+    }
   }
 }
 
