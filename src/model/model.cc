@@ -187,7 +187,6 @@ Status Model::Forward(const ForwardBatch& batch, kv::SequenceKV* kv, ForwardScra
   s->v.resize(static_cast<size_t>(n) * kv_dim);
   s->attn.resize(static_cast<size_t>(n) * q_dim);
   s->o.resize(static_cast<size_t>(n) * d);
-  s->ffn.resize(static_cast<size_t>(n) * c.n_ff);
 
   // Token embeddings: one dequantized row per token.
   for (int i = 0; i < n; ++i) ops::DequantizeWeightRow(token_embd_, batch.tokens[i], &s->x[static_cast<size_t>(i) * d]);
@@ -265,8 +264,7 @@ Status Model::Forward(const ForwardBatch& batch, kv::SequenceKV* kv, ForwardScra
       residual_rows(i0, i1);
       norm_rows(w.ffn_norm, i0, i1);
     });
-    ops::MatMulSwiGLU(w.w_gate, w.w_up, s->h.data(), n, s->ffn.data(), pool);
-    ops::MatMul(w.w_down, s->ffn.data(), n, s->o.data(), pool);
+    ops::FeedForward(w.w_gate, w.w_up, w.w_down, s->h.data(), n, s->o.data(), pool);
   }
   if (c.n_layers > 0) for_tokens(residual_rows);  // the last layer's
 

@@ -44,7 +44,7 @@ struct ForwardBatch {
 
 // Per-sequence working memory, reused across calls to avoid allocations.
 struct ForwardScratch {
-  std::vector<float> x, h, q, k, v, attn, o, ffn, logits_in;  // ffn: SwiGLU(gate, up), [n][n_ff]
+  std::vector<float> x, h, q, k, v, attn, o, logits_in;
 };
 
 class Model {

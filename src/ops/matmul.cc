@@ -16,6 +16,7 @@
 namespace kvx::ops {
 namespace {
 
+using internal::kActBlock;
 using internal::QuantizedActs;
 
 // Rows are handed to threads in groups of this many (a multiple of the
@@ -34,7 +35,8 @@ constexpr size_t kChunksPerThread = 4, kDecodeChunksPerThread = 1;
 constexpr int64_t kParallelQuantizeElems = 1 << 15;
 
 thread_local internal::ScratchBuffer tls_acts;
-thread_local internal::ScratchBuffer tls_swiglu;  // MatMulSwiGLU's gate and up columns
+thread_local internal::ScratchBuffer tls_swiglu;  // SwiGLUGroups' gate and up columns
+thread_local internal::ScratchBuffer tls_ffn;     // FeedForward's SwiGLU output (int8 or float)
 
 void CheckWeight(const WeightView& w) {
   const BlockGeometry g = GetBlockGeometry(w.type);
@@ -57,13 +59,14 @@ QuantizedActs QuantizeFor(std::span<const WeightView* const> ws, const float* x,
   void* buf = tls_acts.Get(internal::QuantizedActsBytes(n_tokens, n_in));
   acts = internal::LayoutQuantizedActs(buf, n_tokens, n_in);
   acts.lane_planes = any_lanes;
+  const int64_t n_blocks = acts.k_pad / kActBlock;
   if (pool != nullptr && pool->size() > 1 && n_tokens > 1 && n_tokens * n_in >= kParallelQuantizeElems) {
     const size_t grain = std::max<size_t>(1, static_cast<size_t>(n_tokens) / (4 * pool->size()));
     pool->ParallelForDynamic(static_cast<size_t>(n_tokens), grain, [&](size_t b, size_t e, int) {
-      internal::QuantizeActsBest(x, static_cast<int64_t>(b), static_cast<int64_t>(e), &acts);
+      internal::QuantizeActsBest(x, n_in, static_cast<int64_t>(b), static_cast<int64_t>(e), 0, n_blocks, &acts);
     });
   } else {
-    internal::QuantizeActsBest(x, 0, n_tokens, &acts);
+    internal::QuantizeActsBest(x, n_in, 0, n_tokens, 0, n_blocks, &acts);
   }
   return acts;
 }
@@ -95,24 +98,20 @@ void ForRowGroups(int64_t n_groups, int64_t n_tokens, ThreadPool* pool, ThreadPo
 
 }  // namespace
 
-void MatMulMulti(std::span<const MatMulOutput> outputs, const float* x, int64_t n_tokens, ThreadPool* pool) {
-  if (outputs.empty() || n_tokens <= 0) return;
-  const int64_t n_in = outputs[0].w.n_in;
+namespace {
+
+// MatMulMulti with x already quantized into acts (when any matrix needs it).
+void MatMulMultiWith(std::span<const MatMulOutput> outputs, const QuantizedActs& acts, const float* x, int64_t n_tokens,
+                     ThreadPool* pool) {
   int64_t n_groups = 0;
   std::vector<int64_t> group_begin;  // first row group of each output
-  std::vector<const WeightView*> ws;
   group_begin.reserve(outputs.size() + 1);
   for (const MatMulOutput& o : outputs) {
-    CheckWeight(o.w);
-    KVX_CHECK(o.w.n_in == n_in);
-    ws.push_back(&o.w);
     group_begin.push_back(n_groups);
     n_groups += (std::max<int64_t>(o.w.n_out, 0) + kRowGroup - 1) / kRowGroup;
   }
   group_begin.push_back(n_groups);
   if (n_groups == 0) return;
-  const QuantizedActs acts = QuantizeFor(ws, x, n_tokens, pool);
-
   // Row groups [gb, ge) across all outputs, in order.
   ForRowGroups(n_groups, n_tokens, pool, [&](size_t gb, size_t ge, int) {
     for (size_t i = 0; i < outputs.size(); ++i) {
@@ -127,28 +126,77 @@ void MatMulMulti(std::span<const MatMulOutput> outputs, const float* x, int64_t 
   });
 }
 
-void MatMulSwiGLU(const WeightView& gate, const WeightView& up, const float* x, int64_t n_tokens, float* out,
-                  ThreadPool* pool) {
+// SwiGLU(gate . x, up . x) in groups of kSwiGLURows rows: each thread
+// computes a group of both matrices for every token into L2-resident
+// scratch and applies SwiGLU there; the group's result goes to out (row
+// stride n_out) or, with h_acts, straight into the int8 activations of the
+// next matrix (the group's 32-blocks; the last group also writes the
+// padding blocks).
+constexpr int64_t kSwiGLURows = 2 * kRowGroup;  // 3 activation blocks
+static_assert(kSwiGLURows % kActBlock == 0);
+
+void SwiGLUGroups(const WeightView& gate, const WeightView& up, const float* x, int64_t n_tokens, float* out,
+                  QuantizedActs* h_acts, ThreadPool* pool) {
   CheckWeight(gate);
   CheckWeight(up);
   KVX_CHECK(gate.n_in == up.n_in && gate.n_out == up.n_out);
-  if (n_tokens <= 0 || gate.n_out <= 0) return;
   const WeightView* ws[] = {&gate, &up};
   const QuantizedActs acts = QuantizeFor(ws, x, n_tokens, pool);
-  const int64_t n_out = gate.n_out, n_groups = (n_out + kRowGroup - 1) / kRowGroup;
+  const int64_t n_out = gate.n_out, n_groups = (n_out + kSwiGLURows - 1) / kSwiGLURows;
   ForRowGroups(n_groups, n_tokens, pool, [&](size_t gb, size_t ge, int) {
-    // One row group at a time: its gate and up columns for every token
-    // (n_tokens x 48 x 2 floats, 192 KiB for 512 tokens) stay in L2 until
-    // the SwiGLU reads them.
-    float* g = static_cast<float*>(tls_swiglu.Get(sizeof(float) * 2 * static_cast<size_t>(n_tokens) * kRowGroup));
+    float* g = static_cast<float*>(tls_swiglu.Get(sizeof(float) * 2 * static_cast<size_t>(n_tokens) * kSwiGLURows));
     for (size_t grp = gb; grp < ge; ++grp) {
-      const int64_t r0 = static_cast<int64_t>(grp) * kRowGroup, r1 = std::min(n_out, r0 + kRowGroup), m = r1 - r0;
+      const int64_t r0 = static_cast<int64_t>(grp) * kSwiGLURows, r1 = std::min(n_out, r0 + kSwiGLURows), m = r1 - r0;
       float* u = g + n_tokens * m;
       RunRows(gate, acts, x, n_tokens, g, m, r0, r1);
       RunRows(up, acts, x, n_tokens, u, m, r0, r1);
-      SwiGLURows(g, u, n_tokens, m, out + r0, n_out);
+      if (h_acts == nullptr) {
+        SwiGLURows(g, u, n_tokens, m, out + r0, n_out);
+        continue;
+      }
+      SwiGLURows(g, u, n_tokens, m, g, m);  // in place
+      const int64_t b1 = r1 == n_out ? h_acts->k_pad / kActBlock : r1 / kActBlock;
+      internal::QuantizeActsBest(g, m, 0, n_tokens, r0 / kActBlock, b1, h_acts);
     }
   });
+}
+
+}  // namespace
+
+void MatMulMulti(std::span<const MatMulOutput> outputs, const float* x, int64_t n_tokens, ThreadPool* pool) {
+  if (outputs.empty() || n_tokens <= 0) return;
+  std::vector<const WeightView*> ws;
+  for (const MatMulOutput& o : outputs) {
+    CheckWeight(o.w);
+    KVX_CHECK(o.w.n_in == outputs[0].w.n_in);
+    ws.push_back(&o.w);
+  }
+  MatMulMultiWith(outputs, QuantizeFor(ws, x, n_tokens, pool), x, n_tokens, pool);
+}
+
+void MatMulSwiGLU(const WeightView& gate, const WeightView& up, const float* x, int64_t n_tokens, float* out,
+                  ThreadPool* pool) {
+  if (n_tokens <= 0) return;
+  SwiGLUGroups(gate, up, x, n_tokens, out, nullptr, pool);
+}
+
+void FeedForward(const WeightView& gate, const WeightView& up, const WeightView& down, const float* x,
+                 int64_t n_tokens, float* out, ThreadPool* pool) {
+  CheckWeight(down);
+  KVX_CHECK(down.n_in == gate.n_out);
+  if (n_tokens <= 0) return;
+  const MatMulOutput y[] = {{down, out}};
+  if (!internal::IsIntPathType(down.type)) {  // float weights multiply float activations
+    float* h = static_cast<float*>(tls_ffn.Get(sizeof(float) * static_cast<size_t>(n_tokens) * down.n_in));
+    SwiGLUGroups(gate, up, x, n_tokens, h, nullptr, pool);
+    MatMulMultiWith(y, QuantizedActs{}, h, n_tokens, pool);
+    return;
+  }
+  QuantizedActs h_acts = internal::LayoutQuantizedActs(
+      tls_ffn.Get(internal::QuantizedActsBytes(n_tokens, down.n_in)), n_tokens, down.n_in);
+  h_acts.lane_planes = down.layout != WeightLayout::kInterleaved16;
+  SwiGLUGroups(gate, up, x, n_tokens, nullptr, &h_acts, pool);
+  MatMulMultiWith(y, h_acts, nullptr, n_tokens, pool);
 }
 
 void MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y, ThreadPool* pool) {

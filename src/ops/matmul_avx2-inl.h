@@ -24,21 +24,21 @@ KVX_INLINE float Reduce(const V16& v) {
 
 // ---- activations (bit-identical to QuantizeActsScalar) ----------------------
 
-KVX_ATTR void QuantizeActs(const float* x, int64_t t0, int64_t t1, QuantizedActs* a) {
-  const int64_t k = a->k, nb = a->k_pad / kActBlock;
+KVX_ATTR void QuantizeActs(const float* x, int64_t ldx, int64_t t0, int64_t t1, int64_t b0, int64_t b1, QuantizedActs* a) {
+  const int64_t k = a->k;
   const __m256 sign = _mm256_set1_ps(-0.0f);
   const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (int64_t t = t0; t < t1; ++t) {
-    const float* xt = x + t * k;
+    const float* xt = x + t * ldx;  // block b0 of token t
     int8_t* q = a->q + t * a->k_pad;
     float* d = a->d + t * (a->k_pad / 4);
     int32_t* bias = a->bias + t * (a->k_pad / 4);
     float* sa = a->sa + t * (a->k_pad / 32);
-    for (int64_t b = 0; b < nb; ++b) {
+    for (int64_t b = b0; b < b1; ++b) {
       __m256 v[4];
       for (int j = 0; j < 4; ++j) {
-        v[j] = b * kActBlock < k ? _mm256_loadu_ps(xt + b * kActBlock + 8 * j) : _mm256_setzero_ps();
+        v[j] = b * kActBlock < k ? _mm256_loadu_ps(xt + (b - b0) * kActBlock + 8 * j) : _mm256_setzero_ps();
       }
       __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
                                _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));

@@ -24,20 +24,20 @@ KVX_INLINE __m128i Broadcast16(const uint8_t* p) {
 
 // ---- activations ----------------------------------------------------------
 
-KVX_ATTR void QuantizeActs(const float* x, int64_t t0, int64_t t1, QuantizedActs* a) {
-  const int64_t k = a->k, nb = a->k_pad / kActBlock;
+KVX_ATTR void QuantizeActs(const float* x, int64_t ldx, int64_t t0, int64_t t1, int64_t b0, int64_t b1, QuantizedActs* a) {
+  const int64_t k = a->k;
   const __m512 sign = _mm512_set1_ps(-0.0f);
   for (int64_t t = t0; t < t1; ++t) {
-    const float* xt = x + t * k;
+    const float* xt = x + t * ldx;  // block b0 of token t
     int8_t* q = a->q + t * a->k_pad;
     float* d = a->d + t * (a->k_pad / 4);
     int32_t* bias = a->bias + t * (a->k_pad / 4);
     float* sa = a->sa + t * (a->k_pad / 32);
-    for (int64_t b = 0; b < nb; ++b) {
+    for (int64_t b = b0; b < b1; ++b) {
       __m512 x0 = _mm512_setzero_ps(), x1 = _mm512_setzero_ps();
       if (b * kActBlock < k) {  // k is a multiple of 32: a block is all in or all out
-        x0 = _mm512_loadu_ps(xt + b * kActBlock);
-        x1 = _mm512_loadu_ps(xt + b * kActBlock + 16);
+        x0 = _mm512_loadu_ps(xt + (b - b0) * kActBlock);
+        x1 = _mm512_loadu_ps(xt + (b - b0) * kActBlock + 16);
       }
       const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, x0), _mm512_andnot_ps(sign, x1)));
       const float db = amax / 127.0f;

@@ -61,24 +61,24 @@ QuantizedActs LayoutQuantizedActs(void* buffer, int64_t n_tokens, int64_t k) {
   return a;
 }
 
-void QuantizeActsScalar(const float* x, int64_t t0, int64_t t1, QuantizedActs* a) {
-  const int64_t k = a->k, nb = a->k_pad / kActBlock;
+void QuantizeActsScalar(const float* x, int64_t ldx, int64_t t0, int64_t t1, int64_t b0, int64_t b1, QuantizedActs* a) {
+  const int64_t k = a->k;
   for (int64_t t = t0; t < t1; ++t) {
-    const float* xt = x + t * k;
+    const float* xt = x + t * ldx;  // block b0 of token t
     int8_t* q = a->q + t * a->k_pad;
     float* d = a->d + t * (a->k_pad / 4);
     int32_t* bias = a->bias + t * (a->k_pad / 4);
     float* sa = a->sa + t * (a->k_pad / 32);
     int32_t* block_bias = a->block_bias + t * (a->k_pad / 32);
-    for (int64_t b = 0; b < nb; ++b) {
+    for (int64_t b = b0; b < b1; ++b) {
       const int64_t i0 = b * kActBlock;
       float amax = 0.0f;
-      for (int64_t i = i0; i < std::min(i0 + kActBlock, k); ++i) amax = std::max(amax, std::fabs(xt[i]));
+      for (int64_t i = i0; i < std::min(i0 + kActBlock, k); ++i) amax = std::max(amax, std::fabs(xt[i - b0 * kActBlock]));
       const float db = amax / 127.0f;
       const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
       int32_t lane_sum[8] = {};
       for (int64_t i = i0; i < i0 + kActBlock; ++i) {
-        const int v = i < k ? static_cast<int>(std::nearbyint(xt[i] * id)) : 0;
+        const int v = i < k ? static_cast<int>(std::nearbyint(xt[i - b0 * kActBlock] * id)) : 0;
         q[i] = static_cast<int8_t>(v);
         lane_sum[(i - i0) / 4] += v;
       }
