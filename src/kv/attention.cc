@@ -468,8 +468,9 @@ void Attention(const SequenceKV& kv, int layer, const float* q, const int32_t* q
       const PageTable& t = kv.table(layer, h);
       job.page_min[h].resize(t.num_pages());
       for (int p = 0; p < t.num_pages(); ++p) {
+        const int32_t* pos = PagePositions(kv.pool().PageData(t.pages()[p]));
         int32_t hi;
-        MinMax(PagePositions(kv.pool().PageData(t.pages()[p])), t.EntriesInPage(p, L.page_tokens), &job.page_min[h][p], &hi);
+        MinMax(pos, t.EntriesInPage(p, L.page_tokens), &job.page_min[h][p], &hi);
       }
     }
   }

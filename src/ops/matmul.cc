@@ -96,10 +96,6 @@ void ForRowGroups(int64_t n_groups, int64_t n_tokens, ThreadPool* pool, ThreadPo
   }
 }
 
-}  // namespace
-
-namespace {
-
 // MatMulMulti with x already quantized into acts (when any matrix needs it).
 void MatMulMultiWith(std::span<const MatMulOutput> outputs, const QuantizedActs& acts, const float* x, int64_t n_tokens,
                      ThreadPool* pool) {

@@ -24,7 +24,8 @@ KVX_INLINE float Reduce(const V16& v) {
 
 // ---- activations (bit-identical to QuantizeActsScalar) ----------------------
 
-KVX_ATTR void QuantizeActs(const float* x, int64_t ldx, int64_t t0, int64_t t1, int64_t b0, int64_t b1, QuantizedActs* a) {
+KVX_ATTR void QuantizeActs(const float* x, int64_t ldx, int64_t t0, int64_t t1,
+                           int64_t b0, int64_t b1, QuantizedActs* a) {
   const int64_t k = a->k;
   const __m256 sign = _mm256_set1_ps(-0.0f);
   const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
@@ -128,7 +129,8 @@ KVX_ATTR void FloatTile(const uint8_t* row, size_t row_bytes, const float* x, in
 constexpr int kFloatRows = 2, kFloatTokens = 2;
 
 template <TensorType kType>
-KVX_ATTR void FloatRows(const WeightView& w, const float* x, int64_t n_tokens, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+KVX_ATTR void FloatRows(const WeightView& w, const float* x, int64_t n_tokens,
+                        float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const uint8_t* base = static_cast<const uint8_t*>(w.data);
   const int64_t k = w.n_in;
   const size_t rb = w.row_bytes;
@@ -144,12 +146,14 @@ KVX_ATTR void FloatRows(const WeightView& w, const float* x, int64_t n_tokens, f
       for (; t < t1; ++t) FloatTile<kType, kFloatRows, 1>(base + r * rb, rb, x + t * k, k, y + t * ldy + (r - r0), ldy);
     }
     for (; r < r1; ++r) {
-      for (int64_t t = t0; t < t1; ++t) FloatTile<kType, 1, 1>(base + r * rb, rb, x + t * k, k, y + t * ldy + (r - r0), ldy);
+      for (int64_t t = t0; t < t1; ++t) FloatTile<kType, 1, 1>(
+          base + r * rb, rb, x + t * k, k, y + t * ldy + (r - r0), ldy);
     }
   }
 }
 
-void MatMulRowsFloat(const WeightView& w, const float* x, int64_t n_tokens, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+void MatMulRowsFloat(const WeightView& w, const float* x, int64_t n_tokens,
+                     float* y, int64_t ldy, int64_t r0, int64_t r1) {
   switch (w.type) {
     case TensorType::kF32: return FloatRows<TensorType::kF32>(w, x, n_tokens, y, ldy, r0, r1);
     case TensorType::kF16: return FloatRows<TensorType::kF16>(w, x, n_tokens, y, ldy, r0, r1);
@@ -378,7 +382,8 @@ KVX_ATTR void IntRowsTyped(const WeightView& w, const QuantizedActs& a, float* y
       for (; t + kIntTokens <= t1; t += kIntTokens) {
         IntTile<kIntRows, kIntTokens, kCps, kSigned, kBias, kMin>(src, a, t, shift, y + t * ldy + (r - r0), ldy);
       }
-      for (; t < t1; ++t) IntTile<kIntRows, 1, kCps, kSigned, kBias, kMin>(src, a, t, shift, y + t * ldy + (r - r0), ldy);
+      for (; t < t1; ++t) IntTile<kIntRows, 1, kCps, kSigned, kBias, kMin>(
+          src, a, t, shift, y + t * ldy + (r - r0), ldy);
     }
     for (; r < r1; ++r) {
       decode(r, 1);

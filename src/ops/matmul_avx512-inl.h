@@ -24,7 +24,8 @@ KVX_INLINE __m128i Broadcast16(const uint8_t* p) {
 
 // ---- activations ----------------------------------------------------------
 
-KVX_ATTR void QuantizeActs(const float* x, int64_t ldx, int64_t t0, int64_t t1, int64_t b0, int64_t b1, QuantizedActs* a) {
+KVX_ATTR void QuantizeActs(const float* x, int64_t ldx, int64_t t0, int64_t t1,
+                           int64_t b0, int64_t b1, QuantizedActs* a) {
   const int64_t k = a->k;
   const __m512 sign = _mm512_set1_ps(-0.0f);
   for (int64_t t = t0; t < t1; ++t) {
@@ -128,7 +129,8 @@ KVX_ATTR void FloatTile(const uint8_t* row, size_t row_bytes, const float* x, in
 constexpr int kFloatRows = 6, kFloatTokens = 4;
 
 template <TensorType kType>
-KVX_ATTR void FloatRows(const WeightView& w, const float* x, int64_t n_tokens, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+KVX_ATTR void FloatRows(const WeightView& w, const float* x, int64_t n_tokens,
+                        float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const uint8_t* base = static_cast<const uint8_t*>(w.data);
   const int64_t k = w.n_in;
   const size_t rb = w.row_bytes;
@@ -564,7 +566,8 @@ KVX_ATTR void InterleavedTokens(const Interleaved16& g, int64_t gr, const Quanti
   for (; t < t1; ++t) InterleavedTile<kR, 1, false>(g, gr, a, t, yg + t * ldy, ldy);
 }
 
-KVX_ATTR void InterleavedRows(const WeightView& w, const QuantizedActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+KVX_ATTR void InterleavedRows(const WeightView& w, const QuantizedActs& a,
+                              float* y, int64_t ldy, int64_t r0, int64_t r1) {
   constexpr int kRows = Interleaved16::kRows;
   KVX_CHECK(r0 % kRows == 0 && r1 % kRows == 0);
   const Interleaved16 g = Interleaved16Of(w);
@@ -584,7 +587,8 @@ KVX_ATTR void InterleavedRows(const WeightView& w, const QuantizedActs& a, float
   }
 }
 
-void MatMulRowsFloat(const WeightView& w, const float* x, int64_t n_tokens, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+void MatMulRowsFloat(const WeightView& w, const float* x, int64_t n_tokens,
+                     float* y, int64_t ldy, int64_t r0, int64_t r1) {
   switch (w.type) {
     case TensorType::kF32: return FloatRows<TensorType::kF32>(w, x, n_tokens, y, ldy, r0, r1);
     case TensorType::kF16: return FloatRows<TensorType::kF16>(w, x, n_tokens, y, ldy, r0, r1);

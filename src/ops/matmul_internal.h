@@ -193,12 +193,14 @@ inline Interleaved16 Interleaved16Of(const WeightView& w) {
 // at y[t * ldy + (r - r0)] (y points at token 0's row r0).
 // Any layout (other than kRows, rows are first copied back to GGUF form);
 // kInterleaved16 by its own contract above.
-void MatMulRowsFloatScalar(const WeightView& w, const float* x, int64_t n_tokens, float* y, int64_t ldy, int64_t r0, int64_t r1);
+void MatMulRowsFloatScalar(const WeightView& w, const float* x, int64_t n_tokens,
+                           float* y, int64_t ldy, int64_t r0, int64_t r1);
 void MatMulRowsIntScalar(const WeightView& w, const QuantizedActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 
 // The same, dispatched to the best SIMD target of this CPU (matmul_simd.cc).
 void QuantizeActsBest(const float* x, int64_t ldx, int64_t t0, int64_t t1, int64_t b0, int64_t b1, QuantizedActs* a);
-void MatMulRowsFloatBest(const WeightView& w, const float* x, int64_t n_tokens, float* y, int64_t ldy, int64_t r0, int64_t r1);
+void MatMulRowsFloatBest(const WeightView& w, const float* x, int64_t n_tokens,
+                         float* y, int64_t ldy, int64_t r0, int64_t r1);
 void MatMulRowsIntBest(const WeightView& w, const QuantizedActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
 
 }  // namespace kvx::ops::internal

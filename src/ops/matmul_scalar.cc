@@ -73,7 +73,9 @@ void QuantizeActsScalar(const float* x, int64_t ldx, int64_t t0, int64_t t1, int
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t i0 = b * kActBlock;
       float amax = 0.0f;
-      for (int64_t i = i0; i < std::min(i0 + kActBlock, k); ++i) amax = std::max(amax, std::fabs(xt[i - b0 * kActBlock]));
+      for (int64_t i = i0; i < std::min(i0 + kActBlock, k); ++i) {
+        amax = std::max(amax, std::fabs(xt[i - b0 * kActBlock]));
+      }
       const float db = amax / 127.0f;
       const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
       int32_t lane_sum[8] = {};
@@ -183,7 +185,8 @@ void DecodeChunkScalar(TensorType type, const uint8_t* row, int64_t n_in, int64_
   }
 }
 
-void MatMulRowsFloatScalar(const WeightView& w, const float* x, int64_t n_tokens, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+void MatMulRowsFloatScalar(const WeightView& w, const float* x, int64_t n_tokens,
+                           float* y, int64_t ldy, int64_t r0, int64_t r1) {
   const uint8_t* base = static_cast<const uint8_t*>(w.data);
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* row = base + static_cast<size_t>(r) * w.row_bytes;
@@ -201,7 +204,8 @@ void MatMulRowsFloatScalar(const WeightView& w, const float* x, int64_t n_tokens
 namespace {
 
 // The kInterleaved16 contract (matmul_internal.h), from the row's GGUF form.
-void MatMulRowsInterleavedScalar(const WeightView& w, const QuantizedActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+void MatMulRowsInterleavedScalar(const WeightView& w, const QuantizedActs& a,
+                                 float* y, int64_t ldy, int64_t r0, int64_t r1) {
   std::vector<uint8_t> row(RowBytesOf(w.type, w.n_in));
   const int64_t nb = w.n_in / kActBlock;
   for (int64_t r = r0; r < r1; ++r) {

@@ -64,7 +64,8 @@ using gguf::TensorType;
 void QuantizeActs(const float* x, int64_t ldx, int64_t t0, int64_t t1, int64_t b0, int64_t b1, QuantizedActs* a) {
   QuantizeActsScalar(x, ldx, t0, t1, b0, b1, a);
 }
-void MatMulRowsFloat(const WeightView& w, const float* x, int64_t n_tokens, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+void MatMulRowsFloat(const WeightView& w, const float* x, int64_t n_tokens,
+                     float* y, int64_t ldy, int64_t r0, int64_t r1) {
   MatMulRowsFloatScalar(w, x, n_tokens, y, ldy, r0, r1);
 }
 void MatMulRowsInt(const WeightView& w, const QuantizedActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
@@ -87,7 +88,8 @@ HWY_EXPORT(MatMulRowsInt);
 void QuantizeActsBest(const float* x, int64_t ldx, int64_t t0, int64_t t1, int64_t b0, int64_t b1, QuantizedActs* a) {
   HWY_DYNAMIC_DISPATCH(QuantizeActs)(x, ldx, t0, t1, b0, b1, a);
 }
-void MatMulRowsFloatBest(const WeightView& w, const float* x, int64_t n_tokens, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+void MatMulRowsFloatBest(const WeightView& w, const float* x, int64_t n_tokens,
+                         float* y, int64_t ldy, int64_t r0, int64_t r1) {
   HWY_DYNAMIC_DISPATCH(MatMulRowsFloat)(w, x, n_tokens, y, ldy, r0, r1);
 }
 void MatMulRowsIntBest(const WeightView& w, const QuantizedActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {

@@ -111,13 +111,15 @@ void Softmax(float* x, int64_t n) {
 
 // A row's last width % N elements go through the same vector formula in a
 // padded buffer, so every element's result is the same wherever rows are
-// cut (MatMulSwiGLU applies it to 48-column slices of what SwiGLU sees as
+// cut (MatMulSwiGLU applies it to 96-column slices of what SwiGLU sees as
 // one long row).
 void SwiGLURows(const float* gate, const float* up, int64_t rows, int64_t width, float* out, int64_t ld_out) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const auto one = hn::Set(d, 1.0f);
-  auto swiglu = [&](const auto g, const auto u) { return hn::Mul(hn::Div(g, hn::Add(one, ExpClamped(d, hn::Neg(g)))), u); };
+  auto swiglu = [&](const auto g, const auto u) {
+    return hn::Mul(hn::Div(g, hn::Add(one, ExpClamped(d, hn::Neg(g)))), u);
+  };
   for (int64_t r = 0; r < rows; ++r) {
     const float* gr = gate + r * width;
     const float* ur = up + r * width;
