@@ -187,6 +187,8 @@ Status Model::Forward(const ForwardBatch& batch, kv::SequenceKV* kv, ForwardScra
   s->v.resize(static_cast<size_t>(n) * kv_dim);
   s->attn.resize(static_cast<size_t>(n) * q_dim);
   s->o.resize(static_cast<size_t>(n) * d);
+  s->gate.resize(static_cast<size_t>(n) * c.n_ff);
+  s->up.resize(static_cast<size_t>(n) * c.n_ff);
 
   // Token embeddings: one dequantized row per token.
   for (int i = 0; i < n; ++i) ops::DequantizeWeightRow(token_embd_, batch.tokens[i], &s->x[static_cast<size_t>(i) * d]);
@@ -264,7 +266,13 @@ Status Model::Forward(const ForwardBatch& batch, kv::SequenceKV* kv, ForwardScra
       residual_rows(i0, i1);
       norm_rows(w.ffn_norm, i0, i1);
     });
-    ops::FeedForward(w.w_gate, w.w_up, w.w_down, s->h.data(), n, s->o.data(), pool);
+    const ops::MatMulOutput gate_up[] = {{w.w_gate, s->gate.data()}, {w.w_up, s->up.data()}};
+    ops::MatMulMulti(gate_up, s->h.data(), n, pool);
+    for_tokens([&](int i0, int i1) {
+      const size_t off = static_cast<size_t>(i0) * c.n_ff;
+      ops::SwiGLU(&s->gate[off], &s->up[off], static_cast<int64_t>(i1 - i0) * c.n_ff, &s->gate[off]);
+    });
+    ops::MatMul(w.w_down, s->gate.data(), n, s->o.data(), pool);
   }
   if (c.n_layers > 0) for_tokens(residual_rows);  // the last layer's
 

@@ -44,7 +44,7 @@ struct ForwardBatch {
 
 // Per-sequence working memory, reused across calls to avoid allocations.
 struct ForwardScratch {
-  std::vector<float> x, h, q, k, v, attn, o, logits_in;
+  std::vector<float> x, h, q, k, v, attn, o, gate, up, logits_in;
 };
 
 class Model {

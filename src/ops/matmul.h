@@ -80,26 +80,6 @@ struct MatMulOutput {
 // REQUIRES: all w.n_in equal; as MatMul for each.
 void MatMulMulti(std::span<const MatMulOutput> outputs, const float* x, int64_t n_tokens, ThreadPool* pool);
 
-// out[t*n_out + o] = silu(gate_o . x_t) * (up_o . x_t), the FFN's SwiGLU
-// (ops/nn.h) fused with its two projections: each thread computes a group
-// of 96 rows of both matrices for every token into L2-resident scratch and
-// applies SwiGLU there, so the two [n_tokens][n_out] products are never
-// written out and read back (for a 512-token prefill of smollm2-135m,
-// 6 MB per layer that did not fit in L2). Bit-identical to MatMulMulti on
-// {gate, up} followed by SwiGLU.
-// REQUIRES: gate and up of the same shape; as MatMul for each; out does
-// not alias x.
-void MatMulSwiGLU(const WeightView& gate, const WeightView& up, const float* x, int64_t n_tokens, float* out,
-                  ThreadPool* pool);
-
-// The whole SwiGLU feed-forward block: out = down . MatMulSwiGLU(gate, up, x).
-// When down takes int8 activations, each group's SwiGLU result is quantized
-// where it was computed, so it is never written as floats and read back by
-// a separate quantization pass. Bit-identical to MatMulSwiGLU then MatMul.
-// REQUIRES: as MatMulSwiGLU; down.n_in == gate.n_out; out does not alias x.
-void FeedForward(const WeightView& gate, const WeightView& up, const WeightView& down, const float* x,
-                 int64_t n_tokens, float* out, ThreadPool* pool);
-
 // Reference: dequantizes each row with DequantizeRow and accumulates the dot
 // products in double. Slow; for tests and for validating faster kernels.
 void MatMulReference(const WeightView& w, const float* x, int64_t n_tokens, float* y);

@@ -24,22 +24,21 @@ KVX_INLINE float Reduce(const V16& v) {
 
 // ---- activations (bit-identical to QuantizeActsScalar) ----------------------
 
-KVX_ATTR void QuantizeActs(const float* x, int64_t ldx, int64_t t0, int64_t t1,
-                           int64_t b0, int64_t b1, QuantizedActs* a) {
-  const int64_t k = a->k;
+KVX_ATTR void QuantizeActs(const float* x, int64_t t0, int64_t t1, QuantizedActs* a) {
+  const int64_t k = a->k, nb = a->k_pad / kActBlock;
   const __m256 sign = _mm256_set1_ps(-0.0f);
   const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (int64_t t = t0; t < t1; ++t) {
-    const float* xt = x + t * ldx;  // block b0 of token t
+    const float* xt = x + t * k;
     int8_t* q = a->q + t * a->k_pad;
     float* d = a->d + t * (a->k_pad / 4);
     int32_t* bias = a->bias + t * (a->k_pad / 4);
     float* sa = a->sa + t * (a->k_pad / 32);
-    for (int64_t b = b0; b < b1; ++b) {
+    for (int64_t b = 0; b < nb; ++b) {
       __m256 v[4];
       for (int j = 0; j < 4; ++j) {
-        v[j] = b * kActBlock < k ? _mm256_loadu_ps(xt + (b - b0) * kActBlock + 8 * j) : _mm256_setzero_ps();
+        v[j] = b * kActBlock < k ? _mm256_loadu_ps(xt + b * kActBlock + 8 * j) : _mm256_setzero_ps();
       }
       __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
                                _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
@@ -129,10 +128,9 @@ KVX_ATTR void FloatTile(const uint8_t* row, size_t row_bytes, const float* x, in
 constexpr int kFloatRows = 2, kFloatTokens = 2;
 
 template <TensorType kType>
-KVX_ATTR void FloatRows(const WeightView& w, const float* x, int64_t n_tokens,
-                        float* y, int64_t ldy, int64_t r0, int64_t r1) {
+KVX_ATTR void FloatRows(const WeightView& w, const float* x, int64_t n_tokens, float* y, int64_t r0, int64_t r1) {
   const uint8_t* base = static_cast<const uint8_t*>(w.data);
-  const int64_t k = w.n_in;
+  const int64_t k = w.n_in, ldy = w.n_out;
   const size_t rb = w.row_bytes;
   const int64_t tt = TokenTile(4 * k);
   for (int64_t t0 = 0; t0 < n_tokens; t0 += tt) {
@@ -141,23 +139,21 @@ KVX_ATTR void FloatRows(const WeightView& w, const float* x, int64_t n_tokens,
     for (; r + kFloatRows <= r1; r += kFloatRows) {
       int64_t t = t0;
       for (; t + kFloatTokens <= t1; t += kFloatTokens) {
-        FloatTile<kType, kFloatRows, kFloatTokens>(base + r * rb, rb, x + t * k, k, y + t * ldy + (r - r0), ldy);
+        FloatTile<kType, kFloatRows, kFloatTokens>(base + r * rb, rb, x + t * k, k, y + t * ldy + r, ldy);
       }
-      for (; t < t1; ++t) FloatTile<kType, kFloatRows, 1>(base + r * rb, rb, x + t * k, k, y + t * ldy + (r - r0), ldy);
+      for (; t < t1; ++t) FloatTile<kType, kFloatRows, 1>(base + r * rb, rb, x + t * k, k, y + t * ldy + r, ldy);
     }
     for (; r < r1; ++r) {
-      for (int64_t t = t0; t < t1; ++t) FloatTile<kType, 1, 1>(
-          base + r * rb, rb, x + t * k, k, y + t * ldy + (r - r0), ldy);
+      for (int64_t t = t0; t < t1; ++t) FloatTile<kType, 1, 1>(base + r * rb, rb, x + t * k, k, y + t * ldy + r, ldy);
     }
   }
 }
 
-void MatMulRowsFloat(const WeightView& w, const float* x, int64_t n_tokens,
-                     float* y, int64_t ldy, int64_t r0, int64_t r1) {
+void MatMulRowsFloat(const WeightView& w, const float* x, int64_t n_tokens, float* y, int64_t r0, int64_t r1) {
   switch (w.type) {
-    case TensorType::kF32: return FloatRows<TensorType::kF32>(w, x, n_tokens, y, ldy, r0, r1);
-    case TensorType::kF16: return FloatRows<TensorType::kF16>(w, x, n_tokens, y, ldy, r0, r1);
-    case TensorType::kBF16: return FloatRows<TensorType::kBF16>(w, x, n_tokens, y, ldy, r0, r1);
+    case TensorType::kF32: return FloatRows<TensorType::kF32>(w, x, n_tokens, y, r0, r1);
+    case TensorType::kF16: return FloatRows<TensorType::kF16>(w, x, n_tokens, y, r0, r1);
+    case TensorType::kBF16: return FloatRows<TensorType::kBF16>(w, x, n_tokens, y, r0, r1);
     default: KVX_CHECK_MSG(false, "MatMulRowsFloat: not a float type");
   }
 }
@@ -327,13 +323,13 @@ KVX_ATTR void IntTile(Src src, const QuantizedActs& a, int64_t t0, int shift, fl
 constexpr int kIntRows = 2, kIntTokens = 2, kDecodeRows = 4;
 
 template <TensorType kType>
-KVX_ATTR void IntRowsTyped(const WeightView& w, const QuantizedActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+KVX_ATTR void IntRowsTyped(const WeightView& w, const QuantizedActs& a, float* y, int64_t r0, int64_t r1) {
   constexpr IntTypeInfo kInfo = GetIntTypeInfo(kType);
   constexpr bool kSigned = kType == TensorType::kQ8_0;
   constexpr bool kBias = kInfo.bias_shift >= 0, kMin = kInfo.has_min;
   constexpr int kCps = kInfo.chunks_per_super;
   const int shift = kBias ? kInfo.bias_shift : 0;
-  const int64_t n_tok = a.n_tokens;
+  const int64_t ldy = w.n_out, n_tok = a.n_tokens;
   const uint8_t* base = static_cast<const uint8_t*>(w.data);
   if (n_tok == 1 && w.n_in % kChunk == 0) {  // decode: weights straight into registers
     int64_t r = r0;
@@ -341,13 +337,13 @@ KVX_ATTR void IntRowsTyped(const WeightView& w, const QuantizedActs& a, float* y
       DirectSrc2<kType, kDecodeRows> src;
       src.base = base + r * w.row_bytes;
       src.row_bytes = w.row_bytes;
-      IntTile<kDecodeRows, 1, kCps, kSigned, kBias, kMin>(src, a, 0, shift, y + (r - r0), ldy);
+      IntTile<kDecodeRows, 1, kCps, kSigned, kBias, kMin>(src, a, 0, shift, y + r, ldy);
     }
     for (; r < r1; ++r) {
       DirectSrc2<kType, 1> src;
       src.base = base + r * w.row_bytes;
       src.row_bytes = w.row_bytes;
-      IntTile<1, 1, kCps, kSigned, kBias, kMin>(src, a, 0, shift, y + (r - r0), ldy);
+      IntTile<1, 1, kCps, kSigned, kBias, kMin>(src, a, 0, shift, y + r, ldy);
     }
     return;
   }
@@ -380,30 +376,29 @@ KVX_ATTR void IntRowsTyped(const WeightView& w, const QuantizedActs& a, float* y
       const PanelSrc2<kIntRows, kSigned> src{pu, ps, pm, n_chunks, n_super, kCps};
       int64_t t = t0;
       for (; t + kIntTokens <= t1; t += kIntTokens) {
-        IntTile<kIntRows, kIntTokens, kCps, kSigned, kBias, kMin>(src, a, t, shift, y + t * ldy + (r - r0), ldy);
+        IntTile<kIntRows, kIntTokens, kCps, kSigned, kBias, kMin>(src, a, t, shift, y + t * ldy + r, ldy);
       }
-      for (; t < t1; ++t) IntTile<kIntRows, 1, kCps, kSigned, kBias, kMin>(
-          src, a, t, shift, y + t * ldy + (r - r0), ldy);
+      for (; t < t1; ++t) IntTile<kIntRows, 1, kCps, kSigned, kBias, kMin>(src, a, t, shift, y + t * ldy + r, ldy);
     }
     for (; r < r1; ++r) {
       decode(r, 1);
       const PanelSrc2<1, kSigned> src{pu, ps, pm, n_chunks, n_super, kCps};
       for (int64_t t = t0; t < t1; ++t) {
-        IntTile<1, 1, kCps, kSigned, kBias, kMin>(src, a, t, shift, y + t * ldy + (r - r0), ldy);
+        IntTile<1, 1, kCps, kSigned, kBias, kMin>(src, a, t, shift, y + t * ldy + r, ldy);
       }
     }
   }
 }
 
-void MatMulRowsInt(const WeightView& w, const QuantizedActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+void MatMulRowsInt(const WeightView& w, const QuantizedActs& a, float* y, int64_t r0, int64_t r1) {
   // Repacked matrices are only made when the AVX3_DL kernels run (ops/weight_pack.h).
-  if (w.layout != WeightLayout::kRows) return MatMulRowsIntScalar(w, a, y, ldy, r0, r1);
+  if (w.layout != WeightLayout::kRows) return MatMulRowsIntScalar(w, a, y, r0, r1);
   switch (w.type) {
-    case TensorType::kQ8_0: return IntRowsTyped<TensorType::kQ8_0>(w, a, y, ldy, r0, r1);
-    case TensorType::kQ4_0: return IntRowsTyped<TensorType::kQ4_0>(w, a, y, ldy, r0, r1);
-    case TensorType::kQ4_K: return IntRowsTyped<TensorType::kQ4_K>(w, a, y, ldy, r0, r1);
-    case TensorType::kQ5_K: return IntRowsTyped<TensorType::kQ5_K>(w, a, y, ldy, r0, r1);
-    case TensorType::kQ6_K: return IntRowsTyped<TensorType::kQ6_K>(w, a, y, ldy, r0, r1);
+    case TensorType::kQ8_0: return IntRowsTyped<TensorType::kQ8_0>(w, a, y, r0, r1);
+    case TensorType::kQ4_0: return IntRowsTyped<TensorType::kQ4_0>(w, a, y, r0, r1);
+    case TensorType::kQ4_K: return IntRowsTyped<TensorType::kQ4_K>(w, a, y, r0, r1);
+    case TensorType::kQ5_K: return IntRowsTyped<TensorType::kQ5_K>(w, a, y, r0, r1);
+    case TensorType::kQ6_K: return IntRowsTyped<TensorType::kQ6_K>(w, a, y, r0, r1);
     default: KVX_CHECK_MSG(false, "MatMulRowsInt: not an integer-path type");
   }
 }

@@ -24,21 +24,20 @@ KVX_INLINE __m128i Broadcast16(const uint8_t* p) {
 
 // ---- activations ----------------------------------------------------------
 
-KVX_ATTR void QuantizeActs(const float* x, int64_t ldx, int64_t t0, int64_t t1,
-                           int64_t b0, int64_t b1, QuantizedActs* a) {
-  const int64_t k = a->k;
+KVX_ATTR void QuantizeActs(const float* x, int64_t t0, int64_t t1, QuantizedActs* a) {
+  const int64_t k = a->k, nb = a->k_pad / kActBlock;
   const __m512 sign = _mm512_set1_ps(-0.0f);
   for (int64_t t = t0; t < t1; ++t) {
-    const float* xt = x + t * ldx;  // block b0 of token t
+    const float* xt = x + t * k;
     int8_t* q = a->q + t * a->k_pad;
     float* d = a->d + t * (a->k_pad / 4);
     int32_t* bias = a->bias + t * (a->k_pad / 4);
     float* sa = a->sa + t * (a->k_pad / 32);
-    for (int64_t b = b0; b < b1; ++b) {
+    for (int64_t b = 0; b < nb; ++b) {
       __m512 x0 = _mm512_setzero_ps(), x1 = _mm512_setzero_ps();
       if (b * kActBlock < k) {  // k is a multiple of 32: a block is all in or all out
-        x0 = _mm512_loadu_ps(xt + (b - b0) * kActBlock);
-        x1 = _mm512_loadu_ps(xt + (b - b0) * kActBlock + 16);
+        x0 = _mm512_loadu_ps(xt + b * kActBlock);
+        x1 = _mm512_loadu_ps(xt + b * kActBlock + 16);
       }
       const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, x0), _mm512_andnot_ps(sign, x1)));
       const float db = amax / 127.0f;
@@ -129,10 +128,9 @@ KVX_ATTR void FloatTile(const uint8_t* row, size_t row_bytes, const float* x, in
 constexpr int kFloatRows = 6, kFloatTokens = 4;
 
 template <TensorType kType>
-KVX_ATTR void FloatRows(const WeightView& w, const float* x, int64_t n_tokens,
-                        float* y, int64_t ldy, int64_t r0, int64_t r1) {
+KVX_ATTR void FloatRows(const WeightView& w, const float* x, int64_t n_tokens, float* y, int64_t r0, int64_t r1) {
   const uint8_t* base = static_cast<const uint8_t*>(w.data);
-  const int64_t k = w.n_in;
+  const int64_t k = w.n_in, ldy = w.n_out;
   const size_t rb = w.row_bytes;
   const int64_t tt = TokenTile(4 * k);
   for (int64_t t0 = 0; t0 < n_tokens; t0 += tt) {
@@ -142,17 +140,17 @@ KVX_ATTR void FloatRows(const WeightView& w, const float* x, int64_t n_tokens,
       const uint8_t* row = base + r * rb;
       int64_t t = t0;
       for (; t + kFloatTokens <= t1; t += kFloatTokens) {
-        FloatTile<kType, kFloatRows, kFloatTokens>(row, rb, x + t * k, k, y + t * ldy + (r - r0), ldy);
+        FloatTile<kType, kFloatRows, kFloatTokens>(row, rb, x + t * k, k, y + t * ldy + r, ldy);
       }
-      for (; t < t1; ++t) FloatTile<kType, kFloatRows, 1>(row, rb, x + t * k, k, y + t * ldy + (r - r0), ldy);
+      for (; t < t1; ++t) FloatTile<kType, kFloatRows, 1>(row, rb, x + t * k, k, y + t * ldy + r, ldy);
     }
     for (; r < r1; ++r) {
       const uint8_t* row = base + r * rb;
       int64_t t = t0;
       for (; t + kFloatTokens <= t1; t += kFloatTokens) {
-        FloatTile<kType, 1, kFloatTokens>(row, rb, x + t * k, k, y + t * ldy + (r - r0), ldy);
+        FloatTile<kType, 1, kFloatTokens>(row, rb, x + t * k, k, y + t * ldy + r, ldy);
       }
-      for (; t < t1; ++t) FloatTile<kType, 1, 1>(row, rb, x + t * k, k, y + t * ldy + (r - r0), ldy);
+      for (; t < t1; ++t) FloatTile<kType, 1, 1>(row, rb, x + t * k, k, y + t * ldy + r, ldy);
     }
   }
 }
@@ -432,18 +430,18 @@ KVX_ATTR void DecodePanel(const WeightView& w, int64_t r, int64_t n_chunks, uint
 }
 
 template <TensorType kType>
-KVX_ATTR void IntRowsTyped(const WeightView& w, const QuantizedActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+KVX_ATTR void IntRowsTyped(const WeightView& w, const QuantizedActs& a, float* y, int64_t r0, int64_t r1) {
   constexpr IntTypeInfo kInfo = GetIntTypeInfo(kType);
   constexpr bool kBias = kInfo.bias_shift >= 0, kMin = kInfo.has_min;
   constexpr int kCps = kInfo.chunks_per_super;
   const int shift = kBias ? kInfo.bias_shift : 0;
-  const int64_t n_tok = a.n_tokens;
+  const int64_t ldy = w.n_out, n_tok = a.n_tokens;
   if (n_tok == 1 && w.n_in % kChunk == 0) {  // decode: weights straight into registers
     int64_t r = r0;
     for (; r + kIntRows <= r1; r += kIntRows) {
-      IntTile<kIntRows, 1, kBias, kMin>(MakeDirect<kType, kIntRows, false, true>(w, r), a, 0, shift, y + (r - r0), ldy);
+      IntTile<kIntRows, 1, kBias, kMin>(MakeDirect<kType, kIntRows, false, true>(w, r), a, 0, shift, y + r, ldy);
     }
-    for (; r < r1; ++r) IntTile<1, 1, kBias, kMin>(MakeDirect<kType, 1, false>(w, r), a, 0, shift, y + (r - r0), ldy);
+    for (; r < r1; ++r) IntTile<1, 1, kBias, kMin>(MakeDirect<kType, 1, false>(w, r), a, 0, shift, y + r, ldy);
     return;
   }
   const int64_t n_chunks = a.k_pad / kChunk, n_super = n_chunks / kCps;
@@ -463,18 +461,18 @@ KVX_ATTR void IntRowsTyped(const WeightView& w, const QuantizedActs& a, float* y
       const PanelSrc<kIntRows, kCps> src{pu, ps, pm, n_chunks, n_super};
       int64_t t = t0;
       for (; t + kIntTokens <= t1; t += kIntTokens) {
-        IntTile<kIntRows, kIntTokens, kBias, kMin>(src, a, t, shift, y + t * ldy + (r - r0), ldy);
+        IntTile<kIntRows, kIntTokens, kBias, kMin>(src, a, t, shift, y + t * ldy + r, ldy);
       }
-      for (; t < t1; ++t) IntTile<kIntRows, 1, kBias, kMin>(src, a, t, shift, y + t * ldy + (r - r0), ldy);
+      for (; t < t1; ++t) IntTile<kIntRows, 1, kBias, kMin>(src, a, t, shift, y + t * ldy + r, ldy);
     }
     for (; r < r1; ++r) {
       DecodePanel<kType, 1>(w, r, n_chunks, pu, ps, pm);
       const PanelSrc<1, kCps> src{pu, ps, pm, n_chunks, n_super};
       int64_t t = t0;
       for (; t + kIntTokens <= t1; t += kIntTokens) {
-        IntTile<1, kIntTokens, kBias, kMin>(src, a, t, shift, y + t * ldy + (r - r0), ldy);
+        IntTile<1, kIntTokens, kBias, kMin>(src, a, t, shift, y + t * ldy + r, ldy);
       }
-      for (; t < t1; ++t) IntTile<1, 1, kBias, kMin>(src, a, t, shift, y + t * ldy + (r - r0), ldy);
+      for (; t < t1; ++t) IntTile<1, 1, kBias, kMin>(src, a, t, shift, y + t * ldy + r, ldy);
     }
   }
 }
@@ -555,10 +553,10 @@ KVX_ATTR void InterleavedTile(const Interleaved16& g, int64_t group, const Quant
 // 1 thread, alternated: 3x4 ~2.9k tok/s, 2x6 ~2.9k, 4x3 ~2.9k, 1x12 ~2.3k.)
 constexpr int kInterleavedGroups = 3, kInterleavedTokens = 4;
 
-// yg: token 0's output of group gr's first row.
 template <int kR>
 KVX_ATTR void InterleavedTokens(const Interleaved16& g, int64_t gr, const QuantizedActs& a, int64_t t0, int64_t t1,
-                                float* yg, int64_t ldy) {
+                                float* y, int64_t ldy) {
+  float* yg = y + Interleaved16::kRows * gr;
   int64_t t = t0;
   for (; t + kInterleavedTokens <= t1; t += kInterleavedTokens) {
     InterleavedTile<kR, kInterleavedTokens, false>(g, gr, a, t, yg + t * ldy, ldy);
@@ -566,14 +564,13 @@ KVX_ATTR void InterleavedTokens(const Interleaved16& g, int64_t gr, const Quanti
   for (; t < t1; ++t) InterleavedTile<kR, 1, false>(g, gr, a, t, yg + t * ldy, ldy);
 }
 
-KVX_ATTR void InterleavedRows(const WeightView& w, const QuantizedActs& a,
-                              float* y, int64_t ldy, int64_t r0, int64_t r1) {
+KVX_ATTR void InterleavedRows(const WeightView& w, const QuantizedActs& a, float* y, int64_t r0, int64_t r1) {
   constexpr int kRows = Interleaved16::kRows;
   KVX_CHECK(r0 % kRows == 0 && r1 % kRows == 0);
   const Interleaved16 g = Interleaved16Of(w);
-  const int64_t n_tok = a.n_tokens, g0 = r0 / kRows, g1 = r1 / kRows;
+  const int64_t ldy = w.n_out, n_tok = a.n_tokens, g0 = r0 / kRows, g1 = r1 / kRows;
   if (n_tok == 1) {
-    for (int64_t gr = g0; gr < g1; ++gr) InterleavedTile<1, 1, true>(g, gr, a, 0, y + kRows * (gr - g0), ldy);
+    for (int64_t gr = g0; gr < g1; ++gr) InterleavedTile<1, 1, true>(g, gr, a, 0, y + kRows * gr, ldy);
     return;
   }
   const int64_t tt = TokenTile(a.k_pad + a.k_pad / 4);  // quants, block scales (ds), block biases
@@ -581,31 +578,30 @@ KVX_ATTR void InterleavedRows(const WeightView& w, const QuantizedActs& a,
     const int64_t t1 = std::min(n_tok, t0 + tt);
     int64_t gr = g0;
     for (; gr + kInterleavedGroups <= g1; gr += kInterleavedGroups) {
-      InterleavedTokens<kInterleavedGroups>(g, gr, a, t0, t1, y + kRows * (gr - g0), ldy);
+      InterleavedTokens<kInterleavedGroups>(g, gr, a, t0, t1, y, ldy);
     }
-    for (; gr < g1; ++gr) InterleavedTokens<1>(g, gr, a, t0, t1, y + kRows * (gr - g0), ldy);
+    for (; gr < g1; ++gr) InterleavedTokens<1>(g, gr, a, t0, t1, y, ldy);
   }
 }
 
-void MatMulRowsFloat(const WeightView& w, const float* x, int64_t n_tokens,
-                     float* y, int64_t ldy, int64_t r0, int64_t r1) {
+void MatMulRowsFloat(const WeightView& w, const float* x, int64_t n_tokens, float* y, int64_t r0, int64_t r1) {
   switch (w.type) {
-    case TensorType::kF32: return FloatRows<TensorType::kF32>(w, x, n_tokens, y, ldy, r0, r1);
-    case TensorType::kF16: return FloatRows<TensorType::kF16>(w, x, n_tokens, y, ldy, r0, r1);
-    case TensorType::kBF16: return FloatRows<TensorType::kBF16>(w, x, n_tokens, y, ldy, r0, r1);
+    case TensorType::kF32: return FloatRows<TensorType::kF32>(w, x, n_tokens, y, r0, r1);
+    case TensorType::kF16: return FloatRows<TensorType::kF16>(w, x, n_tokens, y, r0, r1);
+    case TensorType::kBF16: return FloatRows<TensorType::kBF16>(w, x, n_tokens, y, r0, r1);
     default: KVX_CHECK_MSG(false, "MatMulRowsFloat: not a float type");
   }
 }
 
-void MatMulRowsInt(const WeightView& w, const QuantizedActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
+void MatMulRowsInt(const WeightView& w, const QuantizedActs& a, float* y, int64_t r0, int64_t r1) {
   switch (w.type) {
     case TensorType::kQ8_0:
-      if (w.layout == WeightLayout::kInterleaved16) return InterleavedRows(w, a, y, ldy, r0, r1);
-      return IntRowsTyped<TensorType::kQ8_0>(w, a, y, ldy, r0, r1);
-    case TensorType::kQ4_0: return IntRowsTyped<TensorType::kQ4_0>(w, a, y, ldy, r0, r1);
-    case TensorType::kQ4_K: return IntRowsTyped<TensorType::kQ4_K>(w, a, y, ldy, r0, r1);
-    case TensorType::kQ5_K: return IntRowsTyped<TensorType::kQ5_K>(w, a, y, ldy, r0, r1);
-    case TensorType::kQ6_K: return IntRowsTyped<TensorType::kQ6_K>(w, a, y, ldy, r0, r1);
+      if (w.layout == WeightLayout::kInterleaved16) return InterleavedRows(w, a, y, r0, r1);
+      return IntRowsTyped<TensorType::kQ8_0>(w, a, y, r0, r1);
+    case TensorType::kQ4_0: return IntRowsTyped<TensorType::kQ4_0>(w, a, y, r0, r1);
+    case TensorType::kQ4_K: return IntRowsTyped<TensorType::kQ4_K>(w, a, y, r0, r1);
+    case TensorType::kQ5_K: return IntRowsTyped<TensorType::kQ5_K>(w, a, y, r0, r1);
+    case TensorType::kQ6_K: return IntRowsTyped<TensorType::kQ6_K>(w, a, y, r0, r1);
     default: KVX_CHECK_MSG(false, "MatMulRowsInt: not an integer-path type");
   }
 }

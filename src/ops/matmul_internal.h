@@ -123,13 +123,10 @@ struct QuantizedActs {
 size_t QuantizedActsBytes(int64_t n_tokens, int64_t k);
 QuantizedActs LayoutQuantizedActs(void* buffer, int64_t n_tokens, int64_t k);
 
-// Quantizes 32-blocks [b0, b1) (b1 <= k_pad / 32) of tokens [t0, t1) into
-// a; x points at token 0's block b0, rows ldx floats apart (x + t * ldx +
-// (b - b0) * 32 is block b of token t; never read for padding blocks). Per
-// 32-block: amax = max|x|, d = amax / 127, q = round_to_nearest_even(x *
-// (127 / amax)) (q = 0, d = 0 for an all-zero block). Padding is zero.
-void QuantizeActsScalar(const float* x, int64_t ldx, int64_t t0, int64_t t1, int64_t b0, int64_t b1,
-                        QuantizedActs* a);
+// Quantizes tokens [t0, t1) of x (row stride k) into a. Per 32-block:
+// amax = max|x|, d = amax / 127, q = round_to_nearest_even(x * (127 / amax))
+// (q = 0, d = 0 for an all-zero block). Padding is zero.
+void QuantizeActsScalar(const float* x, int64_t t0, int64_t t1, QuantizedActs* a);
 
 // Integer-path properties of a weight type.
 struct IntTypeInfo {
@@ -189,18 +186,15 @@ inline Interleaved16 Interleaved16Of(const WeightView& w) {
   return {w.n_in / kChunk, static_cast<const uint8_t*>(w.data)};
 }
 
-// Scalar reference kernels. Rows [r0, r1) of w, all tokens: row r of token t
-// at y[t * ldy + (r - r0)] (y points at token 0's row r0).
+// Scalar reference kernels. Rows [r0, r1) of w, all tokens; y is [t][n_out].
 // Any layout (other than kRows, rows are first copied back to GGUF form);
 // kInterleaved16 by its own contract above.
-void MatMulRowsFloatScalar(const WeightView& w, const float* x, int64_t n_tokens,
-                           float* y, int64_t ldy, int64_t r0, int64_t r1);
-void MatMulRowsIntScalar(const WeightView& w, const QuantizedActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
+void MatMulRowsFloatScalar(const WeightView& w, const float* x, int64_t n_tokens, float* y, int64_t r0, int64_t r1);
+void MatMulRowsIntScalar(const WeightView& w, const QuantizedActs& a, float* y, int64_t r0, int64_t r1);
 
 // The same, dispatched to the best SIMD target of this CPU (matmul_simd.cc).
-void QuantizeActsBest(const float* x, int64_t ldx, int64_t t0, int64_t t1, int64_t b0, int64_t b1, QuantizedActs* a);
-void MatMulRowsFloatBest(const WeightView& w, const float* x, int64_t n_tokens,
-                         float* y, int64_t ldy, int64_t r0, int64_t r1);
-void MatMulRowsIntBest(const WeightView& w, const QuantizedActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1);
+void QuantizeActsBest(const float* x, int64_t t0, int64_t t1, QuantizedActs* a);
+void MatMulRowsFloatBest(const WeightView& w, const float* x, int64_t n_tokens, float* y, int64_t r0, int64_t r1);
+void MatMulRowsIntBest(const WeightView& w, const QuantizedActs& a, float* y, int64_t r0, int64_t r1);
 
 }  // namespace kvx::ops::internal

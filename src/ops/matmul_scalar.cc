@@ -61,26 +61,24 @@ QuantizedActs LayoutQuantizedActs(void* buffer, int64_t n_tokens, int64_t k) {
   return a;
 }
 
-void QuantizeActsScalar(const float* x, int64_t ldx, int64_t t0, int64_t t1, int64_t b0, int64_t b1, QuantizedActs* a) {
-  const int64_t k = a->k;
+void QuantizeActsScalar(const float* x, int64_t t0, int64_t t1, QuantizedActs* a) {
+  const int64_t k = a->k, nb = a->k_pad / kActBlock;
   for (int64_t t = t0; t < t1; ++t) {
-    const float* xt = x + t * ldx;  // block b0 of token t
+    const float* xt = x + t * k;
     int8_t* q = a->q + t * a->k_pad;
     float* d = a->d + t * (a->k_pad / 4);
     int32_t* bias = a->bias + t * (a->k_pad / 4);
     float* sa = a->sa + t * (a->k_pad / 32);
     int32_t* block_bias = a->block_bias + t * (a->k_pad / 32);
-    for (int64_t b = b0; b < b1; ++b) {
+    for (int64_t b = 0; b < nb; ++b) {
       const int64_t i0 = b * kActBlock;
       float amax = 0.0f;
-      for (int64_t i = i0; i < std::min(i0 + kActBlock, k); ++i) {
-        amax = std::max(amax, std::fabs(xt[i - b0 * kActBlock]));
-      }
+      for (int64_t i = i0; i < std::min(i0 + kActBlock, k); ++i) amax = std::max(amax, std::fabs(xt[i]));
       const float db = amax / 127.0f;
       const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
       int32_t lane_sum[8] = {};
       for (int64_t i = i0; i < i0 + kActBlock; ++i) {
-        const int v = i < k ? static_cast<int>(std::nearbyint(xt[i - b0 * kActBlock] * id)) : 0;
+        const int v = i < k ? static_cast<int>(std::nearbyint(xt[i] * id)) : 0;
         q[i] = static_cast<int8_t>(v);
         lane_sum[(i - i0) / 4] += v;
       }
@@ -185,8 +183,7 @@ void DecodeChunkScalar(TensorType type, const uint8_t* row, int64_t n_in, int64_
   }
 }
 
-void MatMulRowsFloatScalar(const WeightView& w, const float* x, int64_t n_tokens,
-                           float* y, int64_t ldy, int64_t r0, int64_t r1) {
+void MatMulRowsFloatScalar(const WeightView& w, const float* x, int64_t n_tokens, float* y, int64_t r0, int64_t r1) {
   const uint8_t* base = static_cast<const uint8_t*>(w.data);
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* row = base + static_cast<size_t>(r) * w.row_bytes;
@@ -196,7 +193,7 @@ void MatMulRowsFloatScalar(const WeightView& w, const float* x, int64_t n_tokens
       for (int64_t k = 0; k < w.n_in; ++k) {
         acc[k % kFloatLanes] = std::fma(FloatWeight(w.type, row, k), xt[k], acc[k % kFloatLanes]);
       }
-      y[t * ldy + (r - r0)] = ReduceLanes(acc);
+      y[t * w.n_out + r] = ReduceLanes(acc);
     }
   }
 }
@@ -204,8 +201,7 @@ void MatMulRowsFloatScalar(const WeightView& w, const float* x, int64_t n_tokens
 namespace {
 
 // The kInterleaved16 contract (matmul_internal.h), from the row's GGUF form.
-void MatMulRowsInterleavedScalar(const WeightView& w, const QuantizedActs& a,
-                                 float* y, int64_t ldy, int64_t r0, int64_t r1) {
+void MatMulRowsInterleavedScalar(const WeightView& w, const QuantizedActs& a, float* y, int64_t r0, int64_t r1) {
   std::vector<uint8_t> row(RowBytesOf(w.type, w.n_in));
   const int64_t nb = w.n_in / kActBlock;
   for (int64_t r = r0; r < r1; ++r) {
@@ -219,15 +215,15 @@ void MatMulRowsInterleavedScalar(const WeightView& w, const QuantizedActs& a,
         for (int j = 0; j < kActBlock; ++j) isum += static_cast<int32_t>(blk[2 + j] ^ 0x80) * q[kActBlock * b + j];
         acc = std::fma(static_cast<float>(isum), LoadF16(blk) * a.DsRow(t)[b], acc);
       }
-      y[t * ldy + (r - r0)] = acc;
+      y[t * w.n_out + r] = acc;
     }
   }
 }
 
 }  // namespace
 
-void MatMulRowsIntScalar(const WeightView& w, const QuantizedActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  if (w.layout == WeightLayout::kInterleaved16) return MatMulRowsInterleavedScalar(w, a, y, ldy, r0, r1);
+void MatMulRowsIntScalar(const WeightView& w, const QuantizedActs& a, float* y, int64_t r0, int64_t r1) {
+  if (w.layout == WeightLayout::kInterleaved16) return MatMulRowsInterleavedScalar(w, a, y, r0, r1);
   const IntTypeInfo info = GetIntTypeInfo(w.type);
   const uint8_t* base = static_cast<const uint8_t*>(w.data);
   const int64_t n_chunks = a.k_pad / kChunk;
@@ -258,7 +254,7 @@ void MatMulRowsIntScalar(const WeightView& w, const QuantizedActs& a, float* y, 
           for (int j = 0; j < 8; ++j) acc[j] = std::fma(-m[j], sa[8 * (c / 4) + j], acc[j]);
         }
       }
-      y[t * ldy + (r - r0)] = ReduceLanes(acc);
+      y[t * w.n_out + r] = ReduceLanes(acc);
     }
   }
 }

@@ -61,15 +61,12 @@ using gguf::TensorType;
 // ===========================================================================
 // Scalar (and targets without dedicated kernels).
 // ===========================================================================
-void QuantizeActs(const float* x, int64_t ldx, int64_t t0, int64_t t1, int64_t b0, int64_t b1, QuantizedActs* a) {
-  QuantizeActsScalar(x, ldx, t0, t1, b0, b1, a);
+void QuantizeActs(const float* x, int64_t t0, int64_t t1, QuantizedActs* a) { QuantizeActsScalar(x, t0, t1, a); }
+void MatMulRowsFloat(const WeightView& w, const float* x, int64_t n_tokens, float* y, int64_t r0, int64_t r1) {
+  MatMulRowsFloatScalar(w, x, n_tokens, y, r0, r1);
 }
-void MatMulRowsFloat(const WeightView& w, const float* x, int64_t n_tokens,
-                     float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  MatMulRowsFloatScalar(w, x, n_tokens, y, ldy, r0, r1);
-}
-void MatMulRowsInt(const WeightView& w, const QuantizedActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  MatMulRowsIntScalar(w, a, y, ldy, r0, r1);
+void MatMulRowsInt(const WeightView& w, const QuantizedActs& a, float* y, int64_t r0, int64_t r1) {
+  MatMulRowsIntScalar(w, a, y, r0, r1);
 }
 #endif
 
@@ -85,15 +82,14 @@ HWY_EXPORT(QuantizeActs);
 HWY_EXPORT(MatMulRowsFloat);
 HWY_EXPORT(MatMulRowsInt);
 
-void QuantizeActsBest(const float* x, int64_t ldx, int64_t t0, int64_t t1, int64_t b0, int64_t b1, QuantizedActs* a) {
-  HWY_DYNAMIC_DISPATCH(QuantizeActs)(x, ldx, t0, t1, b0, b1, a);
+void QuantizeActsBest(const float* x, int64_t t0, int64_t t1, QuantizedActs* a) {
+  HWY_DYNAMIC_DISPATCH(QuantizeActs)(x, t0, t1, a);
 }
-void MatMulRowsFloatBest(const WeightView& w, const float* x, int64_t n_tokens,
-                         float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  HWY_DYNAMIC_DISPATCH(MatMulRowsFloat)(w, x, n_tokens, y, ldy, r0, r1);
+void MatMulRowsFloatBest(const WeightView& w, const float* x, int64_t n_tokens, float* y, int64_t r0, int64_t r1) {
+  HWY_DYNAMIC_DISPATCH(MatMulRowsFloat)(w, x, n_tokens, y, r0, r1);
 }
-void MatMulRowsIntBest(const WeightView& w, const QuantizedActs& a, float* y, int64_t ldy, int64_t r0, int64_t r1) {
-  HWY_DYNAMIC_DISPATCH(MatMulRowsInt)(w, a, y, ldy, r0, r1);
+void MatMulRowsIntBest(const WeightView& w, const QuantizedActs& a, float* y, int64_t r0, int64_t r1) {
+  HWY_DYNAMIC_DISPATCH(MatMulRowsInt)(w, a, y, r0, r1);
 }
 }  // namespace kvx::ops::internal
 #endif

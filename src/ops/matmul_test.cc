@@ -22,9 +22,7 @@
 #include "ops/ops_test_util.h"
 #include "ops/quant_blocks.h"
 #include "ops/quantize.h"
-#include "ops/nn.h"
 #include "ops/simd_target.h"
-#include "ops/weight_pack.h"
 
 namespace kvx::ops {
 namespace {
@@ -54,7 +52,7 @@ void ForEachTarget(F&& body) {
 std::vector<float> DequantizedActs(const float* x, int64_t n_tokens, int64_t k) {
   internal::ScratchBuffer buf;
   auto a = internal::LayoutQuantizedActs(buf.Get(internal::QuantizedActsBytes(n_tokens, k)), n_tokens, k);
-  internal::QuantizeActsScalar(x, k, 0, n_tokens, 0, a.k_pad / internal::kActBlock, &a);
+  internal::QuantizeActsScalar(x, 0, n_tokens, &a);
   std::vector<float> out(n_tokens * k);
   for (int64_t t = 0; t < n_tokens; ++t) {
     for (int64_t i = 0; i < k; ++i) out[t * k + i] = a.DRow(t)[i / 4] * a.QRow(t)[i];
@@ -309,52 +307,6 @@ TEST(MatMulTest, MultiEqualsSeparateCalls) {
   }
 }
 
-TEST(MatMulTest, SwiGLUAndFeedForwardEqualTheirSteps) {
-  // MatMulSwiGLU == MatMulMulti({gate, up}) then SwiGLU, and FeedForward ==
-  // MatMulSwiGLU then MatMul(down), bit for bit. n_ff 160: a partial 96-row
-  // group and activation padding (k_pad 192); 256: whole blocks of every
-  // type. Q8_0 also repacked (16-row interleaved groups); 1 token (decode),
-  // 7, and 300 (several token tiles); with and without threads, on every
-  // target.
-  ThreadPool pool(3);
-  const int64_t n_in = 256, n_embd = 48;
-  for (int64_t n_ff : {160, 256}) {
-    for (TensorType t : {TensorType::kQ8_0, TensorType::kQ4_K, TensorType::kF16}) {
-      for (bool repack : {false, true}) {
-        if ((repack && t != TensorType::kQ8_0) || n_ff % GetBlockGeometry(t).block_size != 0) continue;
-        SCOPED_TRACE(std::string(gguf::TensorTypeName(t)) + (repack ? " repacked" : "") + " n_ff " +
-                     std::to_string(n_ff));
-        auto gate = MakeMatrix(t, n_in, n_ff, 31), up = MakeMatrix(t, n_in, n_ff, 32);
-        auto down = MakeMatrix(t, n_ff, n_embd, 34);
-        PackedWeights packed;
-        if (repack) {
-          std::vector<WeightView*> views = {&gate.view, &up.view, &down.view};
-          packed = PackedWeights::PackAll(views, {});
-          ASSERT_EQ(gate.view.layout, WeightLayout::kInterleaved16);  // down too when n_ff % 64 == 0
-        }
-        ForEachTarget([&](const std::string&) {
-          for (int64_t n_tokens : {1, 7, 300}) {
-            const auto x = Gaussian(n_in * n_tokens, 33);
-            std::vector<float> g(n_ff * n_tokens), u(g.size()), h(g.size()), want(n_embd * n_tokens);
-            const MatMulOutput outs[] = {{gate.view, g.data()}, {up.view, u.data()}};
-            MatMulMulti(outs, x.data(), n_tokens, nullptr);
-            SwiGLU(g.data(), u.data(), n_ff * n_tokens, h.data());
-            MatMul(down.view, h.data(), n_tokens, want.data(), nullptr);
-            for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
-              SCOPED_TRACE(std::to_string(n_tokens) + (p ? " tokens, threaded" : " tokens, one thread"));
-              std::vector<float> got_h(h.size(), -1.0f), got(want.size(), -1.0f);
-              MatMulSwiGLU(gate.view, up.view, x.data(), n_tokens, got_h.data(), p);
-              EXPECT_EQ(got_h, h);
-              FeedForward(gate.view, up.view, down.view, x.data(), n_tokens, got.data(), p);
-              EXPECT_EQ(got, want);
-            }
-          }
-        });
-      }
-    }
-  }
-}
-
 TEST(MatMulTest, ActivationQuantizerMatchesScalarOnEveryTarget) {
   const int64_t k = 544, n = 5;
   auto x = Gaussian(k * n, 9);
@@ -362,13 +314,13 @@ TEST(MatMulTest, ActivationQuantizerMatchesScalarOnEveryTarget) {
   x[200] = 1e-30f;                                 // tiny values
   internal::ScratchBuffer b1, b2;
   auto ref = internal::LayoutQuantizedActs(b1.Get(internal::QuantizedActsBytes(n, k)), n, k);
-  internal::QuantizeActsScalar(x.data(), k, 0, n, 0, ref.k_pad / internal::kActBlock, &ref);
+  internal::QuantizeActsScalar(x.data(), 0, n, &ref);
   const size_t bytes = internal::QuantizedActsBytes(n, k);
   ForEachTarget([&](const std::string&) {
     void* p = b2.Get(bytes);
     std::memset(p, 0x5A, bytes);
     auto a = internal::LayoutQuantizedActs(p, n, k);
-    internal::QuantizeActsBest(x.data(), k, 0, n, 0, a.k_pad / internal::kActBlock, &a);
+    internal::QuantizeActsBest(x.data(), 0, n, &a);
     EXPECT_EQ(0, std::memcmp(a.q, ref.q, n * a.k_pad));
     EXPECT_EQ(0, std::memcmp(a.d, ref.d, n * a.k_pad));        // k_pad/4 floats
     EXPECT_EQ(0, std::memcmp(a.bias, ref.bias, n * a.k_pad));  // k_pad/4 int32
@@ -378,7 +330,7 @@ TEST(MatMulTest, ActivationQuantizerMatchesScalarOnEveryTarget) {
     // Without the per-lane planes: the same per-block planes, d and bias untouched.
     std::memset(p, 0x5A, bytes);
     a.lane_planes = false;
-    internal::QuantizeActsBest(x.data(), k, 0, n, 0, a.k_pad / internal::kActBlock, &a);
+    internal::QuantizeActsBest(x.data(), 0, n, &a);
     EXPECT_EQ(0, std::memcmp(a.q, ref.q, n * a.k_pad));
     EXPECT_EQ(0, std::memcmp(a.block_bias, ref.block_bias, n * a.k_pad / 8));
     EXPECT_EQ(0, std::memcmp(a.ds, ref.ds, n * a.k_pad / 8));

@@ -68,12 +68,7 @@ void RmsNorm(const float* x, const float* weight, int64_t n, float eps, float* o
   internal::RmsNormBest(x, weight, n, eps, out);
 }
 void Softmax(float* x, int64_t n) { internal::SoftmaxBest(x, n); }
-void SwiGLU(const float* gate, const float* up, int64_t n, float* out) {
-  internal::SwiGLURowsBest(gate, up, 1, n, out, n);
-}
-void SwiGLURows(const float* gate, const float* up, int64_t rows, int64_t width, float* out, int64_t ld_out) {
-  internal::SwiGLURowsBest(gate, up, rows, width, out, ld_out);
-}
+void SwiGLU(const float* gate, const float* up, int64_t n, float* out) { internal::SwiGLUBest(gate, up, n, out); }
 
 void Add(const float* a, const float* b, int64_t n, float* out) { internal::AddBest(a, b, n, out); }
 

@@ -26,12 +26,8 @@ void RmsNorm(const float* x, const float* weight, int64_t n, float eps, float* o
 void Softmax(float* x, int64_t n);
 
 // out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)). out may alias
-// gate or up. Each element's result depends on its two inputs only (not on
-// its place in the array), so any split of an array gives the same bits.
+// gate or up.
 void SwiGLU(const float* gate, const float* up, int64_t n, float* out);
-// SwiGLU of rows contiguous rows of `width` elements (gate and up [rows][width])
-// into out[r * ld_out + i]. out may alias gate or up when ld_out == width.
-void SwiGLURows(const float* gate, const float* up, int64_t rows, int64_t width, float* out, int64_t ld_out);
 
 // out[i] = a[i] + b[i]. out may alias a or b.
 void Add(const float* a, const float* b, int64_t n, float* out);

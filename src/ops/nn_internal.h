@@ -19,7 +19,7 @@ void AddScalar(const float* a, const float* b, int64_t n, float* out);
 
 void RmsNormBest(const float* x, const float* weight, int64_t n, float eps, float* out);
 void SoftmaxBest(float* x, int64_t n);
-void SwiGLURowsBest(const float* gate, const float* up, int64_t rows, int64_t width, float* out, int64_t ld_out);
+void SwiGLUBest(const float* gate, const float* up, int64_t n, float* out);
 void RopeApplyBest(float* head, const float* cs, int n_dims, bool neox);
 void AddBest(const float* a, const float* b, int64_t n, float* out);
 

@@ -7,7 +7,6 @@
 #include "hwy/highway.h"
 #include "hwy/contrib/math/math-inl.h"
 
-#include <algorithm>
 #include <cmath>
 
 #include "ops/nn_internal.h"
@@ -21,9 +20,7 @@ void RmsNorm(const float* x, const float* weight, int64_t n, float eps, float* o
   RmsNormScalar(x, weight, n, eps, out);
 }
 void Softmax(float* x, int64_t n) { SoftmaxScalar(x, n); }
-void SwiGLURows(const float* gate, const float* up, int64_t rows, int64_t width, float* out, int64_t ld_out) {
-  for (int64_t r = 0; r < rows; ++r) SwiGLUScalar(gate + r * width, up + r * width, width, out + r * ld_out);
-}
+void SwiGLU(const float* gate, const float* up, int64_t n, float* out) { SwiGLUScalar(gate, up, n, out); }
 void RopeApply(float* head, const float* cs, int n_dims, bool neox) { RopeApplyScalar(head, cs, n_dims, neox, 0); }
 void Add(const float* a, const float* b, int64_t n, float* out) { AddScalar(a, b, n, out); }
 #else
@@ -109,31 +106,17 @@ void Softmax(float* x, int64_t n) {
   for (; i < n; ++i) x[i] *= inv;
 }
 
-// A row's last width % N elements go through the same vector formula in a
-// padded buffer, so every element's result is the same wherever rows are
-// cut (MatMulSwiGLU applies it to 96-column slices of what SwiGLU sees as
-// one long row).
-void SwiGLURows(const float* gate, const float* up, int64_t rows, int64_t width, float* out, int64_t ld_out) {
+void SwiGLU(const float* gate, const float* up, int64_t n, float* out) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const auto one = hn::Set(d, 1.0f);
-  auto swiglu = [&](const auto g, const auto u) {
-    return hn::Mul(hn::Div(g, hn::Add(one, ExpClamped(d, hn::Neg(g)))), u);
-  };
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* gr = gate + r * width;
-    const float* ur = up + r * width;
-    float* o = out + r * ld_out;
-    int64_t i = 0;
-    for (; i + N <= width; i += N) hn::StoreU(swiglu(hn::LoadU(d, gr + i), hn::LoadU(d, ur + i)), d, o + i);
-    if (i < width) {
-      HWY_ALIGN float g[hn::MaxLanes(DF())] = {}, u[hn::MaxLanes(DF())] = {};
-      std::copy(gr + i, gr + width, g);
-      std::copy(ur + i, ur + width, u);
-      hn::Store(swiglu(hn::Load(d, g), hn::Load(d, u)), d, g);
-      std::copy(g, g + (width - i), o + i);
-    }
+  int64_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto g = hn::LoadU(d, gate + i);
+    const auto silu = hn::Div(g, hn::Add(one, ExpClamped(d, hn::Neg(g))));
+    hn::StoreU(hn::Mul(silu, hn::LoadU(d, up + i)), d, out + i);
   }
+  SwiGLUScalar(gate + i, up + i, n - i, out + i);
 }
 
 // The rotation of RopeApplyScalar, the same products and sums per lane.
@@ -180,7 +163,7 @@ HWY_AFTER_NAMESPACE();
 namespace kvx::ops::internal {
 HWY_EXPORT(RmsNorm);
 HWY_EXPORT(Softmax);
-HWY_EXPORT(SwiGLURows);
+HWY_EXPORT(SwiGLU);
 HWY_EXPORT(RopeApply);
 HWY_EXPORT(Add);
 void RopeApplyBest(float* head, const float* cs, int n_dims, bool neox) {
@@ -191,8 +174,8 @@ void RmsNormBest(const float* x, const float* weight, int64_t n, float eps, floa
   HWY_DYNAMIC_DISPATCH(RmsNorm)(x, weight, n, eps, out);
 }
 void SoftmaxBest(float* x, int64_t n) { HWY_DYNAMIC_DISPATCH(Softmax)(x, n); }
-void SwiGLURowsBest(const float* gate, const float* up, int64_t rows, int64_t width, float* out, int64_t ld_out) {
-  HWY_DYNAMIC_DISPATCH(SwiGLURows)(gate, up, rows, width, out, ld_out);
+void SwiGLUBest(const float* gate, const float* up, int64_t n, float* out) {
+  HWY_DYNAMIC_DISPATCH(SwiGLU)(gate, up, n, out);
 }
 }  // namespace kvx::ops::internal
 #endif
