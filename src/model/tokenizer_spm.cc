@@ -46,12 +46,17 @@ class SpmSession {
 
   void Run(std::vector<int32_t>* out) {
     // An ASCII character that occurs in no multi-character token never takes
-    // part in a merge, so the text on either side of it can be merged
-    // independently: same result, much smaller heaps on long inputs.
+    // part in a merge (a merge's result is a token of two or more
+    // characters), so no candidate pair ever spans it and the merges on
+    // either side of it never see each other: each side can be merged on
+    // its own, with the same result and much smaller heaps on long inputs
+    // (wiki_head.txt, 200 KB: 55 -> 16 ms with stories260K's vocabulary,
+    // 59 -> 32 ms with the probe's; llama.cpp's SPM and phi-3 fixtures and
+    // the golden token counts still match).
     size_t seg = 0;
     for (size_t i = 0; i < text_.size(); ++i) {
       const auto c = static_cast<uint8_t>(text_[i]);
-      if (false && c < 0x80 && v_.spm_isolated[c]) {
+      if (c < 0x80 && v_.spm_isolated[c]) {
         RunSegment(seg, i, out);
         RunSegment(i, i + 1, out);
         seg = i + 1;
