@@ -10,7 +10,7 @@
 //       kernels' effective weight bandwidth, to compare with MemRead.
 //   PrefillGemm/<type>/thr<N>   the same layer stack for 512 tokens (GFLOPS).
 //   .../q8_0_repacked/...       the same with the Q8_0 matrices repacked as the
-//       model loader stores them on AVX3_DL machines (ops/weight_pack.h).
+//       model loader stores them on AVX3_DL and AVX2 machines (ops/weight_pack.h).
 //   MemRead / MemTriad          STREAM-like probes over 256 MiB arrays.
 //   PeakFma                     f32 FMA peak of the active SIMD target.
 //   ThreadPool/*                dispatch latency of empty parallel loops.

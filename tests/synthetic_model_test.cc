@@ -59,17 +59,15 @@ TEST(SyntheticModelTest, PerplexityMatchesLlamaCpp) {
   }
 }
 
-// On AVX3_DL machines the loader repacks Q8_0 matrices (ops/weight_pack.h),
-// whose kernels sum each 32-block in int32 (ops/matmul_internal.h): the
-// logits must match a model loaded without repacking (loaded while dispatch
-// is restricted to AVX2) to float rounding, computed on the same target.
+// On AVX3_DL and AVX2 machines the loader repacks Q8_0 matrices
+// (ops/weight_pack.h), whose kernels sum each 32-block in int32
+// (ops/matmul_internal.h): the logits must match a model loaded without
+// repacking (loaded while dispatch is restricted to the scalar baseline) to
+// float rounding, both computed on the same target, for each such target.
 // (Bit-identity of the repacked kernels across targets, threads and batch
 // sizes is ops/weight_pack_test.cc's.)
 TEST(SyntheticModelTest, RepackedWeightsGiveTheSameLogitsToRounding) {
-  if (!ops::ForceSimdTarget("AVX3_DL") || !ops::ForceSimdTarget("AVX2")) {
-    ops::ForceSimdTarget("");
-    GTEST_SKIP() << "needs a CPU with AVX-512 VNNI (repacking is only done there) and AVX2";
-  }
+  const std::vector<std::string> targets = ops::AvailableSimdTargets();  // best first, the baseline last
   model::SyntheticModelOptions o;
   o.shape = "tiny";
   o.type = gguf::TensorType::kQ8_0;
@@ -84,19 +82,16 @@ TEST(SyntheticModelTest, RepackedWeightsGiveTheSameLogitsToRounding) {
     EXPECT_TRUE(rt.ok()) << rt.status().ToString();
     return std::move(rt).value();
   };
-  ASSERT_FALSE(ops::RepackingPays());  // AVX2 dispatch: GGUF rows kept
+  ASSERT_TRUE(ops::ForceSimdTarget(targets.back()));
+  ASSERT_FALSE(ops::RepackingPays());  // the scalar baseline keeps GGUF rows
   auto rows = load();
   ops::ForceSimdTarget("");
-  ASSERT_TRUE(ops::RepackingPays());
+  if (!ops::RepackingPays()) GTEST_SKIP() << "needs a CPU with AVX2 or AVX-512 VNNI (repacking is only done there)";
   auto repacked = load();
   EXPECT_EQ(rows->model().RepackedMatrices(), 0);
   EXPECT_GT(repacked->model().RepackedMatrices(), 0);
   std::vector<int32_t> prompt;
   for (int i = 0; i < 20; ++i) prompt.push_back((i * 37 + 5) % rows->model().config().n_vocab);
-  std::vector<float> want, got;
-  auto a = rows->NewSession();
-  auto b = repacked->NewSession();
-  ASSERT_TRUE(a.ok() && b.ok());
   // Float rounding through every layer: a small fraction of the logits' spread.
   auto expect_close = [](const std::vector<float>& x, const std::vector<float>& y, const std::string& what) {
     ASSERT_EQ(x.size(), y.size()) << what;
@@ -109,14 +104,25 @@ TEST(SyntheticModelTest, RepackedWeightsGiveTheSameLogitsToRounding) {
     EXPECT_LE(worst, 1e-3f * spread) << what;
     EXPECT_NE(x, y) << what << ": identical, so the repacked kernels did not run";
   };
-  ASSERT_TRUE((*a)->FeedWithLogits(prompt, 0, &want).ok());  // prefill path (a batch)
-  ASSERT_TRUE((*b)->FeedWithLogits(prompt, 0, &got).ok());
-  expect_close(want, got, "prefill");
-  for (int step = 0; step < 3; ++step) {  // decode path (one token)
-    ASSERT_TRUE((*a)->FeedWithLogits({prompt[step]}, 0, &want).ok());
-    ASSERT_TRUE((*b)->FeedWithLogits({prompt[step]}, 0, &got).ok());
-    expect_close(want, got, "decode step " + std::to_string(step));
+  // Both models computed on each SIMD target that has kernels for the packed layout.
+  for (const std::string& target : targets) {
+    if (target != "AVX3_DL" && target != "AVX2") continue;
+    SCOPED_TRACE("target " + target);
+    ASSERT_TRUE(ops::ForceSimdTarget(target));
+    std::vector<float> want, got;
+    auto a = rows->NewSession();
+    auto b = repacked->NewSession();
+    ASSERT_TRUE(a.ok() && b.ok());
+    ASSERT_TRUE((*a)->FeedWithLogits(prompt, 0, &want).ok());  // prefill path (a batch)
+    ASSERT_TRUE((*b)->FeedWithLogits(prompt, 0, &got).ok());
+    expect_close(want, got, "prefill");
+    for (int step = 0; step < 3; ++step) {  // decode path (one token)
+      ASSERT_TRUE((*a)->FeedWithLogits({prompt[step]}, 0, &want).ok());
+      ASSERT_TRUE((*b)->FeedWithLogits({prompt[step]}, 0, &got).ok());
+      expect_close(want, got, "decode step " + std::to_string(step));
+    }
   }
+  ops::ForceSimdTarget("");
 }
 
 }  // namespace

@@ -7,7 +7,8 @@
 // (Q8_0 via the sign trick |w| * sign(a, w), which yields the same exact
 // integer as the unsigned-offset form and keeps pmaddubsw from saturating).
 // Weights are decoded straight into registers for one token, or once per
-// token tile into a panel (as the AVX-512 kernels do).
+// token tile into a panel (as the AVX-512 kernels do). Q8_0 matrices the
+// loader repacked (kInterleaved16) have their own kernel, at the end.
 #define KVX_ATTR HWY_ATTR
 #define KVX_INLINE HWY_ATTR inline __attribute__((always_inline))
 
@@ -390,11 +391,106 @@ KVX_ATTR void IntRowsTyped(const WeightView& w, const QuantizedActs& a, float* y
   }
 }
 
+// ---- integer path: Q8_0 repacked as kInterleaved16 ------------------------
+// The 16 rows of a group are two 8-lane halves. The layout stores w + 128 for
+// vpdpbusd; without VNNI each step takes the signed weights back (one xor
+// per half, shared by the tile's tokens) and sums 4 products per lane with
+// the sign trick (pmaddubsw(|w|, sign(a, w)), pairs <= 2 * 128 * 127, so no
+// saturation, then pmaddwd). The exact int32 block sums then get the same
+// conversion, multiply and fma as on AVX3_DL (matmul_internal.h), so the
+// outputs are bit-identical. kT tokens share each weight vector; 1 group x 2
+// tokens fits its sums, accumulators, weights and constants in the 16 ymm
+// registers.
+// kPrefetch (decode): as the AVX3_DL kernel, each line 4 KiB ahead.
+template <int kT, bool kPrefetch>
+KVX_ATTR void InterleavedTile2(const Interleaved16& g, int64_t group, const QuantizedActs& a, int64_t t0, float* y,
+                               int64_t ldy) {
+  constexpr int kPrefetchBytes = 4096;
+  V16 acc[kT];
+  KVX_UNROLL for (int t = 0; t < kT; ++t) acc[t] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  const int8_t* q[kT];
+  const float* ds[kT];
+  KVX_UNROLL for (int t = 0; t < kT; ++t) {
+    q[t] = a.QRow(t0 + t);
+    ds[t] = a.DsRow(t0 + t);
+  }
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80)), ones = _mm256_set1_epi16(1);
+  for (int64_t c = 0; c < g.n_chunks; ++c) {
+    const uint8_t* unit = g.Unit(group, c);
+    if constexpr (kPrefetch) {
+      KVX_UNROLL for (int l = 0; l < Interleaved16::kUnitBytes / 64; ++l) {
+        _mm_prefetch(reinterpret_cast<const char*>(unit + kPrefetchBytes + 64 * l), _MM_HINT_T0);
+      }
+    }
+    KVX_UNROLL for (int h = 0; h < 2; ++h) {
+      const int64_t b = 2 * c + h;
+      __m256i isum[kT][2];
+      KVX_UNROLL for (int t = 0; t < kT; ++t) isum[t][0] = isum[t][1] = _mm256_setzero_si256();
+      KVX_UNROLL for (int s = 0; s < Interleaved16::kSteps; ++s) {
+        const uint8_t* p = unit + (h * Interleaved16::kSteps + s) * 64;
+        __m256i w[2], u[2];
+        KVX_UNROLL for (int j = 0; j < 2; ++j) {
+          w[j] = _mm256_xor_si256(_mm256_load_si256(reinterpret_cast<const __m256i*>(p + 32 * j)), flip);
+          u[j] = _mm256_abs_epi8(w[j]);
+        }
+        KVX_UNROLL for (int t = 0; t < kT; ++t) {
+          int32_t a4;
+          std::memcpy(&a4, q[t] + kActBlock * b + 4 * s, 4);
+          const __m256i av = _mm256_set1_epi32(a4);
+          KVX_UNROLL for (int j = 0; j < 2; ++j) {
+            const __m256i pairs = _mm256_maddubs_epi16(u[j], _mm256_sign_epi8(av, w[j]));
+            isum[t][j] = _mm256_add_epi32(isum[t][j], _mm256_madd_epi16(pairs, ones));
+          }
+        }
+      }
+      const uint16_t* scales = Interleaved16::Scales(unit) + Interleaved16::kRows * h;
+      const __m256 dw[2] = {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales))),
+                            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 8)))};
+      KVX_UNROLL for (int t = 0; t < kT; ++t) {
+        const __m256 dt = _mm256_set1_ps(ds[t][b]);
+        acc[t].lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t][0]), _mm256_mul_ps(dw[0], dt), acc[t].lo);
+        acc[t].hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t][1]), _mm256_mul_ps(dw[1], dt), acc[t].hi);
+      }
+    }
+  }
+  KVX_UNROLL for (int t = 0; t < kT; ++t) {
+    _mm256_storeu_ps(y + t * ldy, acc[t].lo);
+    _mm256_storeu_ps(y + t * ldy + 8, acc[t].hi);
+  }
+}
+
+// Tokens per tile (ops_bench PrefillGemm/q8_0_repacked/thr1 forced to AVX2:
+// 2 tokens 132 GFLOP/s, 4 tokens 125, whose accumulators spill).
+constexpr int kInterleavedTokens2 = 2;
+
+KVX_ATTR void InterleavedRows2(const WeightView& w, const QuantizedActs& a, float* y, int64_t r0, int64_t r1) {
+  constexpr int kRows = Interleaved16::kRows;
+  KVX_CHECK(r0 % kRows == 0 && r1 % kRows == 0);
+  const Interleaved16 g = Interleaved16Of(w);
+  const int64_t ldy = w.n_out, n_tok = a.n_tokens, g0 = r0 / kRows, g1 = r1 / kRows;
+  if (n_tok == 1) {
+    for (int64_t gr = g0; gr < g1; ++gr) InterleavedTile2<1, true>(g, gr, a, 0, y + kRows * gr, ldy);
+    return;
+  }
+  const int64_t tt = TokenTile(a.k_pad + a.k_pad / 8);  // quants, block scales (ds)
+  for (int64_t t0 = 0; t0 < n_tok; t0 += tt) {
+    const int64_t t1 = std::min(n_tok, t0 + tt);
+    for (int64_t gr = g0; gr < g1; ++gr) {
+      float* yg = y + kRows * gr;
+      int64_t t = t0;
+      for (; t + kInterleavedTokens2 <= t1; t += kInterleavedTokens2) {
+        InterleavedTile2<kInterleavedTokens2, false>(g, gr, a, t, yg + t * ldy, ldy);
+      }
+      for (; t < t1; ++t) InterleavedTile2<1, false>(g, gr, a, t, yg + t * ldy, ldy);
+    }
+  }
+}
+
 void MatMulRowsInt(const WeightView& w, const QuantizedActs& a, float* y, int64_t r0, int64_t r1) {
-  // Repacked matrices are only made when the AVX3_DL kernels run (ops/weight_pack.h).
-  if (w.layout != WeightLayout::kRows) return MatMulRowsIntScalar(w, a, y, r0, r1);
   switch (w.type) {
-    case TensorType::kQ8_0: return IntRowsTyped<TensorType::kQ8_0>(w, a, y, r0, r1);
+    case TensorType::kQ8_0:
+      if (w.layout == WeightLayout::kInterleaved16) return InterleavedRows2(w, a, y, r0, r1);
+      return IntRowsTyped<TensorType::kQ8_0>(w, a, y, r0, r1);
     case TensorType::kQ4_0: return IntRowsTyped<TensorType::kQ4_0>(w, a, y, r0, r1);
     case TensorType::kQ4_K: return IntRowsTyped<TensorType::kQ4_K>(w, a, y, r0, r1);
     case TensorType::kQ5_K: return IntRowsTyped<TensorType::kQ5_K>(w, a, y, r0, r1);

@@ -1,5 +1,7 @@
 #include "ops/weight_pack.h"
 
+#include <string>
+
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -22,7 +24,10 @@ bool CanRepack(const WeightView& w) {
          w.n_in % internal::kChunk == 0 && w.n_out > 0 && w.n_out % Interleaved16::kRows == 0;
 }
 
-bool RepackingPays() { return ActiveSimdTarget() == "AVX3_DL"; }
+bool RepackingPays() {
+  const std::string target = ActiveSimdTarget();
+  return target == "AVX3_DL" || target == "AVX2";
+}
 
 namespace {
 
