@@ -150,15 +150,6 @@ KVX_ATTR void FloatRows(const WeightView& w, const float* x, int64_t n_tokens, f
   }
 }
 
-void MatMulRowsFloat(const WeightView& w, const float* x, int64_t n_tokens, float* y, int64_t r0, int64_t r1) {
-  switch (w.type) {
-    case TensorType::kF32: return FloatRows<TensorType::kF32>(w, x, n_tokens, y, r0, r1);
-    case TensorType::kF16: return FloatRows<TensorType::kF16>(w, x, n_tokens, y, r0, r1);
-    case TensorType::kBF16: return FloatRows<TensorType::kBF16>(w, x, n_tokens, y, r0, r1);
-    default: KVX_CHECK_MSG(false, "MatMulRowsFloat: not a float type");
-  }
-}
-
 // ---- integer path -------------------------------------------------------------
 // A source yields, for row r, superblock sb, chunk g and half h, 32 quant
 // bytes (canonical u, or the signed weights w = u - 128 for kSigned) and the
@@ -463,7 +454,7 @@ KVX_ATTR void InterleavedTile2(const Interleaved16& g, int64_t group, const Quan
 // 2 tokens 132 GFLOP/s, 4 tokens 125, whose accumulators spill).
 constexpr int kInterleavedTokens2 = 2;
 
-KVX_ATTR void InterleavedRows2(const WeightView& w, const QuantizedActs& a, float* y, int64_t r0, int64_t r1) {
+KVX_ATTR void InterleavedRows(const WeightView& w, const QuantizedActs& a, float* y, int64_t r0, int64_t r1) {
   constexpr int kRows = Interleaved16::kRows;
   KVX_CHECK(r0 % kRows == 0 && r1 % kRows == 0);
   const Interleaved16 g = Interleaved16Of(w);
@@ -483,19 +474,6 @@ KVX_ATTR void InterleavedRows2(const WeightView& w, const QuantizedActs& a, floa
       }
       for (; t < t1; ++t) InterleavedTile2<1, false>(g, gr, a, t, yg + t * ldy, ldy);
     }
-  }
-}
-
-void MatMulRowsInt(const WeightView& w, const QuantizedActs& a, float* y, int64_t r0, int64_t r1) {
-  switch (w.type) {
-    case TensorType::kQ8_0:
-      if (w.layout == WeightLayout::kInterleaved16) return InterleavedRows2(w, a, y, r0, r1);
-      return IntRowsTyped<TensorType::kQ8_0>(w, a, y, r0, r1);
-    case TensorType::kQ4_0: return IntRowsTyped<TensorType::kQ4_0>(w, a, y, r0, r1);
-    case TensorType::kQ4_K: return IntRowsTyped<TensorType::kQ4_K>(w, a, y, r0, r1);
-    case TensorType::kQ5_K: return IntRowsTyped<TensorType::kQ5_K>(w, a, y, r0, r1);
-    case TensorType::kQ6_K: return IntRowsTyped<TensorType::kQ6_K>(w, a, y, r0, r1);
-    default: KVX_CHECK_MSG(false, "MatMulRowsInt: not an integer-path type");
   }
 }
 

@@ -53,10 +53,34 @@ using gguf::TensorType;
 
 #define KVX_UNROLL _Pragma("GCC unroll 16")
 
+#if HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX2
 #if HWY_TARGET == HWY_AVX3_DL
 #include "ops/matmul_avx512-inl.h"
-#elif HWY_TARGET == HWY_AVX2
+#else
 #include "ops/matmul_avx2-inl.h"
+#endif
+// Each x86 target's file defines FloatRows<type>, IntRowsTyped<type> (GGUF
+// rows) and InterleavedRows (repacked Q8_0); the dispatch is the same.
+void MatMulRowsFloat(const WeightView& w, const float* x, int64_t n_tokens, float* y, int64_t r0, int64_t r1) {
+  switch (w.type) {
+    case TensorType::kF32: return FloatRows<TensorType::kF32>(w, x, n_tokens, y, r0, r1);
+    case TensorType::kF16: return FloatRows<TensorType::kF16>(w, x, n_tokens, y, r0, r1);
+    case TensorType::kBF16: return FloatRows<TensorType::kBF16>(w, x, n_tokens, y, r0, r1);
+    default: KVX_CHECK_MSG(false, "MatMulRowsFloat: not a float type");
+  }
+}
+void MatMulRowsInt(const WeightView& w, const QuantizedActs& a, float* y, int64_t r0, int64_t r1) {
+  switch (w.type) {
+    case TensorType::kQ8_0:
+      if (w.layout == WeightLayout::kInterleaved16) return InterleavedRows(w, a, y, r0, r1);
+      return IntRowsTyped<TensorType::kQ8_0>(w, a, y, r0, r1);
+    case TensorType::kQ4_0: return IntRowsTyped<TensorType::kQ4_0>(w, a, y, r0, r1);
+    case TensorType::kQ4_K: return IntRowsTyped<TensorType::kQ4_K>(w, a, y, r0, r1);
+    case TensorType::kQ5_K: return IntRowsTyped<TensorType::kQ5_K>(w, a, y, r0, r1);
+    case TensorType::kQ6_K: return IntRowsTyped<TensorType::kQ6_K>(w, a, y, r0, r1);
+    default: KVX_CHECK_MSG(false, "MatMulRowsInt: not an integer-path type");
+  }
+}
 #else
 // ===========================================================================
 // Scalar (and targets without dedicated kernels).
