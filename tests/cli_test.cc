@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <fstream>
@@ -92,6 +93,13 @@ TEST(CliTest, BenchAndPlan) {
   ASSERT_EQ(j["decode"].size(), 2u);
   EXPECT_GT(j["decode"][1]["kv_bytes"].get<double>(), j["decode"][0]["kv_bytes"].get<double>());
   EXPECT_GT(j["bandwidth"]["read_gbps"].get<double>(), 0);
+  for (const auto& d : j["decode"]) {  // the bound is the faster of the two read probes
+    EXPECT_GT(d["stream_read_gbps"].get<double>(), 0);
+    EXPECT_EQ(d["bound_gbps"].get<double>(),
+              std::max(d["stream_read_gbps"].get<double>(), j["bandwidth"]["read_gbps"].get<double>()));
+    EXPECT_DOUBLE_EQ(d["bound_tok_s"].get<double>(),
+                     d["bound_gbps"].get<double>() * 1e9 / d["bytes_per_token"].get<double>());
+  }
   const CommandResult plan = RunKvx("plan --shape smollm2-135m --ctx 4096 --mem 1G --kv codec=f16 -t 2");
   ASSERT_EQ(plan.exit_code, 0) << plan.output;
   EXPECT_NE(plan.output.find("concurrency"), std::string::npos);

@@ -21,6 +21,15 @@ TEST(RooflineTest, PeakFlopsIsPositiveWithAKnownIsa) {
   EXPECT_TRUE(r.isa == "avx512" || r.isa == "avx2" || r.isa == "sse2" || r.isa == "scalar") << r.isa;
 }
 
+TEST(RooflineTest, BandwidthProbesReadSomething) {
+  ThreadPool pool(2);
+  const BandwidthResult dram = MeasureBandwidth(&pool, size_t{1} << 20, 2);
+  EXPECT_GT(dram.read_gbps, 0);
+  EXPECT_GT(dram.triad_gbps, 0);
+  EXPECT_GT(MeasureStreamReadGbps(&pool, size_t{1} << 20, 2), 0);
+  EXPECT_GT(MeasureStreamReadGbps(&pool, 3, 1), 0);  // under one float: still a defined pass
+}
+
 TEST(RooflineTest, PeakInt8MatchesTheDetectedIsa) {
   ThreadPool pool(2);
   const std::string isa = Int8ProbeIsa();

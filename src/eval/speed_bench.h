@@ -6,7 +6,10 @@
 // (Session::AppendSyntheticKV; decode cost depends on the cached bytes, not
 // their values), then tokens are decoded one at a time. Each decoded token
 // must read the decode weights (Model::DecodeWeightBytesPerToken) plus every
-// cached KV byte; bandwidth / those bytes is its bound.
+// cached KV byte; bandwidth / those bytes is its bound. The bandwidth is the
+// faster of the 256 MiB probe and a probe re-reading that many bytes
+// (MeasureStreamReadGbps): caches that keep part of a token's bytes for the
+// next token speed decode up, and the bound must include them.
 // Prefill: a batch of random tokens from an empty cache; ops = matmuls +
 // attention (QK^T and PV over the causal triangle) + one output row, a
 // multiply-add counting 2. Its bound is the compute peak of the arithmetic
@@ -45,7 +48,9 @@ struct DepthResult {
   double decode_tok_s = 0;      // median
   double kv_bytes = 0;          // measured: pool bytes in use at this depth
   double bytes_per_token = 0;   // decode weights + kv_bytes
-  double bound_tok_s = 0;       // read bandwidth / bytes_per_token
+  double stream_read_gbps = 0;  // re-reading bytes_per_token (MeasureStreamReadGbps)
+  double bound_gbps = 0;        // max(stream_read_gbps, the 256 MiB read probe)
+  double bound_tok_s = 0;       // bound_gbps / bytes_per_token
   double pct_of_bound = 0;
 };
 
