@@ -19,7 +19,7 @@
 // K-quants need n_in % 256 == 0, so for them the 576-wide inputs are skipped
 // (llama.cpp also stores those tensors in a 32-block type).
 // Kernels run on the best SIMD target of the CPU, or on the one named by the
-// KVX_BENCH_TARGET environment variable (AVX3_DL, AVX2, SCALAR...); the
+// KVX_BENCH_TARGET environment variable (AVX3_DL, AVX2_VNNI, AVX2, SCALAR...); the
 // context line "simd_target" says which.
 #include <benchmark/benchmark.h>
 

@@ -202,6 +202,15 @@ def main():
            "a multiply and an fma on each lane sum; repacked (as the loader stores Q8_0 on AVX2 machines too) each "
            "32-block is summed in int32 first, and decode reads one aligned stream.", ""]
     md += microbench_table(avx2) + [""]
+    # AVX-VNNI (Alder Lake and later Intel cores, Zen 5) gives the AVX2
+    # target's repacked Q8_0 kernel one vpdpbusd per 8 lanes.
+    if "avx_vnni" in open("/proc/cpuinfo").read():
+        vnni = microbench(os.path.join(ROOT, "build/ops_bench"), "DecodeSweep/q8_0_repacked|PrefillGemm/q8_0_repacked",
+                          os.path.join(args.models, "ops_bench_avx2_vnni.json"), target="AVX2_VNNI")
+        md += ["`KVX_BENCH_TARGET=AVX2_VNNI`: the same AVX2 kernels on a CPU with AVX-VNNI; the repacked Q8_0 kernel "
+               "sums each block with one 256-bit vpdpbusd per half and step instead of the pmaddubsw sequence "
+               "(bit-identical outputs).", ""]
+        md += microbench_table(vnni) + [""]
     text = "\n".join(md) + "\n"
     open(os.path.join(ROOT, "docs/benchmarks.md"), "w").write(text)
     readme = os.path.join(ROOT, "README.md")

@@ -450,32 +450,119 @@ KVX_ATTR void InterleavedTile2(const Interleaved16& g, int64_t group, const Quan
   }
 }
 
-// Tokens per tile (ops_bench PrefillGemm/q8_0_repacked/thr1 forced to AVX2:
-// 2 tokens 132 GFLOP/s, 4 tokens 125, whose accumulators spill).
-constexpr int kInterleavedTokens2 = 2;
+// With AVX-VNNI (not a Highway target; simd_target.cc's AVX2_VNNI): the
+// AVX3_DL kernel's arithmetic on 8 lanes. Each block's int32 sums start at
+// the activations' block bias and take one vpdpbusd per half and step on the
+// stored w + 128, which gives the same exact sums as the sign trick, so the
+// outputs stay bit-identical. Sums, accumulators, the weight halves and the
+// broadcast activation of 3 tokens fit the 16 ymm registers.
+#define KVX_ATTR_VNNI KVX_ATTR __attribute__((target("avxvnni")))
+template <int kT, bool kPrefetch>
+KVX_ATTR_VNNI void InterleavedTileVnni(const Interleaved16& g, int64_t group, const QuantizedActs& a, int64_t t0,
+                                       float* y, int64_t ldy) {
+  constexpr int kPrefetchBytes = 4096;
+  V16 acc[kT];
+  KVX_UNROLL for (int t = 0; t < kT; ++t) acc[t] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  const int8_t* q[kT];
+  const float* ds[kT];
+  const int32_t* bias[kT];
+  KVX_UNROLL for (int t = 0; t < kT; ++t) {
+    q[t] = a.QRow(t0 + t);
+    ds[t] = a.DsRow(t0 + t);
+    bias[t] = a.BlockBiasRow(t0 + t);
+  }
+  for (int64_t c = 0; c < g.n_chunks; ++c) {
+    const uint8_t* unit = g.Unit(group, c);
+    if constexpr (kPrefetch) {
+      KVX_UNROLL for (int l = 0; l < Interleaved16::kUnitBytes / 64; ++l) {
+        _mm_prefetch(reinterpret_cast<const char*>(unit + kPrefetchBytes + 64 * l), _MM_HINT_T0);
+      }
+    }
+    KVX_UNROLL for (int h = 0; h < 2; ++h) {
+      const int64_t b = 2 * c + h;
+      __m256i isum[kT][2];
+      KVX_UNROLL for (int t = 0; t < kT; ++t) isum[t][0] = isum[t][1] = _mm256_set1_epi32(bias[t][b]);
+      KVX_UNROLL for (int s = 0; s < Interleaved16::kSteps; ++s) {
+        const uint8_t* p = unit + (h * Interleaved16::kSteps + s) * 64;
+        const __m256i w[2] = {_mm256_load_si256(reinterpret_cast<const __m256i*>(p)),
+                              _mm256_load_si256(reinterpret_cast<const __m256i*>(p + 32))};
+        KVX_UNROLL for (int t = 0; t < kT; ++t) {
+          int32_t a4;
+          std::memcpy(&a4, q[t] + kActBlock * b + 4 * s, 4);
+          const __m256i av = _mm256_set1_epi32(a4);
+          KVX_UNROLL for (int j = 0; j < 2; ++j) isum[t][j] = _mm256_dpbusd_avx_epi32(isum[t][j], w[j], av);
+        }
+      }
+      const uint16_t* scales = Interleaved16::Scales(unit) + Interleaved16::kRows * h;
+      const __m256 dw[2] = {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales))),
+                            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 8)))};
+      KVX_UNROLL for (int t = 0; t < kT; ++t) {
+        const __m256 dt = _mm256_set1_ps(ds[t][b]);
+        acc[t].lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t][0]), _mm256_mul_ps(dw[0], dt), acc[t].lo);
+        acc[t].hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t][1]), _mm256_mul_ps(dw[1], dt), acc[t].hi);
+      }
+    }
+  }
+  KVX_UNROLL for (int t = 0; t < kT; ++t) {
+    _mm256_storeu_ps(y + t * ldy, acc[t].lo);
+    _mm256_storeu_ps(y + t * ldy + 8, acc[t].hi);
+  }
+}
 
-KVX_ATTR void InterleavedRows(const WeightView& w, const QuantizedActs& a, float* y, int64_t r0, int64_t r1) {
+// Rows [r0, r1) of a repacked matrix with either tile (Tile::Run<kT,
+// kPrefetch>): decode one group and token at a time with prefetch; prompts in
+// token tiles that stay in L2 (quants and block scales), kT tokens per call.
+template <class Tile, int kT>
+KVX_INLINE void InterleavedRowsWith(const WeightView& w, const QuantizedActs& a, float* y, int64_t r0, int64_t r1) {
   constexpr int kRows = Interleaved16::kRows;
   KVX_CHECK(r0 % kRows == 0 && r1 % kRows == 0);
   const Interleaved16 g = Interleaved16Of(w);
   const int64_t ldy = w.n_out, n_tok = a.n_tokens, g0 = r0 / kRows, g1 = r1 / kRows;
   if (n_tok == 1) {
-    for (int64_t gr = g0; gr < g1; ++gr) InterleavedTile2<1, true>(g, gr, a, 0, y + kRows * gr, ldy);
+    for (int64_t gr = g0; gr < g1; ++gr) Tile::template Run<1, true>(g, gr, a, 0, y + kRows * gr, ldy);
     return;
   }
-  const int64_t tt = TokenTile(a.k_pad + a.k_pad / 8);  // quants, block scales (ds)
+  const int64_t tt = TokenTile(a.k_pad + a.k_pad / 8);
   for (int64_t t0 = 0; t0 < n_tok; t0 += tt) {
     const int64_t t1 = std::min(n_tok, t0 + tt);
     for (int64_t gr = g0; gr < g1; ++gr) {
       float* yg = y + kRows * gr;
       int64_t t = t0;
-      for (; t + kInterleavedTokens2 <= t1; t += kInterleavedTokens2) {
-        InterleavedTile2<kInterleavedTokens2, false>(g, gr, a, t, yg + t * ldy, ldy);
-      }
-      for (; t < t1; ++t) InterleavedTile2<1, false>(g, gr, a, t, yg + t * ldy, ldy);
+      for (; t + kT <= t1; t += kT) Tile::template Run<kT, false>(g, gr, a, t, yg + t * ldy, ldy);
+      for (; t < t1; ++t) Tile::template Run<1, false>(g, gr, a, t, yg + t * ldy, ldy);
     }
   }
 }
+
+struct SignTrickTile {
+  template <int kT, bool kPrefetch>
+  static KVX_INLINE void Run(const Interleaved16& g, int64_t gr, const QuantizedActs& a, int64_t t0, float* y,
+                             int64_t ldy) {
+    InterleavedTile2<kT, kPrefetch>(g, gr, a, t0, y, ldy);
+  }
+};
+struct VnniTile {
+  template <int kT, bool kPrefetch>
+  static KVX_INLINE void Run(const Interleaved16& g, int64_t gr, const QuantizedActs& a, int64_t t0, float* y,
+                             int64_t ldy) {
+    InterleavedTileVnni<kT, kPrefetch>(g, gr, a, t0, y, ldy);
+  }
+};
+
+// Tokens per tile (ops_bench PrefillGemm/q8_0_repacked/thr1 forced to AVX2:
+// 2 tokens 132 GFLOP/s, 4 tokens 125, whose accumulators spill).
+constexpr int kInterleavedTokens2 = 2, kInterleavedTokensVnni = 3;
+
+KVX_ATTR_VNNI void InterleavedRowsVnni(const WeightView& w, const QuantizedActs& a, float* y, int64_t r0,
+                                       int64_t r1) {
+  InterleavedRowsWith<VnniTile, kInterleavedTokensVnni>(w, a, y, r0, r1);
+}
+
+KVX_ATTR void InterleavedRows(const WeightView& w, const QuantizedActs& a, float* y, int64_t r0, int64_t r1) {
+  if (AvxVnniEnabled()) return InterleavedRowsVnni(w, a, y, r0, r1);
+  InterleavedRowsWith<SignTrickTile, kInterleavedTokens2>(w, a, y, r0, r1);
+}
+#undef KVX_ATTR_VNNI
 
 #undef KVX_ATTR
 #undef KVX_INLINE

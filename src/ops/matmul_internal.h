@@ -193,6 +193,10 @@ void MatMulRowsFloatScalar(const WeightView& w, const float* x, int64_t n_tokens
 void MatMulRowsIntScalar(const WeightView& w, const QuantizedActs& a, float* y, int64_t r0, int64_t r1);
 
 // The same, dispatched to the best SIMD target of this CPU (matmul_simd.cc).
+// Whether the AVX2 target's kernels may use AVX-VNNI (simd_target.cc: on
+// when the CPU has it, unless a test or benchmark forced plain "AVX2").
+bool AvxVnniEnabled();
+
 void QuantizeActsBest(const float* x, int64_t t0, int64_t t1, QuantizedActs* a);
 void MatMulRowsFloatBest(const WeightView& w, const float* x, int64_t n_tokens, float* y, int64_t r0, int64_t r1);
 void MatMulRowsIntBest(const WeightView& w, const QuantizedActs& a, float* y, int64_t r0, int64_t r1);

@@ -26,7 +26,7 @@ bool CanRepack(const WeightView& w) {
 
 bool RepackingPays() {
   const std::string target = ActiveSimdTarget();
-  return target == "AVX3_DL" || target == "AVX2";
+  return target == "AVX3_DL" || target == "AVX2_VNNI" || target == "AVX2";
 }
 
 namespace {
