@@ -93,7 +93,9 @@ std::string ComputePiece(const TokenizerImpl& v, int32_t id) {
 constexpr const char* kEogTexts[] = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>",
                                      "<|endoftext|>", "<|eom_id|>", "<EOT>"};
 constexpr const char* kEotTexts[] = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>",
-                                     "<|endoftext|>", "<EOT>", "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>"};
+                                     "<|endoftext|>", "<EOT>",
+                                     // Split so the hex escape ends before "end".
+                                     ("<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>")};
 constexpr const char* kFimPadTexts[] = {"<|fim_pad|>", "<fim-pad>", "<PAD>"};
 constexpr const char* kFimRepTexts[] = {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>"};
 constexpr const char* kFimSepTexts[] = {"<|file_sep|>"};

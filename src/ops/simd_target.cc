@@ -1,6 +1,9 @@
 #include "ops/simd_target.h"
 
 #include <atomic>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 #include "ops/matmul_internal.h"
 
@@ -29,7 +32,12 @@ constexpr char kAvx2Vnni[] = "AVX2_VNNI";
 
 bool CpuHasAvxVnni() {
 #if defined(__x86_64__) || defined(__i386__)
-  static const bool has = __builtin_cpu_supports("avxvnni");
+  // CPUID leaf 7, subleaf 1, EAX bit 4 (clang 14 lacks the builtin's
+  // "avxvnni" name). The ymm state it needs is checked by the AVX2 target.
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) != 0 && (eax & (1u << 4)) != 0;
+  }();
   return has;
 #else
   return false;
