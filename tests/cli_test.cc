@@ -100,6 +100,16 @@ TEST(CliTest, BenchAndPlan) {
     EXPECT_DOUBLE_EQ(d["bound_tok_s"].get<double>(),
                      d["bound_gbps"].get<double>() * 1e9 / d["bytes_per_token"].get<double>());
   }
+  // Prefill's bound: matmul ops at the matmuls' peak, attention ops at the FMA peak.
+  const auto& pf = j["prefill"];
+  const double fma = j["peak_flops"]["gflops"].get<double>();
+  const double matmul_peak = pf["peak_kind"] == "int8" ? j["peak_int8"]["gops"].get<double>() : fma;
+  const double mm = pf["matmul_ops"].get<double>(), at = pf["attention_ops"].get<double>();
+  EXPECT_GT(at, 0);
+  const double bound = (mm + at) / (mm / matmul_peak + at / fma);
+  EXPECT_NEAR(pf["bound_gops"].get<double>(), bound, 1e-9 * bound);
+  EXPECT_NEAR(pf["pct_of_bound"].get<double>(), 100 * pf["gflops"].get<double>() / bound, 1e-6);
+  EXPECT_NEAR(pf["pct_of_peak"].get<double>(), 100 * pf["gflops"].get<double>() / matmul_peak, 1e-6);
   const CommandResult plan = RunKvx("plan --shape smollm2-135m --ctx 4096 --mem 1G --kv codec=f16 -t 2");
   ASSERT_EQ(plan.exit_code, 0) << plan.output;
   EXPECT_NE(plan.output.find("concurrency"), std::string::npos);

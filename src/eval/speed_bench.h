@@ -11,14 +11,14 @@
 // (MeasureStreamReadGbps): caches that keep part of a token's bytes for the
 // next token speed decode up, and the bound must include them.
 // Prefill: a batch of random tokens from an empty cache; ops = matmuls +
-// attention (QK^T and PV over the causal triangle) + one output row, a
-// multiply-add counting 2. Its bound is the compute peak of the arithmetic
-// the matmuls use (roofline.h UsesInt8Dot): the int8 dot-product peak when
-// most matmul multiply-adds are on quantized weights (Q8_0, Q4_0, Q4_K, Q5_K,
-// Q6_K, computed with int8 activations), else the f32 FMA peak. Attention is
-// always float, so on int8 weights a long prompt's attention share is judged
-// against the int8 peak too (~8% of the ops for SmolLM2-135M at the default
-// 512 tokens, more for longer prompts).
+// one output row + attention (QK^T and PV over the causal triangle), a
+// multiply-add counting 2 (plan.h CountPrefillOps). Its bound gives each kind
+// of op its own measured peak (plan.h PrefillBoundSeconds): the matmuls the
+// arithmetic they run (roofline.h UsesInt8Dot: the int8 dot-product peak when
+// most matmul multiply-adds are on quantized weights, Q8_0, Q4_0, Q4_K, Q5_K,
+// Q6_K with int8 activations, else the f32 FMA peak), attention the f32 FMA
+// peak, since it runs float FMAs on every KV codec. Prefill is also reported
+// against the matmul peak alone, the stricter figure.
 //
 // Thread-safety: uses the runtime's pool and threads; one at a time.
 #pragma once
@@ -69,8 +69,12 @@ struct SpeedBenchResult {
   double prefill_tok_s = 0;         // median
   double prefill_gflops = 0;        // G ops/s: float or int8 multiply-adds count 2
   double int8_matmul_fraction = 0;  // share of matmul multiply-adds on int8-path weights
-  std::string prefill_peak_kind;    // "int8" or "fma": the peak prefill is compared to
-  double prefill_pct_of_peak = 0;
+  double prefill_matmul_ops = 0;    // CountPrefillOps for prompt_tokens
+  double prefill_attention_ops = 0;
+  std::string prefill_peak_kind;    // "int8" or "fma": the matmuls' peak
+  double prefill_bound_gops = 0;    // all ops / PrefillBoundSeconds
+  double prefill_pct_of_bound = 0;
+  double prefill_pct_of_peak = 0;   // against the matmul peak alone
   std::vector<DepthResult> depths;
   double peak_rss_bytes = 0;
 

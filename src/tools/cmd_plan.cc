@@ -86,12 +86,14 @@ Status RunPlan(const PlanFlags& flags) {
   ThreadPool* pool = rt ? &rt->threads() : &own_pool;
   std::fprintf(stderr, "plan: measuring memory bandwidth, peak FLOP/s and disk write speed...\n");
   in.bandwidth_gbps = eval::MeasureBandwidth(pool).read_gbps;
-  // The compute bound uses the arithmetic the matmuls run: int8 dot products
-  // for quantized weights (as kvx bench does), float FMAs otherwise.
+  // The matmuls' compute bound is the arithmetic they run: int8 dot products
+  // for quantized weights (as kvx bench does), float FMAs otherwise;
+  // attention always runs float FMAs (plan.h).
   const bool int8_matmuls = rt ? eval::Int8MatmulFraction(rt->model()) >= 0.5 : eval::UsesInt8Dot(shape_type);
   const eval::PeakInt8Result int8_peak = int8_matmuls ? eval::MeasurePeakInt8(pool) : eval::PeakInt8Result{};
-  in.peak_is_int8 = int8_peak.gops > 0;
-  in.peak_gflops = in.peak_is_int8 ? int8_peak.gops : eval::MeasurePeakFlops(pool).gflops;
+  in.fma_peak_gflops = eval::MeasurePeakFlops(pool).gflops;
+  in.matmul_peak_is_int8 = int8_peak.gops > 0;
+  in.matmul_peak_gops = in.matmul_peak_is_int8 ? int8_peak.gops : in.fma_peak_gflops;
   in.tier_gbps = eval::MeasureDiskWriteGbps(flags.tier_dir);
   const eval::PlanResult plan = eval::ComputePlan(in);
   std::printf("%s", plan.ToString(in).c_str());
@@ -108,7 +110,7 @@ Status RunPlan(const PlanFlags& flags) {
     std::fprintf(stderr, "plan: measuring prefill (%d tokens) and decode at depth %ld...\n", bo.prompt_tokens,
                  flags.ctx);
     KVX_ASSIGN_OR_RETURN(eval::SpeedBenchResult m, eval::RunSpeedBench(rt.get(), bo));
-    const double bound_prefill = bo.prompt_tokens / (eval::PrefillFlops(in, bo.prompt_tokens) / (in.peak_gflops * 1e9));
+    const double bound_prefill = bo.prompt_tokens / eval::PrefillBoundSeconds(in, bo.prompt_tokens);
     std::printf("\n| measured vs model (one sequence) | model bound | measured | measured/bound |\n|---|---|---|---|\n");
     std::printf("| prefill of %d tokens, tok/s | %.1f | %.1f | %.1f%% |\n", bo.prompt_tokens, bound_prefill,
                 m.prefill_tok_s, 100.0 * m.prefill_tok_s / bound_prefill);
