@@ -392,11 +392,43 @@ KVX_ATTR void IntRowsTyped(const WeightView& w, const QuantizedActs& a, float* y
 // outputs are bit-identical. kT tokens share each weight vector; 1 group x 2
 // tokens fits its sums, accumulators, weights and constants in the 16 ymm
 // registers.
-// kPrefetch (decode): as the AVX3_DL kernel, each line 4 KiB ahead.
+// What both 16-row tiles below share (KVX_INLINE, so that they inline into
+// the AVX-VNNI tile too, whose target is a superset): the unit 4 KiB ahead
+// (decode, as the AVX3_DL kernel); block b's exact int32 sums of kT tokens
+// (isum[t][half of 8 rows]) times weight scale x activation scale, added to
+// the accumulators; the stores.
+KVX_INLINE void PrefetchUnitAhead(const uint8_t* unit) {
+  constexpr int kPrefetchBytes = 4096;
+  KVX_UNROLL for (int l = 0; l < Interleaved16::kUnitBytes / 64; ++l) {
+    _mm_prefetch(reinterpret_cast<const char*>(unit + kPrefetchBytes + 64 * l), _MM_HINT_T0);
+  }
+}
+
+template <int kT>
+KVX_INLINE void ScaleBlockInto(const uint8_t* unit, int h, const float* const* ds, int64_t b,
+                               const __m256i (*isum)[2], V16* acc) {
+  const uint16_t* scales = Interleaved16::Scales(unit) + Interleaved16::kRows * h;
+  const __m256 dw[2] = {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales))),
+                        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 8)))};
+  KVX_UNROLL for (int t = 0; t < kT; ++t) {
+    const __m256 dt = _mm256_set1_ps(ds[t][b]);
+    acc[t].lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t][0]), _mm256_mul_ps(dw[0], dt), acc[t].lo);
+    acc[t].hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t][1]), _mm256_mul_ps(dw[1], dt), acc[t].hi);
+  }
+}
+
+template <int kT>
+KVX_INLINE void StoreTile(const V16* acc, float* y, int64_t ldy) {
+  KVX_UNROLL for (int t = 0; t < kT; ++t) {
+    _mm256_storeu_ps(y + t * ldy, acc[t].lo);
+    _mm256_storeu_ps(y + t * ldy + 8, acc[t].hi);
+  }
+}
+
+// kPrefetch: decode (PrefetchUnitAhead).
 template <int kT, bool kPrefetch>
 KVX_ATTR void InterleavedTile2(const Interleaved16& g, int64_t group, const QuantizedActs& a, int64_t t0, float* y,
                                int64_t ldy) {
-  constexpr int kPrefetchBytes = 4096;
   V16 acc[kT];
   KVX_UNROLL for (int t = 0; t < kT; ++t) acc[t] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   const int8_t* q[kT];
@@ -408,11 +440,7 @@ KVX_ATTR void InterleavedTile2(const Interleaved16& g, int64_t group, const Quan
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80)), ones = _mm256_set1_epi16(1);
   for (int64_t c = 0; c < g.n_chunks; ++c) {
     const uint8_t* unit = g.Unit(group, c);
-    if constexpr (kPrefetch) {
-      KVX_UNROLL for (int l = 0; l < Interleaved16::kUnitBytes / 64; ++l) {
-        _mm_prefetch(reinterpret_cast<const char*>(unit + kPrefetchBytes + 64 * l), _MM_HINT_T0);
-      }
-    }
+    if constexpr (kPrefetch) PrefetchUnitAhead(unit);
     KVX_UNROLL for (int h = 0; h < 2; ++h) {
       const int64_t b = 2 * c + h;
       __m256i isum[kT][2];
@@ -434,20 +462,10 @@ KVX_ATTR void InterleavedTile2(const Interleaved16& g, int64_t group, const Quan
           }
         }
       }
-      const uint16_t* scales = Interleaved16::Scales(unit) + Interleaved16::kRows * h;
-      const __m256 dw[2] = {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales))),
-                            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 8)))};
-      KVX_UNROLL for (int t = 0; t < kT; ++t) {
-        const __m256 dt = _mm256_set1_ps(ds[t][b]);
-        acc[t].lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t][0]), _mm256_mul_ps(dw[0], dt), acc[t].lo);
-        acc[t].hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t][1]), _mm256_mul_ps(dw[1], dt), acc[t].hi);
-      }
+      ScaleBlockInto<kT>(unit, h, ds, b, isum, acc);
     }
   }
-  KVX_UNROLL for (int t = 0; t < kT; ++t) {
-    _mm256_storeu_ps(y + t * ldy, acc[t].lo);
-    _mm256_storeu_ps(y + t * ldy + 8, acc[t].hi);
-  }
+  StoreTile<kT>(acc, y, ldy);
 }
 
 // With AVX-VNNI (not a Highway target; simd_target.cc's AVX2_VNNI): the
@@ -461,7 +479,6 @@ KVX_ATTR void InterleavedTile2(const Interleaved16& g, int64_t group, const Quan
 template <int kT, bool kPrefetch>
 KVX_ATTR_VNNI void InterleavedTileVnni(const Interleaved16& g, int64_t group, const QuantizedActs& a, int64_t t0,
                                        float* y, int64_t ldy) {
-  constexpr int kPrefetchBytes = 4096;
   V16 acc[kT];
   KVX_UNROLL for (int t = 0; t < kT; ++t) acc[t] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   const int8_t* q[kT];
@@ -474,11 +491,7 @@ KVX_ATTR_VNNI void InterleavedTileVnni(const Interleaved16& g, int64_t group, co
   }
   for (int64_t c = 0; c < g.n_chunks; ++c) {
     const uint8_t* unit = g.Unit(group, c);
-    if constexpr (kPrefetch) {
-      KVX_UNROLL for (int l = 0; l < Interleaved16::kUnitBytes / 64; ++l) {
-        _mm_prefetch(reinterpret_cast<const char*>(unit + kPrefetchBytes + 64 * l), _MM_HINT_T0);
-      }
-    }
+    if constexpr (kPrefetch) PrefetchUnitAhead(unit);
     KVX_UNROLL for (int h = 0; h < 2; ++h) {
       const int64_t b = 2 * c + h;
       __m256i isum[kT][2];
@@ -494,20 +507,10 @@ KVX_ATTR_VNNI void InterleavedTileVnni(const Interleaved16& g, int64_t group, co
           KVX_UNROLL for (int j = 0; j < 2; ++j) isum[t][j] = _mm256_dpbusd_avx_epi32(isum[t][j], w[j], av);
         }
       }
-      const uint16_t* scales = Interleaved16::Scales(unit) + Interleaved16::kRows * h;
-      const __m256 dw[2] = {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales))),
-                            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 8)))};
-      KVX_UNROLL for (int t = 0; t < kT; ++t) {
-        const __m256 dt = _mm256_set1_ps(ds[t][b]);
-        acc[t].lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t][0]), _mm256_mul_ps(dw[0], dt), acc[t].lo);
-        acc[t].hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t][1]), _mm256_mul_ps(dw[1], dt), acc[t].hi);
-      }
+      ScaleBlockInto<kT>(unit, h, ds, b, isum, acc);
     }
   }
-  KVX_UNROLL for (int t = 0; t < kT; ++t) {
-    _mm256_storeu_ps(y + t * ldy, acc[t].lo);
-    _mm256_storeu_ps(y + t * ldy + 8, acc[t].hi);
-  }
+  StoreTile<kT>(acc, y, ldy);
 }
 
 // Rows [r0, r1) of a repacked matrix with either tile (Tile::Run<kT,
