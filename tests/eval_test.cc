@@ -16,7 +16,7 @@
 #include <sstream>
 #include <string>
 
-#include "engine/spec_runtime.h"
+#include "engine/session.h"
 #include "eval/perplexity.h"
 #include "eval/report.h"
 #include "eval/svg.h"
@@ -123,7 +123,10 @@ TEST(EvalTest, SelfSpecGivesZeroKldAndPplMatchesPerplexity) {
   EXPECT_EQ(f16.canonical, "codec=f16,page=8");
 
   // ppl is exactly what eval::Perplexity (kvx perplexity) computes.
-  auto rt = engine::SpecRuntime::Create(&**model, &threads, "codec=f16,page=8", {128, 512, 1});
+  engine::EngineOptions eo;
+  eo.kv_spec = "codec=f16,page=8";
+  eo.n_ctx = 128;
+  auto rt = engine::Engine::Create(&**model, &threads, eo);
   ASSERT_TRUE(rt.ok());
   auto session = (*rt)->NewSession();
   ASSERT_TRUE(session.ok());

@@ -15,7 +15,7 @@
 #include <fstream>
 
 #include "engine/generate.h"
-#include "engine/runtime.h"
+#include "engine/session.h"
 #include "eval/perplexity.h"
 #include "support/models.h"
 #include "support/test_data.h"
@@ -32,12 +32,12 @@ using testing::SharedPath;
 constexpr double kAbsTol = 1e-3;
 constexpr double kRelTol = 1e-4;
 
-std::unique_ptr<engine::Runtime> LoadRuntime(const RealModel& m, const std::string& kv = "codec=f32") {
-  engine::RuntimeOptions o;
+std::unique_ptr<engine::Engine> LoadRuntime(const RealModel& m, const std::string& kv = "codec=f32") {
+  engine::EngineOptions o;
   o.model_path = SharedPath(m.model_path);
   o.kv_spec = kv;
   o.n_threads = 2;
-  auto rt = engine::Runtime::Create(o);
+  auto rt = engine::Engine::Load(o);
   EXPECT_TRUE(rt.ok()) << rt.status().ToString();
   return rt.ok() ? std::move(rt).value() : nullptr;
 }

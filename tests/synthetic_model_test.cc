@@ -9,7 +9,7 @@
 #include <cmath>
 #include <fstream>
 
-#include "engine/runtime.h"
+#include "engine/session.h"
 #include "eval/perplexity.h"
 #include "model/synthetic_model.h"
 #include "ops/simd_target.h"
@@ -37,12 +37,12 @@ TEST(SyntheticModelTest, PerplexityMatchesLlamaCpp) {
     o.seed = run["seed"].get<uint64_t>();
     const std::string path = testing::TempDir() + "/synthetic.gguf";
     ASSERT_TRUE(model::WriteSyntheticModel(o, path).ok());
-    engine::RuntimeOptions ro;
+    engine::EngineOptions ro;
     ro.model_path = path;
     ro.kv_spec = "codec=f32";
     ro.n_ctx = run["ctx"].get<int>();
     ro.n_threads = 2;
-    auto rt = engine::Runtime::Create(ro);
+    auto rt = engine::Engine::Load(ro);
     ASSERT_TRUE(rt.ok()) << rt.status().ToString();
     auto tokens = (*rt)->model().tokenizer().Encode(*text, true, false);
     ASSERT_TRUE(tokens.ok());
@@ -74,11 +74,11 @@ TEST(SyntheticModelTest, RepackedWeightsGiveTheSameLogitsToRounding) {
   const std::string path = testing::TempDir() + "/repack.gguf";
   ASSERT_TRUE(model::WriteSyntheticModel(o, path).ok());
   auto load = [&] {
-    engine::RuntimeOptions ro;
+    engine::EngineOptions ro;
     ro.model_path = path;
     ro.n_ctx = 64;
     ro.n_threads = 2;
-    auto rt = engine::Runtime::Create(ro);
+    auto rt = engine::Engine::Load(ro);
     EXPECT_TRUE(rt.ok()) << rt.status().ToString();
     return std::move(rt).value();
   };

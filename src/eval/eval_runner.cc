@@ -9,7 +9,7 @@
 #include <set>
 
 #include "engine/generate.h"
-#include "engine/spec_runtime.h"
+#include "engine/session.h"
 #include "eval/eval.h"
 #include "model/sampler.h"
 #include "eval/stats.h"
@@ -360,11 +360,12 @@ class Runner {
   Status SetUpSpecs() {
     std::vector<std::string> all = {opt_.baseline};
     all.insert(all.end(), opt_.specs.begin(), opt_.specs.end());
-    engine::SpecRuntimeOptions so;
+    engine::EngineOptions so;
     so.n_ctx = opt_.n_ctx;
     so.n_batch = opt_.n_batch;
     for (size_t i = 0; i < all.size(); ++i) {
-      auto rt = engine::SpecRuntime::Create(&model_, threads_, all[i], so);
+      so.kv_spec = all[i];
+      auto rt = engine::Engine::Create(&model_, threads_, so);
       if (!rt.ok()) {
         return rt.status().WithContext(std::string(i == 0 ? "baseline" : "--kv") + " '" + all[i] + "'");
       }
@@ -372,7 +373,7 @@ class Runner {
       if (!session.ok()) return session.status().WithContext("--kv '" + all[i] + "'");
       SpecResult res;
       res.spec = all[i];
-      res.canonical = (*rt)->spec().ToString();
+      res.canonical = (*rt)->kv_spec().ToString();
       res.is_baseline = i == 0;
       report_.specs.push_back(std::move(res));
       rts_.push_back(std::move(*rt));
@@ -693,7 +694,7 @@ class Runner {
   EvalOptions opt_;
   EvalHooks hooks_;
   EvalReport report_;
-  std::vector<std::unique_ptr<engine::SpecRuntime>> rts_;
+  std::vector<std::unique_ptr<engine::Engine>> rts_;
   std::vector<std::unique_ptr<engine::Session>> sessions_;
   std::vector<int32_t> text_tokens_;
   int n_chunks_ = 0;

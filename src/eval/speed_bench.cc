@@ -37,7 +37,7 @@ std::vector<int32_t> RandomTokens(int n, int n_vocab, std::mt19937* rng) {
 
 }  // namespace
 
-PlanInputs ModelPlanInputs(const engine::Runtime& rt) {
+PlanInputs ModelPlanInputs(const engine::Engine& rt) {
   const model::Model& m = rt.model();
   const model::ModelConfig& c = m.config();
   PlanInputs in;
@@ -82,7 +82,7 @@ double PeakRssBytes() {
   return static_cast<double>(u.ru_maxrss) * 1024.0;
 }
 
-Result<SpeedBenchResult> RunSpeedBench(engine::Runtime* rt, const SpeedBenchOptions& o) {
+Result<SpeedBenchResult> RunSpeedBench(engine::Engine* rt, const SpeedBenchOptions& o) {
   if (o.reps <= 0 || o.gen_tokens <= 0 || o.prompt_tokens <= 0) {
     return InvalidArgument("repetitions, generated tokens and prompt tokens must be positive");
   }

@@ -29,7 +29,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/runtime.h"
+#include "engine/session.h"
 #include "eval/plan.h"
 #include "eval/roofline.h"
 
@@ -83,11 +83,11 @@ struct SpeedBenchResult {
 };
 
 // REQUIRES: runtime->n_ctx() >= max(depths) + gen_tokens + 1 and >= prompt_tokens.
-Result<SpeedBenchResult> RunSpeedBench(engine::Runtime* runtime, const SpeedBenchOptions& options);
+Result<SpeedBenchResult> RunSpeedBench(engine::Engine* runtime, const SpeedBenchOptions& options);
 
 // The model and spec half of the plan inputs (machine and deployment fields
 // left for the caller).
-PlanInputs ModelPlanInputs(const engine::Runtime& runtime);
+PlanInputs ModelPlanInputs(const engine::Engine& runtime);
 
 // Share of the model's per-token matmul multiply-adds (the blk.* attention
 // and FFN projections) whose weights ops/ computes with int8 dot products.

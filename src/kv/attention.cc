@@ -27,7 +27,8 @@ thread_local Scratch tls_scratch;
 
 // Everything one Attention call shares between its work items.
 struct Job {
-  const SequenceKV* kv;
+  const SequenceKV* kv = nullptr;
+  int seq = 0;  // index of the sequence in the AttentionBatch call
   int layer;
   const LayerCodec* lc;
   const float* q;
@@ -55,7 +56,8 @@ struct Job {
   float* out;  // [n_q][n_heads][D]
   // Observer only: masked, scaled scores per (h, row, entry), -inf where never computed.
   AttentionObserver* observer;
-  std::vector<std::vector<float>> obs_scores;  // [h][rows_per_head * n_h]
+  int obs_first_row = 0;  // rows before it are not observed (the observer's query window)
+  std::vector<std::vector<float>> obs_scores;  // [h][(rows_per_head - obs_first_row) * n_h]
   std::vector<std::vector<int32_t>> obs_pos;   // [h][n_h]
 };
 
@@ -152,8 +154,9 @@ void PageScores(const Job& job, bool full, const uint8_t* page, int m, const flo
   // consecutive positions) stay in cache, instead of one table row per key.
   const int D = job.D;
   const int32_t* pos = PagePositions(page);
-  int32_t p0 = pos[0];
+  int32_t p0 = pos[0];  // the smallest position (dead slots hold the largest, kDeadPosition)
   for (int j = 1; j < m; ++j) p0 = std::min(p0, pos[j]);
+  if (p0 == kDeadPosition) return;  // a sink page whose entries all died: masked below
   const ops::RopeParams& rope = job.kv->rope();
   const bool simd_rope = simd::UseSimd(D) && (rope.neox ? rope.n_dims % 16 == 0 : rope.n_dims % 8 == 0);
   auto rotate = [&](float* x, int32_t at, bool inverse) {
@@ -176,6 +179,7 @@ void PageScores(const Job& job, bool full, const uint8_t* page, int m, const flo
   }
   for (int j = 0; j < m; ++j) {
     float* row = &tile[static_cast<size_t>(j) * D];
+    if (pos[j] == kDeadPosition) continue;  // never attended (masked below), has no RoPE angle
     if (job.keys_rotated) job.rot->Inverse(row);
     rotate(row, pos[j] - p0, /*inverse=*/false);
   }
@@ -268,7 +272,9 @@ void RunItem(Job& job, int h, int block, int chunk, PageId after) {
   }
   // Runs of pages in f16 form go through the fused kernel when it runs here
   // (F16Codec::AttendRun, which masks what a row must not see itself).
-  const bool fused = !job.pre_rope && job.observer == nullptr && F16Codec::HasAttendRun(job.lc->params);
+  // Rows the observer watches in this block (its query window), if any.
+  const bool observe = job.observer != nullptr && row0 + nr > job.obs_first_row;
+  const bool fused = !job.pre_rope && !observe && F16Codec::HasAttendRun(job.lc->params);
   thread_local std::vector<const uint8_t*> run;
 
   // One pass over the chunk, page by page (online softmax): scores of the
@@ -332,11 +338,11 @@ void RunItem(Job& job, int h, int block, int chunk, PageId after) {
         if (pos[j] > qp[r]) row[j] = kNegInf;
       }
     }
-    if (job.observer != nullptr) {
+    if (observe) {
       std::vector<float>& obs = job.obs_scores[h];
-      for (int r = 0; r < nr; ++r) {
-        std::memcpy(&obs[(row0 + r) * n_obs + static_cast<size_t>(p) * T], sp + static_cast<size_t>(r) * T,
-                    sizeof(float) * m);
+      for (int r = std::max(0, job.obs_first_row - row0); r < nr; ++r) {
+        std::memcpy(&obs[static_cast<size_t>(row0 + r - job.obs_first_row) * n_obs + static_cast<size_t>(p) * T],
+                    sp + static_cast<size_t>(r) * T, sizeof(float) * m);
       }
     }
     float f[kMaxQueryRows];
@@ -397,16 +403,16 @@ void MergeBlock(const Job& job, int h, int block, float* out) {
       Scale(o, D, inv);
       if (job.rot != nullptr) job.rot->Inverse(o);  // sum_j p_j Q v_j = Q o
     }
-    if (job.observer != nullptr) {
+    if (job.observer != nullptr && row >= job.obs_first_row) {
       const int n_h = static_cast<int>(job.obs_pos[h].size());
-      const float* sc = &job.obs_scores[h][static_cast<size_t>(row) * n_h];
+      const float* sc = &job.obs_scores[h][static_cast<size_t>(row - job.obs_first_row) * n_h];
       probs.assign(n_h, 0.0f);
       if (big != kNegInf) {  // the same weights pass 2 used, normalised
         std::copy(sc, sc + n_h, probs.begin());
         ExpSum(probs.data(), n_h, big);
         for (float& x : probs) x *= inv;
       }
-      job.observer->OnProbabilities(job.layer, i, head, h, probs.data(), job.obs_pos[h].data(), n_h);
+      job.observer->OnProbabilities(job.seq, job.layer, i, head, h, probs.data(), job.obs_pos[h].data(), n_h);
     }
   }
 }
@@ -432,100 +438,142 @@ void RunAll(size_t n, ThreadPool* pool, const Fn& fn) {
 
 void Attention(const SequenceKV& kv, int layer, const float* q, const int32_t* q_pos, int n_q, int n_heads,
                float scale, float* out, ThreadPool* pool, AttentionObserver* observer) {
-  const KVLayout& L = kv.layout();
-  KVX_CHECK(layer >= 0 && layer < L.n_layers);
-  KVX_CHECK(n_heads > 0 && n_heads % L.n_kv_heads == 0 && n_q >= 0);
-  if (n_q == 0) return;
-  const int H = L.n_kv_heads;
-  Job job;
-  job.kv = &kv;
-  job.layer = layer;
-  job.lc = &kv.layer_codec(layer);
-  job.q = q;
-  job.q_pos = q_pos;
-  job.n_heads = n_heads;
-  job.G = n_heads / H;
-  job.D = L.head_dim;
-  job.T = L.page_tokens;
-  job.scale = scale;
-  job.rows_per_head = n_q * job.G;
-  job.blocks_per_head = (job.rows_per_head + kMaxQueryRows - 1) / kMaxQueryRows;
-  int max_pages = 0;
-  for (int h = 0; h < L.n_kv_heads; ++h) max_pages = std::max(max_pages, kv.table(layer, h).num_pages());
-  job.chunk_pages = std::max({1, kAttentionChunkTokens / L.page_tokens,
-                              (max_pages + kAttentionMaxChunks - 1) / kAttentionMaxChunks});
-  job.rot = kv.rotation();
-  job.keys_rotated = kv.keys_rotated();
-  job.pre_rope = kv.keys_pre_rope();
-  job.observer = observer;
-  job.out = out;
-  // Decode's query comes after every entry; a prompt's row blocks skip the
-  // pages after all of their rows (half the pages of a causal prompt).
-  job.skip_future = job.rows_per_head > job.G;
-  if (job.skip_future) {
-    job.page_min.resize(L.n_kv_heads);
-    for (int h = 0; h < L.n_kv_heads; ++h) {
-      const PageTable& t = kv.table(layer, h);
-      job.page_min[h].resize(t.num_pages());
-      for (int p = 0; p < t.num_pages(); ++p) {
-        const int32_t* pos = PagePositions(kv.pool().PageData(t.pages()[p]));
-        int32_t hi;
-        MinMax(pos, t.EntriesInPage(p, L.page_tokens), &job.page_min[h][p], &hi);
+  const AttentionSeq one{&kv, q, q_pos, n_q, out};
+  AttentionBatch(&one, 1, layer, n_heads, scale, pool, observer);
+}
+
+void AttentionBatch(const AttentionSeq* seqs, int n_seqs, int layer, int n_heads, float scale, ThreadPool* pool,
+                    AttentionObserver* observer) {
+  // One Job per sequence; the items of all of them run in one parallel loop,
+  // so a decode step over many sequences costs one dispatch per layer, not
+  // one per sequence.
+  // Reused across calls (per calling thread); the local references are what
+  // the pool threads' lambdas see (a thread_local named there would be theirs).
+  thread_local std::vector<Job> tls_jobs;
+  std::vector<Job>& jobs = tls_jobs;
+  jobs.clear();
+  jobs.resize(n_seqs);
+  // Items: (sequence, kv head, row block, context chunk), h-major per sequence.
+  struct Item {
+    int seq, h, block, chunk;
+  };
+  thread_local std::vector<Item> tls_items;
+  std::vector<Item>& items = tls_items;
+  items.clear();
+  std::vector<size_t> part_base(n_seqs, 0);
+  size_t n_parts = 0;
+  const int window = observer != nullptr ? observer->QueryWindow() : 0;
+  for (int si = 0; si < n_seqs; ++si) {
+    const AttentionSeq& sq = seqs[si];
+    const SequenceKV& kv = *sq.kv;
+    const KVLayout& L = kv.layout();
+    KVX_CHECK(layer >= 0 && layer < L.n_layers);
+    KVX_CHECK(n_heads > 0 && n_heads % L.n_kv_heads == 0 && sq.n_q >= 0);
+    Job& job = jobs[si];
+    job = Job{};
+    if (sq.n_q == 0) continue;
+    const int H = L.n_kv_heads;
+    job.kv = &kv;
+    job.seq = si;
+    job.layer = layer;
+    job.lc = &kv.layer_codec(layer);
+    job.q = sq.q;
+    job.q_pos = sq.q_pos;
+    job.n_heads = n_heads;
+    job.G = n_heads / H;
+    job.D = L.head_dim;
+    job.T = L.page_tokens;
+    job.scale = scale;
+    job.rows_per_head = sq.n_q * job.G;
+    job.blocks_per_head = (job.rows_per_head + kMaxQueryRows - 1) / kMaxQueryRows;
+    int max_pages = 0;
+    for (int h = 0; h < H; ++h) max_pages = std::max(max_pages, kv.table(layer, h).num_pages());
+    job.chunk_pages = std::max({1, kAttentionChunkTokens / L.page_tokens,
+                                (max_pages + kAttentionMaxChunks - 1) / kAttentionMaxChunks});
+    job.rot = kv.rotation();
+    job.keys_rotated = kv.keys_rotated();
+    job.pre_rope = kv.keys_pre_rope();
+    job.observer = observer;
+    job.obs_first_row = observer == nullptr ? 0 : (window > 0 ? std::max(0, sq.n_q - window) : 0) * job.G;
+    job.out = sq.out;
+    // Decode's query comes after every entry; a prompt's row blocks skip the
+    // pages after all of their rows (half the pages of a causal prompt).
+    job.skip_future = job.rows_per_head > job.G;
+    if (job.skip_future) {
+      job.page_min.resize(H);
+      for (int h = 0; h < H; ++h) {
+        const PageTable& t = kv.table(layer, h);
+        job.page_min[h].resize(t.num_pages());
+        for (int p = 0; p < t.num_pages(); ++p) {
+          const int32_t* pos = PagePositions(kv.pool().PageData(t.pages()[p]));
+          int32_t hi;
+          MinMax(pos, t.EntriesInPage(p, L.page_tokens), &job.page_min[h][p], &hi);
+        }
       }
     }
-  }
-  job.part_stride = static_cast<size_t>(kMaxQueryRows) * (job.D + 2);
-
-  // Items: (kv head, row block, context chunk), h-major.
-  std::vector<int> item_h, item_block, item_chunk;
-  job.chunks.resize(H);
-  job.item_base.resize(H);
-  for (int h = 0; h < H; ++h) {
-    const int pages = kv.table(layer, h).num_pages();
-    job.chunks[h] = std::max(1, (pages + job.chunk_pages - 1) / job.chunk_pages);
-    job.item_base[h] = item_h.size();
-    for (int b = 0; b < job.blocks_per_head; ++b) {
-      for (int c = 0; c < job.chunks[h]; ++c) {
-        item_h.push_back(h);
-        item_block.push_back(b);
-        item_chunk.push_back(c);
+    job.part_stride = static_cast<size_t>(kMaxQueryRows) * (job.D + 2);
+    job.chunks.resize(H);
+    job.item_base.resize(H);
+    size_t seq_items = 0;
+    for (int h = 0; h < H; ++h) {
+      const int pages = kv.table(layer, h).num_pages();
+      job.chunks[h] = std::max(1, (pages + job.chunk_pages - 1) / job.chunk_pages);
+      job.item_base[h] = seq_items;
+      for (int b = 0; b < job.blocks_per_head; ++b) {
+        for (int c = 0; c < job.chunks[h]; ++c) items.push_back({si, h, b, c});
+      }
+      seq_items += static_cast<size_t>(job.blocks_per_head) * job.chunks[h];
+    }
+    part_base[si] = n_parts;
+    n_parts += seq_items * job.part_stride;
+    if (observer != nullptr) {
+      const int obs_rows = job.rows_per_head - job.obs_first_row;
+      job.obs_scores.resize(H);
+      job.obs_pos.resize(H);
+      for (int h = 0; h < H; ++h) {
+        const PageTable& t = kv.table(layer, h);
+        job.obs_scores[h].assign(static_cast<size_t>(obs_rows) * t.length(), kNegInf);
+        job.obs_pos[h].resize(t.length());
+        for (int p = 0; p < t.num_pages(); ++p) {
+          const int32_t* pos = PagePositions(kv.pool().PageData(t.pages()[p]));
+          std::copy(pos, pos + t.EntriesInPage(p, L.page_tokens),
+                    job.obs_pos[h].data() + static_cast<size_t>(p) * L.page_tokens);
+        }
       }
     }
   }
   thread_local std::vector<float> partials;
-  partials.resize(item_h.size() * job.part_stride);
-  job.partials = partials.data();
-  if (observer != nullptr) {
-    job.obs_scores.resize(H);
-    job.obs_pos.resize(H);
-    for (int h = 0; h < H; ++h) {
-      const PageTable& t = kv.table(layer, h);
-      job.obs_scores[h].assign(static_cast<size_t>(job.rows_per_head) * t.length(), kNegInf);
-      job.obs_pos[h].resize(t.length());
-      for (int p = 0; p < t.num_pages(); ++p) {
-        const int32_t* pos = PagePositions(kv.pool().PageData(t.pages()[p]));
-        std::copy(pos, pos + t.EntriesInPage(p, L.page_tokens), job.obs_pos[h].data() + static_cast<size_t>(p) * L.page_tokens);
-      }
-    }
-  }
+  partials.resize(n_parts);
+  for (int si = 0; si < n_seqs; ++si) jobs[si].partials = partials.data() + part_base[si];
 
-  DispatchCodec(job.lc->id, [&](auto codec) {
-    using C = decltype(codec);
-    RunAll(item_h.size(), pool, [&](size_t it, size_t next) {
-      const PageId after = next < item_h.size() ? ChunkFirstPage(job, item_h[next], item_chunk[next]) : kNoPage;
-      RunItem<C>(job, item_h[it], item_block[it], item_chunk[it], after);
-    });
+  // Consecutive items mostly share a sequence and codec: dispatch per item
+  // (one switch, no virtual call per element).
+  RunAll(items.size(), pool, [&](size_t it, size_t next) {
+    const Item& item = items[it];
+    Job& job = jobs[item.seq];
+    PageId after = kNoPage;
+    if (next < items.size() && items[next].seq == item.seq) after = ChunkFirstPage(job, items[next].h, items[next].chunk);
+    DispatchCodec(job.lc->id, [&](auto codec) { RunItem<decltype(codec)>(job, item.h, item.block, item.chunk, after); });
   });
   // The row blocks of the heads whose items did not write their outputs.
-  std::vector<size_t> merged;
-  for (int h = 0; h < H; ++h) {
-    if (WritesOutputs(job, h)) continue;
-    for (int b = 0; b < job.blocks_per_head; ++b) merged.push_back(static_cast<size_t>(h) * job.blocks_per_head + b);
+  struct Block {
+    int seq, h, block;
+  };
+  std::vector<Block> merged;
+  size_t merge_work = 0;
+  for (int si = 0; si < n_seqs; ++si) {
+    const Job& job = jobs[si];
+    if (job.kv == nullptr) continue;
+    for (int h = 0; h < static_cast<int>(job.chunks.size()); ++h) {
+      if (WritesOutputs(job, h)) continue;
+      for (int b = 0; b < job.blocks_per_head; ++b) merged.push_back({si, h, b});
+      merge_work += static_cast<size_t>(job.blocks_per_head) * job.chunks[h];
+    }
   }
-  const bool merge_parallel = observer != nullptr || merged.size() * job.chunks[0] > 16;
+  const bool merge_parallel = observer != nullptr || merge_work > 16;
   RunAll(merged.size(), merge_parallel ? pool : nullptr, [&](size_t i, size_t) {
-    const size_t b = merged[i];
-    MergeBlock(job, static_cast<int>(b / job.blocks_per_head), static_cast<int>(b % job.blocks_per_head), out);
+    const Block& b = merged[i];
+    MergeBlock(jobs[b.seq], b.h, b.block, jobs[b.seq].out);
   });
 }
 

@@ -73,16 +73,26 @@ inline constexpr int kAttentionMaxChunks = 8;
 
 // Optional observer of attention probabilities (for eviction/merging policies
 // such as H2O, SnapKV, TOVA). Off by default; when off, it costs nothing.
+// The forward pass takes one (model::ForwardBatch::observer), so policies
+// above kv/ reach it without touching the model.
 class AttentionObserver {
  public:
   virtual ~AttentionObserver() = default;
-  // Called once per (query, query head) with the normalised probabilities over
-  // the entries of (layer, kv_head) in chain order: probs[j] belongs to entry j
-  // (its position is positions[j]); masked entries have probability 0. `n` is
-  // the chain length. Called concurrently from pool threads for different
-  // (query_index, head) pairs: implementations must be thread-safe (e.g. write
-  // per-(query, head) slots). The pointers are valid only during the call.
-  virtual void OnProbabilities(int layer, int query_index, int head, int kv_head, const float* probs,
+  // Observe only the last `QueryWindow()` queries of each sequence in a call
+  // (0 = all). SnapKV needs the last 32-64 queries of a prefill, not all n^2
+  // probabilities: the unobserved rows keep the fast kernels and the
+  // observer's score buffers hold only the window.
+  virtual int QueryWindow() const { return 0; }
+  // Called once per observed (query, query head) with the normalised
+  // probabilities over the slots of (layer, kv_head) in chain order:
+  // probs[j] belongs to slot j (its position is positions[j]); masked and
+  // dead slots have probability 0. `seq` is the sequence's index in the
+  // AttentionBatch call (0 for Attention), query_index the query's index
+  // among that sequence's queries of the call, `n` the chain's slot count.
+  // Called concurrently from pool threads for different (seq, query_index,
+  // head): implementations must be thread-safe (e.g. write per-(query, head)
+  // slots). The pointers are valid only during the call.
+  virtual void OnProbabilities(int seq, int layer, int query_index, int head, int kv_head, const float* probs,
                                const int32_t* positions, int n) = 0;
 };
 
@@ -97,5 +107,22 @@ class AttentionObserver {
 // out does not alias q; with pre-RoPE keys, kv.set_rope() was called.
 void Attention(const SequenceKV& kv, int layer, const float* q, const int32_t* q_pos, int n_q, int n_heads,
                float scale, float* out, ThreadPool* pool, AttentionObserver* observer = nullptr);
+
+// One sequence's part of a batched attention call: its cache and its queries.
+struct AttentionSeq {
+  const SequenceKV* kv;
+  const float* q;        // [n_q][n_heads][head_dim]
+  const int32_t* q_pos;  // [n_q]
+  int n_q;
+  float* out;            // [n_q][n_heads][head_dim]
+};
+
+// Attention for several sequences of one layer at once (a batched forward
+// step): each sequence attends to its own cache only; the work items of all
+// of them share one parallel loop. Each sequence's outputs are bit-identical
+// to an Attention call on it alone (items never mix sequences). Sequences
+// may use different codecs and layouts (same n_heads).
+void AttentionBatch(const AttentionSeq* seqs, int n_seqs, int layer, int n_heads, float scale, ThreadPool* pool,
+                    AttentionObserver* observer = nullptr);
 
 }  // namespace kvx::kv

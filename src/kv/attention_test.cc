@@ -128,7 +128,7 @@ TEST(AttentionTest2, F16CacheIsCloseToF32Cache) {
 
 class NullObserver : public AttentionObserver {
  public:
-  void OnProbabilities(int, int, int, int, const float*, const int32_t*, int) override {}
+  void OnProbabilities(int, int, int, int, int, const float*, const int32_t*, int) override {}
 };
 
 // Decode over f16 pages takes the fused kernel (F16Codec::AttendRun) where
@@ -188,7 +188,7 @@ TEST(AttentionTest2, FusedDecodeMatchesGeneralPath) {
 // Records probabilities per (query, head) to check the observer contract.
 class RecordingObserver : public AttentionObserver {
  public:
-  void OnProbabilities(int layer, int query_index, int head, int kv_head, const float* probs,
+  void OnProbabilities(int, int layer, int query_index, int head, int kv_head, const float* probs,
                        const int32_t* positions, int n) override {
     std::lock_guard<std::mutex> lock(mu_);
     calls_.push_back({layer, query_index, head, kv_head, std::vector<float>(probs, probs + n),

@@ -1,7 +1,18 @@
 // PageTable: the cache of one (sequence, layer, kv-head) as a chain of pages.
-// Entry i lives in pages()[i / page_tokens], slot i % page_tokens. The chain is
-// append-only for now (eviction policies will compact or rewrite it); heads of
-// one sequence may hold different numbers of entries.
+//
+// Slots and entries. The chain is a run of SLOTS: slot i lives in
+// pages()[i / page_tokens], at i % page_tokens; every page but the last has
+// all page_tokens slots written, so length() (the slot count) fixes the
+// geometry and the codec rules that depend on it (which pages are sealed,
+// kv/codec/codec_config.h). A slot holds a live ENTRY or a dead one: an
+// entry removed from the middle of the chain (an eviction policy's drop)
+// keeps its slot with its stored position set to kDeadPosition, which the
+// attention mask (position <= query position) hides from every query, so
+// attention and every codec work on such tables unchanged. Each page counts
+// its live entries; a page whose entries all die leaves the chain and goes
+// back to the pool at once, and SequenceKV::Compact() packs the live entries
+// of partly dead pages into fewer pages. Heads of one sequence may hold
+// different numbers of slots and of live entries.
 //
 // Each page is either packed (the layer codec's encoding) or full (f16: a
 // staging page of a sealed codec that is still being filled or is inside the
@@ -14,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "kv/block_pool.h"
@@ -21,45 +33,116 @@
 
 namespace kvx::kv {
 
+// The stored position of a dead slot: after every query, so never attended.
+inline constexpr int32_t kDeadPosition = std::numeric_limits<int32_t>::max();
+
 class PageTable {
  public:
   PageTable() = default;
 
-  // Number of cache entries.
+  // Number of slots (live and dead entries).
   int length() const { return length_; }
+  // Number of live entries.
+  int live() const { return live_; }
   const std::vector<PageId>& pages() const { return pages_; }
   // Whether page `index` is stored in f16 rather than the layer codec.
   bool is_full(int index) const { return full_[index] != 0; }
+  // Live entries of page `index`.
+  int live_in_page(int index) const { return live_in_page_[index]; }
   int num_pages() const { return static_cast<int>(pages_.size()); }
   bool empty() const { return length_ == 0; }
 
-  // Entries stored in page `index` of the chain (page_tokens except maybe the last).
+  // Slots of page `index` of the chain (page_tokens except maybe the last).
   int EntriesInPage(int index, int page_tokens) const {
     KVX_DCHECK(index >= 0 && index < num_pages());
     const int start = index * page_tokens;
     return length_ - start < page_tokens ? length_ - start : page_tokens;
   }
 
-  // Mutators, used by SequenceKV.
+  // Mutators, used by SequenceKV. AddPage/ReplacePage/set_length keep the
+  // live counts in step for appends: new slots are live.
   void AddPage(PageId id, bool full = false) {
     pages_.push_back(id);
     full_.push_back(full ? 1 : 0);
+    live_in_page_.push_back(0);
   }
   void ReplacePage(int index, PageId id, bool full) {
     pages_[index] = id;
     full_[index] = full ? 1 : 0;
   }
-  void set_length(int length) { length_ = length; }
+  // Grows the chain to `length` slots, the new ones live. REQUIRES: length >=
+  // length() and num_pages() covers it.
+  void Grow(int length, int page_tokens) {
+    for (int i = length_; i < length; ++i) ++live_in_page_[i / page_tokens];
+    live_ += length - length_;
+    length_ = length;
+  }
+  // Marks one live slot of page `index` dead (its stored position is the
+  // caller's to overwrite).
+  void KillSlot(int index) {
+    KVX_DCHECK(live_in_page_[index] > 0);
+    --live_in_page_[index];
+    --live_;
+  }
+  // Removes page `index` from the chain. REQUIRES: it holds no live entry.
+  // The slots after it move down by page_tokens (the last page's own slots
+  // when it is the last page).
+  void RemovePage(int index, int page_tokens) {
+    KVX_DCHECK(live_in_page_[index] == 0);
+    const int slots = EntriesInPage(index, page_tokens);
+    pages_.erase(pages_.begin() + index);
+    full_.erase(full_.begin() + index);
+    live_in_page_.erase(live_in_page_.begin() + index);
+    length_ -= slots;
+  }
+  // Replaces pages [first, last) by `ids` (all packed or all full as
+  // `full`), holding `live` live entries in their first slots and dead ones
+  // after, `ids.size() * page_tokens` slots in all. For compaction.
+  void ReplaceRun(int first, int last, const std::vector<PageId>& ids, bool full, const std::vector<int>& live,
+                  int page_tokens) {
+    int removed_live = 0;
+    for (int p = first; p < last; ++p) removed_live += live_in_page_[p];
+    int added_live = 0;
+    for (int n : live) added_live += n;
+    KVX_CHECK(removed_live == added_live && ids.size() == live.size());
+    const int removed_slots = (last - first) * page_tokens;
+    pages_.erase(pages_.begin() + first, pages_.begin() + last);
+    full_.erase(full_.begin() + first, full_.begin() + last);
+    live_in_page_.erase(live_in_page_.begin() + first, live_in_page_.begin() + last);
+    pages_.insert(pages_.begin() + first, ids.begin(), ids.end());
+    full_.insert(full_.begin() + first, ids.size(), full ? 1 : 0);
+    live_in_page_.insert(live_in_page_.begin() + first, live.begin(), live.end());
+    length_ += static_cast<int>(ids.size()) * page_tokens - removed_slots;
+  }
+  // Keeps the first `length` slots (a prefix fork) and pages; live counts of
+  // the kept part are recounted by the caller with SetPageLive.
+  void Truncate(int length, int page_tokens) {
+    const int np = (length + page_tokens - 1) / page_tokens;
+    pages_.resize(np);
+    full_.resize(np);
+    live_in_page_.resize(np);
+    length_ = length;
+    live_ = 0;
+    for (int n : live_in_page_) live_ += n;
+  }
+  void SetPageLive(int index, int live) {
+    live_ += live - live_in_page_[index];
+    live_in_page_[index] = live;
+  }
   void Reset() {
     pages_.clear();
     full_.clear();
+    live_in_page_.clear();
     length_ = 0;
+    live_ = 0;
   }
 
  private:
   std::vector<PageId> pages_;
   std::vector<uint8_t> full_;
+  std::vector<int32_t> live_in_page_;
   int length_ = 0;
+  int live_ = 0;
 };
 
 }  // namespace kvx::kv

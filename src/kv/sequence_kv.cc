@@ -13,15 +13,20 @@ namespace {
 constexpr int32_t kMaxPreRopePosition = 1 << 22;
 
 // Index of the first page that may still change at chain length `len`: the
-// first f16 staging page of a sealed layer, else the page holding entry len.
+// first f16 staging page of a sealed layer, else the page holding slot len.
+// Staging pages are the tail of the chain after the sink pages; a packed
+// page never returns to f16, even when removed pages put it back inside the
+// residual window by the index rule (LayerCodec::IsFullPage), so the staging
+// run is read from the pages' flags, not recomputed from the length.
 int FirstMutablePage(const LayerCodec& lc, const PageTable& t, int len) {
   const int T = lc.params.page_tokens;
-  int p = len / T;
+  int p = std::min(len / T, t.num_pages());
   if (lc.sealed) {
-    const int packed_end = std::max(0, len - lc.residual) / T;  // pages [sink, packed_end) are packed
-    p = std::min(p, std::max(lc.sink_pages, packed_end));
+    int staging = t.num_pages();
+    while (staging > lc.sink_pages && t.is_full(staging - 1)) --staging;
+    p = std::min(p, staging);
   }
-  return std::min(p, t.num_pages());
+  return p;
 }
 
 }  // namespace
@@ -87,12 +92,14 @@ SequenceKV::SequenceKV(BlockPool* pool, const KVLayout& layout, const CodecConfi
   layers_ = ResolveLayers(layout_, codec_);
   size_class_.assign(2 * static_cast<size_t>(layout_.n_layers), -1);
   tables_.resize(static_cast<size_t>(layout_.n_layers) * layout_.n_kv_heads);
+  reserved_.resize(layout_.n_layers);
   if (codec_.rotation != Rotation::kNone) rotation_ = std::make_unique<HadamardRotation>(layout_.head_dim);
 }
 
 SequenceKV::~SequenceKV() { Clear(); }
 
 void SequenceKV::Clear() {
+  CancelReservation();
   for (PageTable& t : tables_) {
     for (PageId id : t.pages()) pool_->Unref(id);
     t.Reset();
@@ -170,8 +177,10 @@ Status SequenceKV::Append(int layer, int n, const int32_t* pos, const float* k, 
   KVX_CHECK(layer >= 0 && layer < layout_.n_layers && n >= 0);
   if (n == 0) return Status::Ok();
   KVX_RETURN_IF_ERROR(EnsureSizeClasses());
-  const LayerCodec& lc = layers_[layer];
-  const int T = layout_.page_tokens, H = layout_.n_kv_heads, D = layout_.head_dim;
+  const int H = layout_.n_kv_heads, D = layout_.head_dim;
+  for (int i = 0; i < n; ++i) {
+    if (pos[i] == kDeadPosition) return InvalidArgument("position " + std::to_string(pos[i]) + " marks dead slots");
+  }
   if (codec_.pre_rope) {
     for (int i = 0; i < n; ++i) {
       if (pos[i] < 0 || pos[i] >= kMaxPreRopePosition) {
@@ -181,46 +190,16 @@ Status SequenceKV::Append(int layer, int n, const int32_t* pos, const float* k, 
     }
   }
 
-  // 1. Allocate every page this call needs (new pages, packed pages for
-  //    staging pages that get sealed, copies of shared partially filled last
-  //    pages) before writing anything, so exhaustion leaves the sequence
-  //    unchanged. WriteHead consumes them in the same order.
-  scratch_.clear();
-  head_first_.assign(H + 1, 0);
-  for (int h = 0; h < H; ++h) {
-    head_first_[h] = scratch_.size();
-    const PageTable& t = table(layer, h);
-    const int len = t.length(), len2 = len + n, np = t.num_pages(), np2 = (len2 + T - 1) / T;
-    // The page before p once this call is done (a new page, or the table's):
-    // new pages go right after it when possible, so the table's pages form
-    // runs that decode streams through (see "Locality" in block_pool.h).
-    const int first_mutable = FirstMutablePage(lc, t, len);
-    PageId before = first_mutable > 0 && first_mutable - 1 < np ? t.pages()[first_mutable - 1] : kNoPage;
-    for (int p = first_mutable; p < np2; ++p) {
-      const bool full2 = lc.IsFullPage(p, len2);
-      int cls = -1;
-      if (p >= np) {
-        cls = SizeClass(layer, full2);
-      } else if (t.is_full(p) && !full2) {
-        cls = SizeClass(layer, false);  // seal
-      } else if (p == np - 1 && len % T != 0 && pool_->IsShared(t.pages()[p])) {
-        cls = SizeClass(layer, t.is_full(p));  // copy-on-write
-      }
-      if (cls < 0) {
-        before = t.pages()[p];
-        continue;
-      }
-      Result<PageId> page = pool_->AllocateAfter(cls, before);
-      if (!page.ok()) {
-        for (PageId id : scratch_) pool_->Unref(id);
-        scratch_.clear();
-        return page.status();
-      }
-      scratch_.push_back(*page);
-      before = *page;
-    }
+  // 1. Every page this call needs (new pages, packed pages for staging
+  //    pages that get sealed, copies of shared partially filled last pages)
+  //    was allocated by Reserve() before the step, or is allocated now, before
+  //    anything is written, so exhaustion leaves the sequence unchanged.
+  //    WriteHead consumes them in the same order.
+  Reservation& r = reserved_[layer];
+  if (r.n != n) {
+    CancelReservation(layer);
+    KVX_RETURN_IF_ERROR(PlanLayer(layer, n, &r));
   }
-  head_first_[H] = scratch_.size();
 
   // 2. Rotate (the whole chain lives in the rotated basis), then write.
   if (rotation_ != nullptr) {
@@ -237,10 +216,10 @@ Status SequenceKV::Append(int layer, int n, const int32_t* pos, const float* k, 
   released_.resize(H);
   auto write_heads = [&](size_t h0, size_t h1, int) {
     for (size_t h = h0; h < h1; ++h) {
-      size_t next_new = head_first_[h];
+      size_t next_new = r.head_first[h];
       released_[h].clear();
-      WriteHead(layer, static_cast<int>(h), n, pos, k, v, &next_new, &released_[h]);
-      KVX_CHECK(next_new == head_first_[h + 1]);
+      WriteHead(layer, static_cast<int>(h), n, pos, k, v, r, &next_new, &released_[h]);
+      KVX_CHECK(next_new == r.head_first[h + 1]);
     }
   };
   if (threads != nullptr && threads->size() > 1 && H > 1) {
@@ -251,7 +230,7 @@ Status SequenceKV::Append(int layer, int n, const int32_t* pos, const float* k, 
   for (const std::vector<PageId>& ids : released_) {
     for (PageId id : ids) pool_->Unref(id);
   }
-  scratch_.clear();
+  r = Reservation{};
 
   if (codec_.pre_rope) {
     for (int i = 0; i < n; ++i) max_pos_ = std::max(max_pos_, pos[i]);
@@ -260,8 +239,82 @@ Status SequenceKV::Append(int layer, int n, const int32_t* pos, const float* k, 
   return Status::Ok();
 }
 
+Status SequenceKV::PlanLayer(int layer, int n, Reservation* r) {
+  KVX_RETURN_IF_ERROR(EnsureSizeClasses());
+  const LayerCodec& lc = layers_[layer];
+  const int T = layout_.page_tokens, H = layout_.n_kv_heads;
+  r->pages.clear();
+  r->head_first.assign(H + 1, 0);
+  r->cow.assign(H, 0);
+  for (int h = 0; h < H; ++h) {
+    r->head_first[h] = r->pages.size();
+    const PageTable& t = table(layer, h);
+    const int len = t.length(), len2 = len + n, np = t.num_pages(), np2 = (len2 + T - 1) / T;
+    // The page before p once this call is done (a new page, or the table's):
+    // new pages go right after it when possible, so the table's pages form
+    // runs that decode streams through (see "Locality" in block_pool.h).
+    const int first_mutable = FirstMutablePage(lc, t, len);
+    PageId before = first_mutable > 0 && first_mutable - 1 < np ? t.pages()[first_mutable - 1] : kNoPage;
+    for (int p = first_mutable; p < np2; ++p) {
+      const bool full2 = lc.IsFullPage(p, len2);
+      int cls = -1;
+      if (p >= np) {
+        cls = SizeClass(layer, full2);
+      } else if (t.is_full(p) && !full2) {
+        cls = SizeClass(layer, false);  // seal
+      } else if (p == np - 1 && len % T != 0 && pool_->IsShared(t.pages()[p])) {
+        cls = SizeClass(layer, t.is_full(p));  // copy-on-write
+        r->cow[h] = 1;
+      }
+      if (cls < 0) {
+        before = t.pages()[p];
+        continue;
+      }
+      Result<PageId> page = pool_->AllocateAfter(cls, before);
+      if (!page.ok()) {
+        for (PageId id : r->pages) pool_->Unref(id);
+        *r = Reservation{};
+        return page.status();
+      }
+      r->pages.push_back(*page);
+      before = *page;
+    }
+  }
+  r->head_first[H] = r->pages.size();
+  r->n = n;
+  return Status::Ok();
+}
+
+Status SequenceKV::Reserve(int n) {
+  KVX_CHECK(n >= 0);
+  CancelReservation();
+  if (n == 0) return Status::Ok();
+  for (int l = 0; l < layout_.n_layers; ++l) {
+    Status s = PlanLayer(l, n, &reserved_[l]);
+    if (!s.ok()) {
+      CancelReservation();
+      return s;
+    }
+  }
+  return Status::Ok();
+}
+
+void SequenceKV::CancelReservation(int layer) {
+  const int l0 = layer < 0 ? 0 : layer, l1 = layer < 0 ? layout_.n_layers : layer + 1;
+  for (int l = l0; l < l1; ++l) {
+    for (PageId id : reserved_[l].pages) pool_->Unref(id);
+    reserved_[l] = Reservation{};
+  }
+}
+
+int64_t SequenceKV::ReservedPages() const {
+  int64_t n = 0;
+  for (const Reservation& r : reserved_) n += static_cast<int64_t>(r.pages.size());
+  return n;
+}
+
 void SequenceKV::WriteHead(int layer, int h, int n, const int32_t* pos, const float* k, const float* v,
-                           size_t* next_new, std::vector<PageId>* released) {
+                           const Reservation& r, size_t* next_new, std::vector<PageId>* released) {
   const LayerCodec& lc = layers_[layer];
   const CodecParams& params = lc.params;
   const int T = layout_.page_tokens, H = layout_.n_kv_heads, D = layout_.head_dim;
@@ -287,7 +340,7 @@ void SequenceKV::WriteHead(int layer, int h, int n, const int32_t* pos, const fl
         const uint8_t* src = pool_->PageData(old);
         F16Codec::DecodeKeys(params, src + PageDataOffset(T), old_rows, tile_k.data());
         F16Codec::DecodeValues(params, src + PageDataOffset(T), old_rows, tile_v.data());
-        const PageId id = scratch_[(*next_new)++];
+        const PageId id = r.pages[(*next_new)++];
         uint8_t* dst = pool_->PageData(id);
         std::memcpy(PagePositions(dst), PagePositions(src), sizeof(int32_t) * old_rows);
         for (int s = old_rows; s < T; ++s) {
@@ -304,13 +357,14 @@ void SequenceKV::WriteHead(int layer, int h, int n, const int32_t* pos, const fl
       if (new_rows <= old_rows) continue;           // untouched page
       uint8_t* page = nullptr;
       if (p >= np) {
-        const PageId id = scratch_[(*next_new)++];
+        const PageId id = r.pages[(*next_new)++];
         t.AddPage(id, full2);
         page = pool_->PageData(id);
       } else {
         const PageId cur = t.pages()[p];
-        if (pool_->IsShared(cur)) {  // copy-on-write
-          const PageId copy = scratch_[(*next_new)++];
+        if (p == np - 1 && r.cow[h]) {  // copy-on-write, as planned (the page may have
+                                        // stopped being shared since: copying is still right)
+          const PageId copy = r.pages[(*next_new)++];
           std::memcpy(pool_->PageData(copy), pool_->PageData(cur), pool_->PageBytesOf(cur));
           released->push_back(cur);
           t.ReplacePage(p, copy, full2);
@@ -341,7 +395,7 @@ void SequenceKV::WriteHead(int layer, int h, int n, const int32_t* pos, const fl
       }
     }
   });
-  t.set_length(len2);
+  t.Grow(len2, T);
 }
 
 void SequenceKV::ReadEntry(int layer, int kv_head, int index, float* k, float* v, int32_t* pos) const {
@@ -368,6 +422,283 @@ void SequenceKV::ReadEntry(int layer, int kv_head, int index, float* k, float* v
   if (rotation_ != nullptr) {
     if (keys_rotated()) rotation_->Inverse(k);
     rotation_->Inverse(v);
+  }
+}
+
+}  // namespace kvx::kv
+
+namespace kvx::kv {
+namespace {
+
+// A page's decoded entries: keys, values and positions of its slots.
+struct DecodedPage {
+  std::vector<float> k, v;
+  std::vector<int32_t> pos;
+};
+
+void DecodePage(const BlockPool& pool, const LayerCodec& lc, PageId id, bool full, int slots, DecodedPage* out) {
+  const int T = lc.params.page_tokens, D = lc.params.head_dim;
+  const uint8_t* page = pool.PageData(id);
+  out->k.resize(static_cast<size_t>(slots) * D);
+  out->v.resize(out->k.size());
+  out->pos.assign(PagePositions(page), PagePositions(page) + slots);
+  const uint8_t* data = page + PageDataOffset(T);
+  if (full) {
+    F16Codec::DecodeKeys(lc.params, data, slots, out->k.data());
+    F16Codec::DecodeValues(lc.params, data, slots, out->v.data());
+    return;
+  }
+  DispatchCodec(lc.id, [&](auto codec) {
+    // Page codecs decode whole pages (per-channel parameters over all T slots).
+    using C = decltype(codec);
+    if constexpr (!C::kRowWise) KVX_CHECK(slots == T);
+    C::DecodeKeys(lc.params, data, slots, out->k.data());
+    C::DecodeValues(lc.params, data, slots, out->v.data());
+  });
+}
+
+// Writes `n` rows into a fresh page of `full` form: positions, then the
+// codec's encoding (EncodePage for sealed packed pages, which need all T
+// rows: the caller pads dead slots with copies of a live row).
+void EncodeInto(BlockPool* pool, const LayerCodec& lc, PageId id, bool full, int n, const float* k, const float* v,
+                const int32_t* pos) {
+  const int T = lc.params.page_tokens, D = lc.params.head_dim;
+  uint8_t* page = pool->PageData(id);
+  std::copy(pos, pos + n, PagePositions(page));
+  uint8_t* data = page + PageDataOffset(T);
+  if (full) {
+    for (int s = 0; s < n; ++s) F16Codec::EncodeRow(lc.params, data, s, k + static_cast<size_t>(s) * D, v + static_cast<size_t>(s) * D);
+    return;
+  }
+  DispatchCodec(lc.id, [&](auto codec) {
+    using C = decltype(codec);
+    if (lc.sealed) {
+      KVX_CHECK(n == T);
+      C::EncodePage(lc.params, data, T, k, v);
+    } else if constexpr (C::kRowWise) {
+      for (int s = 0; s < n; ++s) C::EncodeRow(lc.params, data, s, k + static_cast<size_t>(s) * D, v + static_cast<size_t>(s) * D);
+    } else {
+      KVX_CHECK_MSG(false, "page codec without sealing");
+    }
+  });
+}
+
+}  // namespace
+
+int SequenceKV::LiveEntries(int layer, int kv_head) const { return table(layer, kv_head).live(); }
+
+Status SequenceKV::RemoveEntries(int layer, int kv_head, const std::vector<int>& slots) {
+  KVX_CHECK_MSG(ReservedPages() == 0, "tables change only between steps");
+  KVX_CHECK(layer >= 0 && layer < layout_.n_layers && kv_head >= 0 && kv_head < layout_.n_kv_heads);
+  PageTable& t = mutable_table(layer, kv_head);
+  const LayerCodec& lc = layers_[layer];
+  const int T = layout_.page_tokens;
+  // Group the live slots to kill by page.
+  std::vector<std::pair<int, int>> kills;  // (page, slot in page)
+  for (int slot : slots) {
+    if (slot < 0 || slot >= t.length()) {
+      return InvalidArgument("slot " + std::to_string(slot) + " is outside the chain of " +
+                             std::to_string(t.length()) + " slots");
+    }
+    const int p = slot / T, s = slot % T;
+    if (PagePositions(pool_->PageData(t.pages()[p]))[s] == kDeadPosition) continue;
+    kills.emplace_back(p, s);
+  }
+  std::sort(kills.begin(), kills.end());
+  kills.erase(std::unique(kills.begin(), kills.end()), kills.end());
+  if (kills.empty()) return Status::Ok();
+  // Pages that keep live entries and are shared need a private copy before
+  // their positions change: allocate every copy first (all or nothing).
+  std::vector<std::pair<int, PageId>> copies;
+  for (size_t i = 0; i < kills.size();) {
+    const int p = kills[i].first;
+    size_t j = i;
+    while (j < kills.size() && kills[j].first == p) ++j;
+    const int left = t.live_in_page(p) - static_cast<int>(j - i);
+    const bool drops = left == 0 && p >= lc.sink_pages;
+    if (!drops && pool_->IsShared(t.pages()[p])) {
+      Result<PageId> copy = pool_->AllocateAfter(pool_->SizeClassOf(t.pages()[p]), t.pages()[p]);
+      if (!copy.ok()) {
+        for (auto& c : copies) pool_->Unref(c.second);
+        return copy.status();
+      }
+      copies.emplace_back(p, *copy);
+    }
+    i = j;
+  }
+  for (auto& [p, copy] : copies) {
+    const PageId cur = t.pages()[p];
+    std::memcpy(pool_->PageData(copy), pool_->PageData(cur), pool_->PageBytesOf(cur));
+    t.ReplacePage(p, copy, t.is_full(p));
+    pool_->Unref(cur);
+  }
+  // Count the kills first: a page about to leave the chain is not written
+  // (it may be shared, and was not copied).
+  for (const auto& [p, s] : kills) t.KillSlot(p);
+  for (const auto& [p, s] : kills) {
+    if (t.live_in_page(p) == 0 && p >= lc.sink_pages) continue;
+    PagePositions(pool_->PageData(t.pages()[p]))[s] = kDeadPosition;
+  }
+  // Emptied pages leave the chain at once (last first, so indices hold);
+  // sink pages stay, as the codec rules count them by index.
+  for (int p = t.num_pages() - 1; p >= lc.sink_pages; --p) {
+    if (t.live_in_page(p) != 0) continue;
+    const PageId id = t.pages()[p];
+    t.RemovePage(p, T);
+    pool_->Unref(id);
+  }
+  return Status::Ok();
+}
+
+Status SequenceKV::Compact(int layer, int kv_head) {
+  KVX_CHECK_MSG(ReservedPages() == 0, "tables change only between steps");
+  PageTable& t = mutable_table(layer, kv_head);
+  const LayerCodec& lc = layers_[layer];
+  const int T = layout_.page_tokens, D = layout_.head_dim;
+  // The region that can be rewritten: after the sink pages, before the
+  // staging pages of a sealed layer (they seal as they are) or, for
+  // row-wise codecs, before the last page (appends still write into it).
+  int end = FirstMutablePage(lc, t, t.length());
+  if (!lc.sealed) end = std::min(end, t.num_pages() - 1);
+  int first = lc.sink_pages;
+  while (first < end && t.live_in_page(first) == T) ++first;  // already dense
+  if (end - first < 2) return Status::Ok();
+  int live = 0;
+  for (int p = first; p < end; ++p) live += t.live_in_page(p);
+  const int n_new = (live + T - 1) / T;
+  if (n_new >= end - first) return Status::Ok();
+  const bool full = t.is_full(first);
+  std::vector<PageId> ids;
+  PageId before = first > 0 ? t.pages()[first - 1] : kNoPage;
+  for (int i = 0; i < n_new; ++i) {
+    Result<PageId> id = pool_->AllocateAfter(pool_->SizeClassOf(t.pages()[first]), before);
+    if (!id.ok()) {
+      for (PageId x : ids) pool_->Unref(x);
+      return id.status();
+    }
+    ids.push_back(*id);
+    before = *id;
+  }
+  // Gather the live entries in chain order (their stored form decoded:
+  // rotated, pre-RoPE keys un-roped, as they were encoded).
+  std::vector<float> k, v;
+  std::vector<int32_t> pos;
+  k.reserve(static_cast<size_t>(n_new) * T * D);
+  v.reserve(k.capacity());
+  DecodedPage dp;
+  for (int p = first; p < end; ++p) {
+    DecodePage(*pool_, lc, t.pages()[p], t.is_full(p), T, &dp);
+    for (int s = 0; s < T; ++s) {
+      if (dp.pos[s] == kDeadPosition) continue;
+      pos.push_back(dp.pos[s]);
+      k.insert(k.end(), dp.k.begin() + static_cast<size_t>(s) * D, dp.k.begin() + static_cast<size_t>(s + 1) * D);
+      v.insert(v.end(), dp.v.begin() + static_cast<size_t>(s) * D, dp.v.begin() + static_cast<size_t>(s + 1) * D);
+    }
+  }
+  KVX_CHECK(static_cast<int>(pos.size()) == live);
+  // Pad the last page's dead slots with copies of the last live entry (a
+  // page codec's per-channel ranges then see no made-up values).
+  std::vector<int> lives;
+  for (int i = 0; i < n_new; ++i) lives.push_back(std::min(T, live - i * T));
+  while (static_cast<int>(pos.size()) < n_new * T) {
+    pos.push_back(kDeadPosition);
+    k.insert(k.end(), k.end() - D, k.end());
+    v.insert(v.end(), v.end() - D, v.end());
+  }
+  for (int i = 0; i < n_new; ++i) {
+    const size_t off = static_cast<size_t>(i) * T;
+    EncodeInto(pool_, lc, ids[i], full, T, &k[off * D], &v[off * D], &pos[off]);
+  }
+  std::vector<PageId> old(t.pages().begin() + first, t.pages().begin() + end);
+  t.ReplaceRun(first, end, ids, full, lives, T);
+  for (PageId id : old) pool_->Unref(id);
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<SequenceKV>> SequenceKV::ForkPrefix(int n_slots) const {
+  KVX_CHECK(ReservedPages() == 0);
+  for (const PageTable& t : tables_) {
+    if (n_slots < 0 || n_slots > t.length()) {
+      return InvalidArgument("prefix of " + std::to_string(n_slots) + " slots is outside a chain of " +
+                             std::to_string(t.length()));
+    }
+  }
+  auto copy = std::make_unique<SequenceKV>(pool_, layout_, codec_);
+  copy->size_class_ = size_class_;
+  copy->rope_ = rope_;
+  copy->rope_set_ = rope_set_;
+  copy->max_pos_ = max_pos_;
+  copy->rope_positions_ = rope_positions_;
+  copy->rope_table_ = rope_table_;
+  const int T = layout_.page_tokens;
+  for (int l = 0; l < layout_.n_layers; ++l) {
+    const LayerCodec& lc = layers_[l];
+    for (int h = 0; h < layout_.n_kv_heads; ++h) {
+      const PageTable& src = table(l, h);
+      PageTable& t = copy->mutable_table(l, h);
+      t = src;
+      t.Truncate(n_slots, T);
+      const int np = t.num_pages(), rest = n_slots % T;
+      for (int p = 0; p < np; ++p) pool_->Ref(t.pages()[p]);
+      if (rest == 0) continue;
+      // The partial last page: count its live slots; a sealed packed page
+      // cannot take more rows, so its first `rest` entries move to an f16
+      // staging page (the others share the page, copied on write).
+      const int p = np - 1;
+      const PageId id = t.pages()[p];
+      const int32_t* pos = PagePositions(pool_->PageData(id));
+      int live = 0;
+      for (int s = 0; s < rest; ++s) live += pos[s] != kDeadPosition;
+      t.SetPageLive(p, live);
+      if (t.is_full(p) || !lc.sealed) continue;
+      Result<PageId> staged = pool_->AllocateAfter(copy->SizeClass(l, true), p > 0 ? t.pages()[p - 1] : kNoPage);
+      if (!staged.ok()) return staged.status();  // ~SequenceKV drops every reference taken so far
+      DecodedPage dp;
+      DecodePage(*pool_, lc, id, false, T, &dp);
+      EncodeInto(pool_, lc, *staged, true, rest, dp.k.data(), dp.v.data(), dp.pos.data());
+      t.ReplacePage(p, *staged, true);
+      pool_->Unref(id);
+    }
+  }
+  return copy;
+}
+
+Status SequenceKV::CheckTables() const {
+  const int T = layout_.page_tokens;
+  for (int l = 0; l < layout_.n_layers; ++l) {
+    const LayerCodec& lc = layers_[l];
+    for (int h = 0; h < layout_.n_kv_heads; ++h) {
+      const PageTable& t = table(l, h);
+      const std::string where = "table (layer " + std::to_string(l) + ", kv head " + std::to_string(h) + ")";
+      if (t.num_pages() != (t.length() + T - 1) / T) return Internal(where + ": page count does not cover the slots");
+      int live = 0;
+      for (int p = 0; p < t.num_pages(); ++p) {
+        const PageId id = t.pages()[p];
+        if (pool_->RefCount(id) <= 0) return Internal(where + ": page " + std::to_string(id) + " is free");
+        const int cls = SizeClass(l, t.is_full(p));
+        if (cls >= 0 && pool_->SizeClassOf(id) != cls) return Internal(where + ": page of the wrong size class");
+        const int32_t* pos = PagePositions(pool_->PageData(id));
+        int n = 0;
+        for (int s = 0; s < t.EntriesInPage(p, T); ++s) n += pos[s] != kDeadPosition;
+        if (n != t.live_in_page(p)) {
+          return Internal(where + ": page " + std::to_string(p) + " counts " + std::to_string(t.live_in_page(p)) +
+                          " live entries, holds " + std::to_string(n));
+        }
+        if (n == 0 && p >= lc.sink_pages) return Internal(where + ": an empty page stayed in the chain");
+        live += n;
+      }
+      if (live != t.live()) return Internal(where + ": live count out of step");
+    }
+  }
+  return Status::Ok();
+}
+
+void SequenceKV::ForEachPage(const std::function<void(PageId)>& fn) const {
+  for (const PageTable& t : tables_) {
+    for (PageId id : t.pages()) fn(id);
+  }
+  for (const Reservation& r : reserved_) {
+    for (PageId id : r.pages) fn(id);
   }
 }
 

@@ -35,6 +35,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -111,8 +112,52 @@ class SequenceKV {
   const HadamardRotation* rotation() const { return rotation_.get(); }
   bool keys_rotated() const { return codec_.rotation == Rotation::kHadamard; }
 
-  // Entries cached for (layer, kv_head).
+  // Slots of (layer, kv_head)'s chain (live and dead entries; page_table.h).
   int Length(int layer, int kv_head) const { return table(layer, kv_head).length(); }
+  // Live entries of (layer, kv_head).
+  int LiveEntries(int layer, int kv_head) const;
+
+  // Step protocol (kv_manager.h). Reserve(n) allocates every page the next
+  // Append of n tokens to every layer will take (new pages, seals,
+  // copy-on-write copies), or fails with ResourceExhausted having changed
+  // nothing. Append(layer, n, ...) then consumes layer's reservation; an
+  // Append without one allocates for itself (one layer at a time).
+  // CancelReservation returns reserved pages not yet consumed (all layers,
+  // or one). Tables must not change between Reserve and the Appends.
+  Status Reserve(int n);
+  void CancelReservation(int layer = -1);
+  int64_t ReservedPages() const;
+
+  // Removes entries (by slot index in the chain) of one head: each becomes a
+  // dead slot (position kDeadPosition, never attended); pages left without
+  // live entries leave the chain and return to the pool at once (sink pages
+  // excepted). Shared pages that keep live entries are copied first.
+  // Dead or repeated slots are ignored. InvalidArgument for a slot outside
+  // the chain; ResourceExhausted when a copy cannot be allocated (then
+  // nothing changed). REQUIRES: no reservation pending.
+  Status RemoveEntries(int layer, int kv_head, const std::vector<int>& slots);
+  // Packs the live entries of the head's sealed-or-row-wise region (after
+  // the sink pages, before the staging pages or the open last page) into as
+  // few pages as hold them, in chain order; the pages freed return to the
+  // pool. Entries are decoded and re-encoded: exact for f32/f16 pages, one
+  // more quantization of already quantized values otherwise. New pages are
+  // allocated before old ones are released (ResourceExhausted: unchanged).
+  Status Compact(int layer, int kv_head);
+
+  // A new sequence holding the first `n_slots` slots of every table:
+  // whole pages shared (refcount +1), the partial last page shared and
+  // copied on write, or, when it is a sealed packed page (which cannot take
+  // more rows), its entries copied into an f16 staging page. InvalidArgument
+  // when a chain is shorter; ResourceExhausted (nothing changed).
+  Result<std::unique_ptr<SequenceKV>> ForkPrefix(int n_slots) const;
+
+  // Internal error describing the first broken table invariant: page count
+  // covers the slots, pages are held and of their size class, live counts
+  // match the stored positions, no empty non-sink page stays listed.
+  Status CheckTables() const;
+  // Calls fn for every page reference this sequence holds (tables and
+  // pending reservations): for cross-checks of the pool's refcounts.
+  void ForEachPage(const std::function<void(PageId)>& fn) const;
 
   // Returns every page to the pool (drops this sequence's references).
   void Clear();
@@ -149,12 +194,21 @@ class SequenceKV {
   Status EnsureSizeClasses();
   int SizeClass(int layer, bool full) const { return size_class_[2 * static_cast<size_t>(layer) + (full ? 1 : 0)]; }
   void ExtendRopeTable(int32_t max_pos);
-  // Writes the new rows of one head: takes the pages Append's plan
-  // allocated for it from scratch_[*next_new...], and adds the pages it
-  // replaces to *released (Append unrefs them after all heads, since the
-  // pool is not thread-safe). Touches nothing another head's call does.
-  void WriteHead(int layer, int h, int n, const int32_t* pos, const float* k, const float* v, size_t* next_new,
-                 std::vector<PageId>* released);
+  // The pages one layer's Append of n tokens takes, in WriteHead's order.
+  struct Reservation {
+    int n = -1;                     // tokens planned for (-1: none)
+    std::vector<PageId> pages;      // allocated, consumed in order
+    std::vector<size_t> head_first; // [n_kv_heads + 1]: each head's first page in `pages`
+    std::vector<uint8_t> cow;       // [n_kv_heads]: the shared last page is copied
+  };
+  // Allocates (all or nothing) the pages of layer's Append of n tokens.
+  Status PlanLayer(int layer, int n, Reservation* r);
+  // Writes the new rows of one head: takes the pages the plan allocated for
+  // it from r.pages[*next_new...], and adds the pages it replaces to
+  // *released (Append unrefs them after all heads, since the pool is not
+  // thread-safe). Touches nothing another head's call does.
+  void WriteHead(int layer, int h, int n, const int32_t* pos, const float* k, const float* v, const Reservation& r,
+                 size_t* next_new, std::vector<PageId>* released);
 
   BlockPool* pool_;
   KVLayout layout_;
@@ -162,8 +216,7 @@ class SequenceKV {
   std::vector<LayerCodec> layers_;
   std::vector<int> size_class_;     // [n_layers][2]: packed, full; -1 = not registered
   std::vector<PageTable> tables_;   // [n_layers * n_kv_heads]
-  std::vector<PageId> scratch_;     // pages allocated by the current Append
-  std::vector<size_t> head_first_;  // [n_kv_heads + 1]: each head's first page in scratch_
+  std::vector<Reservation> reserved_;  // [n_layers]
   std::vector<std::vector<PageId>> released_;  // [n_kv_heads]: pages each head's writes replaced
   std::vector<float> rot_k_, rot_v_;    // rotated copies of the appended rows
   std::unique_ptr<HadamardRotation> rotation_;

@@ -164,12 +164,28 @@ void AddBias(float* x, const std::vector<float>& b, int n_rows) {
 
 }  // namespace
 
-Status Model::Forward(const ForwardBatch& batch, kv::SequenceKV* kv, ForwardScratch* s, ThreadPool* pool,
-                      float* logits) const {
+Status Model::Forward(const ForwardBatch& batch, std::span<kv::SequenceKV* const> kvs, ForwardScratch* s,
+                      ThreadPool* pool, float* logits) const {
   const ModelConfig& c = config_;
   const int n = static_cast<int>(batch.tokens.size());
   if (n == 0) return Status::Ok();
   if (batch.positions.size() != batch.tokens.size()) return InvalidArgument("batch positions/tokens mismatch");
+  // The sequences' row ranges.
+  std::vector<int32_t> one_seq;
+  const std::vector<int32_t>* starts = &batch.seq_start;
+  if (starts->empty()) {
+    one_seq = {0, n};
+    starts = &one_seq;
+  }
+  const int n_seqs = static_cast<int>(starts->size()) - 1;
+  if (n_seqs < 1 || static_cast<size_t>(n_seqs) != kvs.size() || starts->front() != 0 || starts->back() != n) {
+    return InvalidArgument("batch sequence ranges do not cover its " + std::to_string(n) + " rows for " +
+                           std::to_string(kvs.size()) + " caches");
+  }
+  for (int q = 0; q < n_seqs; ++q) {
+    if ((*starts)[q + 1] <= (*starts)[q]) return InvalidArgument("batch sequence " + std::to_string(q) + " has no rows");
+    if (kvs[q] == nullptr) return InvalidArgument("batch sequence " + std::to_string(q) + " has no cache");
+  }
   for (int32_t t : batch.tokens) {
     if (t < 0 || t >= c.n_vocab) {
       return InvalidArgument("token id " + std::to_string(t) + " is outside the vocabulary [0, " +
@@ -199,8 +215,15 @@ Status Model::Forward(const ForwardBatch& batch, kv::SequenceKV* kv, ForwardScra
   rope.freq_scale = c.rope_freq_scale;
   rope.freq_factors = rope_freq_factors_.empty() ? nullptr : rope_freq_factors_.data();
   rope.neox = c.rope_neox;
-  kv->set_rope(rope);  // with pre-RoPE keys (--kv prerope=1) kv applies RoPE to K when reading
+  for (kv::SequenceKV* kv : kvs) kv->set_rope(rope);  // with pre-RoPE keys (--kv prerope=1) kv applies RoPE to K when reading
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  // Keys are roped here unless the caches rope them on read (all alike: one
+  // KV spec per engine).
+  const bool pre_rope_keys = kvs[0]->keys_pre_rope();
+  for (kv::SequenceKV* kv : kvs) {
+    if (kv->keys_pre_rope() != pre_rope_keys) return InvalidArgument("batch mixes pre-RoPE and roped caches");
+  }
+  std::vector<kv::AttentionSeq> attn_seqs(n_seqs);
   // RoPE cos/sin depend only on the position: computed once per token here,
   // shared by every layer (ops::Rope would recompute them per layer).
   std::vector<float> rope_cs(static_cast<size_t>(n) * c.rope_dims);
@@ -249,16 +272,21 @@ Status Model::Forward(const ForwardBatch& batch, kv::SequenceKV* kv, ForwardScra
         for (int h = 0; h < c.n_heads; ++h) {
           ops::RopeApply(&s->q[static_cast<size_t>(i) * q_dim + static_cast<size_t>(h) * c.head_dim], cs, rope);
         }
-        if (!kv->keys_pre_rope()) {
+        if (!pre_rope_keys) {
           for (int h = 0; h < c.n_kv_heads; ++h) {
             ops::RopeApply(&s->k[static_cast<size_t>(i) * kv_dim + static_cast<size_t>(h) * c.head_dim], cs, rope);
           }
         }
       }
     });
-    KVX_RETURN_IF_ERROR(kv->Append(l, n, batch.positions.data(), s->k.data(), s->v.data(),
-                                   n >= kParallelTokens ? pool : nullptr));
-    kv::Attention(*kv, l, s->q.data(), batch.positions.data(), n, c.n_heads, scale, s->attn.data(), pool);
+    for (int q = 0; q < n_seqs; ++q) {
+      const int r0 = (*starts)[q], nq = (*starts)[q + 1] - r0;
+      KVX_RETURN_IF_ERROR(kvs[q]->Append(l, nq, &batch.positions[r0], &s->k[static_cast<size_t>(r0) * kv_dim],
+                                         &s->v[static_cast<size_t>(r0) * kv_dim], nq >= kParallelTokens ? pool : nullptr));
+      attn_seqs[q] = {kvs[q], &s->q[static_cast<size_t>(r0) * q_dim], &batch.positions[r0], nq,
+                      &s->attn[static_cast<size_t>(r0) * q_dim]};
+    }
+    kv::AttentionBatch(attn_seqs.data(), n_seqs, l, c.n_heads, scale, pool, batch.observer);
     ops::MatMul(w.wo, s->attn.data(), n, s->o.data(), pool);
 
     // Feed-forward block (SwiGLU).

@@ -11,10 +11,12 @@
 #pragma once
 
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "gguf/gguf_file.h"
+#include "kv/attention.h"
 #include "kv/layout.h"
 #include "kv/sequence_kv.h"
 #include "model/config.h"
@@ -33,13 +35,23 @@ struct LayerWeights {
   ops::WeightView w_gate, w_up, w_down;
 };
 
-// A batch of tokens of one sequence to run through the model.
+// A batch of tokens to run through the model: the tokens of one or more
+// sequences, each sequence's rows contiguous. Row i is token tokens[i] at
+// positions[i] of the sequence whose range [seq_start[s], seq_start[s + 1])
+// holds i. The matmuls run over all rows at once (weights read once per
+// step); attention runs per sequence on its own cache.
 struct ForwardBatch {
   std::vector<int32_t> tokens;
   std::vector<int32_t> positions;    // same length as tokens
+  // Row ranges of the sequences, n_seqs + 1 increasing offsets from 0 to
+  // tokens.size(); empty = one sequence holding every row.
+  std::vector<int32_t> seq_start;
   // Batch indices whose logits are wanted, in the order they are written to
   // the output (e.g. {n-1} for generation, a range for perplexity).
   std::vector<int32_t> logit_rows;
+  // Sees the attention probabilities (kv/attention.h; `seq` is the index of
+  // the sequence in this batch); nullptr = none, at no cost.
+  kv::AttentionObserver* observer = nullptr;
 };
 
 // Per-sequence working memory, reused across calls to avoid allocations.
@@ -60,12 +72,21 @@ class Model {
   // The KV layout of this model with `page_tokens` entries per page.
   kv::KVLayout KVLayoutFor(int page_tokens) const;
 
-  // Runs `batch` through the model, appending its K/V to `kv` and writing
-  // logits for batch.logit_rows to `logits` ([n_rows][n_vocab]).
-  // REQUIRES: token ids valid (checked: InvalidArgument), positions increasing.
-  // Returns ResourceExhausted when the KV budget is exhausted.
+  // Runs `batch` through the model, appending each sequence's K/V to its
+  // cache kvs[s] (one per sequence of the batch) and writing logits for
+  // batch.logit_rows to `logits` ([n_rows][n_vocab]). InvalidArgument for
+  // bad token ids or a malformed batch (checked before anything runs).
+  // ResourceExhausted when a cache without a reservation (kv_manager.h)
+  // runs out of budget; with every cache reserved for the step (the
+  // engine's path) the pass cannot run out half-way.
+  Status Forward(const ForwardBatch& batch, std::span<kv::SequenceKV* const> kvs, ForwardScratch* scratch,
+                 ThreadPool* pool, float* logits) const;
+  // The batch of one sequence.
   Status Forward(const ForwardBatch& batch, kv::SequenceKV* kv, ForwardScratch* scratch, ThreadPool* pool,
-                 float* logits) const;
+                 float* logits) const {
+    kv::SequenceKV* const one[] = {kv};
+    return Forward(batch, one, scratch, pool, logits);
+  }
 
   // How many weight matrices were repacked at load (ops/weight_pack.h).
   int RepackedMatrices() const { return packed_.count(); }

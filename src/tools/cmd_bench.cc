@@ -6,7 +6,7 @@
 #include <sstream>
 #include <string>
 
-#include "engine/runtime.h"
+#include "engine/session.h"
 #include "eval/speed_bench.h"
 #include "tools/commands.h"
 
@@ -15,7 +15,7 @@ namespace kvx::tools {
 namespace {
 
 struct BenchFlags {
-  engine::RuntimeOptions runtime;
+  engine::EngineOptions runtime;
   std::string depths = "0,1024,4096,8192";
   std::string json_path;
   eval::SpeedBenchOptions bench;
@@ -47,7 +47,7 @@ Status RunBench(BenchFlags flags) {
     flags.runtime.n_ctx = std::max(max_depth + flags.bench.gen_tokens + 1, flags.bench.prompt_tokens);
   }
   flags.runtime.n_batch = flags.bench.prompt_tokens;
-  KVX_ASSIGN_OR_RETURN(auto rt, engine::Runtime::Create(flags.runtime));
+  KVX_ASSIGN_OR_RETURN(auto rt, engine::Engine::Load(flags.runtime));
   std::fprintf(stderr, "bench: measuring bandwidth, peak FLOP/s, prefill and decode at %zu depths...\n",
                flags.bench.depths.size());
   KVX_ASSIGN_OR_RETURN(eval::SpeedBenchResult r, eval::RunSpeedBench(rt.get(), flags.bench));

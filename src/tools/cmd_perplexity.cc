@@ -3,7 +3,7 @@
 #include <memory>
 #include <string>
 
-#include "engine/runtime.h"
+#include "engine/session.h"
 #include "eval/perplexity.h"
 #include "tools/commands.h"
 #include "util/mmap_file.h"
@@ -13,7 +13,7 @@ namespace kvx::tools {
 namespace {
 
 struct PerplexityFlags {
-  engine::RuntimeOptions runtime;
+  engine::EngineOptions runtime;
   std::string file;
   int max_chunks = -1;
 };
@@ -26,7 +26,7 @@ Status RunPerplexity(PerplexityFlags flags) {
   po.n_ctx = flags.runtime.n_ctx;
   po.max_chunks = flags.max_chunks;
   flags.runtime.n_batch = po.n_ctx;
-  KVX_ASSIGN_OR_RETURN(auto rt, engine::Runtime::Create(flags.runtime));
+  KVX_ASSIGN_OR_RETURN(auto rt, engine::Engine::Load(flags.runtime));
   KVX_ASSIGN_OR_RETURN(std::vector<int32_t> tokens,
                        rt->model().tokenizer().Encode(text, /*add_special=*/true, /*parse_special=*/false));
   std::fprintf(stderr, "perplexity: %zu tokens, %d-token chunks, KV spec '%s'\n", tokens.size(), po.n_ctx,

@@ -5,7 +5,7 @@
 #include <memory>
 #include <string>
 
-#include "engine/runtime.h"
+#include "engine/session.h"
 #include "eval/plan.h"
 #include "eval/roofline.h"
 #include "eval/speed_bench.h"
@@ -46,15 +46,15 @@ Status RunPlan(const PlanFlags& flags) {
   eval::PlanInputs in;
   KVX_ASSIGN_OR_RETURN(in.mem_bytes, ParseBytes(flags.mem));
   in.ctx = flags.ctx;
-  std::unique_ptr<engine::Runtime> rt;
+  std::unique_ptr<engine::Engine> rt;
   gguf::TensorType shape_type = gguf::TensorType::kF32;
   if (!flags.model_path.empty()) {
-    engine::RuntimeOptions ro;
+    engine::EngineOptions ro;
     ro.model_path = flags.model_path;
     ro.kv_spec = flags.kv_spec;
     ro.n_threads = flags.threads;
     ro.n_ctx = static_cast<int>(std::min<long>(flags.ctx + 64, 1 << 30));
-    KVX_ASSIGN_OR_RETURN(rt, engine::Runtime::Create(ro));
+    KVX_ASSIGN_OR_RETURN(rt, engine::Engine::Load(ro));
     eval::PlanInputs model_in = eval::ModelPlanInputs(*rt);
     model_in.ctx = in.ctx;
     model_in.mem_bytes = in.mem_bytes;

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "engine/generate.h"
-#include "engine/runtime.h"
+#include "engine/session.h"
 #include "tools/commands.h"
 #include "util/mmap_file.h"
 
@@ -14,7 +14,7 @@ namespace kvx::tools {
 namespace {
 
 struct RunFlags {
-  engine::RuntimeOptions runtime;
+  engine::EngineOptions runtime;
   std::string prompt;
   std::string prompt_file;
   engine::GenerateOptions gen;
@@ -26,7 +26,7 @@ Status Run(const RunFlags& flags) {
   if (!flags.prompt_file.empty()) {
     KVX_ASSIGN_OR_RETURN(prompt, ReadFileToString(flags.prompt_file));
   }
-  KVX_ASSIGN_OR_RETURN(auto rt, engine::Runtime::Create(flags.runtime));
+  KVX_ASSIGN_OR_RETURN(auto rt, engine::Engine::Load(flags.runtime));
   const model::Tokenizer& tok = rt->model().tokenizer();
   KVX_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok.Encode(prompt, /*add_special=*/true, flags.parse_special));
   if (ids.empty()) return InvalidArgument("the prompt is empty and the model adds no BOS token; give a prompt with -p");

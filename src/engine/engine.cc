@@ -1,0 +1,147 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+
+#include "engine/session.h"
+#include "kv/policy/policy.h"
+
+namespace kvx::engine {
+namespace {
+
+// Fans the attention probabilities out to every policy that observes.
+class ObserverFanOut : public kv::AttentionObserver {
+ public:
+  explicit ObserverFanOut(std::vector<kv::AttentionObserver*> to) : to_(std::move(to)) {}
+  int QueryWindow() const override {
+    int w = 0;
+    for (const auto* o : to_) {
+      if (o->QueryWindow() == 0) return 0;  // one wants every query
+      w = std::max(w, o->QueryWindow());
+    }
+    return w;
+  }
+  void OnProbabilities(int seq, int layer, int query_index, int head, int kv_head, const float* probs,
+                       const int32_t* positions, int n) override {
+    for (auto* o : to_) o->OnProbabilities(seq, layer, query_index, head, kv_head, probs, positions, n);
+  }
+
+ private:
+  std::vector<kv::AttentionObserver*> to_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Engine>> Engine::Load(const EngineOptions& options) {
+  // Check the spec's syntax and the numbers before the (slow) model load.
+  KVX_RETURN_IF_ERROR(kv::ParseKVSpec(options.kv_spec).status());
+  if (options.n_ctx < 0) return InvalidArgument("context length (-c) must be >= 0 (0 = the model's own)");
+  if (options.n_threads < 0) return InvalidArgument("thread count (-t) must be >= 0 (0 = all cores)");
+  std::unique_ptr<Engine> e(new Engine());
+  KVX_ASSIGN_OR_RETURN(e->own_model_, model::Model::Load(options.model_path));
+  e->own_threads_ = std::make_unique<ThreadPool>(options.n_threads);
+  e->model_ = e->own_model_.get();
+  e->threads_ = e->own_threads_.get();
+  KVX_RETURN_IF_ERROR(e->Init(options));
+  return e;
+}
+
+Result<std::unique_ptr<Engine>> Engine::Create(const model::Model* model, ThreadPool* threads,
+                                               const EngineOptions& options) {
+  std::unique_ptr<Engine> e(new Engine());
+  e->model_ = model;
+  e->threads_ = threads;
+  KVX_RETURN_IF_ERROR(e->Init(options));
+  return e;
+}
+
+Status Engine::Init(const EngineOptions& options) {
+  if (options.n_ctx < 0) return InvalidArgument("context length must be >= 0 (0 = the model's own)");
+  if (options.n_batch <= 0) return InvalidArgument("batch size must be positive");
+  if (options.n_seqs <= 0) return InvalidArgument("sequence count must be positive");
+  options_ = options;
+  const int n_ctx = options.n_ctx == 0 ? model_->config().n_ctx_train : options.n_ctx;
+  KVX_ASSIGN_OR_RETURN(kv::ResolvedKVSpec spec,
+                       kv::ResolveKVSpec(options.kv_spec, model_->KVLayoutFor(16), n_ctx, options.n_seqs));
+  KVX_ASSIGN_OR_RETURN(kv_, kv::KVManager::Create(std::move(spec), options.kv));
+  return Status::Ok();
+}
+
+Engine::~Engine() = default;
+
+Result<std::unique_ptr<Session>> Engine::NewSession(uint64_t salt) {
+  return std::unique_ptr<Session>(new Session(this, kv_->AddSequence(salt)));
+}
+
+Result<std::unique_ptr<Session>> Engine::ForkSession(const Session& src, int n_tokens) {
+  if (&src.engine() != this) return InvalidArgument("session belongs to another engine");
+  KVX_ASSIGN_OR_RETURN(kv::SeqId id, kv_->ForkPrefix(src.id(), n_tokens));
+  return std::unique_ptr<Session>(new Session(this, id));
+}
+
+Status Engine::Step(std::span<const StepInput> inputs) {
+  if (inputs.empty()) return Status::Ok();
+  const int n_vocab = model_->config().n_vocab;
+  // 1. Everything that can be wrong with the input, before anything changes.
+  std::vector<kv::StepRequest> requests;
+  batch_.tokens.clear();
+  batch_.positions.clear();
+  batch_.seq_start.assign(1, 0);
+  batch_.logit_rows.clear();
+  std::vector<kv::SequenceKV*> kvs;
+  for (const StepInput& in : inputs) {
+    if (in.session == nullptr || &in.session->engine() != this) return InvalidArgument("step input without a session of this engine");
+    const int n = static_cast<int>(in.tokens.size());
+    if (n == 0) return InvalidArgument("nothing to feed: the token list is empty");
+    for (int32_t t : in.tokens) {
+      if (t < 0 || t >= n_vocab) {
+        return InvalidArgument("token id " + std::to_string(t) + " is outside the vocabulary [0, " +
+                               std::to_string(n_vocab) + ")");
+      }
+    }
+    if (in.first_logit_row < -1 || in.first_logit_row > n) return InvalidArgument("first logit row out of range");
+    const int r0 = static_cast<int>(batch_.tokens.size()), past = in.session->n_past();
+    batch_.tokens.insert(batch_.tokens.end(), in.tokens.begin(), in.tokens.end());
+    for (int i = 0; i < n; ++i) batch_.positions.push_back(past + i);
+    batch_.seq_start.push_back(r0 + n);
+    if (in.logits != nullptr) {
+      for (int i = in.first_logit_row < 0 ? n - 1 : in.first_logit_row; i < n; ++i) batch_.logit_rows.push_back(r0 + i);
+    }
+    kvs.push_back(&kv_->kv(in.session->id()));
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const int r0 = batch_.seq_start[i], r1 = batch_.seq_start[i + 1];
+    requests.push_back({inputs[i].session->id(), std::span<const int32_t>(&batch_.tokens[r0], r1 - r0),
+                        std::span<const int32_t>(&batch_.positions[r0], r1 - r0)});
+  }
+  // 2. Reserve every page of the step (all or nothing).
+  KVX_RETURN_IF_ERROR(kv_->BeginStep(requests));
+  // 3. The batched forward pass, with the policies' observers.
+  std::vector<kv::AttentionObserver*> observers;
+  for (const auto& p : kv_->policies()) {
+    if (p->observer() != nullptr) observers.push_back(p->observer());
+  }
+  ObserverFanOut fan_out(observers);
+  batch_.observer = observers.empty() ? nullptr : observers.size() == 1 ? observers[0] : &fan_out;
+  logits_.resize(batch_.logit_rows.size() * static_cast<size_t>(n_vocab));
+  Status s = model_->Forward(batch_, kvs, &scratch_, threads_, logits_.data());
+  batch_.observer = nullptr;
+  if (!s.ok()) {
+    // Inputs were checked and every page reserved, so this is a bug; the
+    // tables may hold part of the step.
+    kv_->AbortStep();
+    return Internal("forward pass failed after the step was reserved: " + s.message());
+  }
+  // 4. Commit (then the policies), and hand out the logits.
+  const Status committed = kv_->CommitStep();
+  size_t row = 0;
+  for (const StepInput& in : inputs) {
+    if (in.logits == nullptr) continue;
+    const int n = static_cast<int>(in.tokens.size());
+    const size_t rows = in.first_logit_row < 0 ? 1 : static_cast<size_t>(n - in.first_logit_row);
+    in.logits->assign(logits_.begin() + row * n_vocab, logits_.begin() + (row + rows) * n_vocab);
+    row += rows;
+  }
+  return committed;
+}
+
+}  // namespace kvx::engine

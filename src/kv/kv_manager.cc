@@ -1,0 +1,277 @@
+#include "kv/kv_manager.h"
+
+#include <algorithm>
+#include <unordered_map>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "kv/policy/policy.h"
+#include "util/check.h"
+
+namespace kvx::kv {
+namespace {
+
+// Positions a pre-RoPE cache can hold (SequenceKV keeps a dense cos/sin table).
+constexpr int kMaxPreRopeContext = 1 << 22;
+
+}  // namespace
+
+Result<ResolvedKVSpec> ResolveKVSpec(std::string_view text, const KVLayout& model_layout, int n_ctx, int n_seqs) {
+  KVX_ASSIGN_OR_RETURN(KVSpec spec, ParseKVSpec(text));
+  return ResolveKVSpec(spec, model_layout, n_ctx, n_seqs);
+}
+
+Result<ResolvedKVSpec> ResolveKVSpec(const KVSpec& spec, const KVLayout& model_layout, int n_ctx, int n_seqs) {
+  ResolvedKVSpec r;
+  r.spec = spec;
+  r.layout = model_layout;
+  r.layout.page_tokens = spec.page_tokens;
+  const std::string what = "--kv '" + spec.ToString() + "'";
+  KVX_RETURN_IF_ERROR(ValidateKVSpec(spec, r.layout));  // its messages name the spec and the fix
+  if (n_ctx < 1) return InvalidArgument("context length must be at least 1 token (got " + std::to_string(n_ctx) + ")");
+  if (spec.codec.pre_rope && n_ctx > kMaxPreRopeContext) {
+    return InvalidArgument(what + ": pre-RoPE keys support contexts up to " + std::to_string(kMaxPreRopeContext) +
+                           " tokens; lower -c");
+  }
+  if (n_seqs < 1) return InvalidArgument("sequence count must be at least 1");
+  r.n_ctx = n_ctx;
+  r.n_seqs = n_seqs;
+  r.layers = ResolveLayers(r.layout, spec.codec);
+  r.budget_bytes = spec.budget_bytes;
+  if (r.budget_bytes == 0) {
+    r.budget_bytes = BudgetForContext(r.layout, spec.codec, n_ctx) * static_cast<uint64_t>(n_seqs);
+  }
+  // The smallest useful budget: one token of one sequence in every table.
+  const uint64_t one_token = BudgetForContext(r.layout, spec.codec, 1);
+  if (r.budget_bytes < one_token) {
+    return InvalidArgument(what + ": budget of " + std::to_string(r.budget_bytes) +
+                           " bytes cannot hold one token (needs " + std::to_string(one_token) +
+                           " bytes: a page per layer and kv head); raise budget=");
+  }
+  return r;
+}
+
+Result<std::unique_ptr<KVManager>> KVManager::Create(ResolvedKVSpec spec, const KVManagerOptions& options) {
+  std::unique_ptr<KVManager> m(new KVManager(std::move(spec), options));
+  BlockPoolOptions o;
+  o.budget_bytes = m->spec_.budget_bytes;
+  o.page_bytes = PageBytes(m->spec_.layout, m->spec_.spec.codec);
+  o.extent_bytes = ExtentBytesFor(m->spec_.layout, o.budget_bytes, m->spec_.n_seqs);
+  KVX_ASSIGN_OR_RETURN(m->pool_, BlockPool::Create(o));
+  return m;
+}
+
+KVManager::KVManager(ResolvedKVSpec spec, const KVManagerOptions& options)
+    : spec_(std::move(spec)), options_(options) {}
+
+KVManager::~KVManager() {
+  if (in_step_) AbortStep();
+  seqs_.clear();  // before the pool
+}
+
+KVManager::Sequence& KVManager::Seq(SeqId id) {
+  auto it = seqs_.find(id);
+  KVX_CHECK_MSG(it != seqs_.end(), "unknown sequence id");
+  return it->second;
+}
+
+const KVManager::Sequence& KVManager::Seq(SeqId id) const {
+  auto it = seqs_.find(id);
+  KVX_CHECK_MSG(it != seqs_.end(), "unknown sequence id");
+  return it->second;
+}
+
+SeqId KVManager::AddSequence(uint64_t salt) {
+  KVX_CHECK(!in_step_);
+  const SeqId id = next_id_++;
+  Sequence& s = seqs_[id];
+  s.kv = std::make_unique<SequenceKV>(pool_.get(), spec_.layout, spec_.spec.codec);
+  s.salt = salt;
+  return id;
+}
+
+Result<SeqId> KVManager::ForkPrefix(SeqId src_id, int n_tokens) {
+  KVX_CHECK(!in_step_);
+  if (!HasSequence(src_id)) return NotFound("no sequence " + std::to_string(src_id));
+  const Sequence& src = Seq(src_id);
+  if (src.entries_removed) {
+    return InvalidArgument("sequence " + std::to_string(src_id) +
+                              " had entries removed by a policy: its pages no longer hold its token prefix");
+  }
+  if (n_tokens < 0 || n_tokens > static_cast<int>(src.tokens.size())) {
+    return InvalidArgument("prefix of " + std::to_string(n_tokens) + " tokens is outside sequence " +
+                           std::to_string(src_id) + " of " + std::to_string(src.tokens.size()) + " tokens");
+  }
+  KVX_ASSIGN_OR_RETURN(auto kv, src.kv->ForkPrefix(n_tokens));
+  const SeqId id = next_id_++;
+  Sequence& s = seqs_[id];
+  s.kv = std::move(kv);
+  s.tokens.assign(src.tokens.begin(), src.tokens.begin() + n_tokens);
+  s.positions.assign(src.positions.begin(), src.positions.begin() + n_tokens);
+  s.salt = src.salt;
+  const size_t blocks = static_cast<size_t>(n_tokens / spec_.layout.page_tokens);
+  s.block_hashes.assign(src.block_hashes.begin(), src.block_hashes.begin() + std::min(blocks, src.block_hashes.size()));
+  return id;
+}
+
+void KVManager::ReleaseSequence(SeqId id) {
+  KVX_CHECK(!in_step_);
+  seqs_.erase(id);
+  MaybeReleaseMemory();
+}
+
+void KVManager::ResetSequence(SeqId id) {
+  KVX_CHECK(!in_step_);
+  Sequence& s = Seq(id);
+  s.kv->Clear();
+  s.tokens.clear();
+  s.positions.clear();
+  s.block_hashes.clear();
+  s.entries_removed = false;
+}
+
+std::vector<SeqId> KVManager::SequenceIds() const {
+  std::vector<SeqId> ids;
+  for (const auto& [id, s] : seqs_) ids.push_back(id);
+  return ids;
+}
+
+void KVManager::MarkEntriesRemoved(SeqId id) {
+  Sequence& s = Seq(id);
+  s.entries_removed = true;
+}
+
+void KVManager::MaybeReleaseMemory() {
+  const BlockPoolStats st = pool_->Stats();
+  const uint64_t idle = st.bytes_committed_estimate > st.bytes_in_use ? st.bytes_committed_estimate - st.bytes_in_use : 0;
+  if (idle > options_.release_watermark_bytes || (options_.release_watermark_bytes == 0 && idle > 0)) {
+    pool_->ReleaseFreeMemory();
+  }
+}
+
+Status KVManager::BeginStep(std::span<const StepRequest> requests) {
+  KVX_CHECK_MSG(!in_step_, "BeginStep during a step");
+  // 1. Validate everything before touching anything.
+  std::vector<SeqId> seen;
+  for (const StepRequest& r : requests) {
+    if (!HasSequence(r.seq)) return NotFound("step names unknown sequence " + std::to_string(r.seq));
+    if (std::find(seen.begin(), seen.end(), r.seq) != seen.end()) {
+      return InvalidArgument("sequence " + std::to_string(r.seq) + " appears twice in one step");
+    }
+    seen.push_back(r.seq);
+    if (r.tokens.empty()) return InvalidArgument("sequence " + std::to_string(r.seq) + " has no tokens in the step");
+    if (r.tokens.size() != r.positions.size()) return InvalidArgument("step tokens and positions differ in length");
+    const Sequence& s = Seq(r.seq);
+    const size_t held = s.tokens.size();
+    if (held + r.tokens.size() > static_cast<size_t>(spec_.n_ctx)) {
+      return InvalidArgument("context is full: " + std::to_string(held) + " tokens in the context + " +
+                             std::to_string(r.tokens.size()) + " new tokens > context length " +
+                             std::to_string(spec_.n_ctx) + "; shorten the prompt or raise the context length (-c)");
+    }
+    for (int32_t p : r.positions) {
+      if (p < 0 || p >= spec_.n_ctx) {
+        return InvalidArgument("position " + std::to_string(p) + " is outside the context 0.." +
+                               std::to_string(spec_.n_ctx - 1));
+      }
+    }
+  }
+  // 2. Reserve every page, all sequences or none.
+  for (size_t i = 0; i < requests.size(); ++i) {
+    Status s = Seq(requests[i].seq).kv->Reserve(static_cast<int>(requests[i].tokens.size()));
+    if (!s.ok()) {
+      for (size_t j = 0; j < i; ++j) Seq(requests[j].seq).kv->CancelReservation();
+      return s;
+    }
+  }
+  in_step_ = true;
+  step_data_.clear();
+  step_.clear();
+  for (const StepRequest& r : requests) {
+    step_data_.emplace_back(r.tokens.begin(), r.tokens.end());
+    step_data_.emplace_back(r.positions.begin(), r.positions.end());
+  }
+  for (size_t i = 0; i < requests.size(); ++i) {
+    step_.push_back({requests[i].seq, step_data_[2 * i], step_data_[2 * i + 1]});
+  }
+  return Status::Ok();
+}
+
+void KVManager::AbortStep() {
+  KVX_CHECK(in_step_);
+  for (const StepRequest& r : step_) Seq(r.seq).kv->CancelReservation();
+  step_.clear();
+  step_data_.clear();
+  in_step_ = false;
+}
+
+void KVManager::ExtendHashes(Sequence& s) const {
+  if (s.entries_removed) return;
+  const size_t T = static_cast<size_t>(spec_.layout.page_tokens);
+  for (size_t b = s.block_hashes.size(); (b + 1) * T <= s.tokens.size(); ++b) {
+    const uint64_t seed = b == 0 ? s.salt : s.block_hashes[b - 1];
+    s.block_hashes.push_back(XXH3_64bits_withSeed(&s.tokens[b * T], T * sizeof(int32_t), seed));
+  }
+}
+
+Status KVManager::CommitStep() {
+  KVX_CHECK(in_step_);
+  for (const StepRequest& r : step_) {
+    Sequence& s = Seq(r.seq);
+    s.kv->CancelReservation();  // pages a step planned but did not take (a copy made unnecessary)
+    s.tokens.insert(s.tokens.end(), r.tokens.begin(), r.tokens.end());
+    s.positions.insert(s.positions.end(), r.positions.begin(), r.positions.end());
+    ExtendHashes(s);
+  }
+  in_step_ = false;
+  for (const auto& policy : policies_) {
+    for (const StepRequest& r : step_) {
+      if (Status st = policy->OnStepCommitted(*this, r.seq); !st.ok()) {
+        return st.WithContext(std::string("policy ") + std::string(policy->name()));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+void KVManager::AddPolicy(std::unique_ptr<KVPolicy> policy) { policies_.push_back(std::move(policy)); }
+
+Status KVManager::CheckInvariants() const {
+  KVX_RETURN_IF_ERROR(pool_->CheckInvariants());
+  std::unordered_map<PageId, int32_t> refs;
+  for (const auto& [id, s] : seqs_) {
+    const std::string name = "sequence " + std::to_string(id);
+    if (Status st = s.kv->CheckTables(); !st.ok()) return Internal(name + ": " + st.message());
+    if (s.tokens.size() != s.positions.size()) return Internal(name + ": token and position counts differ");
+    if (!s.entries_removed) {
+      const size_t T = static_cast<size_t>(spec_.layout.page_tokens);
+      if (s.block_hashes.size() != s.tokens.size() / T) return Internal(name + ": block hashes out of step");
+      for (int l = 0; l < spec_.layout.n_layers; ++l) {
+        for (int h = 0; h < spec_.layout.n_kv_heads; ++h) {
+          if (s.kv->Length(l, h) != static_cast<int>(s.tokens.size()) ||
+              s.kv->LiveEntries(l, h) != static_cast<int>(s.tokens.size())) {
+            return Internal(name + ": table (" + std::to_string(l) + ", " + std::to_string(h) + ") holds " +
+                            std::to_string(s.kv->LiveEntries(l, h)) + " entries for " +
+                            std::to_string(s.tokens.size()) + " tokens");
+          }
+        }
+      }
+    }
+    s.kv->ForEachPage([&](PageId p) { ++refs[p]; });
+  }
+  int64_t listed = 0;
+  for (const auto& [page, n] : refs) {
+    if (pool_->RefCount(page) != n) {
+      return Internal("page " + std::to_string(page) + " has refcount " + std::to_string(pool_->RefCount(page)) +
+                      " but " + std::to_string(n) + " references from sequences");
+    }
+    ++listed;
+  }
+  if (listed != pool_->pages_in_use()) {
+    return Internal(std::to_string(pool_->pages_in_use()) + " pages in use, " + std::to_string(listed) +
+                    " referenced by sequences (a leak)");
+  }
+  return Status::Ok();
+}
+
+}  // namespace kvx::kv

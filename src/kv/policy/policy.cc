@@ -1,0 +1,29 @@
+#include "kv/policy/policy.h"
+
+namespace kvx::kv {
+
+PolicyRegistry& PolicyRegistry::Global() {
+  static PolicyRegistry* registry = new PolicyRegistry();
+  return *registry;
+}
+
+void PolicyRegistry::Register(std::string name, PolicyFactory factory) { factories_[std::move(name)] = std::move(factory); }
+
+Result<std::unique_ptr<KVPolicy>> PolicyRegistry::Create(std::string_view name, const PolicyParams& params) const {
+  auto it = factories_.find(name);
+  if (it == factories_.end()) {
+    std::string known;
+    for (const auto& [n, f] : factories_) known += (known.empty() ? "" : ", ") + n;
+    return InvalidArgument("unknown KV policy '" + std::string(name) + "'; known policies: " +
+                           (known.empty() ? "none" : known));
+  }
+  return it->second(params);
+}
+
+std::vector<std::string> PolicyRegistry::Names() const {
+  std::vector<std::string> names;
+  for (const auto& [n, f] : factories_) names.push_back(n);
+  return names;
+}
+
+}  // namespace kvx::kv

@@ -1,0 +1,60 @@
+// KVPolicy: what eviction, merging and precision policies (StreamingLLM,
+// H2O, SnapKV, TOVA, MiKV, ...) plug into. A policy is a small object the
+// KVManager calls at step boundaries, after a step is committed; it may drop
+// entries of any (layer, kv-head) of the step's sequences
+// (SequenceKV::RemoveEntries, then KVManager::MarkEntriesRemoved), compact
+// their pages (SequenceKV::Compact), merge or re-encode entries. A policy
+// that needs attention probabilities provides an AttentionObserver, which
+// the engine hands to the forward pass (with its query window).
+// Policies are created by name from a registry (PolicyRegistry), never an
+// if/else chain.
+//
+// Thread-safety: called from the manager's thread only; the observer is
+// called from pool threads (see AttentionObserver).
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kv/attention.h"
+#include "kv/kv_manager.h"
+#include "util/status.h"
+
+namespace kvx::kv {
+
+class KVPolicy {
+ public:
+  virtual ~KVPolicy() = default;
+  virtual std::string_view name() const = 0;
+  // After a committed step, once per sequence the step ran. An error stops
+  // the step's policies and is returned by the engine's step.
+  virtual Status OnStepCommitted(KVManager& manager, SeqId seq) = 0;
+  // The observer the forward pass runs with while this policy is active
+  // (nullptr: the policy needs no attention probabilities, and attention
+  // keeps its fast kernels).
+  virtual AttentionObserver* observer() { return nullptr; }
+};
+
+// Policy parameters as the --kv spec's policy group gives them (key -> value
+// text); each policy parses and range-checks its own.
+using PolicyParams = std::map<std::string, std::string, std::less<>>;
+using PolicyFactory = std::function<Result<std::unique_ptr<KVPolicy>>(const PolicyParams&)>;
+
+// Name -> factory. Policies register themselves (KVX_REGISTER_POLICY).
+class PolicyRegistry {
+ public:
+  static PolicyRegistry& Global();
+  void Register(std::string name, PolicyFactory factory);
+  // InvalidArgument listing the registered names for an unknown one.
+  Result<std::unique_ptr<KVPolicy>> Create(std::string_view name, const PolicyParams& params) const;
+  std::vector<std::string> Names() const;
+
+ private:
+  std::map<std::string, PolicyFactory, std::less<>> factories_;
+};
+
+}  // namespace kvx::kv
