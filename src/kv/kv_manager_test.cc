@@ -162,6 +162,7 @@ TEST(KVManagerTest, FailedStepLeavesEverythingAsBefore) {
     // A budget for about 100 tokens of one sequence.
     auto r = ResolveKVSpec(spec, kShape, 100, 1);
     ASSERT_TRUE(r.ok()) << r.status().ToString();
+    r->n_ctx = 1000;  // the budget runs out long before the context
     auto m = std::move(KVManager::Create(*r)).value();
     std::mt19937 rng(3);
     const SeqId a = m->AddSequence(), b = m->AddSequence();
@@ -179,9 +180,15 @@ TEST(KVManagerTest, FailedStepLeavesEverythingAsBefore) {
       EXPECT_TRUE(Take(*m) == before);
       ASSERT_TRUE(m->CheckInvariants().ok()) << m->CheckInvariants().ToString();
     }
-    // A smaller step that fits still runs: the scheduler's retry.
+    // Room for a new sequence's first page but not for a long step of a: the
+    // step fails after c's reservation succeeded, which must be returned too.
     m->ReleaseSequence(b);
-    EXPECT_TRUE(RunStep(*m, {{a, 1}}, rng).ok());
+    const SeqId c = m->AddSequence();
+    const Snapshot with_room = Take(*m);
+    EXPECT_EQ(RunStep(*m, {{c, 1}, {a, 60}}, rng).code(), StatusCode::kResourceExhausted);
+    EXPECT_TRUE(Take(*m) == with_room);
+    // A smaller step that fits still runs: the scheduler's retry.
+    EXPECT_TRUE(RunStep(*m, {{c, 1}, {a, 1}}, rng).ok());
     EXPECT_TRUE(m->CheckInvariants().ok()) << m->CheckInvariants().ToString();
   }
 }
