@@ -88,7 +88,13 @@ Result<SpeedBenchResult> RunSpeedBench(engine::Engine* rt, const SpeedBenchOptio
   }
   const model::Model& m = rt->model();
   const model::ModelConfig& c = m.config();
-  const int max_depth = o.depths.empty() ? 0 : *std::max_element(o.depths.begin(), o.depths.end());
+  int max_depth = o.depths.empty() ? 0 : *std::max_element(o.depths.begin(), o.depths.end());
+  if (!o.seqs.empty()) {
+    for (int d : o.seq_depths) max_depth = std::max(max_depth, d);
+    for (int n : o.seqs) {
+      if (n < 1) return InvalidArgument("--seqs: sequence counts must be positive");
+    }
+  }
   if (max_depth + o.gen_tokens + 1 > rt->n_ctx() || o.prompt_tokens > rt->n_ctx()) {
     return InvalidArgument("the context (" + std::to_string(rt->n_ctx()) + ") is too small for depth " +
                            std::to_string(max_depth) + " + " + std::to_string(o.gen_tokens) +
@@ -146,7 +152,42 @@ Result<SpeedBenchResult> RunSpeedBench(engine::Engine* rt, const SpeedBenchOptio
     d.bytes_per_token = r.decode_weight_bytes + d.kv_bytes;
     r.depths.push_back(d);
   }
-  session->Reset();
+  session.reset();
+
+  // Batched decode: N sessions, one token each per step.
+  std::vector<double> batch_rss;
+  for (int n_seqs : o.seqs) {
+    for (int depth : o.seq_depths) {
+      BatchDecodeResult b;
+      b.seqs = n_seqs;
+      b.depth = depth;
+      std::vector<double> per_step;
+      for (int rep = 0; rep < o.reps; ++rep) {
+        std::vector<std::unique_ptr<engine::Session>> ss;
+        for (int i = 0; i < n_seqs; ++i) {
+          KVX_ASSIGN_OR_RETURN(auto s, rt->NewSession());
+          KVX_RETURN_IF_ERROR(s->AppendSyntheticKV(depth, o.seed + rep * 1000 + i));
+          ss.push_back(std::move(s));
+        }
+        std::vector<std::vector<int32_t>> next(n_seqs, std::vector<int32_t>(1));
+        std::vector<std::vector<float>> logits(n_seqs);
+        std::vector<engine::StepInput> in(n_seqs);
+        for (int i = 0; i < n_seqs; ++i) next[i][0] = RandomTokens(1, c.n_vocab, &rng)[0];
+        for (int step = 0; step < o.gen_tokens; ++step) {
+          for (int i = 0; i < n_seqs; ++i) in[i] = {ss[i].get(), next[i], -1, &logits[i]};
+          const double t0 = Now();
+          KVX_RETURN_IF_ERROR(rt->Step(in));
+          per_step.push_back(Now() - t0);
+          for (int i = 0; i < n_seqs; ++i) next[i][0] = model::ArgMax(logits[i].data(), c.n_vocab);
+        }
+        b.kv_bytes = static_cast<double>(rt->kv_manager().BytesInUse());
+      }
+      b.total_tok_s = n_seqs / Median(per_step);
+      b.per_seq_tok_s = b.total_tok_s / n_seqs;
+      b.bytes_per_step = r.decode_weight_bytes + b.kv_bytes;
+      r.batch.push_back(b);
+    }
+  }
   // Peak RSS before the probes, whose large arrays are not the model's.
   r.peak_rss_bytes = PeakRssBytes();
   r.bandwidth = MeasureBandwidth(&rt->threads());
@@ -165,6 +206,22 @@ Result<SpeedBenchResult> RunSpeedBench(engine::Engine* rt, const SpeedBenchOptio
   r.prefill_bound_gops = bound_s > 0 ? ops.Total() / bound_s / 1e9 : 0;
   r.prefill_pct_of_bound = bound_s > 0 ? 100.0 * r.prefill_gflops / r.prefill_bound_gops : 0;
   r.prefill_pct_of_peak = plan.matmul_peak_gops > 0 ? 100.0 * r.prefill_gflops / plan.matmul_peak_gops : 0;
+  for (BatchDecodeResult& b : r.batch) {
+    const double read_gbps =
+        std::max(r.bandwidth.read_gbps, MeasureStreamReadGbps(&rt->threads(), static_cast<size_t>(b.bytes_per_step)));
+    b.memory_bound_tok_s = b.seqs * read_gbps * 1e9 / b.bytes_per_step;
+    // Per token: the layer matmuls and the output head at the matmul peak,
+    // attention (q.K and p.V over `depth` entries, every head and layer,
+    // a multiply-add counting 2) at the FMA peak.
+    const double matmul_ops = m.MatmulFlopsPerToken() + 2.0 * c.n_embd * c.n_vocab;
+    const double attention_ops = 4.0 * c.n_layers * c.n_heads * c.head_dim * (b.depth + 1);
+    const double step_s = b.seqs * (matmul_ops / (plan.matmul_peak_gops * 1e9) +
+                                    attention_ops / (std::max(plan.fma_peak_gflops, 1e-9) * 1e9));
+    b.compute_bound_tok_s = step_s > 0 ? b.seqs / step_s : 0;
+    b.bound_tok_s = std::min(b.memory_bound_tok_s, b.compute_bound_tok_s);
+    b.bound_kind = b.memory_bound_tok_s <= b.compute_bound_tok_s ? "memory" : "compute";
+    b.pct_of_bound = b.bound_tok_s > 0 ? 100.0 * b.total_tok_s / b.bound_tok_s : 0;
+  }
   for (DepthResult& d : r.depths) {
     d.stream_read_gbps = MeasureStreamReadGbps(&rt->threads(), static_cast<size_t>(d.bytes_per_token));
     d.bound_gbps = std::max(d.stream_read_gbps, r.bandwidth.read_gbps);
@@ -208,6 +265,20 @@ nlohmann::json SpeedBenchResult::ToJson() const {
                            {"bound_tok_s", d.bound_tok_s},
                            {"pct_of_bound", d.pct_of_bound}});
   }
+  j["batch"] = nlohmann::json::array();
+  for (const BatchDecodeResult& b : batch) {
+    j["batch"].push_back({{"seqs", b.seqs},
+                          {"depth", b.depth},
+                          {"total_tok_s", b.total_tok_s},
+                          {"per_seq_tok_s", b.per_seq_tok_s},
+                          {"kv_bytes", b.kv_bytes},
+                          {"bytes_per_step", b.bytes_per_step},
+                          {"memory_bound_tok_s", b.memory_bound_tok_s},
+                          {"compute_bound_tok_s", b.compute_bound_tok_s},
+                          {"bound_tok_s", b.bound_tok_s},
+                          {"bound_kind", b.bound_kind},
+                          {"pct_of_bound", b.pct_of_bound}});
+  }
   j["peak_rss_bytes"] = peak_rss_bytes;
   return j;
 }
@@ -242,6 +313,16 @@ std::string SpeedBenchResult::ToTable() const {
                   d.kv_bytes / 1048576.0, d.bytes_per_token / 1048576.0, d.bound_gbps, d.bound_tok_s,
                   d.pct_of_bound);
     s += buf;
+  }
+  if (!batch.empty()) {
+    s += "\n| sequences | depth | total tok/s | per-sequence tok/s | KV MiB | bound tok/s | bound by | % of bound |\n"
+         "|---|---|---|---|---|---|---|---|\n";
+    for (const BatchDecodeResult& b : batch) {
+      std::snprintf(buf, sizeof(buf), "| %d | %d | %.1f | %.1f | %.1f | %.1f | %s | %.1f%% |\n", b.seqs, b.depth,
+                    b.total_tok_s, b.per_seq_tok_s, b.kv_bytes / 1048576.0, b.bound_tok_s, b.bound_kind.c_str(),
+                    b.pct_of_bound);
+      s += buf;
+    }
   }
   std::snprintf(buf, sizeof(buf), "\npeak RSS: %.1f MiB\n", peak_rss_bytes / 1048576.0);
   s += buf;

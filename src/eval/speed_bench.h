@@ -41,6 +41,30 @@ struct SpeedBenchOptions {
   int gen_tokens = 16;      // decoded tokens per repetition and depth
   int reps = 3;             // repetitions; medians are reported
   uint64_t seed = 1;
+  // Batched decode (kvx bench --seqs): N concurrent sessions at each of
+  // seq_depths, one token each per engine step; empty = not measured.
+  std::vector<int> seqs;
+  std::vector<int> seq_depths = {0, 4096};
+};
+
+// Decode of N concurrent sequences at one depth: every step runs one token
+// of each through one batched forward pass (weights read once per step).
+// Bound: a step must read the decode weights once plus every sequence's KV
+// bytes (at the bandwidth bound), and run N tokens' matmul ops at the
+// matmul peak plus their attention ops at the FMA peak; the bound is the
+// slower of the two (roofline), in tokens/s over all sequences.
+struct BatchDecodeResult {
+  int seqs = 0;
+  int depth = 0;
+  double total_tok_s = 0;    // median over steps: seqs / step time
+  double per_seq_tok_s = 0;  // total_tok_s / seqs
+  double kv_bytes = 0;       // measured: pool bytes in use, all sequences
+  double bytes_per_step = 0; // decode weights + kv_bytes
+  double memory_bound_tok_s = 0;
+  double compute_bound_tok_s = 0;
+  double bound_tok_s = 0;    // min of the two
+  std::string bound_kind;    // "memory" or "compute"
+  double pct_of_bound = 0;
 };
 
 struct DepthResult {
@@ -76,13 +100,15 @@ struct SpeedBenchResult {
   double prefill_pct_of_bound = 0;
   double prefill_pct_of_peak = 0;   // against the matmul peak alone
   std::vector<DepthResult> depths;
+  std::vector<BatchDecodeResult> batch;
   double peak_rss_bytes = 0;
 
   nlohmann::json ToJson() const;
   std::string ToTable() const;  // Markdown
 };
 
-// REQUIRES: runtime->n_ctx() >= max(depths) + gen_tokens + 1 and >= prompt_tokens.
+// REQUIRES: runtime->n_ctx() >= max(depths, seq_depths) + gen_tokens + 1 and
+// >= prompt_tokens; the engine's pool sized for max(seqs) sequences.
 Result<SpeedBenchResult> RunSpeedBench(engine::Engine* runtime, const SpeedBenchOptions& options);
 
 // The model and spec half of the plan inputs (machine and deployment fields

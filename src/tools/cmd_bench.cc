@@ -17,11 +17,13 @@ namespace {
 struct BenchFlags {
   engine::EngineOptions runtime;
   std::string depths = "0,1024,4096,8192";
+  std::string seqs;
+  std::string seq_depths = "0,4096";
   std::string json_path;
   eval::SpeedBenchOptions bench;
 };
 
-Result<std::vector<int>> ParseDepths(const std::string& text) {
+Result<std::vector<int>> ParseList(const std::string& text, const std::string& flag) {
   std::vector<int> out;
   std::stringstream ss(text);
   std::string item;
@@ -32,17 +34,28 @@ Result<std::vector<int>> ParseDepths(const std::string& text) {
       if (used != item.size() || v < 0) throw std::invalid_argument(item);
       out.push_back(v);
     } catch (const std::exception&) {
-      return InvalidArgument("--depths: '" + item + "' is not a non-negative integer (example: --depths 0,1024,4096)");
+      return InvalidArgument(flag + ": '" + item + "' is not a non-negative integer (example: " + flag + " 0,1024,4096)");
     }
   }
-  if (out.empty()) return InvalidArgument("--depths is empty (example: --depths 0,1024,4096)");
+  if (out.empty()) return InvalidArgument(flag + " is empty (example: " + flag + " 0,1024,4096)");
   return out;
 }
 
 Status RunBench(BenchFlags flags) {
-  KVX_ASSIGN_OR_RETURN(flags.bench.depths, ParseDepths(flags.depths));
+  KVX_ASSIGN_OR_RETURN(flags.bench.depths, ParseList(flags.depths, "--depths"));
   int max_depth = 0;
   for (int d : flags.bench.depths) max_depth = std::max(max_depth, d);
+  if (!flags.seqs.empty()) {
+    KVX_ASSIGN_OR_RETURN(flags.bench.seqs, ParseList(flags.seqs, "--seqs"));
+    KVX_ASSIGN_OR_RETURN(flags.bench.seq_depths, ParseList(flags.seq_depths, "--seq-depths"));
+    int most = 0;
+    for (int n : flags.bench.seqs) {
+      if (n < 1 || n > 1024) return InvalidArgument("--seqs: counts must be in 1..1024 (got " + std::to_string(n) + ")");
+      most = std::max(most, n);
+    }
+    for (int d : flags.bench.seq_depths) max_depth = std::max(max_depth, d);
+    flags.runtime.n_seqs = most;  // the pool holds the largest batch at its deepest
+  }
   if (flags.runtime.n_ctx == 0) {
     flags.runtime.n_ctx = std::max(max_depth + flags.bench.gen_tokens + 1, flags.bench.prompt_tokens);
   }
@@ -69,6 +82,8 @@ void RegisterBench(CLI::App& app, int* exit_code) {
   cmd->add_option("-t,--threads", flags->runtime.n_threads, "Threads (0: all cores)")->capture_default_str();
   cmd->add_option("--depths", flags->depths, "Context depths for decode, comma-separated")->capture_default_str();
   cmd->add_option("--kv", flags->runtime.kv_spec, "KV cache spec (see README)");
+  cmd->add_option("--seqs", flags->seqs, "Also decode N concurrent sequences in batched steps, e.g. 1,2,4,8,16,32");
+  cmd->add_option("--seq-depths", flags->seq_depths, "Context depths for --seqs")->capture_default_str();
   cmd->add_option("-p,--prompt-tokens", flags->bench.prompt_tokens, "Prefill batch size")->capture_default_str();
   cmd->add_option("-n,--gen-tokens", flags->bench.gen_tokens, "Decoded tokens per depth and repetition")
       ->capture_default_str();

@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""Batched decode throughput: `kvx bench --seqs` beside llama.cpp's `llama-batched-bench`
+on the same GGUF, in the same run. Writes the raw outputs to docs/results/batched/ and
+renders the table into docs/benchmarks.md and README.md (between <!-- batched:begin -->
+and <!-- batched:end -->).
+
+Usage:
+  scripts/batched_report.py --model GGUF [--threads 2] [--llama-bin DIR]   measure, save, render
+  scripts/batched_report.py --render                                       render from the saved data
+  scripts/batched_report.py --check                                        fail if the documents differ
+                                                                           from what the saved data renders
+  --llama-bin DIR   a llama.cpp build's bin/ folder; kvx never builds or ships llama.cpp.
+"""
+import argparse, json, os, re, subprocess, sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA = os.path.join(ROOT, "docs/results/batched")
+SEQS = "1,2,4,8,16,32"
+DEPTHS = [0, 4096]
+GEN = 16
+
+
+def run(cmd):
+    print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit("command failed: %s\n%s%s" % (" ".join(cmd), r.stdout, r.stderr))
+    return r.stdout
+
+
+def measure(args):
+    os.makedirs(DATA, exist_ok=True)
+    kvx = os.path.join(ROOT, "build/kvx")
+    out = os.path.join(DATA, "kvx.json")
+    run([kvx, "bench", "-m", args.model, "-t", str(args.threads), "--kv", "codec=f16", "--depths", "0",
+         "--seqs", SEQS, "--seq-depths", ",".join(map(str, DEPTHS)), "-r", "3", "-n", str(GEN), "--json", out])
+    rows = []
+    if args.llama_bin:
+        most = max(int(n) for n in SEQS.split(","))
+        for depth in DEPTHS:
+            # llama-batched-bench decodes after a prompt of npp tokens per sequence (npp >= 1).
+            npp = max(depth, 1)
+            ctx = most * (npp + GEN) + 64
+            text = run([os.path.join(args.llama_bin, "llama-batched-bench"), "-m", args.model, "-t", str(args.threads),
+                        "-c", str(ctx), "-b", "2048", "-ub", "512", "-npp", str(npp), "-ntg", str(GEN), "-npl", SEQS,
+                        "--output-format", "jsonl"])
+            for line in text.splitlines():
+                if line.startswith("{"):
+                    row = json.loads(line)
+                    row["depth"] = depth
+                    rows.append(row)
+    with open(os.path.join(DATA, "llama_batched_bench.json"), "w") as f:
+        json.dump({"model": os.path.basename(args.model), "threads": args.threads, "rows": rows}, f, indent=1)
+        f.write("\n")
+    meta = {"model": os.path.basename(args.model), "threads": args.threads, "kv": "codec=f16", "gen_tokens": GEN}
+    with open(os.path.join(DATA, "meta.json"), "w") as f:
+        json.dump(meta, f, indent=1)
+        f.write("\n")
+
+
+def render():
+    kvx = json.load(open(os.path.join(DATA, "kvx.json")))
+    ll = json.load(open(os.path.join(DATA, "llama_batched_bench.json")))
+    meta = json.load(open(os.path.join(DATA, "meta.json")))
+    llama = {(r["depth"], r["pl"]): r["speed_tg"] for r in ll["rows"]}
+    single = {d["depth"]: d["tok_s"] for d in kvx["decode"]}
+    md = ["Measured by `scripts/batched_report.py` (raw data in `docs/results/batched/`): %s, %d threads, "
+          "f16 KV on both sides, %d decoded tokens per sequence after a context of `depth` tokens each. kvx: "
+          "`kvx bench --seqs %s --seq-depths %s` (one batched engine step decodes one token of every sequence; "
+          "contexts filled with random K/V); llama.cpp: `llama-batched-bench -npp depth -ntg %d -npl %s` "
+          "(its prompts really prefilled). The bound is a step's roofline: the decode weights once plus every "
+          "sequence's KV bytes at the measured bandwidth, or the tokens' ops at the measured peaks, whichever is "
+          "slower." % (meta["model"], meta["threads"], meta["gen_tokens"], SEQS,
+                       ",".join(map(str, DEPTHS)), meta["gen_tokens"], SEQS), "",
+          "| sequences | depth | kvx total tok/s | kvx per-sequence tok/s | bound tok/s (by) | kvx % of bound | "
+          "llama.cpp total tok/s | kvx / llama.cpp |",
+          "|---|---|---|---|---|---|---|---|"]
+    for b in kvx["batch"]:
+        lt = llama.get((b["depth"], b["seqs"]))
+        md.append("| %d | %d | %.1f | %.1f | %.1f (%s) | %.1f%% | %s | %s |" % (
+            b["seqs"], b["depth"], b["total_tok_s"], b["per_seq_tok_s"], b["bound_tok_s"], b["bound_kind"],
+            b["pct_of_bound"], "%.1f" % lt if lt else "–", "%.2f" % (b["total_tok_s"] / lt) if lt else "–"))
+    if single:
+        md += ["", "The single-sequence path in the same run (`kvx bench --depths 0`, one session, no batching): "
+               "%.1f tok/s at depth 0." % single.get(0, 0)]
+    return "\n".join(md) + "\n"
+
+
+def splice(path, body):
+    text = open(path).read()
+    new, n = re.subn(r"(<!-- batched:begin -->\n).*?(<!-- batched:end -->)",
+                     lambda m: m.group(1) + body + m.group(2), text, flags=re.S)
+    if n != 1:
+        sys.exit("%s has no <!-- batched:begin --> ... <!-- batched:end --> section" % path)
+    return text, new
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--llama-bin", default="")
+    ap.add_argument("--render", action="store_true")
+    ap.add_argument("--check", action="store_true")
+    args = ap.parse_args()
+    if not (args.render or args.check):
+        if not args.model:
+            sys.exit("--model GGUF is required to measure (or --render / --check)")
+        measure(args)
+    body = render()
+    stale = []
+    for doc in ("README.md", "docs/benchmarks.md"):
+        path = os.path.join(ROOT, doc)
+        old, new = splice(path, body)
+        if args.check:
+            if old != new:
+                stale.append(doc)
+        else:
+            open(path, "w").write(new)
+    if stale:
+        sys.exit("stale batched-throughput section in %s: run scripts/batched_report.py --render" % ", ".join(stale))
+
+
+if __name__ == "__main__":
+    main()
