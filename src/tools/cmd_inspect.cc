@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "gguf/gguf_file.h"
+#include "kv/kv_manager.h"
 #include "kv/kv_spec.h"
 #include "kv/sequence_kv.h"
 #include "model/config.h"
@@ -80,13 +81,13 @@ Status Inspect(const InspectFlags& flags) {
   const size_t f16 = kv::BytesPerToken(layout, kv::CodecConfig(kv::CodecId::kF16));
   for (const std::string& spec_text : specs) {
     KVX_ASSIGN_OR_RETURN(kv::KVSpec spec, kv::ParseKVSpec(spec_text));
-    kv::KVLayout l = layout;
-    l.page_tokens = spec.page_tokens;
-    const Status valid = kv::ValidateKVSpec(spec, layout);
-    if (!valid.ok()) {
-      std::printf("  %-42s n/a: %s\n", spec_text.c_str(), valid.message().c_str());
+    // The same resolution and checks as every command that runs the spec.
+    const auto resolved = kv::ResolveKVSpec(spec, layout, std::max(ctx, 1), 1);
+    if (!resolved.ok()) {
+      std::printf("  %-42s n/a: %s\n", spec_text.c_str(), resolved.status().message().c_str());
       continue;
     }
+    const kv::KVLayout& l = resolved->layout;
     const size_t per_token = kv::BytesPerToken(l, spec.codec);
     std::printf("  %-42s %12zu %7.2fx %14.2f\n", spec_text.c_str(), per_token, static_cast<double>(f16) / per_token,
                 kv::BytesForContext(l, spec.codec, ctx) / (1024.0 * 1024.0));

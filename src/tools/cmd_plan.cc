@@ -9,6 +9,7 @@
 #include "eval/plan.h"
 #include "eval/roofline.h"
 #include "eval/speed_bench.h"
+#include "kv/kv_manager.h"
 #include "kv/kv_spec.h"
 #include "kv/sequence_kv.h"
 #include "model/synthetic_model.h"
@@ -78,8 +79,10 @@ Status RunPlan(const PlanFlags& flags) {
     layout.n_layers = s.n_layers;
     layout.n_kv_heads = s.n_kv_heads;
     layout.head_dim = in.head_dim;
-    layout.page_tokens = spec.page_tokens;
-    in.kv_bytes_per_token = static_cast<double>(kv::BytesPerToken(layout, spec.codec));
+    // The same resolution and checks as every command that runs the spec.
+    KVX_ASSIGN_OR_RETURN(kv::ResolvedKVSpec resolved,
+                         kv::ResolveKVSpec(spec, layout, static_cast<int>(std::min<long>(flags.ctx, 1 << 30)), 1));
+    in.kv_bytes_per_token = static_cast<double>(kv::BytesPerToken(resolved.layout, spec.codec));
     in.kv_spec = spec.ToString();
   }
   ThreadPool own_pool(flags.threads);
