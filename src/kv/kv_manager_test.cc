@@ -228,7 +228,8 @@ std::vector<std::pair<int32_t, std::vector<float>>> LiveEntries(const SequenceKV
 
 TEST(KVManagerTest, RemovedEntriesVanishFromAttentionAndEmptyPagesReturn) {
   for (const std::string spec : {"codec=f32,page=8", "codec=f16,page=8", "codec=kivi4,page=8,residual=8",
-                                 "codec=int4,page=8,sinks=8", "codec=f32,page=8,prerope=1"}) {
+                                 "codec=int4,page=8,sinks=8", "codec=f32,page=8,prerope=1",
+                                 "codec=int8,page=8,rotate=hadamard"}) {
     SCOPED_TRACE(spec);
     auto m = MakeManager(spec);
     std::mt19937 rng(5);
@@ -359,7 +360,9 @@ TEST(KVManagerTest, RandomizedOperationsKeepInvariants) {
       } else if (what == 9) {
         const SeqId id = live[rng() % live.size()];
         Status s = m->kv(id).Compact(static_cast<int>(rng() % 3), static_cast<int>(rng() % 2));
-        if (!s.ok()) ASSERT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
+        if (!s.ok()) {
+          ASSERT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
+        }
       } else if (what == 10) {
         const size_t i = rng() % live.size();
         m->ReleaseSequence(live[i]);
