@@ -35,6 +35,9 @@ Result<ResolvedKVSpec> ResolveKVSpec(const KVSpec& spec, const KVLayout& model_l
                            " tokens; lower -c");
   }
   if (n_seqs < 1) return InvalidArgument("sequence count must be at least 1");
+  for (const PolicySpec& p : spec.policies) {  // an unknown policy or parameter is an error here, on every path
+    KVX_RETURN_IF_ERROR(PolicyRegistry::Global().Create(p.name, p.params).status());
+  }
   r.n_ctx = n_ctx;
   r.n_seqs = n_seqs;
   r.layers = ResolveLayers(r.layout, spec.codec);
@@ -59,6 +62,10 @@ Result<std::unique_ptr<KVManager>> KVManager::Create(ResolvedKVSpec spec, const 
   o.page_bytes = PageBytes(m->spec_.layout, m->spec_.spec.codec);
   o.extent_bytes = ExtentBytesFor(m->spec_.layout, o.budget_bytes, m->spec_.n_seqs);
   KVX_ASSIGN_OR_RETURN(m->pool_, BlockPool::Create(o));
+  for (const PolicySpec& p : m->spec_.spec.policies) {
+    KVX_ASSIGN_OR_RETURN(auto policy, PolicyRegistry::Global().Create(p.name, p.params));
+    m->AddPolicy(std::move(policy));
+  }
   return m;
 }
 

@@ -150,6 +150,10 @@ std::string KVSpec::ToString() const {
   std::string s = c.substr(0, comma) + ",page=" + std::to_string(page_tokens);
   if (comma != std::string::npos) s += c.substr(comma);
   if (budget_bytes != 0) s += ",budget=" + FormatBytes(budget_bytes);
+  for (const PolicySpec& p : policies) {
+    s += ";policy=" + p.name;
+    for (const auto& [k, v] : p.params) s += "," + k + "=" + v;
+  }
   return s;
 }
 
@@ -159,7 +163,31 @@ Result<KVSpec> ParseKVSpec(std::string_view text) {
   std::set<std::string> seen;
   std::string quant_key;  // first key that needs a quantized codec
   for (std::string_view group : Split(text, ';')) {
-    for (std::string_view raw_item : Split(group, ',')) {
+    // A policy group: policy=NAME first, then the policy's own key=value items.
+    const std::vector<std::string_view> items = Split(group, ',');
+    const std::string_view first = Trim(items[0]);
+    if (first.substr(0, 6) == "policy" && first.find('=') != std::string_view::npos &&
+        Trim(first.substr(0, first.find('='))) == "policy") {
+      PolicySpec p;
+      p.name = Lower(Trim(first.substr(first.find('=') + 1)));
+      if (p.name.empty()) return BadValue(first, "missing policy name");
+      for (size_t i = 1; i < items.size(); ++i) {
+        const std::string_view item = Trim(items[i]);
+        if (item.empty()) continue;
+        const size_t eq = item.find('=');
+        if (eq == std::string_view::npos || Trim(item.substr(eq + 1)).empty()) {
+          return InvalidArgument("bad --kv item '" + std::string(item) + "' in the policy group of '" + p.name +
+                                 "': expected key=value");
+        }
+        const std::string key = Lower(Trim(item.substr(0, eq)));
+        if (!p.params.emplace(key, std::string(Trim(item.substr(eq + 1)))).second) {
+          return InvalidArgument("duplicate key '" + key + "' in the policy group of '" + p.name + "'");
+        }
+      }
+      spec.policies.push_back(std::move(p));
+      continue;
+    }
+    for (std::string_view raw_item : items) {
       const std::string_view item = Trim(raw_item);
       if (item.empty()) continue;
       const size_t eq = item.find('=');
@@ -173,6 +201,10 @@ Result<KVSpec> ParseKVSpec(std::string_view text) {
       const bool layer_key = key.substr(0, 5) == "bits.";
       static const std::set<std::string_view> kKeys = {"codec", "page",  "budget",   "bits",   "group",  "sym",    "clip",
                                                        "residual", "sinks", "outliers", "rotate", "prerope"};
+      if (key == "policy") {
+        return InvalidArgument("--kv item '" + std::string(item) + "': policy= opens a group of its own; separate it "
+                               "with ';', e.g. codec=f16;policy=streamingllm,window=1020");
+      }
       if (!layer_key && kKeys.count(key) == 0) {
         return InvalidArgument("unknown --kv key '" + std::string(key) + "' in '" + std::string(item) +
                                "'; valid keys: " + std::string(kValidKeys));

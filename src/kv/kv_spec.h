@@ -44,16 +44,21 @@
 //                                                                  default none
 //   prerope   0 | 1: cache keys before RoPE, apply it on read (KVQuant)   default 0
 // Example: "codec=kivi2,page=128,group=64,residual=32;budget=256M".
-// Later issues add a policy group "policy=snapkv,budget=1024,window=32":
-// inside a group opened by policy=, keys belong to the policy (so budget=
-// there means tokens per head), which is why groups exist.
+// Policy groups: a group opened by policy=NAME (its first item) configures
+// an eviction/merging policy (kv/policy/): its other keys belong to the
+// policy (so budget= there means tokens per head, not pool bytes), which is
+// why groups exist; e.g. "codec=f16;policy=streamingllm,sinks=4,window=1020".
+// Several policy groups apply in order.
 //
 // Thread-safety: value type; ParseKVSpec is a pure function.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "kv/codec/codec_config.h"
 #include "kv/codec/codec_id.h"
@@ -61,10 +66,19 @@
 
 namespace kvx::kv {
 
+// A policy group: "policy=NAME,key=value,...". The keys are the policy's
+// own (kv/policy/), checked by the policy when it is created.
+struct PolicySpec {
+  std::string name;
+  std::map<std::string, std::string, std::less<>> params;
+  bool operator==(const PolicySpec&) const = default;
+};
+
 struct KVSpec {
   CodecConfig codec;          // codec= and its companions (bits, group, residual, ...)
   int page_tokens = 16;
   uint64_t budget_bytes = 0;  // 0 = size from context
+  std::vector<PolicySpec> policies;  // policy groups, applied in order after every step
 
   // Canonical form, e.g. "codec=f16,page=16", "codec=f32,page=32,budget=256MiB",
   // "codec=kivi2,page=128,group=64,residual=32".

@@ -163,3 +163,26 @@ TEST(KVSpecTest, Errors) {
 
 }  // namespace
 }  // namespace kvx::kv
+
+namespace kvx::kv {
+namespace {
+
+TEST(KVSpecPolicyTest, PolicyGroupsKeepTheirOwnKeys) {
+  auto s = ParseKVSpec("codec=int8,budget=64M; policy=StreamingLLM, sinks=4, window=1020 ;policy=other,budget=512");
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_EQ(s->policies.size(), 2u);
+  EXPECT_EQ(s->policies[0].name, "streamingllm");
+  EXPECT_EQ(s->policies[0].params.at("window"), "1020");
+  EXPECT_EQ(s->policies[1].params.at("budget"), "512");  // the policy's budget, not the pool's
+  EXPECT_EQ(s->budget_bytes, 64u << 20);
+  auto again = ParseKVSpec(s->ToString());
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(*again, *s);
+  EXPECT_FALSE(ParseKVSpec("codec=f16,policy=streamingllm").ok());  // policy= must open its own group
+  EXPECT_FALSE(ParseKVSpec("policy=").ok());
+  EXPECT_FALSE(ParseKVSpec("policy=x,window").ok());
+  EXPECT_FALSE(ParseKVSpec("policy=x,a=1,a=2").ok());
+}
+
+}  // namespace
+}  // namespace kvx::kv

@@ -1,9 +1,17 @@
 #include "kv/policy/policy.h"
 
+#include "kv/policy/streaming_llm.h"
+
 namespace kvx::kv {
 
+// The built-in policies, registered on first use (a static registrar in a
+// static library's object file would be dropped by the linker).
 PolicyRegistry& PolicyRegistry::Global() {
-  static PolicyRegistry* registry = new PolicyRegistry();
+  static PolicyRegistry* registry = [] {
+    auto* r = new PolicyRegistry();
+    r->Register("streamingllm", StreamingLLMPolicy::Create);
+    return r;
+  }();
   return *registry;
 }
 
