@@ -120,15 +120,20 @@ int64_t SequenceKV::PagesInUse() const {
   return n;
 }
 
-std::unique_ptr<SequenceKV> SequenceKV::Fork() const {
+std::unique_ptr<SequenceKV> SequenceKV::EmptyCopy() const {
   auto copy = std::make_unique<SequenceKV>(pool_, layout_, codec_);
-  copy->tables_ = tables_;
   copy->size_class_ = size_class_;
   copy->rope_ = rope_;
   copy->rope_set_ = rope_set_;
   copy->max_pos_ = max_pos_;
   copy->rope_positions_ = rope_positions_;
   copy->rope_table_ = rope_table_;
+  return copy;
+}
+
+std::unique_ptr<SequenceKV> SequenceKV::Fork() const {
+  auto copy = EmptyCopy();
+  copy->tables_ = tables_;
   for (const PageTable& t : tables_) {
     for (PageId id : t.pages()) pool_->Ref(id);
   }
@@ -623,13 +628,7 @@ Result<std::unique_ptr<SequenceKV>> SequenceKV::ForkPrefix(int n_slots) const {
                              std::to_string(t.length()));
     }
   }
-  auto copy = std::make_unique<SequenceKV>(pool_, layout_, codec_);
-  copy->size_class_ = size_class_;
-  copy->rope_ = rope_;
-  copy->rope_set_ = rope_set_;
-  copy->max_pos_ = max_pos_;
-  copy->rope_positions_ = rope_positions_;
-  copy->rope_table_ = rope_table_;
+  auto copy = EmptyCopy();
   const int T = layout_.page_tokens;
   for (int l = 0; l < layout_.n_layers; ++l) {
     const LayerCodec& lc = layers_[l];

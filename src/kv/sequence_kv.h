@@ -190,6 +190,8 @@ class SequenceKV {
   PageTable& mutable_table(int layer, int kv_head) {
     return tables_[static_cast<size_t>(layer) * layout_.n_kv_heads + kv_head];
   }
+  // A sequence with no pages and this one's codec state (size classes, RoPE table).
+  std::unique_ptr<SequenceKV> EmptyCopy() const;
   // Registers the pool size classes of every layer's page formats.
   Status EnsureSizeClasses();
   int SizeClass(int layer, bool full) const { return size_class_[2 * static_cast<size_t>(layer) + (full ? 1 : 0)]; }
