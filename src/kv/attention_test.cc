@@ -123,7 +123,11 @@ TEST(AttentionTest2, F16CacheIsCloseToF32Cache) {
     Attention(kv, 0, q.data(), &qp, 1, 1, 0.125f, codec == CodecId::kF32 ? out32.data() : out16.data(), nullptr);
     EXPECT_INVARIANTS(*bp);
   }
-  for (int c = 0; c < 64; ++c) EXPECT_NEAR(out16[c], out32[c], 2e-3);
+  // Outputs are at most ~0.26 here; f16 keys and values carry 4.9e-4
+  // relative rounding, which moves them by ~1e-4 (measured worst 6.2e-5).
+  // Bound 2e-4 (was 2e-3: attending to one entry too few, ~3e-3 of a value
+  // averaged over 300, came close to passing).
+  for (int c = 0; c < 64; ++c) EXPECT_NEAR(out16[c], out32[c], 2e-4);
 }
 
 class NullObserver : public AttentionObserver {

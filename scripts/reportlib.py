@@ -1,0 +1,76 @@
+"""Shared by the report scripts (golden_perplexity.py, kv_quant_report.py, bench_report.py).
+
+Each report script measures into raw JSON committed under docs/results/ and renders its
+documents from that JSON alone, so a document can always be rebuilt from the data beside
+it. `Output` collects what a render writes; with --check nothing is written and every
+difference from the committed files is printed instead (the render-only ctest).
+"""
+import difflib, os, re, statistics, sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Output:
+    """Files a render produces: written, or in check mode compared with the committed ones."""
+
+    def __init__(self, check):
+        self.check = check
+        self.stale = []
+
+    def write(self, rel_path, text):
+        path = os.path.join(ROOT, rel_path)
+        if not self.check:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                f.write(text)
+            return
+        old = open(path).read() if os.path.exists(path) else ""
+        if old != text:
+            self.stale.append(rel_path)
+            sys.stdout.writelines(difflib.unified_diff(old.splitlines(True), text.splitlines(True),
+                                                       "committed/" + rel_path, "rendered/" + rel_path, n=1))
+
+    def readme_block(self, name, body):
+        """Replaces README.md's text between <!-- NAME:begin --> and <!-- NAME:end -->."""
+        path = os.path.join(ROOT, "README.md")
+        readme = open(path).read()
+        begin, end = "<!-- %s:begin -->" % name, "<!-- %s:end -->" % name
+        if begin not in readme or end not in readme:
+            sys.exit("README.md has no %s ... %s markers" % (begin, end))
+        head, rest = readme.split(begin, 1)
+        _, tail = rest.split(end, 1)
+        self.write("README.md", head + begin + "\n" + body.rstrip("\n") + "\n" + end + tail)
+
+    def finish(self, what):
+        if not self.check:
+            return
+        if self.stale:
+            sys.exit("%s: %s differ from what the script renders from the committed data (above); "
+                     "rerun the script (render-only mode) and commit the result" % (what, ", ".join(self.stale)))
+        print("%s: committed documents match the committed data" % what)
+
+
+def rel(path):
+    """A path as the documents show it: ../shared/... for the shared folder, relative to the repository
+    for files of a kvx checkout (whichever checkout recorded it), else unchanged."""
+    path = os.path.normpath(path)
+    m = re.match(r"^/.*?/shared/((models|golden|data)/.*)$", path)
+    if m:
+        return "../shared/" + m.group(1)
+    if path.startswith(ROOT + "/"):
+        return path[len(ROOT) + 1:]
+    m = re.match(r"^/.*?/((build|docs|scripts|tests)/.*)$", path)
+    if m and not path.startswith("/tmp/"):
+        return m.group(1)
+    return path
+
+
+def spread(values, fmt="%.1f"):
+    """'median (min–max, n runs)' of repeated measurements."""
+    return "%s (%s–%s, %d runs)" % (fmt % statistics.median(values), fmt % min(values), fmt % max(values),
+                                     len(values))
+
+
+def sub_command_paths(cmd):
+    """A recorded command line with machine-specific paths made relative (build/kvx, ../shared/...)."""
+    return " ".join(rel(t) if t.startswith("/") else t for t in cmd.split(" "))
