@@ -140,6 +140,11 @@ TEST(EvalTest, SelfSpecGivesZeroKldAndPplMatchesPerplexity) {
   EXPECT_EQ(f16.ppl->ppl, ppl->ppl);
   EXPECT_EQ(f16.ppl->ppl_stderr, ppl->ppl_stderr);
   EXPECT_EQ(f16.ppl->n_scored, ppl->n_scored);
+  // Zero chunks is an error, never PPL = 0/0 = -nan.
+  po.max_chunks = 0;
+  auto none = eval::Perplexity(session->get(), *tokens, po);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("--chunks"), std::string::npos) << none.status().message();
 
   // KV bytes: measured from the pools.
   EXPECT_GT(base.ppl->kv.peak_bytes, f16.ppl->kv.peak_bytes);

@@ -32,7 +32,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/runtime.h"
+#include "engine/session.h"
 #include "eval/perplexity.h"
 #include "support/golden.h"
 #include "support/test_data.h"
@@ -188,13 +188,13 @@ TEST_P(GoldenPerplexityTest, RunningPerplexityMatchesLlamaCpp) {
   const std::vector<double> golden = GoldenRunningPpl(c);
   ASSERT_GE(static_cast<int>(golden.size()), c.chunks) << c.name << ": golden has too few chunks";
 
-  engine::RuntimeOptions o;
+  engine::EngineOptions o;
   o.model_path = SharedPath(c.model);
   o.kv_spec = c.kv;
   o.n_ctx = c.ctx;
   o.n_batch = c.ctx;
   o.n_threads = 2;
-  auto rt = engine::Runtime::Create(o);
+  auto rt = engine::Engine::Load(o);
   ASSERT_TRUE(rt.ok()) << rt.status().ToString();
   auto text = ReadFileToString(SharedPath(std::string("golden/") + c.text + ".txt"));
   ASSERT_TRUE(text.ok());

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "engine/generate.h"
-#include "engine/runtime.h"
+#include "engine/session.h"
 #include "support/golden.h"
 #include "support/test_data.h"
 
@@ -40,13 +40,13 @@ constexpr double kTorchLogitTol = 1.5e-4;
 // softmax weights to f16, kvx keeps them in f32). Bound 0.01.
 constexpr double kServerLogprobTol = 0.01;
 
-std::unique_ptr<engine::Runtime> LoadRecall(const std::string& kv) {
-  engine::RuntimeOptions o;
+std::unique_ptr<engine::Engine> LoadRecall(const std::string& kv) {
+  engine::EngineOptions o;
   o.model_path = SharedPath(kRecall);
   o.kv_spec = kv;
   o.n_ctx = 4096;
   o.n_threads = 2;
-  auto rt = engine::Runtime::Create(o);
+  auto rt = engine::Engine::Load(o);
   EXPECT_TRUE(rt.ok()) << rt.status().ToString();
   return rt.ok() ? std::move(rt).value() : nullptr;
 }

@@ -24,6 +24,8 @@ Result<PerplexityResult> Perplexity(engine::Session* session, const std::vector<
   const int32_t bos = m.tokenizer().bos();
   int n_chunks = n_tokens / n_ctx;
   if (options.max_chunks >= 0) n_chunks = std::min(n_chunks, options.max_chunks);
+  // Zero chunks would divide 0 by 0 scored tokens and report PPL = -nan.
+  if (n_chunks < 1) return InvalidArgument("no chunk to score: the chunk limit (--chunks) must be -1 (all) or >= 1");
   const int first = n_ctx / 2;
 
   PerplexityResult r;

@@ -7,6 +7,8 @@
 #include <limits>
 #include <utility>
 
+#include "util/printable.h"
+
 namespace kvx::gguf {
 
 static_assert(std::endian::native == std::endian::little,
@@ -185,7 +187,10 @@ bool IsIntegerType(ValueType t) {
   }
 }
 
-std::string Quote(std::string_view s) { return "'" + std::string(s) + "'"; }
+// A path in a message (printable; long paths are rare but legitimate).
+std::string QuotePath(std::string_view s) { return QuotePrintable(s, 4096); }
+// A key or tensor name from the file, quoted for a message (printable, capped).
+std::string Quote(std::string_view s) { return QuotePrintable(s); }
 
 // Integer value of `v` as uint64 (false if negative or not an integer).
 bool AsUint(const Value& v, uint64_t* out) {
@@ -255,7 +260,7 @@ Result<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path) {
   std::unique_ptr<GgufFile> f(new GgufFile());
   f->name_ = path;
   const Status st = f->ParseAll(mapped->data(), mapped->size());
-  if (!st.ok()) return st.WithContext("'" + path + "'");
+  if (!st.ok()) return st.WithContext(QuotePath(path));
   f->file_ = std::move(mapped);
   return f;
 }
@@ -265,7 +270,7 @@ Result<std::unique_ptr<GgufFile>> GgufFile::Parse(const uint8_t* data, size_t si
   std::unique_ptr<GgufFile> f(new GgufFile());
   f->name_ = name;
   const Status st = f->ParseAll(data, size);
-  if (!st.ok()) return st.WithContext("'" + name + "'");
+  if (!st.ok()) return st.WithContext(QuotePath(name));
   return f;
 }
 
@@ -488,11 +493,11 @@ const TensorInfo* GgufFile::FindTensor(std::string_view name) const {
 namespace {
 
 Status MissingKey(const std::string& file, std::string_view key) {
-  return NotFound("'" + file + "': metadata key " + Quote(key) + " is missing");
+  return NotFound(QuotePath(file) + ": metadata key " + Quote(key) + " is missing");
 }
 Status WrongType(const std::string& file, std::string_view key, const Value& v,
                  const char* wanted) {
-  return InvalidArgument("'" + file + "': metadata key " + Quote(key) + " has type " +
+  return InvalidArgument(QuotePath(file) + ": metadata key " + Quote(key) + " has type " +
                          TypeDescription(v) + ", expected " + wanted);
 }
 
@@ -504,7 +509,7 @@ Result<uint64_t> GgufFile::GetUint(std::string_view key) const {
   uint64_t out;
   if (!v->IsInteger()) return WrongType(name_, key, *v, "an unsigned integer");
   if (!AsUint(*v, &out)) {
-    return InvalidArgument("'" + name_ + "': metadata key " + Quote(key) + " is negative (" +
+    return InvalidArgument(QuotePath(name_) + ": metadata key " + Quote(key) + " is negative (" +
                            ValueToString(*v) + "), expected an unsigned integer");
   }
   return out;
@@ -516,7 +521,7 @@ Result<int64_t> GgufFile::GetInt(std::string_view key) const {
   int64_t out;
   if (!v->IsInteger()) return WrongType(name_, key, *v, "an integer");
   if (!AsInt(*v, &out)) {
-    return InvalidArgument("'" + name_ + "': metadata key " + Quote(key) + " = " +
+    return InvalidArgument(QuotePath(name_) + ": metadata key " + Quote(key) + " = " +
                            ValueToString(*v) + " does not fit in int64");
   }
   return out;
@@ -591,7 +596,7 @@ Result<std::vector<int64_t>> GgufFile::GetIntArray(std::string_view key) const {
   std::vector<int64_t> out(arr->size());
   for (size_t i = 0; i < arr->size(); ++i) {
     if (!AsInt((*arr)[i], &out[i])) {
-      return InvalidArgument("'" + name_ + "': metadata key " + Quote(key) + " element " +
+      return InvalidArgument(QuotePath(name_) + ": metadata key " + Quote(key) + " element " +
                              Num(i) + " does not fit in int64");
     }
   }
@@ -629,21 +634,15 @@ std::string GgufFile::ValueToString(const Value& v, size_t max_items) {
     return out + "]";
   }
   if (const auto* s = std::get_if<std::string>(&v.data)) {
-    std::string out = "\"";
+    // Quotes and backslashes escaped, then Printable(): a file's string may
+    // hold NULs, terminal escapes or invalid UTF-8 (util/printable.h).
+    std::string escaped;
+    escaped.reserve(s->size());
     for (char ch : *s) {
-      if (ch == '"' || ch == '\\') {
-        out += '\\';
-        out += ch;
-      } else if (static_cast<unsigned char>(ch) < 32) {
-        static const char kHex[] = "0123456789abcdef";
-        out += "\\x";
-        out += kHex[(ch >> 4) & 0xF];
-        out += kHex[ch & 0xF];
-      } else {
-        out += ch;
-      }
+      if (ch == '"' || ch == '\\') escaped += '\\';
+      escaped += ch;
     }
-    return out + "\"";
+    return "\"" + Printable(escaped, std::numeric_limits<size_t>::max()) + "\"";
   }
   if (const auto* b = std::get_if<bool>(&v.data)) return *b ? "true" : "false";
   if (const auto* u = std::get_if<uint64_t>(&v.data)) return Num(*u);

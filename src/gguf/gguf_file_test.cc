@@ -293,7 +293,7 @@ TEST(GgufGetterTest, ValueToStringAbbreviates) {
   EXPECT_EQ(GgufFile::ValueToString(Array(ValueType::kInt32, items), 3),
             "[0, 1, 2, ... (20 items)]");
   EXPECT_EQ(GgufFile::ValueToString(Scalar(ValueType::kString, std::string("a\"\n"))),
-            R"("a\"\x0a")");
+            R"("a\"\x0A")");
   EXPECT_EQ(GgufFile::ValueToString(Scalar(ValueType::kBool, true)), "true");
   EXPECT_EQ(GgufFile::ValueToString(Scalar(ValueType::kFloat32, 0.5)), "0.5");
 }

@@ -8,10 +8,15 @@
 namespace kvx::model {
 
 Status SamplerOptions::Validate() const {
-  if (!std::isfinite(temperature)) return InvalidArgument("--temp must be a finite number");
-  if (!(top_p > 0.0f)) return InvalidArgument("--top-p must be in (0, 1] (1 disables it)");
-  if (min_p < 0.0f || min_p >= 1.0f) return InvalidArgument("--min-p must be in [0, 1)");
-  if (!(repeat_penalty > 0.0f)) return InvalidArgument("--repeat-penalty must be > 0 (1 disables it)");
+  // One range per option, whoever sets it (CLI, eval, later the server): a
+  // value outside it is an error, never silently "off" (top-p 2 used to be).
+  if (!std::isfinite(temperature)) return InvalidArgument("--temp must be a finite number (<= 0: greedy)");
+  if (top_k < 0) return InvalidArgument("--top-k must be >= 0 (0 disables it)");
+  if (!(top_p > 0.0f && top_p <= 1.0f)) return InvalidArgument("--top-p must be in (0, 1] (1 disables it)");
+  if (!(min_p >= 0.0f && min_p <= 1.0f)) return InvalidArgument("--min-p must be in [0, 1] (0 disables it)");
+  if (!(repeat_penalty > 0.0f) || !std::isfinite(repeat_penalty)) {
+    return InvalidArgument("--repeat-penalty must be a finite number > 0 (1 disables it)");
+  }
   if (repeat_last_n < 0) return InvalidArgument("--repeat-last-n must be >= 0");
   return Status::Ok();
 }

@@ -19,14 +19,16 @@ namespace kvx::model {
 
 struct SamplerOptions {
   float temperature = 0.8f;    // <= 0: greedy
-  int top_k = 40;              // <= 0: off
-  float top_p = 0.95f;         // >= 1: off
-  float min_p = 0.05f;         // <= 0: off
+  int top_k = 40;              // 0: off; >= 0
+  float top_p = 0.95f;         // in (0, 1]; 1: off
+  float min_p = 0.05f;         // in [0, 1]; 0: off
   float repeat_penalty = 1.0f; // 1: off. > 1 penalises tokens seen in the last repeat_last_n
   int repeat_last_n = 64;
   uint64_t seed = 0;
 
-  // InvalidArgument naming the bad option.
+  // InvalidArgument naming the bad option and its range: temperature not
+  // finite, top_k < 0, top_p outside (0, 1], min_p outside [0, 1],
+  // repeat_penalty not finite and > 0, repeat_last_n < 0.
   Status Validate() const;
 };
 

@@ -131,6 +131,29 @@ TEST(SamplerTest, ValidateRejectsBadOptions) {
   o = SamplerOptions();
   o.min_p = 1.5f;
   EXPECT_FALSE(o.Validate().ok());
+  // Out of range is an error everywhere, never a silent "off".
+  for (float p : {-1.0f, 0.0f, 1.0001f, 2.0f, NAN, INFINITY}) {
+    o = SamplerOptions();
+    o.top_p = p;
+    EXPECT_FALSE(o.Validate().ok()) << p;
+    o = SamplerOptions();
+    o.min_p = p == 0.0f ? -0.5f : p;
+    EXPECT_FALSE(o.Validate().ok()) << p;
+  }
+  o = SamplerOptions();
+  o.top_k = -1;
+  EXPECT_FALSE(o.Validate().ok());
+  o = SamplerOptions();
+  o.repeat_penalty = INFINITY;
+  EXPECT_FALSE(o.Validate().ok());
+  o = SamplerOptions();
+  o.temperature = NAN;
+  EXPECT_FALSE(o.Validate().ok());
+  o = SamplerOptions();
+  o.top_p = 1.0f;
+  o.min_p = 1.0f;
+  o.top_k = 0;
+  EXPECT_TRUE(o.Validate().ok());
   EXPECT_TRUE(SamplerOptions().Validate().ok());
 }
 

@@ -11,6 +11,7 @@
 
 #include "gguf/gguf_file.h"
 #include "model/tokenizer_internal.h"
+#include "util/printable.h"
 
 namespace kvx::model {
 namespace {
@@ -120,8 +121,8 @@ Result<std::unique_ptr<TokenizerImpl>> BuildTokenizerImpl(TokenizerVocab vocab) 
     v->ignore_merges = pre_info.ignore_merges;
     v->add_bos = pre_info.default_add_bos;
   } else {
-    return Unimplemented("tokenizer model '" + vocab.model +
-                         "' (tokenizer.ggml.model) is not supported; supported: llama (SentencePiece), "
+    return Unimplemented("tokenizer model " + QuotePrintable(vocab.model) +
+                         " (tokenizer.ggml.model) is not supported; supported: llama (SentencePiece), "
                          "gpt2 (byte-level BPE)");
   }
   if (vocab.add_space_prefix) v->add_space_prefix = *vocab.add_space_prefix;
@@ -278,7 +279,7 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::FromVocab(TokenizerVocab vocab) {
 Result<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const gguf::GgufFile& f) {
   TokenizerVocab vocab;
   if (!f.Has("tokenizer.ggml.model")) {
-    return NotFound("'" + f.name() + "' has no tokenizer (tokenizer.ggml.model is missing)");
+    return NotFound(QuotePrintable(f.name(), 4096) + " has no tokenizer (tokenizer.ggml.model is missing)");
   }
   KVX_ASSIGN_OR_RETURN(vocab.model, f.GetString("tokenizer.ggml.model"));
   KVX_ASSIGN_OR_RETURN(vocab.pre, f.GetStringOr("tokenizer.ggml.pre", ""));
@@ -326,7 +327,7 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const gguf::GgufFile& f) 
     *dst = b;
   }
   auto tok = FromVocab(std::move(vocab));
-  if (!tok.ok()) return tok.status().WithContext("'" + f.name() + "'");
+  if (!tok.ok()) return tok.status().WithContext(QuotePrintable(f.name(), 4096));
   return tok;
 }
 

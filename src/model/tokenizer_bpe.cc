@@ -21,6 +21,7 @@
 
 #include "model/tokenizer_internal.h"
 #include "util/check.h"
+#include "util/printable.h"
 
 namespace kvx::model {
 namespace {
@@ -81,8 +82,8 @@ Result<BpePreInfo> NormalizeBpePre(const std::string& pre) {
       names = sp == std::string_view::npos ? std::string_view() : names.substr(sp + 1);
     }
   }
-  return Unimplemented("BPE pre-tokenizer '" + pre +
-                       "' (tokenizer.ggml.pre) is not supported; supported: " + all);
+  return Unimplemented("BPE pre-tokenizer " + QuotePrintable(pre) +
+                       " (tokenizer.ggml.pre) is not supported; supported: " + all);
 }
 
 Result<std::unique_ptr<BpePreTokenizer>> BpePreTokenizer::Create(const std::string& regex_set) {

@@ -9,6 +9,8 @@
 #include "engine/session.h"
 #include "eval/speed_bench.h"
 #include "tools/commands.h"
+#include "tools/flags.h"
+#include "util/printable.h"
 
 namespace kvx::tools {
 
@@ -30,11 +32,12 @@ Result<std::vector<int>> ParseList(const std::string& text, const std::string& f
   while (std::getline(ss, item, ',')) {
     try {
       size_t used = 0;
-      const int v = std::stoi(item, &used);
-      if (used != item.size() || v < 0) throw std::invalid_argument(item);
-      out.push_back(v);
+      const long long v = std::stoll(item, &used);
+      if (used != item.size() || v < 0 || v > kMaxContext) throw std::invalid_argument(item);
+      out.push_back(static_cast<int>(v));
     } catch (const std::exception&) {
-      return InvalidArgument(flag + ": '" + item + "' is not a non-negative integer (example: " + flag + " 0,1024,4096)");
+      return InvalidArgument(flag + ": " + QuotePrintable(item, 64) + " is not an integer in 0.." +
+                             std::to_string(kMaxContext) + " (example: " + flag + " 0,1024,4096)");
     }
   }
   if (out.empty()) return InvalidArgument(flag + " is empty (example: " + flag + " 0,1024,4096)");
@@ -79,17 +82,22 @@ void RegisterBench(CLI::App& app, int* exit_code) {
   auto flags = std::make_shared<BenchFlags>();
   CLI::App* cmd = app.add_subcommand("bench", "Prefill/decode speed at several depths against the measured roofline");
   cmd->add_option("-m,--model", flags->runtime.model_path, "GGUF model file")->required();
-  cmd->add_option("-t,--threads", flags->runtime.n_threads, "Threads (0: all cores)")->capture_default_str();
+  cmd->add_option("-t,--threads", flags->runtime.n_threads, "Threads (0: all cores)")->capture_default_str()
+      ->check(Threads());
   cmd->add_option("--depths", flags->depths, "Context depths for decode, comma-separated")->capture_default_str();
   cmd->add_option("--kv", flags->runtime.kv_spec, "KV cache spec (see README)");
   cmd->add_option("--seqs", flags->seqs, "Also decode N concurrent sequences in batched steps, e.g. 1,2,4,8,16,32");
   cmd->add_option("--seq-depths", flags->seq_depths, "Context depths for --seqs")->capture_default_str();
-  cmd->add_option("-p,--prompt-tokens", flags->bench.prompt_tokens, "Prefill batch size")->capture_default_str();
+  cmd->add_option("-p,--prompt-tokens", flags->bench.prompt_tokens, "Prefill batch size")->capture_default_str()
+      ->check(IntIn(1, kMaxBatch));
   cmd->add_option("-n,--gen-tokens", flags->bench.gen_tokens, "Decoded tokens per depth and repetition")
-      ->capture_default_str();
-  cmd->add_option("-r,--reps", flags->bench.reps, "Repetitions (medians are reported)")->capture_default_str();
+      ->capture_default_str()
+      ->check(IntIn(1, kMaxBatch));
+  cmd->add_option("-r,--reps", flags->bench.reps, "Repetitions (medians are reported)")->capture_default_str()
+      ->check(IntIn(1, 1000));
   cmd->add_option("-c,--ctx-size", flags->runtime.n_ctx, "Context (0: just enough for the depths)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(IntIn(0, kMaxContext, "0: just enough for the depths"));
   cmd->add_option("--json", flags->json_path, "Also write the results as JSON");
   cmd->callback([flags, exit_code] { *exit_code = ReportStatus(RunBench(*flags)); });
 }

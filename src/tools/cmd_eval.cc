@@ -12,6 +12,7 @@
 #include "eval/report.h"
 #include "model/model.h"
 #include "tools/commands.h"
+#include "tools/flags.h"
 #include "util/mmap_file.h"
 #include "util/thread_pool.h"
 
@@ -93,29 +94,43 @@ void RegisterEval(CLI::App& app, int* exit_code) {
   cmd->add_option("--data", o.data_dir, "Folder with longeval/ and paul_graham_essays/ (lines, needle)")
       ->capture_default_str();
   cmd->add_option("-c,--ctx-size", o.n_ctx, "Longest sequence of any task (0: the model's trained context)")
-      ->capture_default_str();
-  cmd->add_option("--chunk", o.chunk, "ppl/kld chunk length (0: the context)")->capture_default_str();
-  cmd->add_option("--chunks", o.max_chunks, "ppl/kld: at most this many chunks (-1: all)")->capture_default_str();
-  cmd->add_option("--copy-span", o.copy_span, "copy: span length in tokens")->capture_default_str();
-  cmd->add_option("--copy-skip", o.copy_skip, "copy: leading repeat tokens not scored")->capture_default_str();
+      ->capture_default_str()
+      ->check(IntIn(0, kMaxContext, "0: the model's trained context"));
+  cmd->add_option("--chunk", o.chunk, "ppl/kld chunk length (0: the context)")->capture_default_str()
+      ->check(IntIn(0, kMaxContext, "0: the context"));
+  cmd->add_option("--chunks", o.max_chunks, "ppl/kld: at most this many chunks (-1: all)")->capture_default_str()
+      ->check(AllOrAtLeastOne());
+  cmd->add_option("--copy-span", o.copy_span, "copy: span length in tokens")->capture_default_str()
+      ->check(IntIn(2, kMaxContext));
+  cmd->add_option("--copy-skip", o.copy_skip, "copy: leading repeat tokens not scored")->capture_default_str()
+      ->check(IntIn(1, kMaxContext));
   cmd->add_option("--copy-distances", o.copy_distances,
                   "copy: filler lengths between span and repeat, comma-separated (default: 0, c/32, c/8, c/2, max)")
-      ->delimiter(',');
-  cmd->add_option("--copy-trials", o.copy_trials, "copy: sequences per distance and source")->capture_default_str();
+      ->delimiter(',')
+      ->check(IntIn(0, kMaxContext));
+  cmd->add_option("--copy-trials", o.copy_trials, "copy: sequences per distance and source")->capture_default_str()
+      ->check(IntIn(1, kMaxCount));
   cmd->add_option("--lengths", o.lengths,
                   "passkey/needle: sequence lengths in tokens, comma-separated (default: c/4, c/2, 3c/4, c)")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->check(IntIn(1, kMaxContext));
   cmd->add_option("--depths", o.depths, "passkey/needle: depths in [0,1], comma-separated (default: 0,.25,.5,.75,1)")
-      ->delimiter(',');
-  cmd->add_option("--passkey-trials", o.passkey_trials, "passkey: prompts per cell")->capture_default_str();
+      ->delimiter(',')
+      ->check(NumberIn(0, 1, false, false, "a fraction of the sequence"));
+  cmd->add_option("--passkey-trials", o.passkey_trials, "passkey: prompts per cell")->capture_default_str()
+      ->check(IntIn(1, kMaxCount));
   cmd->add_option("--lines", o.line_counts,
                   "lines: record sizes in lines, comma-separated (default: 2..160, those "
                   "that fit)")
-      ->delimiter(',');
-  cmd->add_option("--lines-trials", o.lines_trials, "lines: cases per record size")->capture_default_str();
+      ->delimiter(',')
+      ->check(IntIn(1, kMaxContext));
+  cmd->add_option("--lines-trials", o.lines_trials, "lines: cases per record size")->capture_default_str()
+      ->check(IntIn(1, kMaxCount));
   cmd->add_option("--seed", o.seed, "Seed of every random choice")->capture_default_str();
-  cmd->add_option("-t,--threads", flags->n_threads, "Threads (0: all cores)")->capture_default_str();
-  cmd->add_option("-b,--batch-size", o.n_batch, "Prompt tokens per forward pass")->capture_default_str();
+  cmd->add_option("-t,--threads", flags->n_threads, "Threads (0: all cores)")->capture_default_str()
+      ->check(Threads());
+  cmd->add_option("-b,--batch-size", o.n_batch, "Prompt tokens per forward pass")->capture_default_str()
+      ->check(IntIn(1, kMaxBatch));
   cmd->add_option("--json", flags->json_file, "Write the JSON report here (rewritten as results arrive)");
   cmd->add_option("--report", flags->report_dir, "Write report.json, report.md and SVG plots into this folder");
   cmd->add_flag("-q,--quiet", flags->quiet, "No progress bar");

@@ -5,6 +5,7 @@
 
 #include "model/synthetic_model.h"
 #include "tools/commands.h"
+#include "tools/flags.h"
 
 namespace kvx::tools {
 
@@ -58,7 +59,8 @@ void RegisterGenModel(CLI::App& app, int* exit_code) {
   cmd->add_option("--seed", flags->seed, "Random seed")->capture_default_str();
   cmd->add_option("--init-std", flags->init_std,
                   "Standard deviation of the random weights (larger: peakier next-token distributions)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(NumberIn(0, 100, true, true));
   cmd->add_flag("--list", flags->list, "List the known shapes");
   cmd->callback([flags, exit_code] { *exit_code = ReportStatus(GenModel(*flags)); });
 }

@@ -1,5 +1,6 @@
 // kvx inspect: a model's metadata, tensor table, config and KV bytes per token.
 #include <cstdio>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "kv/sequence_kv.h"
 #include "model/config.h"
 #include "tools/commands.h"
+#include "util/printable.h"
 
 namespace kvx::tools {
 
@@ -36,12 +38,14 @@ constexpr const char* kInspectSpecs[] = {
 
 Status Inspect(const InspectFlags& flags) {
   KVX_ASSIGN_OR_RETURN(auto file, gguf::GgufFile::Open(flags.model_path));
+  // Every string from the file goes through Printable() (util/printable.h):
+  // a hostile file's keys and names may hold NULs or terminal escapes.
   std::printf("file: %s\nGGUF version %u, alignment %llu, %zu metadata keys, %zu tensors\n\n",
-              flags.model_path.c_str(), file->version(), static_cast<unsigned long long>(file->alignment()),
+              Printable(flags.model_path, 4096).c_str(), file->version(), static_cast<unsigned long long>(file->alignment()),
               file->metadata().size(), file->tensors().size());
   std::printf("metadata:\n");
   for (const auto& [key, value] : file->metadata()) {
-    std::printf("  %-44s %s\n", key.c_str(), gguf::GgufFile::ValueToString(value).c_str());
+    std::printf("  %-44s %s\n", Printable(key).c_str(), gguf::GgufFile::ValueToString(value).c_str());
   }
   std::printf("\ntensors:\n  %-36s %-6s %-22s %12s\n", "name", "type", "shape", "bytes");
   uint64_t total = 0;
@@ -52,7 +56,7 @@ Status Inspect(const InspectFlags& flags) {
     ++shown;
     std::string shape;
     for (size_t i = 0; i < t.dims.size(); ++i) shape += (i ? " x " : "") + std::to_string(t.dims[i]);
-    std::printf("  %-36s %-6s %-22s %12llu\n", t.name.c_str(), gguf::TensorTypeName(t.type).c_str(), shape.c_str(),
+    std::printf("  %-36s %-6s %-22s %12llu\n", Printable(t.name).c_str(), gguf::TensorTypeName(t.type).c_str(), shape.c_str(),
                 static_cast<unsigned long long>(t.n_bytes));
   }
   if (shown < file->tensors().size()) {
@@ -63,7 +67,7 @@ Status Inspect(const InspectFlags& flags) {
 
   auto config = model::ModelConfig::FromGguf(*file);
   if (!config.ok()) {
-    std::printf("model: not runnable by kvx: %s\n", config.status().message().c_str());
+    std::printf("model: not runnable by kvx: %s\n", Printable(config.status().message(), 4096).c_str());
     return Status::Ok();
   }
   std::printf("model: %s\n\n", config->ToString().c_str());
@@ -79,20 +83,26 @@ Status Inspect(const InspectFlags& flags) {
   std::vector<std::string> specs(std::begin(kInspectSpecs), std::end(kInspectSpecs));
   specs.insert(specs.end(), flags.kv_specs.begin(), flags.kv_specs.end());
   const size_t f16 = kv::BytesPerToken(layout, kv::CodecConfig(kv::CodecId::kF16));
-  for (const std::string& spec_text : specs) {
+  Status user_spec_status = Status::Ok();
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const std::string& spec_text = specs[i];
     KVX_ASSIGN_OR_RETURN(kv::KVSpec spec, kv::ParseKVSpec(spec_text));
     // The same resolution and checks as every command that runs the spec.
     const auto resolved = kv::ResolveKVSpec(spec, layout, std::max(ctx, 1), 1);
     if (!resolved.ok()) {
-      std::printf("  %-42s n/a: %s\n", spec_text.c_str(), resolved.status().message().c_str());
+      const Status& valid = resolved.status();
+      std::printf("  %-42s n/a: %s\n", Printable(spec_text).c_str(), Printable(valid.message(), 4096).c_str());
+      // A built-in row may not apply to this model; a --kv the user asked
+      // for that cannot apply is an error (exit 1), after the table.
+      if (i >= std::size(kInspectSpecs) && user_spec_status.ok()) user_spec_status = valid;
       continue;
     }
     const kv::KVLayout& l = resolved->layout;
     const size_t per_token = kv::BytesPerToken(l, spec.codec);
-    std::printf("  %-42s %12zu %7.2fx %14.2f\n", spec_text.c_str(), per_token, static_cast<double>(f16) / per_token,
+    std::printf("  %-42s %12zu %7.2fx %14.2f\n", Printable(spec_text).c_str(), per_token, static_cast<double>(f16) / per_token,
                 kv::BytesForContext(l, spec.codec, ctx) / (1024.0 * 1024.0));
   }
-  return Status::Ok();
+  return user_spec_status;
 }
 
 }  // namespace

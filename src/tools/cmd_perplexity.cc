@@ -6,6 +6,7 @@
 #include "engine/session.h"
 #include "eval/perplexity.h"
 #include "tools/commands.h"
+#include "tools/flags.h"
 #include "util/mmap_file.h"
 
 namespace kvx::tools {
@@ -51,10 +52,12 @@ void RegisterPerplexity(CLI::App& app, int* exit_code) {
   cmd->add_option("-m,--model", flags->runtime.model_path, "GGUF model file")->required();
   cmd->add_option("-f,--file", flags->file, "Text file")->required();
   cmd->add_option("-c,--ctx-size", flags->runtime.n_ctx, "Chunk length in tokens")->capture_default_str()
-      ->check(CLI::Range(4, 1 << 20));
-  cmd->add_option("-t,--threads", flags->runtime.n_threads, "Threads (0: all cores)")->capture_default_str();
+      ->check(IntIn(4, 1 << 20));
+  cmd->add_option("-t,--threads", flags->runtime.n_threads, "Threads (0: all cores)")->capture_default_str()
+      ->check(Threads());
   cmd->add_option("--kv", flags->runtime.kv_spec, "KV cache spec (see README)");
-  cmd->add_option("--chunks", flags->max_chunks, "Score at most this many chunks (-1: all)")->capture_default_str();
+  cmd->add_option("--chunks", flags->max_chunks, "Score at most this many chunks (-1: all)")->capture_default_str()
+      ->check(AllOrAtLeastOne());
   cmd->callback([flags, exit_code] { *exit_code = ReportStatus(RunPerplexity(*flags)); });
 }
 

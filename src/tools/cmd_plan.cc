@@ -1,7 +1,12 @@
 // kvx plan: the analytical deployment model (eval/plan.h) for a model or a
 // model shape, a context length, a memory size and a KV spec; with
 // --measure, the measured prefill and decode speeds beside the bounds.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -14,6 +19,8 @@
 #include "kv/sequence_kv.h"
 #include "model/synthetic_model.h"
 #include "tools/commands.h"
+#include "tools/flags.h"
+#include "util/printable.h"
 #include "util/thread_pool.h"
 
 namespace kvx::tools {
@@ -34,8 +41,26 @@ struct PlanFlags {
 
 Result<double> ParseBytes(const std::string& text) {
   // Reuse the --kv budget grammar (K/M/G, binary) for one consistent syntax.
-  KVX_ASSIGN_OR_RETURN(kv::KVSpec spec, kv::ParseKVSpec("budget=" + text));
-  return static_cast<double>(spec.budget_bytes);
+  auto spec = kv::ParseKVSpec("budget=" + text);
+  if (!spec.ok() || text.find_first_of(",;=") != std::string::npos) {
+    return InvalidArgument("--mem " + QuotePrintable(text, 64) +
+                           " is not a size: give bytes with an optional K, M or G suffix (binary), e.g. --mem 16G");
+  }
+  return static_cast<double>(spec->budget_bytes);
+}
+
+// --tier-dir must be a directory kvx can write a probe file into; a missing
+// folder used to measure as 0 GB/s and give an infinite context switch.
+Status CheckTierDir(const std::string& dir) {
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0) {
+    return NotFound("--tier-dir " + QuotePrintable(dir, 4096) + " does not exist: " + std::strerror(errno));
+  }
+  if (!S_ISDIR(st.st_mode)) return InvalidArgument("--tier-dir " + QuotePrintable(dir, 4096) + " is not a directory");
+  if (::access(dir.c_str(), W_OK) != 0) {
+    return InvalidArgument("--tier-dir " + QuotePrintable(dir, 4096) + " is not writable: " + std::strerror(errno));
+  }
+  return Status::Ok();
 }
 
 Status RunPlan(const PlanFlags& flags) {
@@ -46,6 +71,8 @@ Status RunPlan(const PlanFlags& flags) {
   }
   eval::PlanInputs in;
   KVX_ASSIGN_OR_RETURN(in.mem_bytes, ParseBytes(flags.mem));
+  if (in.mem_bytes <= 0) return InvalidArgument("--mem must be a positive size, e.g. --mem 16G");
+  KVX_RETURN_IF_ERROR(CheckTierDir(flags.tier_dir));
   in.ctx = flags.ctx;
   std::unique_ptr<engine::Engine> rt;
   gguf::TensorType shape_type = gguf::TensorType::kF32;
@@ -98,6 +125,10 @@ Status RunPlan(const PlanFlags& flags) {
   in.matmul_peak_is_int8 = int8_peak.gops > 0;
   in.matmul_peak_gops = in.matmul_peak_is_int8 ? int8_peak.gops : in.fma_peak_gflops;
   in.tier_gbps = eval::MeasureDiskWriteGbps(flags.tier_dir);
+  if (!(in.tier_gbps > 0)) {
+    return IoError("cannot measure the write speed of --tier-dir " + QuotePrintable(flags.tier_dir, 4096) +
+                   ": writing a probe file there failed (is the disk full?)");
+  }
   const eval::PlanResult plan = eval::ComputePlan(in);
   std::printf("%s", plan.ToString(in).c_str());
   if (plan.concurrency == 0) {
@@ -138,10 +169,12 @@ void RegisterPlan(CLI::App& app, int* exit_code) {
   auto* m = cmd->add_option("-m,--model", flags->model_path, "GGUF model file");
   cmd->add_option("--shape", flags->shape, "Model shape instead of a file (see kvx gen-model --list)")->excludes(m);
   cmd->add_option("--type", flags->type, "Weight type for --shape")->capture_default_str();
-  cmd->add_option("--ctx", flags->ctx, "Context length per sequence")->capture_default_str();
+  cmd->add_option("--ctx", flags->ctx, "Context length per sequence")->capture_default_str()
+      ->check(IntIn(1, kMaxContext));
   cmd->add_option("--mem", flags->mem, "Memory for weights + KV (bytes, K/M/G suffixes)")->capture_default_str();
   cmd->add_option("--kv", flags->kv_spec, "KV cache spec (see README)");
-  cmd->add_option("-t,--threads", flags->threads, "Threads (0: all cores)")->capture_default_str();
+  cmd->add_option("-t,--threads", flags->threads, "Threads (0: all cores)")->capture_default_str()
+      ->check(Threads());
   cmd->add_option("--tier-dir", flags->tier_dir, "Directory whose write speed bounds the context switch")
       ->capture_default_str();
   cmd->add_flag("--measure", flags->measure, "Also measure prefill and decode at --ctx (needs -m)");

@@ -7,6 +7,7 @@
 #include "engine/generate.h"
 #include "engine/session.h"
 #include "tools/commands.h"
+#include "tools/flags.h"
 #include "util/mmap_file.h"
 
 namespace kvx::tools {
@@ -58,20 +59,32 @@ void RegisterRun(CLI::App& app, int* exit_code) {
   auto* p = cmd->add_option("-p,--prompt", flags->prompt, "Prompt text");
   cmd->add_option("-f,--file", flags->prompt_file, "Read the prompt from a file")->excludes(p);
   cmd->add_option("-n,--n-predict", flags->gen.n_predict, "Tokens to generate (-1: until EOS or context end)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(IntIn(-1, kMaxCount, "-1: until end of text or the context is full"));
   cmd->add_option("-c,--ctx-size", flags->runtime.n_ctx, "Context length (0: the model's trained context)")
-      ->capture_default_str();
-  cmd->add_option("-t,--threads", flags->runtime.n_threads, "Threads (0: all cores)")->capture_default_str();
-  cmd->add_option("-b,--batch-size", flags->runtime.n_batch, "Prompt tokens per forward pass")->capture_default_str();
+      ->capture_default_str()
+      ->check(IntIn(0, kMaxContext, "0: the model's trained context"));
+  cmd->add_option("-t,--threads", flags->runtime.n_threads, "Threads (0: all cores)")->capture_default_str()
+      ->check(Threads());
+  cmd->add_option("-b,--batch-size", flags->runtime.n_batch, "Prompt tokens per forward pass")->capture_default_str()
+      ->check(IntIn(1, kMaxBatch));
   cmd->add_option("--kv", flags->runtime.kv_spec, "KV cache spec, e.g. 'codec=f16,page=16' (see README)");
-  cmd->add_option("--temp", flags->gen.sampler.temperature, "Temperature (<= 0: greedy)")->capture_default_str();
-  cmd->add_option("--top-k", flags->gen.sampler.top_k, "Top-k (<= 0: off)")->capture_default_str();
-  cmd->add_option("--top-p", flags->gen.sampler.top_p, "Top-p (1: off)")->capture_default_str();
-  cmd->add_option("--min-p", flags->gen.sampler.min_p, "Min-p (0: off)")->capture_default_str();
+  // The sampler's ranges (model/sampler.h SamplerOptions::Validate), checked
+  // here too so a bad value fails before the model loads.
+  cmd->add_option("--temp", flags->gen.sampler.temperature, "Temperature (<= 0: greedy)")->capture_default_str()
+      ->check(Finite("<= 0: greedy"));
+  cmd->add_option("--top-k", flags->gen.sampler.top_k, "Top-k (0: off)")->capture_default_str()
+      ->check(IntIn(0, kMaxCount, "0: off"));
+  cmd->add_option("--top-p", flags->gen.sampler.top_p, "Top-p (1: off)")->capture_default_str()
+      ->check(Probability("1: off"));
+  cmd->add_option("--min-p", flags->gen.sampler.min_p, "Min-p (0: off)")->capture_default_str()
+      ->check(NumberIn(0, 1, false, false, "0: off"));
   cmd->add_option("--repeat-penalty", flags->gen.sampler.repeat_penalty, "Repetition penalty (1: off)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(NumberIn(0, 1e6, true, false, "1: off"));
   cmd->add_option("--repeat-last-n", flags->gen.sampler.repeat_last_n, "Tokens the penalty looks back over")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(IntIn(0, kMaxContext));
   cmd->add_option("--seed", flags->gen.sampler.seed, "Random seed (same seed, same text)")->capture_default_str();
   cmd->add_flag("--special", flags->parse_special, "Parse special-token text (e.g. <s>) in the prompt");
   cmd->add_flag("--ignore-eos", [flags](int64_t) { flags->gen.stop_at_eog = false; }, "Do not stop at end-of-text");

@@ -7,28 +7,42 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <sstream>
+
+#include "util/printable.h"
 
 namespace kvx {
 
+namespace {
+
+// "a directory", "a FIFO", ...: what a path that is not a regular file is.
+std::string NotRegularWhat(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a pipe";
+  if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "a special file";
+}
+
+}  // namespace
+
 Result<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     const int err = errno;
     const std::string reason = std::strerror(err);
-    if (err == ENOENT) return NotFound("cannot open '" + path + "': " + reason);
-    return IoError("cannot open '" + path + "': " + reason);
+    if (err == ENOENT) return NotFound("cannot open " + QuotePrintable(path) + ": " + reason);
+    return IoError("cannot open " + QuotePrintable(path) + ": " + reason);
   }
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     const std::string reason = std::strerror(errno);
     ::close(fd);
-    return IoError("cannot stat '" + path + "': " + reason);
+    return IoError("cannot stat " + QuotePrintable(path) + ": " + reason);
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    return InvalidArgument("'" + path + "' is not a regular file");
+    return InvalidArgument(QuotePrintable(path) + " is " + NotRegularWhat(st.st_mode) +
+                           ", not a regular file");
   }
   std::unique_ptr<MappedFile> f(new MappedFile());
   f->path_ = path;
@@ -38,7 +52,7 @@ Result<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path) {
     if (p == MAP_FAILED) {
       const std::string reason = std::strerror(errno);
       ::close(fd);
-      return IoError("cannot mmap '" + path + "': " + reason);
+      return IoError("cannot mmap " + QuotePrintable(path) + ": " + reason);
     }
     f->data_ = static_cast<const uint8_t*>(p);
   }
@@ -57,13 +71,47 @@ MappedFile::~MappedFile() {
   if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
 }
 
-Result<std::string> ReadFileToString(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFound("cannot open '" + path + "': " + std::strerror(errno));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return IoError("error reading '" + path + "'");
-  return ss.str();
+Result<std::string> ReadFileToString(const std::string& path, size_t max_bytes) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    const int err = errno;
+    const std::string msg = "cannot open " + QuotePrintable(path) + ": " + std::strerror(err);
+    return err == ENOENT ? NotFound(msg) : IoError(msg);
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const std::string reason = std::strerror(errno);
+    ::close(fd);
+    return IoError("cannot stat " + QuotePrintable(path) + ": " + reason);
+  }
+  // Only regular files: a directory reads as an empty text (an empty prompt
+  // or a zero-token perplexity text), a device such as /dev/zero never ends.
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return InvalidArgument(QuotePrintable(path) + " is " + NotRegularWhat(st.st_mode) +
+                           ", not a regular file; give a text file");
+  }
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+    ::close(fd);
+    return InvalidArgument(QuotePrintable(path) + " has " + std::to_string(st.st_size) +
+                           " bytes; kvx reads text files of at most " + std::to_string(max_bytes) + " bytes");
+  }
+  std::string out(static_cast<size_t>(st.st_size), '\0');
+  size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t n = ::read(fd, out.data() + done, out.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const std::string reason = std::strerror(errno);
+      ::close(fd);
+      return IoError("error reading " + QuotePrintable(path) + ": " + reason);
+    }
+    if (n == 0) break;  // the file shrank while we read it
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  out.resize(done);
+  return out;
 }
 
 }  // namespace kvx

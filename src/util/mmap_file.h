@@ -37,7 +37,11 @@ class MappedFile {
 // it again pages it back in from the file. Best effort.
 void DropMappedPages(const void* p, size_t n);
 
-// Reads a whole file into a string (for text inputs).
-Result<std::string> ReadFileToString(const std::string& path);
+// Reads a whole regular file into a string (prompts, evaluation texts).
+// NotFound when it does not exist; InvalidArgument when it is a directory,
+// device or pipe, or longer than `max_bytes` (default 1 GiB, the most the
+// tokenizer encodes at once); IoError for other OS failures.
+inline constexpr size_t kMaxTextFileBytes = size_t{1} << 30;
+Result<std::string> ReadFileToString(const std::string& path, size_t max_bytes = kMaxTextFileBytes);
 
 }  // namespace kvx

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <system_error>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -87,7 +88,19 @@ ThreadPool::ThreadPool(int n_threads) : shared_(std::make_unique<Shared>()) {
   if (n_threads <= 0) n_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   n_threads_ = n_threads;
   shared_->shares = std::make_unique<ShareWord[]>(static_cast<size_t>(n_threads_));
-  for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
+  for (int i = 1; i < n_threads_; ++i) {
+    try {
+      workers_.emplace_back([this, i] { WorkerLoop(i); });
+    } catch (const std::system_error&) {
+      // The OS refused another thread (a low `ulimit -u`, a huge thread
+      // count): run with the threads it gave. Letting the exception out
+      // would destroy the started threads unjoined, which calls
+      // std::terminate. Workers read n_threads_ only after the first Run
+      // publishes an epoch, so changing it here is not a race.
+      n_threads_ = i;
+      break;
+    }
+  }
 }
 
 ThreadPool::~ThreadPool() {

@@ -1,0 +1,103 @@
+#include "tools/flags.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+#include "util/printable.h"
+
+namespace kvx::tools {
+
+namespace {
+
+std::string WithHint(std::string message, const std::string& hint) {
+  return hint.empty() ? message : message + " (" + hint + ")";
+}
+
+std::string FormatNumber(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", v);
+  return buf;
+}
+
+// Strict parses: the whole text, no leading/trailing junk, no overflow.
+bool ParseInt(const std::string& text, int64_t* out) {
+  if (text.empty()) return false;
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (errno != 0 || end != text.c_str() + text.size()) return false;
+  *out = v;
+  return true;
+}
+
+bool ParseDouble(const std::string& text, double* out) {
+  if (text.empty()) return false;
+  errno = 0;
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (end != text.c_str() + text.size()) return false;
+  *out = v;
+  return true;
+}
+
+}  // namespace
+
+CLI::Validator IntIn(int64_t lo, int64_t hi, const std::string& hint) {
+  const std::string range = std::to_string(lo) + ".." + std::to_string(hi);
+  return CLI::Validator(
+      [lo, hi, range, hint](std::string& text) -> std::string {
+        int64_t v = 0;
+        if (!ParseInt(text, &v) || v < lo || v > hi) {
+          return WithHint(QuotePrintable(text, 64) + " is not an integer in " + range, hint);
+        }
+        return "";
+      },
+      "INT in " + range);
+}
+
+CLI::Validator AllOrAtLeastOne() {
+  const std::string range = "1.." + std::to_string(kMaxCount);
+  return CLI::Validator(
+      [range](std::string& text) -> std::string {
+        int64_t v = 0;
+        if (!ParseInt(text, &v) || !(v == -1 || (v >= 1 && v <= kMaxCount))) {
+          return QuotePrintable(text, 64) + " is neither -1 (all) nor an integer in " + range;
+        }
+        return "";
+      },
+      "INT: -1 (all) or " + range);
+}
+
+CLI::Validator Threads() { return IntIn(0, kMaxThreads, "0: all cores"); }
+
+CLI::Validator NumberIn(double lo, double hi, bool lo_open, bool hi_open, const std::string& hint) {
+  const std::string range = std::string(lo_open ? "(" : "[") + FormatNumber(lo) + ", " + FormatNumber(hi) +
+                            (hi_open ? ")" : "]");
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        double v = 0;
+        const bool ok = ParseDouble(text, &v) && std::isfinite(v) && (lo_open ? v > lo : v >= lo) &&
+                        (hi_open ? v < hi : v <= hi);
+        if (!ok) return WithHint(QuotePrintable(text, 64) + " is not a number in " + range, hint);
+        return "";
+      },
+      "NUMBER in " + range);
+}
+
+CLI::Validator Probability(const std::string& hint) { return NumberIn(0, 1, true, false, hint); }
+
+CLI::Validator Finite(const std::string& hint) {
+  return CLI::Validator(
+      [hint](std::string& text) -> std::string {
+        double v = 0;
+        if (!ParseDouble(text, &v) || !std::isfinite(v)) {
+          return WithHint(QuotePrintable(text, 64) + " is not a finite number", hint);
+        }
+        return "";
+      },
+      "NUMBER");
+}
+
+}  // namespace kvx::tools

@@ -1,0 +1,41 @@
+// Range checks for the numeric flags of every kvx command, so that one flag
+// means one range everywhere: a thread count, a context length or a
+// probability is checked the same way in run, perplexity, bench, plan and
+// eval, before anything is loaded, and a value outside the range is an error
+// naming the flag and the range (never silently "off" or clamped).
+//
+// Each function returns a CLI11 validator for Option::check(); CLI11 runs it
+// on the flag's text (each element of a list flag) before converting it, so
+// the validator parses the text itself and rejects what the conversion would
+// wrap or truncate.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+namespace kvx::tools {
+
+// Limits well past any sensible use, small enough that no size computed from
+// them overflows or asks for absurd memory before a clearer check can run.
+inline constexpr int64_t kMaxThreads = 1024;
+inline constexpr int64_t kMaxContext = int64_t{1} << 24;  // tokens (16M)
+inline constexpr int64_t kMaxBatch = int64_t{1} << 16;    // tokens per forward pass
+inline constexpr int64_t kMaxCount = int64_t{1} << 30;    // trials, repetitions, generated tokens
+
+// An integer in [lo, hi]; `hint` (e.g. "0: all cores") ends the message.
+CLI::Validator IntIn(int64_t lo, int64_t hi, const std::string& hint = "");
+// A limit on chunks, trials...: -1 (no limit) or 1..kMaxCount. Zero is an
+// error: a perplexity over zero chunks has no value to print (it was -nan).
+CLI::Validator AllOrAtLeastOne();
+// -t/--threads: 0 (all cores) .. kMaxThreads.
+CLI::Validator Threads();
+// A finite number in [lo, hi] (lo_open / hi_open: the bound itself excluded).
+CLI::Validator NumberIn(double lo, double hi, bool lo_open, bool hi_open, const std::string& hint = "");
+// A probability in (0, 1].
+CLI::Validator Probability(const std::string& hint = "");
+// Any finite number (rejects nan and inf).
+CLI::Validator Finite(const std::string& hint = "");
+
+}  // namespace kvx::tools
