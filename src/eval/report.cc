@@ -1,5 +1,6 @@
 #include "eval/report.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -344,6 +345,9 @@ std::string ReportToMarkdown(const EvalReport& report, bool with_images) {
     md +=
         "Copy: top-1 accuracy on repeated spans (random tokens, with chance level; real text, "
         "with first-occurrence accuracy as the no-copy control). ";
+  if (std::any_of(o.tasks.begin(), o.tasks.end(), IsRulerTask)) {
+    md += "niah_*, vt (RULER): share of the asked values among the answer's first candidates (exact match). ";
+  }
   md += "Protocols: docs/eval.md.\n";
   if (with_images && !ParetoSvg(report).empty()) md += "\n![quality vs KV bytes](pareto.svg)\n";
 
