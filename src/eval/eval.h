@@ -17,7 +17,14 @@
 //   passkey  llama.cpp's passkey prompt over a length x depth grid, greedy;
 //   lines    LongEval line retrieval, windows of the records that fit;
 //   needle   needle in a haystack (Paul Graham essays), length x depth grid,
-//            ROUGE-1 F1 of the answer sentence.
+//            ROUGE-1 F1 of the answer sentence;
+//   niah_word, niah_number, niah_uuid, niah_multikey, niah_multivalue, vt
+//            RULER's retrieval tasks (eval/ruler.h) over the same grid,
+//            exact match of the values (eval/text_score.h ValuesFound).
+//
+// Every retrieval task (passkey, lines, needle and the RULER tasks) is also
+// scored on the cells the baseline solves (every trial a hit), so a spec is
+// not blamed for what the model never could (BaselineSolved).
 //
 // Every task result carries KV bytes measured from the spec's BlockPool:
 // BlockPool::bytes_in_use() read at the end of every sequence (after its last
@@ -50,10 +57,33 @@
 
 namespace kvx::eval {
 
-enum class Task { kPpl, kKld, kCopy, kPasskey, kLines, kNeedle };
-inline constexpr Task kAllTasks[] = {Task::kPpl, Task::kKld, Task::kCopy, Task::kPasskey, Task::kLines, Task::kNeedle};
+enum class Task {
+  kPpl,
+  kKld,
+  kCopy,
+  kPasskey,
+  kLines,
+  kNeedle,
+  kNiahWord,
+  kNiahNumber,
+  kNiahUuid,
+  kNiahMultikey,
+  kNiahMultivalue,
+  kVt
+};
+inline constexpr Task kAllTasks[] = {Task::kPpl,        Task::kKld,          Task::kCopy,          Task::kPasskey,
+                                     Task::kLines,      Task::kNeedle,       Task::kNiahWord,      Task::kNiahNumber,
+                                     Task::kNiahUuid,   Task::kNiahMultikey, Task::kNiahMultivalue, Task::kVt};
+// The generation probes scored per grid cell (every task but ppl, kld, copy).
+inline constexpr Task kRetrievalTasks[] = {Task::kPasskey,      Task::kLines,          Task::kNeedle,
+                                           Task::kNiahWord,     Task::kNiahNumber,     Task::kNiahUuid,
+                                           Task::kNiahMultikey, Task::kNiahMultivalue, Task::kVt};
 std::string_view TaskName(Task t);
-// "ppl,kld,copy" -> tasks in canonical order; "all" = every task.
+// The task named `name` (as TaskName), or nullopt.
+std::optional<Task> TaskByName(std::string_view name);
+bool IsRulerTask(Task t);  // niah_*, vt
+// "ppl,kld,copy" -> tasks in canonical order; "all" = every task, "niah" =
+// niah_word,niah_number,niah_uuid, "ruler" = every niah_* task and vt.
 // InvalidArgument naming the unknown task and listing the valid ones.
 Result<std::vector<Task>> ParseTasks(std::string_view list);
 
@@ -91,8 +121,17 @@ struct EvalOptions {
   int lines_trials = 10;         // cases per count (the first of 200_lines.jsonl)
   int lines_gen = 16;
 
+  // niah_*, vt (same lengths and depths as passkey)
+  int ruler_trials = 3;  // prompts per cell
+  int ruler_gen = 0;     // tokens generated at most; 0 = the task's default (RulerDefaultGen)
+
   std::string data_dir = "../shared/data";  // lines and needle data
 };
+
+// Default answer tokens of a RULER task: room for its values in the probe
+// tokenizer (digits split, so a UUID takes ~30 tokens) plus the words a model
+// may put before them.
+int RulerDefaultGen(Task t);
 
 // KV bytes held by a spec's pool (see the header comment).
 struct KvMeasure {
@@ -155,7 +194,7 @@ struct CellResult {
   GridCell cell;
   int n = 0;
   int hits = 0;
-  double score_sum = 0;  // passkey/lines: hits; needle: sum of ROUGE-1 F1
+  double score_sum = 0;  // passkey/lines: hits; needle: sum of ROUGE-1 F1; niah*/vt: sum of ValuesFound
   double prompt_tokens_sum = 0;
   std::string example;  // the first item's output
   double Accuracy() const { return n > 0 ? static_cast<double>(hits) / n : 0.0; }
@@ -163,7 +202,9 @@ struct CellResult {
 };
 
 struct RetrievalResult : TaskOutcome {
-  std::string metric;  // "first_integer" (passkey, lines) or "rouge1_f1" (needle)
+  // "first_integer" (passkey, lines), "rouge1_f1" (needle) or "values_found"
+  // (niah*, vt: ValuesFound, its share of the values as the score)
+  std::string metric;
   std::vector<CellResult> cells;
   int n = 0;
   int hits = 0;
@@ -181,10 +222,30 @@ struct SpecResult {
   std::optional<KldResult> kld;
   std::optional<CopyResult> copy;
   std::optional<RetrievalResult> passkey, lines, needle;
+  std::optional<RetrievalResult> niah_word, niah_number, niah_uuid, niah_multikey, niah_multivalue, vt;
   KvMeasure kv;  // the largest of the tasks' measurements
+
+  // The result slot of a retrieval task (nullptr for ppl, kld, copy).
+  std::optional<RetrievalResult>* Retrieval(Task t);
+  const std::optional<RetrievalResult>* Retrieval(Task t) const;
   double seconds = 0;
   bool done = false;  // every requested task has finished
 };
+
+// A spec's score on the cells its baseline solves: those where every trial
+// of the baseline is a hit (all values found; needle: every answer word).
+// Cells are matched by index (every spec runs the same plan).
+struct SolvedCells {
+  int cells = 0;         // cells with at least one trial
+  int solved = 0;        // of which the baseline solves
+  int n = 0;             // the spec's trials on the solved cells
+  int hits = 0;
+  double score_sum = 0;
+  double Share() const { return cells > 0 ? static_cast<double>(solved) / cells : 0.0; }
+  double Accuracy() const { return n > 0 ? static_cast<double>(hits) / n : 0.0; }
+  double Score() const { return n > 0 ? score_sum / n : 0.0; }
+};
+SolvedCells BaselineSolved(const RetrievalResult& baseline, const RetrievalResult& spec);
 
 struct ModelInfo {
   std::string path, name, arch;

@@ -5,79 +5,20 @@
 #include <cmath>
 #include <ctime>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <set>
 
 #include "engine/generate.h"
 #include "engine/session.h"
 #include "eval/eval.h"
-#include "model/sampler.h"
+#include "eval/ruler.h"
 #include "eval/stats.h"
 #include "eval/text_score.h"
+#include "model/sampler.h"
 #include "util/mmap_file.h"
 
 namespace kvx::eval {
-
-std::string_view TaskName(Task t) {
-  switch (t) {
-    case Task::kPpl:
-      return "ppl";
-    case Task::kKld:
-      return "kld";
-    case Task::kCopy:
-      return "copy";
-    case Task::kPasskey:
-      return "passkey";
-    case Task::kLines:
-      return "lines";
-    case Task::kNeedle:
-      return "needle";
-  }
-  return "?";
-}
-
-Result<std::vector<Task>> ParseTasks(std::string_view list) {
-  std::set<Task> chosen;
-  size_t pos = 0;
-  while (pos <= list.size()) {
-    size_t end = list.find(',', pos);
-    if (end == std::string_view::npos) end = list.size();
-    std::string_view name = list.substr(pos, end - pos);
-    while (!name.empty() && name.front() == ' ') name.remove_prefix(1);
-    while (!name.empty() && name.back() == ' ') name.remove_suffix(1);
-    pos = end + 1;
-    if (name.empty()) continue;
-    if (name == "all") {
-      chosen.insert(std::begin(kAllTasks), std::end(kAllTasks));
-      continue;
-    }
-    bool found = false;
-    for (Task t : kAllTasks) {
-      if (TaskName(t) == name) {
-        chosen.insert(t);
-        found = true;
-      }
-    }
-    if (!found) {
-      return InvalidArgument("unknown task '" + std::string(name) +
-                             "'; valid tasks: ppl, kld, copy, passkey, lines, needle (or all)");
-    }
-  }
-  if (chosen.empty()) return InvalidArgument("no task given; valid tasks: ppl, kld, copy, passkey, lines, needle");
-  return std::vector<Task>(chosen.begin(), chosen.end());
-}
-
-void KvMeasure::Observe(uint64_t bytes, int64_t tokens, uint64_t f16_bytes_per_token) {
-  if (bytes > peak_bytes || (bytes == peak_bytes && tokens > peak_tokens)) {
-    peak_bytes = bytes;
-    peak_tokens = tokens;
-    f16_bytes = static_cast<uint64_t>(tokens) * f16_bytes_per_token;
-  }
-}
-
-void KvMeasure::Merge(const KvMeasure& o) {
-  if (o.peak_bytes > peak_bytes || (o.peak_bytes == peak_bytes && o.peak_tokens > peak_tokens)) *this = o;
-}
 
 namespace {
 
@@ -138,6 +79,11 @@ class Runner {
         res.needle = RunRetrieval(r, needle_, "rouge1_f1");
         Update(r);
       }
+      for (const auto& [task, plan] : ruler_plans_) {
+        SetLabel(r, TaskName(task));
+        *res.Retrieval(task) = RunRetrieval(r, plan, "values_found");
+        Update(r);
+      }
       res.seconds += Seconds() - t0;
       res.done = true;
       sessions_[r].reset();  // its pages go back to the pool
@@ -169,7 +115,7 @@ class Runner {
     if (o.copy_skip < 1 || o.copy_skip >= o.copy_span) {
       return InvalidArgument("copy skip must be in 1.." + std::to_string(o.copy_span - 1));
     }
-    if (o.copy_trials < 1 || o.passkey_trials < 1 || o.lines_trials < 1) {
+    if (o.copy_trials < 1 || o.passkey_trials < 1 || o.lines_trials < 1 || o.ruler_trials < 1) {
       return InvalidArgument("trial counts must be at least 1");
     }
     const int max_d = n_ctx - 1 - 2 * o.copy_span;
@@ -199,6 +145,7 @@ class Runner {
                                " (the context)");
       }
     }
+    if (o.ruler_gen < 0) return InvalidArgument("--ruler-gen must be >= 0 (0 = each task's default)");
     if (o.depths.empty()) o.depths = {0.0, 0.25, 0.5, 0.75, 1.0};
     for (double d : o.depths) {
       if (!(d >= 0.0 && d <= 1.0)) return InvalidArgument("depths are fractions in [0, 1]");
@@ -262,7 +209,7 @@ class Runner {
         for (const CopySequence& s : *seqs) AddWork(1, 2.0 * s.span.size() + s.filler.size());
       }
     }
-    if (lengths_defaulted_ && (Has(o.tasks, Task::kPasskey) || Has(o.tasks, Task::kNeedle))) {
+    if (lengths_defaulted_ && HasGridTask()) {
       KVX_RETURN_IF_ERROR(DropShortDefaultLengths());
     }
     auto add_plan = [&](const ProbePlan& p) {
@@ -302,8 +249,60 @@ class Runner {
       KVX_ASSIGN_OR_RETURN(needle_, BuildNeedlePlan(tok, haystack, o.lengths, o.depths, o.needle_gen));
       add_plan(needle_);
     }
+    KVX_RETURN_IF_ERROR(PlanRuler());
+    for (const auto& [task, plan] : ruler_plans_) add_plan(plan);
     report_.settings = opt_;
     report_.settings.text.clear();  // the text itself is not part of the report
+    return Status::Ok();
+  }
+
+  bool HasGridTask() const {
+    for (Task t : opt_.tasks) {
+      if (t == Task::kPasskey || t == Task::kNeedle || IsRulerTask(t)) return true;
+    }
+    return false;
+  }
+
+  int RulerGen(Task t) const { return opt_.ruler_gen > 0 ? opt_.ruler_gen : RulerDefaultGen(t); }
+
+  static NiahSpec NiahSpecOf(Task t) {
+    NiahSpec s;
+    if (t == Task::kNiahWord) s.value = NeedleKind::kWord;
+    if (t == Task::kNiahUuid) s.value = NeedleKind::kUuid;
+    if (t == Task::kNiahMultikey) s.n_keys = 4;
+    if (t == Task::kNiahMultivalue) s.n_values = 4;
+    return s;
+  }
+
+  // The RULER tasks' plans; each task draws from its own seed, so adding or
+  // dropping a task leaves the others' prompts unchanged.
+  Status PlanRuler() {
+    const model::Tokenizer& tok = model_.tokenizer();
+    const EvalOptions& o = opt_;
+    std::optional<Haystack> hay;
+    for (Task t : o.tasks) {
+      if (!IsRulerTask(t)) continue;
+      const int n_gen = RulerGen(t);
+      for (int l : o.lengths) {
+        if (l <= n_gen) {
+          return InvalidArgument(std::string(TaskName(t)) + ": lengths must exceed its answer tokens (" +
+                                 std::to_string(n_gen) + ", --ruler-gen)");
+        }
+      }
+      const uint64_t seed = o.seed + 16 + static_cast<uint64_t>(t);
+      Result<ProbePlan> plan = InvalidArgument("unplanned");
+      if (t == Task::kVt) {
+        plan = BuildVtPlan(tok, o.lengths, o.depths, o.ruler_trials, n_gen, seed);
+      } else {
+        if (!hay) {
+          KVX_ASSIGN_OR_RETURN(std::string text, LoadHaystack(o.data_dir + "/paul_graham_essays"));
+          hay = MakeHaystack(text);
+        }
+        plan = BuildNiahPlan(tok, *hay, NiahSpecOf(t), o.lengths, o.depths, o.ruler_trials, n_gen, seed);
+      }
+      if (!plan.ok()) return plan.status().WithContext(std::string(TaskName(t)));
+      ruler_plans_[t] = std::move(*plan);
+    }
     return Status::Ok();
   }
 
@@ -322,6 +321,12 @@ class Runner {
       KVX_ASSIGN_OR_RETURN(std::vector<int32_t> ids,
                            tok.Encode(std::string(kNeedle) + std::string(kNeedleQuestion), true, false));
       min_len = std::max(min_len, static_cast<int>(ids.size()) + opt_.needle_gen);
+    }
+    for (Task t : opt_.tasks) {
+      if (!IsRulerTask(t)) continue;
+      Result<int> bare = t == Task::kVt ? VtBareTokens(tok) : NiahBareTokens(tok, NiahSpecOf(t));
+      KVX_RETURN_IF_ERROR(bare.status());
+      min_len = std::max(min_len, *bare + RulerGen(t));
     }
     // Room for some haystack too: at least a quarter of the length.
     min_len += min_len / 3;
@@ -345,7 +350,7 @@ class Runner {
       }
     }
     if (ec || files.empty()) {
-      return NotFound("needle needs the Paul Graham essays: no .txt files in " + dir +
+      return NotFound("needle and niah need the Paul Graham essays: no .txt files in " + dir +
                       "; point --data at ../shared/data");
     }
     std::sort(files.begin(), files.end());
@@ -402,9 +407,11 @@ class Runner {
     SpecResult& s = report_.specs[r];
     s.kv = KvMeasure();
     for (const TaskOutcome* t : std::initializer_list<const TaskOutcome*>{
-             s.ppl ? &*s.ppl : nullptr, s.kld ? &*s.kld : nullptr, s.copy ? &*s.copy : nullptr,
-             s.passkey ? &*s.passkey : nullptr, s.lines ? &*s.lines : nullptr, s.needle ? &*s.needle : nullptr}) {
+             s.ppl ? &*s.ppl : nullptr, s.kld ? &*s.kld : nullptr, s.copy ? &*s.copy : nullptr}) {
       if (t) s.kv.Merge(t->kv);
+    }
+    for (Task t : kRetrievalTasks) {
+      if (const std::optional<RetrievalResult>& r = *s.Retrieval(t)) s.kv.Merge(r->kv);
     }
     Notify();
   }
@@ -625,7 +632,7 @@ class Runner {
     return Status::Ok();
   }
 
-  // ---- passkey, lines, needle ----
+  // ---- passkey, lines, needle, niah*, vt ----
 
   RetrievalResult RunRetrieval(size_t r, const ProbePlan& plan, const std::string& metric) {
     RetrievalResult res;
@@ -644,6 +651,14 @@ class Runner {
     g.stop_at_eog = true;
     std::vector<int32_t> out;
     engine::GenerateStats stats;
+    // values_found: stop once more tokens cannot change the score.
+    const bool values = metric == "values_found";
+    std::string so_far;
+    const GenItem* current = nullptr;
+    auto stop_when_decided = [&](int32_t, const std::string& piece) {
+      so_far += piece;
+      return !ValuesDecided(so_far, current->answers);
+    };
     for (const GenItem& item : plan.items) {
       const double weight = static_cast<double>(item.prompt.size() + item.n_gen);
       if (!res.ok) {
@@ -652,7 +667,11 @@ class Runner {
       }
       session.Reset();
       g.n_predict = item.n_gen;
-      const Status status = engine::Generate(&session, item.prompt, g, nullptr, &out, &stats);
+      so_far.clear();
+      current = &item;
+      const Status status = engine::Generate(&session, item.prompt, g,
+                                             values ? engine::TokenCallback(stop_when_decided) : nullptr, &out,
+                                             &stats);
       if (!status.ok()) {
         res.ok = false;
         res.error = status.message();
@@ -669,6 +688,9 @@ class Runner {
         const RougeScore rs = Rouge1(FirstSentence(text), item.expected);
         score = rs.f1;
         hit = rs.recall >= 1.0;
+      } else if (metric == "values_found") {
+        score = ValuesFound(text, item.answers);
+        hit = score >= 1.0;
       } else {
         const std::optional<int64_t> v = FirstInteger(text);
         hit = v.has_value() && std::to_string(*v) == item.expected;
@@ -700,6 +722,7 @@ class Runner {
   int n_chunks_ = 0;
   std::vector<CopySequence> copy_random_, copy_text_;
   ProbePlan passkey_, lines_, needle_;
+  std::map<Task, ProbePlan> ruler_plans_;  // in task order
   bool lengths_defaulted_ = false;
   int64_t total_items_ = 0;
   double total_weight_ = 0;

@@ -48,6 +48,7 @@ struct GenItem {
   int n_gen = 16;               // tokens to generate at most (greedy)
   int cell = 0;                 // index of its grid cell
   std::string expected;         // passkey/lines: the number; needle: the answer sentence
+  std::vector<std::string> answers;  // niah*, vt: every value asked (eval/ruler.h)
 };
 
 // A grid cell of a retrieval probe (the fields that apply are set).

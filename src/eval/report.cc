@@ -1,5 +1,6 @@
 #include "eval/report.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -13,42 +14,6 @@ namespace kvx::eval {
 using nlohmann::json;
 
 namespace {
-
-json KvJson(const KvMeasure& kv) {
-  return json{{"peak_bytes", kv.peak_bytes},
-              {"peak_tokens", kv.peak_tokens},
-              {"f16_bytes", kv.f16_bytes},
-              {"compression_vs_f16", kv.CompressionVsF16()}};
-}
-
-json OutcomeJson(const TaskOutcome& t) {
-  json j{{"ok", t.ok}, {"seconds", t.seconds}, {"kv", KvJson(t.kv)}};
-  if (!t.ok) j["error"] = t.error;
-  return j;
-}
-
-json RetrievalJson(const RetrievalResult& r) {
-  json j = OutcomeJson(r);
-  j["metric"] = r.metric;
-  j["n"] = r.n;
-  j["accuracy"] = r.Accuracy();
-  j["score"] = r.Score();
-  json cells = json::array();
-  for (const CellResult& c : r.cells) {
-    json cj;
-    if (c.cell.length > 0) cj["length"] = c.cell.length;
-    if (c.cell.depth >= 0) cj["depth"] = c.cell.depth;
-    if (c.cell.n_lines > 0) cj["n_lines"] = c.cell.n_lines;
-    cj["n"] = c.n;
-    cj["accuracy"] = c.Accuracy();
-    cj["score"] = c.Score();
-    cj["mean_prompt_tokens"] = c.n > 0 ? c.prompt_tokens_sum / c.n : 0.0;
-    cj["example"] = c.example;
-    cells.push_back(cj);
-  }
-  j["cells"] = cells;
-  return j;
-}
 
 // A fraction as a percentage, with more decimals for small values (chance
 // levels of copy are ~0.05%).
@@ -116,110 +81,31 @@ std::string ModelLabel(const ModelInfo& m) { return m.path.empty() ? m.name : Fi
 
 std::string DepthLabel(double d) { return FormatNumber(d * 100.0, 0) + "%"; }
 
+bool HasTask(const EvalOptions& o, Task t) { return std::find(o.tasks.begin(), o.tasks.end(), t) != o.tasks.end(); }
+
+// Tasks laid out on the length x depth grid (all retrieval tasks but lines).
+bool IsGridTask(Task t) { return t == Task::kPasskey || t == Task::kNeedle || IsRulerTask(t); }
+
+// needle's headline is its mean ROUGE-1 F1 (a number in [0, 1]); passkey and
+// lines report accuracy, the RULER tasks their score (share of values found),
+// both as percentages.
+std::string Headline(Task t, const RetrievalResult& r) {
+  if (t == Task::kNeedle) return Fixed(r.Score(), 3);
+  return Pct(IsRulerTask(t) ? r.Score() : r.Accuracy());
+}
+double HeadlineValue(Task t, const RetrievalResult& r) {
+  return (t == Task::kNeedle || IsRulerTask(t)) ? r.Score() : r.Accuracy();
+}
+double CellValue(Task t, const CellResult& c) {
+  return (t == Task::kNeedle || IsRulerTask(t)) ? c.Score() : c.Accuracy();
+}
+std::string ColumnTitle(Task t) { return t == Task::kNeedle ? "needle R1-F1" : std::string(TaskName(t)); }
+
 }  // namespace
-
-json ReportToJson(const EvalReport& report) {
-  const EvalOptions& o = report.settings;
-  json tasks = json::array();
-  for (Task t : o.tasks) tasks.push_back(std::string(TaskName(t)));
-  json settings{
-      {"tasks", tasks},
-      {"baseline", o.baseline},
-      {"specs", o.specs},
-      {"n_ctx", o.n_ctx},
-      {"seed", o.seed},
-      {"text", o.text_name},
-      {"data_dir", o.data_dir},
-      {"ppl", {{"chunk", o.chunk}, {"max_chunks", o.max_chunks}}},
-      {"copy",
-       {{"span", o.copy_span},
-        {"skip", o.copy_skip},
-        {"distances", o.copy_distances},
-        {"trials", o.copy_trials},
-        {"random_candidates", report.copy_candidates}}},
-      {"passkey",
-       {{"lengths", o.lengths}, {"depths", o.depths}, {"trials", o.passkey_trials}, {"n_gen", o.passkey_gen}}},
-      {"lines",
-       {{"counts", o.line_counts},
-        {"dropped_counts", report.dropped_line_counts},
-        {"trials", o.lines_trials},
-        {"n_gen", o.lines_gen}}},
-      {"needle", {{"lengths", o.lengths}, {"depths", o.depths}, {"n_gen", o.needle_gen}}}};
-  const ModelInfo& m = report.model;
-  json model{{"path", m.path},
-             {"name", m.name},
-             {"arch", m.arch},
-             {"n_layers", m.n_layers},
-             {"n_kv_heads", m.n_kv_heads},
-             {"head_dim", m.head_dim},
-             {"n_ctx_train", m.n_ctx_train},
-             {"n_vocab", m.n_vocab},
-             {"f16_bytes_per_token", m.f16_bytes_per_token}};
-  json results = json::array();
-  for (const SpecResult& s : report.specs) {
-    json j{{"spec", s.spec}, {"canonical", s.canonical}, {"baseline", s.is_baseline},
-           {"done", s.done}, {"seconds", s.seconds},     {"kv", KvJson(s.kv)}};
-    if (!s.error.empty()) j["error"] = s.error;
-    if (s.ppl) {
-      json p = OutcomeJson(*s.ppl);
-      p["ppl"] = s.ppl->ppl;
-      p["ppl_stderr"] = s.ppl->ppl_stderr;
-      p["n_chunks"] = s.ppl->n_chunks;
-      p["n_scored"] = s.ppl->n_scored;
-      p["chunk"] = s.ppl->chunk;
-      j["ppl"] = p;
-    }
-    if (s.kld) {
-      json k = OutcomeJson(*s.kld);
-      k["mean"] = s.kld->mean;
-      k["mean_stderr"] = s.kld->mean_stderr;
-      k["median"] = s.kld->median;
-      k["p90"] = s.kld->p90;
-      k["p99"] = s.kld->p99;
-      k["max"] = s.kld->max;
-      k["top1"] = s.kld->top1;
-      k["top1_stderr"] = s.kld->top1_stderr;
-      k["n_positions"] = s.kld->n_positions;
-      j["kld"] = k;
-    }
-    if (s.copy) {
-      json c = OutcomeJson(*s.copy);
-      c["span"] = s.copy->span;
-      c["skip"] = s.copy->skip;
-      json sources = json::array();
-      for (const CopySource& src : s.copy->sources) {
-        json sj{{"source", src.source},           {"chance", src.chance >= 0 ? json(src.chance) : json(nullptr)},
-                {"n_sequences", src.n_sequences}, {"n_scored", src.n_scored},
-                {"accuracy", src.accuracy},       {"first_accuracy", src.first_accuracy}};
-        json by = json::array();
-        for (const CopyDistance& d : src.by_distance) {
-          by.push_back(json{{"distance", d.distance},
-                            {"n_scored", d.n_scored},
-                            {"accuracy", d.accuracy},
-                            {"first_accuracy", d.first_accuracy}});
-        }
-        sj["by_distance"] = by;
-        sources.push_back(sj);
-      }
-      c["sources"] = sources;
-      j["copy"] = c;
-    }
-    if (s.passkey) j["passkey"] = RetrievalJson(*s.passkey);
-    if (s.lines) j["lines"] = RetrievalJson(*s.lines);
-    if (s.needle) j["needle"] = RetrievalJson(*s.needle);
-    results.push_back(j);
-  }
-  return json{{"schema", kReportSchema}, {"complete", report.complete}, {"created_utc", report.created_utc},
-              {"model", model},          {"settings", settings},        {"results", results}};
-}
-
-std::string ReportToJsonText(const EvalReport& report) {
-  return ReportToJson(report).dump(2, ' ', false, json::error_handler_t::replace) + "\n";
-}
 
 std::string SummaryTable(const EvalReport& report) {
   const EvalOptions& o = report.settings;
-  auto has = [&](Task t) { return std::find(o.tasks.begin(), o.tasks.end(), t) != o.tasks.end(); };
+  auto has = [&](Task t) { return HasTask(o, t); };
   const SpecResult* base = Baseline(report);
   const bool text_copy = !o.text_name.empty();
   std::string head = "| # | spec | KV bytes (peak) | vs f16 |";
@@ -240,16 +126,9 @@ std::string SummaryTable(const EvalReport& report) {
       rule += "---:|";
     }
   }
-  if (has(Task::kPasskey)) {
-    head += " passkey |";
-    rule += "---:|";
-  }
-  if (has(Task::kLines)) {
-    head += " lines |";
-    rule += "---:|";
-  }
-  if (has(Task::kNeedle)) {
-    head += " needle R1-F1 |";
+  for (Task t : kRetrievalTasks) {
+    if (!has(t)) continue;
+    head += " " + ColumnTitle(t) + " |";
     rule += "---:|";
   }
   std::string out = head + "\n" + rule + "\n";
@@ -299,23 +178,155 @@ std::string SummaryTable(const EvalReport& report) {
         if (text_copy) row += " " + (txt ? Pct(txt->accuracy) + " (" + Pct(txt->first_accuracy) + ")" : pending) + " |";
       }
     }
-    auto retrieval = [&](const std::optional<RetrievalResult>& r, bool score) {
-      if (!r) return " " + pending + " |";
-      if (!r->ok) return " " + err(*r) + " |";
-      return " " + (score ? Fixed(r->Score(), 3) : Pct(r->Accuracy())) + " |";
-    };
-    if (has(Task::kPasskey)) row += retrieval(s.passkey, false);
-    if (has(Task::kLines)) row += retrieval(s.lines, false);
-    if (has(Task::kNeedle)) row += retrieval(s.needle, true);
+    for (Task t : kRetrievalTasks) {
+      if (!has(t)) continue;
+      const std::optional<RetrievalResult>& r = *s.Retrieval(t);
+      row += " " + (!r ? pending : !r->ok ? err(*r) : Headline(t, *r)) + " |";
+    }
     out += row + "\n";
   }
   return out;
 }
 
+namespace {
+
+// The retrieval tasks scored again on the cells the baseline solves.
+std::string SolvedTable(const EvalReport& report) {
+  const SpecResult* base = Baseline(report);
+  std::vector<Task> tasks;
+  for (Task t : kRetrievalTasks) {
+    const std::optional<RetrievalResult>* b = base ? base->Retrieval(t) : nullptr;
+    if (HasTask(report.settings, t) && b && *b && (*b)->ok) tasks.push_back(t);
+  }
+  if (tasks.empty()) return "";
+  std::string md =
+      "\n## Retrieval on the cells the baseline solves\n\nA cell (length × depth, or record size for lines) is "
+      "solved when every trial of the baseline in it is a hit. First row: the cells the baseline solves; then each "
+      "spec's score on those cells only (as in the summary: needle mean ROUGE-1 F1, passkey and lines accuracy, "
+      "RULER tasks the share of values found), so a spec is not blamed for what the model cannot do at all.\n\n"
+      "| # | spec |";
+  std::string rule = "|---|---|";
+  for (Task t : tasks) {
+    md += " " + ColumnTitle(t) + " |";
+    rule += "---:|";
+  }
+  md += "\n" + rule + "\n| | cells the baseline solves |";
+  for (Task t : tasks) {
+    const SolvedCells sc = BaselineSolved(**base->Retrieval(t), **base->Retrieval(t));
+    md += " " + std::to_string(sc.solved) + "/" + std::to_string(sc.cells) + " (" + Pct(sc.Share()) + ") |";
+  }
+  md += "\n";
+  for (size_t i = 0; i < report.specs.size(); ++i) {
+    const SpecResult& s = report.specs[i];
+    md += "| " + std::to_string(i) + " | " + Code(s.canonical) + (s.is_baseline ? " (baseline)" : "") + " |";
+    for (Task t : tasks) {
+      const std::optional<RetrievalResult>& r = *s.Retrieval(t);
+      std::string v = "…";
+      if (r && !r->ok) {
+        v = "error";
+      } else if (r) {
+        const SolvedCells sc = BaselineSolved(**base->Retrieval(t), *r);
+        v = sc.n == 0 ? "–"
+                      : (t == Task::kNeedle ? Fixed(sc.Score(), 3)
+                                            : Pct(IsRulerTask(t) ? sc.Score() : sc.Accuracy()));
+      }
+      md += " " + v + " |";
+    }
+    md += "\n";
+  }
+  return md;
+}
+
+std::string SectionTitle(Task t) {
+  switch (t) {
+    case Task::kPasskey:
+      return "passkey: accuracy by depth × length";
+    case Task::kLines:
+      return "lines: accuracy by record size";
+    case Task::kNeedle:
+      return "needle: ROUGE-1 F1 by depth × length";
+    case Task::kNiahMultivalue:
+    case Task::kVt:
+      return std::string(TaskName(t)) + ": share of the values found by depth × length";
+    default:
+      return std::string(TaskName(t)) + ": exact match by depth × length";
+  }
+}
+
+// One task's per-spec results: the lines table, or a depth x length table
+// and its heat map.
+std::string RetrievalSection(const EvalReport& report, Task task, bool with_images) {
+  const EvalOptions& o = report.settings;
+  const std::string name(TaskName(task));
+  std::string md = "\n## " + SectionTitle(task) + "\n\n";
+  for (size_t i = 0; i < report.specs.size(); ++i) {
+    const SpecResult& s = report.specs[i];
+    const std::optional<RetrievalResult>& r = *s.Retrieval(task);
+    if (!r) continue;
+    md += "**" + Code(s.canonical) + "**" + (s.is_baseline ? " (baseline)" : "") + ": ";
+    if (!r->ok) {
+      md += "error: " + r->error + "\n\n";
+      continue;
+    }
+    if (task == Task::kNeedle) {
+      md += "mean ROUGE-1 F1 " + Fixed(r->Score(), 3) + ", all answer words found in " + Pct(r->Accuracy());
+    } else if (task == Task::kNiahMultivalue || task == Task::kVt) {
+      md += "values found " + Pct(r->Score()) + ", all of them in " + Pct(r->Accuracy());
+    } else {
+      md += "accuracy " + Pct(r->Accuracy());
+    }
+    md += " of " + std::to_string(r->n) + "\n\n";
+    if (task == Task::kLines) {
+      md += "| lines | prompt tokens | accuracy | n | first output |\n|---:|---:|---:|---:|---|\n";
+      for (const CellResult& c : r->cells) {
+        md += "| " + std::to_string(c.cell.n_lines) + " | " + Fixed(c.n ? c.prompt_tokens_sum / c.n : 0.0, 0) +
+              " | " + Pct(c.Accuracy()) + " | " + std::to_string(c.n) + " | " + Code(c.example) + " |\n";
+      }
+      md += "\n";
+      continue;
+    }
+    if (with_images) md += "![" + name + " heat map](" + name + "-" + std::to_string(i) + ".svg)\n\n";
+    md += "| depth \\ length |";
+    std::string rule = "|---|";
+    for (int l : o.lengths) {
+      md += " " + std::to_string(l) + " |";
+      rule += "---:|";
+    }
+    md += "\n" + rule + "\n";
+    for (double d : o.depths) {
+      md += "| " + DepthLabel(d) + " |";
+      for (int l : o.lengths) {
+        std::string v = "";
+        for (const CellResult& c : r->cells) {
+          if (c.cell.length == l && c.cell.depth == d) {
+            v = task == Task::kNeedle ? Fixed(c.Score(), 2) : Pct(CellValue(task, c));
+          }
+        }
+        md += " " + v + " |";
+      }
+      md += "\n";
+    }
+    if (IsRulerTask(task)) {
+      // The first output of the first cell, to show what the model answers.
+      for (const CellResult& c : r->cells) {
+        if (c.n > 0) {
+          md += "\nFirst output (" + std::to_string(c.cell.length) + " tokens, depth " + DepthLabel(c.cell.depth) +
+                "): " + Code(c.example) + "\n";
+          break;
+        }
+      }
+    }
+    md += "\n";
+  }
+  return md;
+}
+
+}  // namespace
+
 std::string ReportToMarkdown(const EvalReport& report, bool with_images) {
   const EvalOptions& o = report.settings;
   const ModelInfo& m = report.model;
-  auto has = [&](Task t) { return std::find(o.tasks.begin(), o.tasks.end(), t) != o.tasks.end(); };
+  auto has = [&](Task t) { return HasTask(o, t); };
   std::string md = "# kvx eval: " + ModelLabel(m) + "\n\n";
   md += "Model `" + FileName(m.path) + "` (" + (m.name.empty() ? "" : "\"" + m.name + "\", ") + m.arch + ", " +
         std::to_string(m.n_layers) + " layers, " + std::to_string(m.n_kv_heads) + " KV heads × " +
@@ -334,6 +345,9 @@ std::string ReportToMarkdown(const EvalReport& report, bool with_images) {
     md +=
         "Copy: top-1 accuracy on repeated spans (random tokens, with chance level; real text, "
         "with first-occurrence accuracy as the no-copy control). ";
+  if (std::any_of(o.tasks.begin(), o.tasks.end(), IsRulerTask)) {
+    md += "niah_*, vt (RULER): share of the asked values among the answer's first candidates (exact match). ";
+  }
   md += "Protocols: docs/eval.md.\n";
   if (with_images && !ParetoSvg(report).empty()) md += "\n![quality vs KV bytes](pareto.svg)\n";
 
@@ -351,65 +365,9 @@ std::string ReportToMarkdown(const EvalReport& report, bool with_images) {
       }
     }
   }
-  auto grid = [&](const char* title, const std::string& task, auto get, bool score) {
-    md += std::string("\n## ") + title + "\n\n";
-    for (size_t i = 0; i < report.specs.size(); ++i) {
-      const SpecResult& s = report.specs[i];
-      const std::optional<RetrievalResult>& r = get(s);
-      if (!r) continue;
-      md += "**" + Code(s.canonical) + "**" + (s.is_baseline ? " (baseline)" : "") + ": ";
-      if (!r->ok) {
-        md += "error: " + r->error + "\n\n";
-        continue;
-      }
-      md += (score ? "mean ROUGE-1 F1 " + Fixed(r->Score(), 3) + ", all answer words found in " + Pct(r->Accuracy())
-                   : "accuracy " + Pct(r->Accuracy())) +
-            " of " + std::to_string(r->n) + "\n\n";
-      if (task == "lines") {
-        md += "| lines | prompt tokens | accuracy | n | first output |\n|---:|---:|---:|---:|---|\n";
-        for (const CellResult& c : r->cells) {
-          md += "| " + std::to_string(c.cell.n_lines) + " | " + Fixed(c.n ? c.prompt_tokens_sum / c.n : 0.0, 0) +
-                " | " + Pct(c.Accuracy()) + " | " + std::to_string(c.n) + " | " + Code(c.example) + " |\n";
-        }
-        md += "\n";
-        continue;
-      }
-      if (with_images) md += "![" + task + " heat map](" + task + "-" + std::to_string(i) + ".svg)\n\n";
-      md += "| depth \\ length |";
-      std::string rule = "|---|";
-      for (int l : o.lengths) {
-        md += " " + std::to_string(l) + " |";
-        rule += "---:|";
-      }
-      md += "\n" + rule + "\n";
-      for (double d : o.depths) {
-        md += "| " + DepthLabel(d) + " |";
-        for (int l : o.lengths) {
-          std::string v = "";
-          for (const CellResult& c : r->cells) {
-            if (c.cell.length == l && c.cell.depth == d) v = score ? Fixed(c.Score(), 2) : Pct(c.Accuracy());
-          }
-          md += " " + v + " |";
-        }
-        md += "\n";
-      }
-      md += "\n";
-    }
-  };
-  if (has(Task::kPasskey)) {
-    grid(
-        "passkey: accuracy by depth × length", "passkey",
-        [](const SpecResult& s) -> const std::optional<RetrievalResult>& { return s.passkey; }, false);
-  }
-  if (has(Task::kLines)) {
-    grid(
-        "lines: accuracy by record size", "lines",
-        [](const SpecResult& s) -> const std::optional<RetrievalResult>& { return s.lines; }, false);
-  }
-  if (has(Task::kNeedle)) {
-    grid(
-        "needle: ROUGE-1 F1 by depth × length", "needle",
-        [](const SpecResult& s) -> const std::optional<RetrievalResult>& { return s.needle; }, true);
+  md += SolvedTable(report);
+  for (Task t : kRetrievalTasks) {
+    if (has(t)) md += RetrievalSection(report, t, with_images);
   }
   return md;
 }
@@ -468,41 +426,41 @@ std::string ParetoSvg(const EvalReport& report) {
                 return false;
               });
   }
-  auto retrieval_panel = [&](const std::string& title, auto get, bool score) {
-    add_panel(title, true, !score, [get, score](const SpecResult& s, double* b, double* v) {
-      const std::optional<RetrievalResult>& r = get(s);
+  for (Task t : kRetrievalTasks) {
+    const std::string title = t == Task::kNeedle  ? "needle ROUGE-1 F1"
+                              : IsRulerTask(t)     ? std::string(TaskName(t)) + " values found"
+                                                   : std::string(TaskName(t)) + " accuracy";
+    add_panel(title, true, t != Task::kNeedle, [t](const SpecResult& s, double* b, double* v) {
+      const std::optional<RetrievalResult>& r = *s.Retrieval(t);
       if (!r || !r->ok) return false;
       *b = static_cast<double>(r->kv.peak_bytes);
-      *v = score ? r->Score() : r->Accuracy();
+      *v = HeadlineValue(t, *r);
       return true;
     });
-  };
-  retrieval_panel(
-      "passkey accuracy", [](const SpecResult& s) -> const std::optional<RetrievalResult>& { return s.passkey; },
-      false);
-  retrieval_panel(
-      "lines accuracy", [](const SpecResult& s) -> const std::optional<RetrievalResult>& { return s.lines; }, false);
-  retrieval_panel(
-      "needle ROUGE-1 F1", [](const SpecResult& s) -> const std::optional<RetrievalResult>& { return s.needle; }, true);
+  }
   if (chart.panels.empty()) return "";
   return RenderParetoSvg(chart);
 }
 
-std::string HeatMapSvg(const EvalReport& report, size_t index, const std::string& task) {
-  if (index >= report.specs.size()) return "";
+std::string HeatMapSvg(const EvalReport& report, size_t index, Task task) {
+  if (index >= report.specs.size() || !IsGridTask(task)) return "";
   const SpecResult& s = report.specs[index];
-  const std::optional<RetrievalResult>& r = task == "needle" ? s.needle : s.passkey;
+  const std::optional<RetrievalResult>& r = *s.Retrieval(task);
   if (!r || !r->ok) return "";
   const EvalOptions& o = report.settings;
   HeatMapData h;
   const ModelInfo& m = report.model;
-  h.title = (task == "needle" ? "Needle in a haystack, ROUGE-1 F1: " : "Passkey retrieval accuracy: ") + ModelLabel(m);
+  const bool needle = task == Task::kNeedle;
+  h.title = (needle                  ? std::string("Needle in a haystack, ROUGE-1 F1: ")
+             : task == Task::kPasskey ? std::string("Passkey retrieval accuracy: ")
+                                      : std::string(TaskName(task)) + " (RULER), share of values found: ") +
+            ModelLabel(m);
   h.subtitle = "--kv " + s.canonical + (s.is_baseline ? " (baseline)" : "") + "; KV peak " +
                FormatBytes(static_cast<double>(r->kv.peak_bytes)) + "; overall " +
-               (task == "needle" ? FormatNumber(r->Score(), 3) : FormatNumber(r->Accuracy() * 100, 1) + "%");
+               (needle ? FormatNumber(r->Score(), 3) : FormatNumber(HeadlineValue(task, *r) * 100, 1) + "%");
   h.x_label = "sequence length (tokens, prompt + answer)";
   h.y_label = "depth";
-  h.percent = task != "needle";
+  h.percent = !needle;
   for (int l : o.lengths) h.x_labels.push_back(std::to_string(l));
   for (double d : o.depths) {
     h.y_labels.push_back(DepthLabel(d));
@@ -510,7 +468,7 @@ std::string HeatMapSvg(const EvalReport& report, size_t index, const std::string
     for (int l : o.lengths) {
       double v = NAN;
       for (const CellResult& c : r->cells) {
-        if (c.cell.length == l && c.cell.depth == d && c.n > 0) v = task == "needle" ? c.Score() : c.Accuracy();
+        if (c.cell.length == l && c.cell.depth == d && c.n > 0) v = CellValue(task, c);
       }
       row.push_back(v);
     }
@@ -542,10 +500,11 @@ Status WriteReportDir(const EvalReport& report, const std::string& dir) {
   const std::string pareto = ParetoSvg(report);
   if (!pareto.empty()) KVX_RETURN_IF_ERROR(WriteFileAtomic(dir + "/pareto.svg", pareto));
   for (size_t i = 0; i < report.specs.size(); ++i) {
-    for (const char* task : {"needle", "passkey"}) {
+    for (Task task : kRetrievalTasks) {
       const std::string svg = HeatMapSvg(report, i, task);
       if (!svg.empty()) {
-        KVX_RETURN_IF_ERROR(WriteFileAtomic(dir + "/" + task + "-" + std::to_string(i) + ".svg", svg));
+        KVX_RETURN_IF_ERROR(
+            WriteFileAtomic(dir + "/" + std::string(TaskName(task)) + "-" + std::to_string(i) + ".svg", svg));
       }
     }
   }

@@ -1,5 +1,6 @@
 #include "eval/text_score.h"
 
+#include <algorithm>
 #include <map>
 
 namespace kvx::eval {
@@ -70,6 +71,90 @@ std::string_view FirstSentence(std::string_view text) {
     if (c == '.' || c == '!' || c == '?' || c == '\n') return text.substr(0, i + 1);
   }
   return text;
+}
+
+std::string ItemShape(std::string_view item) {
+  if (item.empty()) return "other";
+  auto all = [&](auto pred) { return std::all_of(item.begin(), item.end(), pred); };
+  auto hex = [](char c) { return IsDigit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); };
+  if (all([](char c) { return IsDigit(c); })) return "number";
+  if (all([](char c) { return c >= 'A' && c <= 'Z'; })) return "caps" + std::to_string(item.size());
+  if (item.size() == 36) {
+    bool uuid = true;
+    for (size_t i = 0; i < item.size(); ++i) {
+      const bool dash = i == 8 || i == 13 || i == 18 || i == 23;
+      uuid = uuid && (dash ? item[i] == '-' : hex(item[i]));
+    }
+    if (uuid) return "uuid";
+  }
+  const size_t dash = item.find('-');
+  auto letters = [](std::string_view s) {
+    return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return IsAlnum(c) && !IsDigit(c); });
+  };
+  if (dash != std::string_view::npos && letters(item.substr(0, dash)) && letters(item.substr(dash + 1))) {
+    return "word";
+  }
+  return "other";
+}
+
+namespace {
+
+// The first `k` items of `shape` in `output` (lowercased), and whether more
+// output could change them: false until k items are complete (followed by a
+// character that cannot extend them).
+std::vector<std::string> Candidates(std::string_view output, const std::string& shape, size_t k, bool* decided) {
+  *decided = false;
+  auto in_item = [](char c) { return IsAlnum(c) || c == '-'; };
+  std::vector<std::string> picked;
+  size_t i = 0;
+  while (i < output.size() && picked.size() < k) {
+    if (!in_item(output[i])) {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < output.size() && in_item(output[j])) ++j;
+    std::string_view item = output.substr(i, j - i);
+    while (!item.empty() && item.front() == '-') item.remove_prefix(1);
+    while (!item.empty() && item.back() == '-') item.remove_suffix(1);
+    // An item running to the end of the output may still grow.
+    if (ItemShape(item) == shape && j < output.size()) {
+      std::string low(item);
+      for (char& c : low) c = Lower(c);
+      picked.push_back(low);
+    }
+    i = j;
+  }
+  if (picked.size() >= k) *decided = true;
+  return picked;
+}
+
+}  // namespace
+
+double ValuesFound(std::string_view output, const std::vector<std::string>& answers) {
+  if (answers.empty()) return 0.0;
+  bool decided = false;
+  // At the end of the output an item is complete: count it.
+  std::vector<std::string> picked = Candidates(std::string(output) + " ", ItemShape(answers[0]), answers.size(),
+                                               &decided);
+  int found = 0;
+  for (const std::string& a : answers) {
+    std::string low = a;
+    for (char& c : low) c = Lower(c);
+    auto it = std::find(picked.begin(), picked.end(), low);
+    if (it != picked.end()) {
+      picked.erase(it);  // each candidate matches one answer
+      ++found;
+    }
+  }
+  return static_cast<double>(found) / static_cast<double>(answers.size());
+}
+
+bool ValuesDecided(std::string_view output, const std::vector<std::string>& answers) {
+  if (answers.empty()) return true;
+  bool decided = false;
+  Candidates(output, ItemShape(answers[0]), answers.size(), &decided);
+  return decided;
 }
 
 std::string SanitizeUtf8(std::string_view text) {

@@ -13,6 +13,14 @@
 //  * FirstSentence: leading whitespace dropped, then the text up to and
 //    including its first '.', '!', '?' or newline (the needle answer is one
 //    sentence; what follows is not judged).
+//  * ValuesFound (niah*, vt): RULER's exact match, made strict so that a model
+//    cannot win by reciting every value of the context (as FirstInteger for
+//    passkey). The output's items are its maximal runs of ASCII letters,
+//    digits and '-'; the candidates are the items of the answers' shape
+//    (ItemShape); the first K candidates (K = the number of answers) are
+//    compared, case-insensitively, with the answers as a set. Returns the
+//    share of answers matched (RULER's partial credit for several values; 0
+//    or 1 for one).
 //
 // Thread-safety: pure functions.
 #pragma once
@@ -38,6 +46,18 @@ struct RougeScore {
 RougeScore Rouge1(std::string_view candidate, std::string_view reference);
 
 std::string_view FirstSentence(std::string_view text);
+
+// The shape class of an answer item: "number" (digits only), "uuid"
+// (8-4-4-4-12 hex digits), "word" (letters '-' letters), "capsN" (N uppercase
+// letters, vt's variable names, so "VAR" is not one), else "other".
+std::string ItemShape(std::string_view item);
+
+// REQUIRES: answers non-empty, all of one shape.
+double ValuesFound(std::string_view output, const std::vector<std::string>& answers);
+// Whether ValuesFound(output + anything, answers) is already fixed: its first
+// K candidates are complete. Generation stops there (scores unchanged, decode
+// steps saved).
+bool ValuesDecided(std::string_view output, const std::vector<std::string>& answers);
 
 // `text` with every byte that is not part of a valid UTF-8 sequence replaced
 // by U+FFFD (model outputs may end inside a character split over byte tokens).

@@ -1,6 +1,7 @@
 // kvx eval: quality of KV-cache specs against a baseline (see eval/eval.h).
 // Thin: parses flags, loads the model once, calls eval::RunEval and writes
-// the reports after every finished task.
+// the reports after every finished task. `--render JSON` instead re-renders a
+// report folder from a report.json (no model, nothing run).
 #include <unistd.h>
 
 #include <cstdio>
@@ -26,12 +27,27 @@ struct EvalFlags {
   std::string text_file;
   std::string json_file;
   std::string report_dir;
+  std::string render_json;
   int n_threads = 0;
   bool quiet = false;
 };
 
+// Re-renders report.md and the SVGs (and report.json, rewritten from what was
+// read, so a folder stays consistent) from a committed report.json.
+Status RenderCommand(const EvalFlags& flags) {
+  if (flags.report_dir.empty()) return InvalidArgument("--render needs --report DIR (where to write)");
+  KVX_ASSIGN_OR_RETURN(std::string text, ReadFileToString(flags.render_json));
+  Result<eval::EvalReport> report = eval::ReportFromJsonText(text);
+  if (!report.ok()) return report.status().WithContext(flags.render_json);
+  KVX_RETURN_IF_ERROR(eval::WriteReportDir(*report, flags.report_dir));
+  if (!flags.quiet) std::fprintf(stderr, "rendered %s into %s\n", flags.render_json.c_str(), flags.report_dir.c_str());
+  return Status::Ok();
+}
+
 Status RunEvalCommand(EvalFlags flags) {
+  if (!flags.render_json.empty()) return RenderCommand(flags);
   eval::EvalOptions& o = flags.options;
+  if (o.model_path.empty()) return InvalidArgument("-m MODEL is required (or --render JSON)");
   KVX_ASSIGN_OR_RETURN(o.tasks, eval::ParseTasks(flags.tasks));
   if (!flags.text_file.empty()) {
     KVX_ASSIGN_OR_RETURN(o.text, ReadFileToString(flags.text_file));
@@ -79,19 +95,23 @@ void RegisterEval(CLI::App& app, int* exit_code) {
   auto flags = std::make_shared<EvalFlags>();
   eval::EvalOptions& o = flags->options;
   CLI::App* cmd = app.add_subcommand(
-      "eval", "Quality of KV-cache specs against a baseline: ppl, kld, copy, passkey, lines, needle");
+      "eval",
+      "Quality of KV-cache specs against a baseline: ppl, kld, copy, passkey, lines, needle and RULER's niah_*, vt");
   cmd->footer(
       "Example:\n  kvx eval -m ../shared/models/tinystories656K/TinyStories-656K-F32.gguf --kv codec=f16 \\\n"
       "    --tasks ppl,kld,copy -f ../shared/golden/stories_eval.txt --report /tmp/eval\n"
       "Every result carries the KV bytes the spec's pool held (measured) and the compression vs a dense f16 "
       "cache.\nProtocols and the JSON schema: docs/eval.md.");
-  cmd->add_option("-m,--model", o.model_path, "GGUF model file")->required();
+  cmd->add_option("-m,--model", o.model_path, "GGUF model file (required unless --render)");
   cmd->add_option("--kv", o.specs, "A KV cache spec to judge (repeat the flag for several)")->allow_extra_args(false);
   cmd->add_option("--baseline", o.baseline, "The reference KV spec")->capture_default_str();
-  cmd->add_option("--tasks", flags->tasks, "Comma-separated: ppl, kld, copy, passkey, lines, needle, or all")
+  cmd->add_option("--tasks", flags->tasks,
+                  "Comma-separated: ppl, kld, copy, passkey, lines, needle, niah_word, niah_number, niah_uuid, "
+                  "niah_multikey, niah_multivalue, vt; groups: niah (the three single-needle ones), ruler (niah_* "
+                  "and vt), all")
       ->capture_default_str();
   cmd->add_option("-f,--file", flags->text_file, "Text for ppl and kld (and copy spans of real text)");
-  cmd->add_option("--data", o.data_dir, "Folder with longeval/ and paul_graham_essays/ (lines, needle)")
+  cmd->add_option("--data", o.data_dir, "Folder with longeval/ and paul_graham_essays/ (lines, needle, niah*)")
       ->capture_default_str();
   cmd->add_option("-c,--ctx-size", o.n_ctx, "Longest sequence of any task (0: the model's trained context)")
       ->capture_default_str()
@@ -111,14 +131,23 @@ void RegisterEval(CLI::App& app, int* exit_code) {
   cmd->add_option("--copy-trials", o.copy_trials, "copy: sequences per distance and source")->capture_default_str()
       ->check(IntIn(1, kMaxCount));
   cmd->add_option("--lengths", o.lengths,
-                  "passkey/needle: sequence lengths in tokens, comma-separated (default: c/4, c/2, 3c/4, c)")
+                  "passkey/needle/niah*/vt: sequence lengths in tokens (prompt + answer), comma-separated "
+                  "(default: c/4, c/2, 3c/4, c)")
       ->delimiter(',')
       ->check(IntIn(1, kMaxContext));
-  cmd->add_option("--depths", o.depths, "passkey/needle: depths in [0,1], comma-separated (default: 0,.25,.5,.75,1)")
+  cmd->add_option("--depths", o.depths,
+                  "passkey/needle/niah*/vt: depths in [0,1], comma-separated (default: 0,.25,.5,.75,1)")
       ->delimiter(',')
       ->check(NumberIn(0, 1, false, false, "a fraction of the sequence"));
   cmd->add_option("--passkey-trials", o.passkey_trials, "passkey: prompts per cell")->capture_default_str()
       ->check(IntIn(1, kMaxCount));
+  cmd->add_option("--ruler-trials", o.ruler_trials, "niah*, vt: prompts per cell")->capture_default_str()
+      ->check(IntIn(1, kMaxCount));
+  cmd->add_option("--ruler-gen", o.ruler_gen,
+                  "niah*, vt: answer tokens reserved and generated at most (0: 32; niah_uuid, niah_multivalue 64; "
+                  "vt 48)")
+      ->capture_default_str()
+      ->check(IntIn(0, kMaxCount));
   cmd->add_option("--lines", o.line_counts,
                   "lines: record sizes in lines, comma-separated (default: 2..160, those "
                   "that fit)")
@@ -133,6 +162,8 @@ void RegisterEval(CLI::App& app, int* exit_code) {
       ->check(IntIn(1, kMaxBatch));
   cmd->add_option("--json", flags->json_file, "Write the JSON report here (rewritten as results arrive)");
   cmd->add_option("--report", flags->report_dir, "Write report.json, report.md and SVG plots into this folder");
+  cmd->add_option("--render", flags->render_json,
+                  "Run nothing: re-render --report DIR from this report.json (docs are regenerated this way)");
   cmd->add_flag("-q,--quiet", flags->quiet, "No progress bar");
   cmd->callback([flags, exit_code] { *exit_code = ReportStatus(RunEvalCommand(*flags)); });
 }
