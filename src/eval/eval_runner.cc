@@ -138,7 +138,8 @@ class Runner {
       o.copy_distances = d;
     }
     lengths_defaulted_ = o.lengths.empty();
-    if (o.lengths.empty()) o.lengths = {n_ctx / 4, n_ctx / 2, 3 * n_ctx / 4, n_ctx};
+    // 3 * n_ctx in 64 bits: a model may claim a context up to 2^30 tokens.
+    if (o.lengths.empty()) o.lengths = {n_ctx / 4, n_ctx / 2, static_cast<int>(int64_t{3} * n_ctx / 4), n_ctx};
     for (int l : o.lengths) {
       if (l < 1 || l > n_ctx) {
         return InvalidArgument("length " + std::to_string(l) + " is outside 1.." + std::to_string(n_ctx) +

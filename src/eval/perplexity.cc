@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 namespace kvx::eval {
 
@@ -14,9 +15,9 @@ Result<PerplexityResult> Perplexity(engine::Session* session, const std::vector<
                            std::to_string(session->n_ctx()));
   }
   const int n_tokens = static_cast<int>(tokens.size());
-  if (n_tokens < 2 * n_ctx) {
+  if (n_tokens < 2 * int64_t{n_ctx}) {  // 64 bits: a session's context may be up to 2^30
     return InvalidArgument("the text has " + std::to_string(n_tokens) + " tokens; perplexity with -c " +
-                           std::to_string(n_ctx) + " needs at least " + std::to_string(2 * n_ctx) +
+                           std::to_string(n_ctx) + " needs at least " + std::to_string(2 * int64_t{n_ctx}) +
                            " (use a longer text or a smaller -c)");
   }
   const model::Model& m = session->model();

@@ -146,7 +146,8 @@ Result<ModelConfig> ModelConfig::FromGguf(const gguf::GgufFile& f) {
     if (!(factor > 0)) return InvalidArgument("model metadata: rope.scaling.factor must be > 0");
     c.rope_freq_scale = static_cast<float>(1.0 / factor);
   } else if (scaling != "none" && scaling != "llama3") {
-    return Unimplemented("RoPE scaling type " + QuotePrintable(scaling) + " is not supported; kvx supports none, linear, llama3");
+    return Unimplemented("RoPE scaling type " + QuotePrintable(scaling) +
+                         " is not supported; kvx supports none, linear, llama3");
   }
   if (f.Has(a + ".attention.sliding_window")) {
     KVX_ASSIGN_OR_RETURN(uint64_t window, f.GetUint(a + ".attention.sliding_window"));

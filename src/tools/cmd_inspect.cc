@@ -41,8 +41,8 @@ Status Inspect(const InspectFlags& flags) {
   // Every string from the file goes through Printable() (util/printable.h):
   // a hostile file's keys and names may hold NULs or terminal escapes.
   std::printf("file: %s\nGGUF version %u, alignment %llu, %zu metadata keys, %zu tensors\n\n",
-              Printable(flags.model_path, 4096).c_str(), file->version(), static_cast<unsigned long long>(file->alignment()),
-              file->metadata().size(), file->tensors().size());
+              Printable(flags.model_path, 4096).c_str(), file->version(),
+              static_cast<unsigned long long>(file->alignment()), file->metadata().size(), file->tensors().size());
   std::printf("metadata:\n");
   for (const auto& [key, value] : file->metadata()) {
     std::printf("  %-44s %s\n", Printable(key).c_str(), gguf::GgufFile::ValueToString(value).c_str());
@@ -56,8 +56,8 @@ Status Inspect(const InspectFlags& flags) {
     ++shown;
     std::string shape;
     for (size_t i = 0; i < t.dims.size(); ++i) shape += (i ? " x " : "") + std::to_string(t.dims[i]);
-    std::printf("  %-36s %-6s %-22s %12llu\n", Printable(t.name).c_str(), gguf::TensorTypeName(t.type).c_str(), shape.c_str(),
-                static_cast<unsigned long long>(t.n_bytes));
+    std::printf("  %-36s %-6s %-22s %12llu\n", Printable(t.name).c_str(), gguf::TensorTypeName(t.type).c_str(),
+                shape.c_str(), static_cast<unsigned long long>(t.n_bytes));
   }
   if (shown < file->tensors().size()) {
     std::printf("  ... %zu more (use --all)\n", file->tensors().size() - shown);
@@ -99,7 +99,8 @@ Status Inspect(const InspectFlags& flags) {
     }
     const kv::KVLayout& l = resolved->layout;
     const size_t per_token = kv::BytesPerToken(l, spec.codec);
-    std::printf("  %-42s %12zu %7.2fx %14.2f\n", Printable(spec_text).c_str(), per_token, static_cast<double>(f16) / per_token,
+    std::printf("  %-42s %12zu %7.2fx %14.2f\n", Printable(spec_text).c_str(), per_token,
+                static_cast<double>(f16) / per_token,
                 kv::BytesForContext(l, spec.codec, ctx) / (1024.0 * 1024.0));
   }
   return user_spec_status;
