@@ -282,6 +282,11 @@ def render(out):
     md += goals_table(data)
     readme_md = list(md)
     micro = data["micro"]
+    # The batched-decode section is scripts/batched_report.py's (its own data and --check): kept as it is.
+    batched = re.search(r"<!-- batched:begin -->\n.*?<!-- batched:end -->",
+                        open(os.path.join(ROOT, "docs/benchmarks.md")).read(), flags=re.S)
+    md += ["## Batched decode (many sequences per step)", "",
+           batched.group(0) if batched else "<!-- batched:begin -->\n<!-- batched:end -->", ""]
     md += ["## Kernel microbenchmarks", "",
            "`build/ops_bench` and `build/kv_bench` (Google Benchmark, medians of 3; see the comments at the top of "
            "`bench/ops_bench.cc` and `bench/kv_bench.cc` for what each measures). DecodeSweep streams every weight "
