@@ -6,7 +6,8 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libfmt-dev
-  libhwy-dev libxxhash-dev libpcre2-dev
+  libhwy-dev libxxhash-dev libpcre2-dev libzstd-dev
+  libcpp-httplib-dev
   clang libclang-rt-14-dev
 )
 missing=()

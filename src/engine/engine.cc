@@ -78,6 +78,11 @@ Result<std::unique_ptr<Session>> Engine::ForkSession(const Session& src, int n_t
   return std::unique_ptr<Session>(new Session(this, id));
 }
 
+Result<std::unique_ptr<Session>> Engine::AdoptSequence(kv::SeqId id) {
+  if (!kv_->HasSequence(id)) return NotFound("no sequence " + std::to_string(id));
+  return std::unique_ptr<Session>(new Session(this, id));
+}
+
 Status Engine::Step(std::span<const StepInput> inputs) {
   if (inputs.empty()) return Status::Ok();
   const int n_vocab = model_->config().n_vocab;
