@@ -17,6 +17,10 @@ constexpr int kMaxPreRopeContext = 1 << 22;
 
 }  // namespace
 
+uint64_t BlockHash(uint64_t seed, std::span<const int32_t> block) {
+  return XXH3_64bits_withSeed(block.data(), block.size() * sizeof(int32_t), seed);
+}
+
 Result<ResolvedKVSpec> ResolveKVSpec(std::string_view text, const KVLayout& model_layout, int n_ctx, int n_seqs) {
   KVX_ASSIGN_OR_RETURN(KVSpec spec, ParseKVSpec(text));
   return ResolveKVSpec(spec, model_layout, n_ctx, n_seqs);
@@ -275,7 +279,7 @@ void KVManager::ExtendHashes(Sequence& s) const {
   const size_t T = static_cast<size_t>(spec_.layout.page_tokens);
   for (size_t b = s.block_hashes.size(); (b + 1) * T <= s.tokens.size(); ++b) {
     const uint64_t seed = b == 0 ? s.salt : s.block_hashes[b - 1];
-    s.block_hashes.push_back(XXH3_64bits_withSeed(&s.tokens[b * T], T * sizeof(int32_t), seed));
+    s.block_hashes.push_back(BlockHash(seed, std::span<const int32_t>(&s.tokens[b * T], T)));
   }
 }
 

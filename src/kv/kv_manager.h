@@ -83,6 +83,11 @@ Result<ResolvedKVSpec> ResolveKVSpec(const KVSpec& spec, const KVLayout& model_l
 
 using SeqId = int32_t;
 
+// The chained hash of one full token block: XXH3_64 of its token ids with
+// `seed` = the previous block's hash (the sequence's salt for block 0). What
+// KVManager::block_hashes holds; a prefix cache hashes a prompt with it.
+uint64_t BlockHash(uint64_t seed, std::span<const int32_t> block);
+
 struct KVManagerOptions {
   // Free-but-touched pool memory above which ending a sequence returns it to
   // the OS (0: every time a sequence ends; UINT64_MAX: never).
@@ -151,6 +156,8 @@ class KVManager {
   int length(SeqId id) const { return static_cast<int>(Seq(id).tokens.size()); }
   // Hashes of the sequence's full token blocks (see above).
   const std::vector<uint64_t>& block_hashes(SeqId id) const { return Seq(id).block_hashes; }
+  // The salt its block hashes start from (its tenant's).
+  uint64_t salt(SeqId id) const { return Seq(id).salt; }
   // Whether a policy removed entries from the sequence.
   bool entries_removed(SeqId id) const { return Seq(id).entries_removed; }
   // Policies call this after removing entries of a sequence.
