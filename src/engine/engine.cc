@@ -78,8 +78,8 @@ Result<std::unique_ptr<Session>> Engine::ForkSession(const Session& src, int n_t
   return std::unique_ptr<Session>(new Session(this, id));
 }
 
-Result<std::unique_ptr<Session>> Engine::AdoptSequence(kv::SeqId id) {
-  if (!kv_->HasSequence(id)) return NotFound("no sequence " + std::to_string(id));
+std::unique_ptr<Session> Engine::AdoptSequence(kv::SeqId id) {
+  KVX_CHECK_MSG(kv_->HasSequence(id), "adopting an unknown sequence");
   return std::unique_ptr<Session>(new Session(this, id));
 }
 

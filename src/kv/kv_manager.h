@@ -138,7 +138,6 @@ class KVManager {
   // checks. DataLoss naming the problem, ResourceExhausted when the pool
   // cannot hold the pages; on error nothing changed. REQUIRES: not in a step.
   Result<SeqId> ImportSequence(const SequenceImage& image);
-  uint64_t salt(SeqId id) const { return Seq(id).salt; }
   // Drops the sequence and returns its pages; then hands free memory to the
   // OS above the watermark. REQUIRES: not in a step.
   void ReleaseSequence(SeqId id);

@@ -39,7 +39,7 @@ Status Run(const RunFlags& flags) {
     // Continue a saved session: the prompt (if any) is appended as text that
     // follows it, without a new BOS.
     KVX_ASSIGN_OR_RETURN(engine::RestoredSession restored, engine::LoadSessionFile(*rt, flags.load_session));
-    KVX_ASSIGN_OR_RETURN(session, rt->AdoptSequence(restored.seq));
+    session = rt->AdoptSequence(restored.seq);
     resume_logits = std::move(restored.logits);
     KVX_ASSIGN_OR_RETURN(ids, tok.Encode(prompt, /*add_special=*/false, flags.parse_special));
     if (ids.empty() && resume_logits.empty()) {
