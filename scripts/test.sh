@@ -3,7 +3,9 @@
 #   1. the Release build: unit + integration tests (integration tests skip
 #      with a message when ../shared is absent);
 #   2. an ASan+UBSan build of the unit tests;
-#   3. a short libFuzzer run of every fuzz target (clang).
+#   3. a ThreadSanitizer build of only the tests with threads of their own
+#      (ctest label `threads`: the scheduler, the thread pool);
+#   4. a short libFuzzer run of every fuzz target (clang).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=$(nproc)
@@ -18,6 +20,13 @@ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVX_SANITI
 cmake --build build-asan -j "$JOBS" --target kvx_unit_tests
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-asan -L unit -j "$JOBS" --output-on-failure
+
+echo "== TSan build: tests with threads of their own"
+cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVX_TSAN=ON \
+  -DKVX_BUILD_BENCH=OFF >/dev/null
+cmake --build build-tsan -j "$JOBS" --target kvx_threads_tests
+TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+  ctest --test-dir build-tsan -L threads -j "$JOBS" --output-on-failure
 
 if ls fuzz/*_fuzz.cc >/dev/null 2>&1; then
   echo "== libFuzzer smoke runs"

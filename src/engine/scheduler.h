@@ -53,9 +53,9 @@
 // the scheduler runs, and must outlive it.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -239,7 +239,9 @@ class Scheduler {
   // or finished ids are ignored (false).
   bool Cancel(RequestId id);
 
-  // A consistent snapshot, updated after every step.
+  // A consistent snapshot, published at the end of every loop iteration
+  // (after a step's events). Once RunBetweenSteps returns, the snapshot
+  // covers every event delivered before the task ran.
   SchedulerStats Stats() const;
 
   // Runs `task` on the scheduler thread between two steps (no step in
@@ -253,14 +255,20 @@ class Scheduler {
   void Shutdown(ShutdownMode mode);
 
   // --- Named sessions (scheduler thread: inside a RunBetweenSteps task) ---
+  // A session is a manager sequence plus PENDING tokens: tokens that belong
+  // to the conversation but are not in the KV yet (the last generated token
+  // of a finished request is sampled, never fed). A request resuming the
+  // session feeds pending + its prompt. Save both to restore exactly.
+  //
   // The manager sequence kept under `name` (NotFound otherwise). The
   // scheduler owns it: read it, fork it, do not release it.
   Result<kv::SeqId> SessionSequence(const std::string& name) const;
+  Result<std::vector<int32_t>> SessionPendingTokens(const std::string& name) const;
   // Takes ownership of manager sequence `seq` (e.g. one restored from a
-  // file) as session `name` with tenant `salt`, replacing (and releasing) a
-  // session of that name. InvalidArgument if seq is unknown or already owned
-  // by the scheduler.
-  Status AdoptSession(const std::string& name, kv::SeqId seq, uint64_t salt);
+  // file) as session `name` with tenant `salt` and `pending` tokens,
+  // replacing (and releasing) a session of that name. InvalidArgument if seq
+  // is unknown or already a session.
+  Status AdoptSession(const std::string& name, kv::SeqId seq, uint64_t salt, std::vector<int32_t> pending = {});
   // Releases the session's sequence (NotFound if none).
   Status DropSession(const std::string& name);
   std::vector<std::string> SessionNames() const;
@@ -275,57 +283,64 @@ class Scheduler {
   struct SessionEntry {
     kv::SeqId seq = -1;
     uint64_t salt = 0;
+    std::vector<int32_t> pending;
     uint64_t last_used = 0;
   };
 
   Scheduler(Engine& engine, SchedulerOptions options);
   void Loop();
   double Now() const { return options_.clock(); }
-  // (scheduler.cc documents each step of the loop)
-  void TakeInbox();
-  void RunTasks(std::vector<std::shared_ptr<Task>>& tasks);
+  // The loop's parts (scheduler.cc says what each does).
+  void TakeInbox(std::vector<std::unique_ptr<Request>>* incoming, std::vector<RequestId>* cancels,
+                 std::vector<std::shared_ptr<Task>>* tasks);
+  void Enqueue(std::unique_ptr<Request> r);
   void Admit();
-  Status AdmitOne(Request& r);
-  bool RunStep();
-  void Preempt(Request& r);
-  void Finish(Request& r, Sample& s, FinishReason reason, Status status);
-  void Complete(Request& r);
-  void FailRequest(Request& r, Status status);
-  void CancelRequest(Request& r);
-  void ReleaseSample(Request& r, Sample& s, bool to_cache, bool keep_session);
-  bool SessionOwned(kv::SeqId seq) const;
+  // Whether `r` fits now; if so gives its samples their sequences.
+  Status TryAdmit(Request& r, uint64_t* available, bool* admitted);
+  bool RunStep();  // false: nothing to run
+  void AfterStep(Request& r, Sample& s);
+  bool ForkSiblings(Request& r);
+  Request* Youngest();
+  void Preempt(Request* r);
+  void FinishSample(Request& r, Sample& s, FinishReason reason, Status status);
+  void FailRequest(Request& r, FinishReason reason, Status status);
+  void CancelId(RequestId id);
+  void Emit(Request& r, const RequestEvent& e);
+  std::unique_ptr<Request> TakeRunning(Request* r);
   void DropLruSessions();
   void PublishStats();
-  uint64_t KvBytesFor(int tokens) const;
+  uint64_t KvBytesFor(int64_t tokens) const;
+  int RunningSequences() const;
 
   Engine& engine_;
   SchedulerOptions options_;
   std::unique_ptr<kv::RadixCache> cache_;
   int n_vocab_ = 0;
+  uint64_t block_bytes_ = 0;  // KV bytes of one page_tokens block
 
   // Shared with other threads, under mu_.
   mutable std::mutex mu_;
   std::condition_variable wake_;
-  std::deque<std::unique_ptr<Request>> inbox_;
+  std::vector<std::unique_ptr<Request>> inbox_;
   std::vector<RequestId> cancels_;
   std::vector<std::shared_ptr<Task>> tasks_;
-  bool stopping_ = false;
-  bool stopped_ = false;
+  std::map<RequestId, bool> live_;  // submitted and not done
+  bool stopping_ = false;           // Shutdown called
+  bool stopped_ = false;            // the thread ended
   ShutdownMode shutdown_mode_ = ShutdownMode::kDrain;
   RequestId next_id_ = 1;
-  int inbox_and_queue_ = 0;  // for max_queue
   mutable std::mutex stats_mu_;
   SchedulerStats stats_;
+  std::mutex shutdown_mu_;  // serialises Shutdown callers
   std::thread thread_;
-  std::thread::id thread_id_;
-  std::mutex shutdown_mu_;
+  std::atomic<std::thread::id> thread_id_{};
 
   // Scheduler thread only.
-  std::vector<std::unique_ptr<Request>> queue_;    // admission order: priority, then id
-  std::vector<std::unique_ptr<Request>> running_;  // admission order (oldest first)
+  std::vector<std::unique_ptr<Request>> queue_;    // priority desc, then id asc
+  std::vector<std::unique_ptr<Request>> running_;  // by id: the last is the youngest
   std::map<std::string, SessionEntry> sessions_;
   uint64_t session_tick_ = 0;
-  SchedulerStats work_;  // counters the loop keeps, copied to stats_
+  SchedulerStats work_;  // the loop's counters, copied to stats_
   double start_time_ = 0;
 };
 
