@@ -28,6 +28,7 @@ constexpr uint32_t kNoCompression = 0, kZstd = 1;
 //   sequence  u64 salt, u8 entries removed, u32 n, i32[n] tokens,
 //             i32[n] positions, u32 m, u64[m] block hashes
 //   logits    u32 k (0 or n_vocab), f32[k]
+//   pending   u32 p, i32[p] token ids
 //   tables    n_layers * n_kv_heads times, layer-major: u32 slots,
 //             u32 pages, then per page u8 f16 (1) / packed (0), u32 bytes,
 //             the page's bytes
@@ -146,8 +147,9 @@ uint64_t MaxBodyBytes(const Engine& e) {
 
 }  // namespace
 
-Result<std::string> EncodeSession(const Engine& engine, kv::SeqId seq, std::span<const float> logits,
+Result<std::string> EncodeSession(const Engine& engine, kv::SeqId seq, const SessionExtras& extras,
                                   const SessionFileOptions& options) {
+  const std::span<const float> logits = extras.logits;
   const kv::KVManager& m = engine.kv_manager();
   if (!m.HasSequence(seq)) return NotFound("no sequence " + std::to_string(seq) + " to save");
   if (m.in_step()) return Internal("a session cannot be saved during a step");
@@ -179,6 +181,11 @@ Result<std::string> EncodeSession(const Engine& engine, kv::SeqId seq, std::span
   w.Bytes(hashes.data(), hashes.size() * sizeof(uint64_t));
   w.U32(static_cast<uint32_t>(logits.size()));
   w.Bytes(logits.data(), logits.size() * sizeof(float));
+  for (int32_t t : extras.pending) {
+    if (t < 0 || t >= n_vocab) return InvalidArgument("pending token " + std::to_string(t) + " is outside the vocabulary");
+  }
+  w.U32(static_cast<uint32_t>(extras.pending.size()));
+  w.Bytes(extras.pending.data(), extras.pending.size() * sizeof(int32_t));
 
   const kv::SequenceKV& kv = m.kv(seq);
   const kv::BlockPool& pool = m.pool();
@@ -221,9 +228,9 @@ Result<std::string> EncodeSession(const Engine& engine, kv::SeqId seq, std::span
   return file;
 }
 
-Status SaveSessionFile(const Engine& engine, kv::SeqId seq, const std::string& path, std::span<const float> logits,
+Status SaveSessionFile(const Engine& engine, kv::SeqId seq, const std::string& path, const SessionExtras& extras,
                        const SessionFileOptions& options) {
-  KVX_ASSIGN_OR_RETURN(std::string bytes, EncodeSession(engine, seq, logits, options));
+  KVX_ASSIGN_OR_RETURN(std::string bytes, EncodeSession(engine, seq, extras, options));
   static std::atomic<uint64_t> counter{0};
   const std::string tmp = path + ".tmp." + std::to_string(getpid()) + "." + std::to_string(counter++);
   {
@@ -344,7 +351,11 @@ Result<RestoredSession> DecodeSession(Engine& engine, std::span<const uint8_t> b
   RestoredSession out;
   const uint32_t n_logits = r.U32("logit count");
   r.Array(&out.logits, n_logits, "logits");
+  r.Array(&out.pending, r.U32("pending count"), "pending tokens");
   if (!r.ok()) return r.Error();
+  for (int32_t t : out.pending) {
+    if (t < 0 || t >= static_cast<int32_t>(n_vocab)) return DataLoss("session file holds a pending token outside the vocabulary");
+  }
   if (n_logits != 0 && n_logits != n_vocab) return DataLoss("session file holds logits of the wrong size");
   for (int32_t t : image.tokens) {
     if (t < 0 || t >= static_cast<int32_t>(n_vocab)) {

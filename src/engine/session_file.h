@@ -8,7 +8,7 @@
 // session moves between pools of any size), the sequence's token ids,
 // positions, block hashes and salt, whether a policy removed entries, the
 // logits after its last token (optional: what the next token is sampled
-// from), and every (layer, kv-head) page table with its pages' bytes as the
+// from), pending tokens (optional), and every (layer, kv-head) page table with its pages' bytes as the
 // codec stored them (positions of dead slots included).
 //
 // Format (little-endian):
@@ -50,18 +50,25 @@ struct SessionFileOptions {
   int zstd_level = 3;
 };
 
-// The bytes of a session file for sequence `seq` of `engine`, with the
-// logits after its last token (n_vocab floats, or empty).
-Result<std::string> EncodeSession(const Engine& engine, kv::SeqId seq, std::span<const float> logits,
+// What a session holds besides its sequence.
+struct SessionExtras {
+  std::span<const float> logits;     // after its last token: n_vocab floats, or empty
+  std::span<const int32_t> pending;  // tokens of the conversation not in the KV yet (the scheduler's
+                                     // sessions: the last sampled token), fed before what comes next
+};
+
+// The bytes of a session file for sequence `seq` of `engine`.
+Result<std::string> EncodeSession(const Engine& engine, kv::SeqId seq, const SessionExtras& extras = {},
                                   const SessionFileOptions& options = {});
 // EncodeSession written to `path` (a temporary file renamed into place, so a
 // crash never leaves half a file under the name).
 Status SaveSessionFile(const Engine& engine, kv::SeqId seq, const std::string& path,
-                       std::span<const float> logits = {}, const SessionFileOptions& options = {});
+                       const SessionExtras& extras = {}, const SessionFileOptions& options = {});
 
 struct RestoredSession {
-  kv::SeqId seq = -1;          // a new sequence of the engine's manager
-  std::vector<float> logits;   // as saved (empty if none were)
+  kv::SeqId seq = -1;             // a new sequence of the engine's manager
+  std::vector<float> logits;      // as saved (empty if none were)
+  std::vector<int32_t> pending;   // as saved
 };
 // Checks `bytes` completely, then restores them into a new sequence of
 // `engine`'s manager (errors above; nothing changes on error).

@@ -98,12 +98,14 @@ TEST(SessionFileTest, RestoredSessionContinuesBitIdentically) {
       std::vector<float> logits(512, 0.5f);
       SessionFileOptions so;
       so.compress = compress;
-      auto file = EncodeSession(*engine, (*a)->id(), logits, so);
+      const std::vector<int32_t> pending = {5, 6};
+      auto file = EncodeSession(*engine, (*a)->id(), {.logits = logits, .pending = pending}, so);
       ASSERT_TRUE(file.ok()) << file.status().ToString();
 
       auto same = DecodeSession(*engine, Bytes(*file));
       ASSERT_TRUE(same.ok()) << same.status().ToString();
       EXPECT_EQ(same->logits, logits);
+      EXPECT_EQ(same->pending, pending);
       auto fresh = DecodeSession(*other, Bytes(*file));
       ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
       ASSERT_TRUE(engine->kv_manager().CheckInvariants().ok()) << engine->kv_manager().CheckInvariants().ToString();

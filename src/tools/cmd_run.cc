@@ -80,7 +80,7 @@ Status Run(const RunFlags& flags) {
     } else if (printed_last) {
       std::fprintf(stderr, "warning: the context is full; the saved session ends before the last token\n");
     }
-    KVX_RETURN_IF_ERROR(engine::SaveSessionFile(*rt, session->id(), flags.save_session, logits));
+    KVX_RETURN_IF_ERROR(engine::SaveSessionFile(*rt, session->id(), flags.save_session, {.logits = logits, .pending = {}}));
     std::fprintf(stderr, "saved the session (%d tokens) to %s\n", session->n_past(), flags.save_session.c_str());
   }
   return Status::Ok();
