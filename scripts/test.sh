@@ -3,7 +3,9 @@
 #   1. the Release build: unit + integration tests (integration tests skip
 #      with a message when ../shared is absent);
 #   2. one clang ASan+UBSan build: the unit tests, then a short libFuzzer run
-#      of every fuzz target.
+#      of every fuzz target;
+#   3. a ThreadSanitizer build of only the tests with threads of their own
+#      (ctest label `threads`: the scheduler, the server, the thread pool).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=$(nproc)
@@ -33,4 +35,11 @@ for src in fuzz/*_fuzz.cc; do
   ./build-asan/"$name" -max_total_time=30 -print_final_stats=0 \
     build-asan/corpus-"$name" $( [ -d "$corpus" ] && echo "$corpus" ) 2>&1 | tail -n 3
 done
+
+echo "== TSan build: tests with threads of their own"
+cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" -DKVX_TSAN=ON -DKVX_BUILD_BENCH=OFF >/dev/null
+cmake --build build-tsan -j "$JOBS" --target kvx_threads_tests
+TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+  ctest --test-dir build-tsan -L threads -j "$JOBS" --output-on-failure
 echo "== all tests passed"

@@ -78,6 +78,11 @@ Result<std::unique_ptr<Session>> Engine::ForkSession(const Session& src, int n_t
   return std::unique_ptr<Session>(new Session(this, id));
 }
 
+std::unique_ptr<Session> Engine::AdoptSequence(kv::SeqId id) {
+  KVX_CHECK_MSG(kv_->HasSequence(id), "adopting an unknown sequence");
+  return std::unique_ptr<Session>(new Session(this, id));
+}
+
 Status Engine::Step(std::span<const StepInput> inputs) {
   if (inputs.empty()) return Status::Ok();
   const int n_vocab = model_->config().n_vocab;

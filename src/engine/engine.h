@@ -71,6 +71,11 @@ class Engine {
   // A new session holding the first n_tokens tokens of `src` (pages shared).
   Result<std::unique_ptr<Session>> ForkSession(const Session& src, int n_tokens);
 
+  // A session handle owning manager sequence `id` (one made by the KV
+  // manager directly: a prefix-cache fork, a restored file). REQUIRES: the
+  // sequence exists and no other session owns it.
+  std::unique_ptr<Session> AdoptSequence(kv::SeqId id);
+
   // One batched forward step over `inputs` (distinct sessions of this
   // engine). InvalidArgument for bad tokens or a full context,
   // ResourceExhausted when the pool cannot hold the step: in both cases

@@ -4,7 +4,9 @@
 
 namespace kvx::engine {
 
-Session::~Session() { engine_->kv_manager().ReleaseSequence(id_); }
+Session::~Session() {
+  if (owned_) engine_->kv_manager().ReleaseSequence(id_);
+}
 
 Result<const float*> Session::Feed(std::span<const int32_t> tokens) {
   if (tokens.empty()) return InvalidArgument("nothing to feed: the token list is empty");

@@ -47,6 +47,13 @@ class Session {
   // uses this to reach deep contexts quickly.
   Status AppendSyntheticKV(int n_tokens, uint64_t seed);
 
+  // Gives up ownership of the sequence (it stays in the manager; the caller
+  // now releases it) and returns its id. The session must not be used after.
+  kv::SeqId Detach() {
+    owned_ = false;
+    return id_;
+  }
+
   kv::SeqId id() const { return id_; }
   int n_past() const { return engine_->kv_manager().length(id_); }
   int n_ctx() const { return engine_->n_ctx(); }
@@ -60,6 +67,7 @@ class Session {
 
   Engine* engine_;
   kv::SeqId id_;
+  bool owned_ = true;
   std::vector<float> logits_;
 };
 

@@ -181,8 +181,9 @@ class BlockPool {
   size_t page_bytes(int size_class = 0) const { return classes_[size_class].page_bytes; }
   // Capacity in class-0 pages (budget / page_bytes()).
   int64_t pages_total() const { return classes_[0].n_pages; }
-  // Pages in use over all classes.
+  // Pages in use over all classes, and of one class.
   int64_t pages_in_use() const { return n_in_use_; }
+  int64_t pages_in_use(int size_class) const { return classes_[size_class].n_in_use; }
   // Class-0 pages that can still be allocated within the budget.
   int64_t pages_free() const {
     return static_cast<int64_t>((budget_bytes_ - bytes_in_use_) / classes_[0].page_bytes);

@@ -83,6 +83,11 @@ Result<ResolvedKVSpec> ResolveKVSpec(const KVSpec& spec, const KVLayout& model_l
 
 using SeqId = int32_t;
 
+// The chained hash of one full token block: XXH3_64 of its token ids with
+// `seed` = the previous block's hash (the sequence's salt for block 0). What
+// KVManager::block_hashes holds; a prefix cache hashes a prompt with it.
+uint64_t BlockHash(uint64_t seed, std::span<const int32_t> block);
+
 struct KVManagerOptions {
   // Free-but-touched pool memory above which ending a sequence returns it to
   // the OS (0: every time a sequence ends; UINT64_MAX: never).
@@ -117,6 +122,22 @@ class KVManager {
   // src had entries removed (its pages no longer hold its token prefix);
   // ResourceExhausted when a partial page's copy does not fit (unchanged).
   Result<SeqId> ForkPrefix(SeqId src, int n_tokens);
+  // A saved sequence (engine/session_file.h): everything a sequence holds.
+  struct SequenceImage {
+    std::vector<int32_t> tokens, positions;
+    std::vector<uint64_t> block_hashes;
+    uint64_t salt = 0;
+    bool entries_removed = false;
+    std::vector<SequenceKV::TableImage> tables;  // [n_layers * n_kv_heads], layer-major
+  };
+  // A new sequence holding `image`. Checked before anything is allocated:
+  // tokens and positions agree in length, fit the context (positions in
+  // 0..n_ctx-1), the block hashes are the chain of the tokens and the salt
+  // (a prefix of it once entries were removed), every table holds one live
+  // entry per token unless entries were removed, and SequenceKV::Import's
+  // checks. DataLoss naming the problem, ResourceExhausted when the pool
+  // cannot hold the pages; on error nothing changed. REQUIRES: not in a step.
+  Result<SeqId> ImportSequence(const SequenceImage& image);
   // Drops the sequence and returns its pages; then hands free memory to the
   // OS above the watermark. REQUIRES: not in a step.
   void ReleaseSequence(SeqId id);
@@ -134,6 +155,8 @@ class KVManager {
   int length(SeqId id) const { return static_cast<int>(Seq(id).tokens.size()); }
   // Hashes of the sequence's full token blocks (see above).
   const std::vector<uint64_t>& block_hashes(SeqId id) const { return Seq(id).block_hashes; }
+  // The salt its block hashes start from (its tenant's).
+  uint64_t salt(SeqId id) const { return Seq(id).salt; }
   // Whether a policy removed entries from the sequence.
   bool entries_removed(SeqId id) const { return Seq(id).entries_removed; }
   // Policies call this after removing entries of a sequence.

@@ -1,0 +1,347 @@
+// Scheduler: continuous batching over one Engine. Requests (prompt token ids,
+// sampling options, limits) are submitted from any thread; one scheduler
+// thread owns the engine and runs steps:
+//
+//   between steps  take new requests, cancellations and RunBetweenSteps tasks;
+//                  admit queued requests in FIFO order (priority first) while
+//                  their prompt's KV fits the pool (counting the pages the
+//                  radix prefix cache already holds for them, and the ones it
+//                  could evict); a new request starts from the longest cached
+//                  prefix of its prompt (kv/radix_cache.h: pages shared, not
+//                  recomputed).
+//   one step       decode rows first (one token per running sequence, oldest
+//                  first), then prefill chunks of admitted prompts fill the
+//                  rest of `max_step_tokens`; one Engine::Step (batched
+//                  forward pass). When the pool cannot hold the step
+//                  (ResourceExhausted: nothing changed), unused cached pages
+//                  are evicted first (LRU), then the YOUNGEST running request
+//                  is preempted (its computed blocks go to the prefix cache,
+//                  its sequence is released, it goes back to the head of the
+//                  queue and is recomputed on readmission, mostly from the
+//                  cache), and the step is retried. Oldest requests therefore
+//                  always progress: nothing starves.
+//   after a step   each sequence whose input is consumed samples its next
+//                  token with its own Sampler (seeded per request and sample),
+//                  and events go to the request's callback; finished
+//                  sequences give their full pages to the prefix cache (or
+//                  are kept as a named session) and leave the batch.
+//
+// Determinism: a request's tokens depend only on the request (prompt,
+// sampling options, seed), not on the other requests in the batch, how its
+// prompt was chunked, whether its prefix came from the cache, or whether it
+// was preempted: the forward pass computes each row and each sequence's
+// attention independently (tests/batched_engine_test.cc), and row-wise codecs
+// (f32, f16, bf16, int8/4) store the same bytes however the tokens arrive.
+// Sealed codecs (KIVI with a residual window) encode a page from f32 inputs
+// when a prompt chunk seals it directly and from its f16 staging copy
+// otherwise, so with them chunking and cache hits change low-order bits.
+//
+// Sessions (named sequences): a request with `save_session` keeps its
+// sequence (sample 0) under that name when it finishes; a request with
+// `resume_session` starts from that sequence's tokens and pages (a
+// copy-on-write fork; the saved session stays as it was) and appends its
+// prompt. Sessions hold pool pages until dropped (at most
+// `max_sessions`, the least recently used dropped first). Save/restore to
+// files (the server's) works on the scheduler thread inside RunBetweenSteps
+// with SessionSequence / AdoptSession.
+//
+// Thread-safety: Submit, Cancel, Stats, RunBetweenSteps and Shutdown are
+// thread-safe. Event callbacks run on the scheduler thread: they must not
+// block or call back into the scheduler (except Cancel and Stats). The
+// session methods marked "scheduler thread" may be called only from a
+// RunBetweenSteps task. The engine must not be used by anyone else while
+// the scheduler runs, and must outlive it.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/engine.h"
+#include "kv/kv_manager.h"
+#include "model/sampler.h"
+#include "util/status.h"
+
+namespace kvx::kv {
+class RadixCache;
+}
+
+namespace kvx::engine {
+
+class Session;
+
+using RequestId = uint64_t;
+
+struct SchedulerOptions {
+  // Tokens of one forward step: decode rows plus prefill chunks (>= 1).
+  int max_step_tokens = 512;
+  // Sequences running at once (decoding or prefilling; a request with n
+  // samples counts n) (>= 1).
+  int max_running = 64;
+  // Requests waiting for admission; Submit fails with ResourceExhausted
+  // beyond (>= 1).
+  int max_queue = 4096;
+  // Reuse cached prompt prefixes (kv/radix_cache.h).
+  bool prefix_cache = true;
+  // Named sessions kept at once; the least recently used is dropped beyond.
+  int max_sessions = 64;
+  // Seconds since some fixed origin (injectable for tests); default: steady
+  // clock.
+  std::function<double()> clock;
+};
+
+struct GenerationRequest {
+  // Prompt token ids (each in [0, n_vocab)). Non-empty unless resuming a
+  // session (then appended to the session's tokens; may be empty).
+  std::vector<int32_t> prompt;
+  // Tokens to generate per sample at most (>= 1). Generation also stops at
+  // the end of the context (reason kLength).
+  int max_tokens = 16;
+  model::SamplerOptions sampling;  // seed included: sample i uses seed + i
+  // Generation stops after any of these tokens (the token is reported).
+  std::vector<int32_t> stop_tokens;
+  // The model's end-of-generation tokens stop generation too.
+  bool stop_at_eog = true;
+  // Mixed into the prefix cache's keys: requests with different salts never
+  // share cached pages (tenants).
+  uint64_t tenant_salt = 0;
+  // Samples: after the prompt, n - 1 copy-on-write forks of its sequence
+  // (pages shared) decode independently (1 <= n <= max_running).
+  int n = 1;
+  // Higher is admitted first; FIFO within a priority.
+  int priority = 0;
+  // Start from the named session's sequence (NotFound at admission if none;
+  // its salt must equal tenant_salt).
+  std::string resume_session;
+  // On a normal finish (length or stop), keep sample 0's sequence under
+  // this name (replacing a session of that name).
+  std::string save_session;
+};
+
+enum class FinishReason { kLength, kStop, kCancelled, kError };
+const char* FinishReasonName(FinishReason reason);  // "length", "stop", "cancelled", "error"
+
+// Times of one request, in seconds (from the scheduler's clock).
+struct RequestTiming {
+  double queue_seconds = 0;  // submitted -> first admitted
+  double ttft_seconds = 0;   // submitted -> first token of sample 0 (0 if none)
+  double total_seconds = 0;  // submitted -> finished
+  int prompt_tokens = 0;     // tokens of the (session +) prompt
+  int cached_tokens = 0;     // of those, taken from the prefix cache or session at first admission
+  int generated_tokens = 0;  // over all samples
+  int preemptions = 0;
+};
+
+struct RequestEvent {
+  enum class Kind { kToken, kFinish };
+  Kind kind = Kind::kToken;
+  RequestId request = 0;
+  int sample = 0;  // 0..n-1
+  // kToken: the new token and its index among the sample's generated tokens.
+  int32_t token = -1;
+  int index = 0;
+  // kFinish (one per sample): why the sample ended, and for kError the
+  // status; `tokens`: every token the sample generated.
+  FinishReason reason = FinishReason::kLength;
+  Status status;
+  std::vector<int32_t> tokens;
+  // kFinish of the last sample to end: the request is over (no more events);
+  // `timing` is filled.
+  bool done = false;
+  RequestTiming timing;
+};
+
+// Called on the scheduler thread; must not block.
+using EventCallback = std::function<void(const RequestEvent&)>;
+
+// Fixed-bucket histogram (Prometheus style: counts[i] counts samples <=
+// bounds[i], the last count is +Inf).
+struct Histogram {
+  std::vector<double> bounds;
+  std::vector<uint64_t> counts;  // bounds.size() + 1, not cumulative
+  double sum = 0;
+  uint64_t count = 0;
+  // Latency buckets from 1 ms to 60 s.
+  static Histogram Latency();
+  void Add(double value);
+  // Approximate q-quantile (upper bound of the bucket that holds it); 0 if empty.
+  double Quantile(double q) const;
+};
+
+struct PageClassStats {
+  std::string label;   // e.g. "kivi2 (layers 0-29)", "f16 staging/sinks"
+  size_t page_bytes = 0;
+  int64_t pages_in_use = 0;
+};
+
+struct SchedulerStats {
+  int queued = 0;             // requests waiting for admission
+  int running_requests = 0;
+  int running_sequences = 0;
+  int sessions = 0;           // named sessions kept
+  uint64_t pool_bytes_used = 0;
+  uint64_t pool_budget_bytes = 0;
+  std::vector<PageClassStats> page_classes;
+  // Prefix cache.
+  uint64_t cache_bytes = 0;         // pages held only by the cache (approx.)
+  int64_t cache_blocks = 0;         // cached token blocks (page_tokens each)
+  uint64_t prefix_lookups = 0;      // admissions that looked up the cache
+  uint64_t prefix_lookup_tokens = 0;  // prompt tokens they looked up
+  uint64_t prefix_hit_tokens = 0;     // of those, found cached
+  uint64_t cache_evicted_blocks = 0;
+  // Work.
+  uint64_t steps = 0;
+  uint64_t prompt_tokens_computed = 0;  // prefill rows run (cache hits excluded)
+  uint64_t tokens_generated = 0;
+  uint64_t preemptions = 0;
+  uint64_t requests_submitted = 0;
+  uint64_t requests_finished = 0;   // done, any reason
+  uint64_t requests_cancelled = 0;
+  uint64_t requests_failed = 0;
+  double busy_seconds = 0;          // time inside steps
+  double uptime_seconds = 0;
+  Histogram ttft = Histogram::Latency();
+  Histogram inter_token = Histogram::Latency();
+  Histogram queue_time = Histogram::Latency();
+};
+
+enum class ShutdownMode {
+  kDrain,   // stop accepting; finish every submitted request, then stop
+  kCancel,  // cancel everything in flight (callbacks get kCancelled), then stop
+};
+
+class Scheduler {
+ public:
+  // Starts the scheduler thread. REQUIRES: `engine` outlives the scheduler
+  // and nothing else drives it meanwhile. InvalidArgument for bad options.
+  static Result<std::unique_ptr<Scheduler>> Create(Engine& engine, SchedulerOptions options = {});
+  // Shutdown(kCancel) if not done yet.
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues a request. InvalidArgument for a bad request (empty prompt,
+  // token outside the vocabulary, max_tokens < 1, bad sampling options, n
+  // out of range, prompt longer than the context); ResourceExhausted when
+  // the queue is full; InvalidArgument after Shutdown. `on_event` is called
+  // for every token and finish (never from inside Submit).
+  Result<RequestId> Submit(GenerationRequest request, EventCallback on_event);
+
+  // Cancels a queued or running request: its sequences are released before
+  // the next step and its callback gets kFinish/kCancelled (done). Unknown
+  // or finished ids are ignored (false).
+  bool Cancel(RequestId id);
+
+  // A consistent snapshot, published at the end of every loop iteration
+  // (after a step's events). Once RunBetweenSteps returns, the snapshot
+  // covers every event delivered before the task ran.
+  SchedulerStats Stats() const;
+
+  // Runs `task` on the scheduler thread between two steps (no step in
+  // progress; the engine and the session methods below are the task's) and
+  // returns its status. Blocks the caller until done. From the scheduler
+  // thread itself (a callback) it runs at once. After Shutdown:
+  // InvalidArgument without running it.
+  Status RunBetweenSteps(std::function<Status(Engine&)> task);
+
+  // Stops the thread (see ShutdownMode); idempotent; blocks until stopped.
+  void Shutdown(ShutdownMode mode);
+
+  // --- Named sessions (scheduler thread: inside a RunBetweenSteps task) ---
+  // A session is a manager sequence plus PENDING tokens: tokens that belong
+  // to the conversation but are not in the KV yet (the last generated token
+  // of a finished request is sampled, never fed). A request resuming the
+  // session feeds pending + its prompt. Save both to restore exactly.
+  //
+  // The manager sequence kept under `name` (NotFound otherwise). The
+  // scheduler owns it: read it, fork it, do not release it.
+  Result<kv::SeqId> SessionSequence(const std::string& name) const;
+  Result<std::vector<int32_t>> SessionPendingTokens(const std::string& name) const;
+  // Takes ownership of manager sequence `seq` (e.g. one restored from a
+  // file) as session `name` with tenant `salt` and `pending` tokens,
+  // replacing (and releasing) a session of that name. InvalidArgument if seq
+  // is unknown or already a session.
+  Status AdoptSession(const std::string& name, kv::SeqId seq, uint64_t salt, std::vector<int32_t> pending = {});
+  // Releases the session's sequence (NotFound if none).
+  Status DropSession(const std::string& name);
+  std::vector<std::string> SessionNames() const;
+
+  Engine& engine() { return engine_; }
+  const SchedulerOptions& options() const { return options_; }
+
+ private:
+  struct Sample;
+  struct Request;
+  struct Task;
+  struct SessionEntry {
+    kv::SeqId seq = -1;
+    uint64_t salt = 0;
+    std::vector<int32_t> pending;
+    uint64_t last_used = 0;
+  };
+
+  Scheduler(Engine& engine, SchedulerOptions options);
+  void Loop();
+  double Now() const { return options_.clock(); }
+  // The loop's parts (scheduler.cc says what each does).
+  void TakeInbox(std::vector<std::unique_ptr<Request>>* incoming, std::vector<RequestId>* cancels,
+                 std::vector<std::shared_ptr<Task>>* tasks);
+  void Enqueue(std::unique_ptr<Request> r);
+  void Admit();
+  // Whether `r` fits now; if so gives its samples their sequences.
+  Status TryAdmit(Request& r, uint64_t* available, bool* admitted);
+  bool RunStep();  // false: nothing to run
+  void AfterStep(Request& r, Sample& s);
+  bool ForkSiblings(Request& r);
+  Request* Youngest();
+  void Preempt(Request* r);
+  void FinishSample(Request& r, Sample& s, FinishReason reason, Status status);
+  void FailRequest(Request& r, FinishReason reason, Status status);
+  void CancelId(RequestId id);
+  void Emit(Request& r, const RequestEvent& e);
+  std::unique_ptr<Request> TakeRunning(Request* r);
+  void DropLruSessions();
+  void PublishStats();
+  uint64_t KvBytesFor(int64_t tokens) const;
+  int RunningSequences() const;
+
+  Engine& engine_;
+  SchedulerOptions options_;
+  std::unique_ptr<kv::RadixCache> cache_;
+  int n_vocab_ = 0;
+  uint64_t block_bytes_ = 0;  // KV bytes of one page_tokens block
+
+  // Shared with other threads, under mu_.
+  mutable std::mutex mu_;
+  std::condition_variable wake_;
+  std::vector<std::unique_ptr<Request>> inbox_;
+  std::vector<RequestId> cancels_;
+  std::vector<std::shared_ptr<Task>> tasks_;
+  std::map<RequestId, bool> live_;  // submitted and not done
+  bool stopping_ = false;           // Shutdown called
+  bool stopped_ = false;            // the thread ended
+  ShutdownMode shutdown_mode_ = ShutdownMode::kDrain;
+  RequestId next_id_ = 1;
+  mutable std::mutex stats_mu_;
+  SchedulerStats stats_;
+  std::mutex shutdown_mu_;  // serialises Shutdown callers
+  std::thread thread_;
+  std::atomic<std::thread::id> thread_id_{};
+
+  // Scheduler thread only.
+  std::vector<std::unique_ptr<Request>> queue_;    // priority desc, then id asc
+  std::vector<std::unique_ptr<Request>> running_;  // by id: the last is the youngest
+  std::map<std::string, SessionEntry> sessions_;
+  uint64_t session_tick_ = 0;
+  SchedulerStats work_;  // the loop's counters, copied to stats_
+  double start_time_ = 0;
+};
+
+}  // namespace kvx::engine
