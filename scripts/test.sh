@@ -14,12 +14,12 @@ echo "== Release build: all tests"
 scripts/build.sh
 ctest --test-dir build -j "$JOBS" --output-on-failure
 
-echo "== ASan+UBSan build: unit tests"
+echo "== ASan+UBSan build: unit tests (labels unit and threads)"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVX_SANITIZE=ON \
   -DKVX_BUILD_BENCH=OFF >/dev/null
 cmake --build build-asan -j "$JOBS" --target kvx_unit_tests
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-  ctest --test-dir build-asan -L unit -j "$JOBS" --output-on-failure
+  ctest --test-dir build-asan -L 'unit|threads' -j "$JOBS" --output-on-failure
 
 echo "== TSan build: tests with threads of their own"
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVX_TSAN=ON \
