@@ -22,7 +22,9 @@ ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-asan -L 'unit|threads' -j "$JOBS" --output-on-failure
 
 echo "== TSan build: tests with threads of their own"
-cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVX_TSAN=ON \
+# Release (no -g) keeps this stage's compile small; reports still name the
+# functions; rebuild with RelWithDebInfo for line numbers.
+cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVX_TSAN=ON \
   -DKVX_BUILD_BENCH=OFF >/dev/null
 cmake --build build-tsan -j "$JOBS" --target kvx_threads_tests
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
