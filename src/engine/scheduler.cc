@@ -590,7 +590,12 @@ bool Scheduler::RunStep() {
       for (Request* r : failed) FailRequest(*r, FinishReason::kError, st);
       return true;
     }
-    if (cache_ && cache_->Evict(block_bytes_ * 4) > 0) continue;
+    // Evict about what the step writes (its tokens plus a partial page per
+    // row), so that a big prefill chunk does not retry block by block.
+    int step_tokens = 0;
+    for (const Row& row : rows) step_tokens += row.n;
+    const uint64_t step_bytes = KvBytesFor(step_tokens) + block_bytes_ * rows.size();
+    if (cache_ && cache_->Evict(step_bytes) > 0) continue;
     Request* victim = Youngest();
     if (running_.size() == 1) {
       FailRequest(*victim, FinishReason::kError,

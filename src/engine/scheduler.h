@@ -85,8 +85,8 @@ struct SchedulerOptions {
   // Sequences running at once (decoding or prefilling; a request with n
   // samples counts n) (>= 1).
   int max_running = 64;
-  // Requests waiting for admission; Submit fails with ResourceExhausted
-  // beyond (>= 1).
+  // Requests in flight (queued or running); Submit fails with
+  // ResourceExhausted beyond (>= 1).
   int max_queue = 4096;
   // Reuse cached prompt prefixes (kv/radix_cache.h).
   bool prefix_cache = true;
@@ -190,7 +190,7 @@ struct SchedulerStats {
   uint64_t pool_budget_bytes = 0;
   std::vector<PageClassStats> page_classes;
   // Prefix cache.
-  uint64_t cache_bytes = 0;         // pages held only by the cache (approx.)
+  uint64_t cache_bytes = 0;         // approx.: cached blocks x the KV bytes of one block
   int64_t cache_blocks = 0;         // cached token blocks (page_tokens each)
   uint64_t prefix_lookups = 0;      // admissions that looked up the cache
   uint64_t prefix_lookup_tokens = 0;  // prompt tokens they looked up

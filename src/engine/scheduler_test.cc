@@ -321,6 +321,47 @@ TEST(SchedulerTest, SessionContinuesExactly) {
   ExpectInvariants(*s);
 }
 
+// Admission order: priority first, then arrival; with one sequence at a
+// time the order requests end in is the order they were admitted in.
+TEST(SchedulerTest, AdmitsByPriorityThenArrival) {
+  auto engine = MakeEngine("codec=f16,page=16");
+  SchedulerOptions so;
+  so.max_running = 1;
+  auto sched = Scheduler::Create(*engine, so);
+  ASSERT_TRUE(sched.ok());
+  std::mutex mu;
+  std::condition_variable cv;
+  bool started = false;
+  std::vector<int> ended;
+  auto submit = [&](int key, int priority, int max_tokens) {
+    GenerationRequest r;
+    r.prompt = Tokens(10, key);
+    r.max_tokens = max_tokens;
+    r.stop_at_eog = false;
+    r.priority = priority;
+    ASSERT_TRUE((*sched)
+                    ->Submit(r,
+                             [&, key](const RequestEvent& e) {
+                               std::lock_guard<std::mutex> lock(mu);
+                               started = true;
+                               cv.notify_all();
+                               if (e.done) ended.push_back(key);
+                             })
+                    .ok());
+  };
+  submit(0, 0, 120);  // runs while the others queue
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return started; });
+  }
+  submit(1, 0, 2);
+  submit(2, 0, 2);
+  submit(3, 5, 2);
+  submit(4, 1, 2);
+  (*sched)->Shutdown(ShutdownMode::kDrain);
+  EXPECT_EQ(ended, (std::vector<int>{0, 3, 4, 1, 2}));
+}
+
 TEST(SchedulerTest, RejectsBadRequests) {
   auto engine = MakeEngine("codec=f16,page=16");
   auto sched = Scheduler::Create(*engine, {});

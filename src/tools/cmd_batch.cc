@@ -1,0 +1,302 @@
+// kvx batch: an offline batch of requests from a JSONL file through the
+// scheduler. Prompts are grouped by shared prefix first (BatchLLM's global
+// prefix sharing, engine/prefix_groups.h): each group's common prefix is
+// computed once and cached, then the group's requests start from it. One
+// JSON line per request on the output (input order), a summary on stderr.
+//
+// Input, one JSON object per line (blank lines ignored):
+//   {"prompt": "text", "max_tokens": 64, "temperature": 0.8, "top_k": 40,
+//    "top_p": 0.95, "min_p": 0.05, "seed": 1, "id": <any JSON, echoed>}
+// Only "prompt" is required; the others default to the flags.
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/prefix_groups.h"
+#include "engine/scheduler.h"
+#include "tools/commands.h"
+#include "tools/flags.h"
+
+namespace kvx::tools {
+
+namespace {
+
+using nlohmann::json;
+
+struct BatchFlags {
+  engine::EngineOptions runtime;
+  std::string input;
+  std::string output;  // "" = stdout
+  int max_tokens = 64;
+  model::SamplerOptions sampler;
+  int max_step_tokens = 512;
+  bool ignore_eos = false;
+  bool no_grouping = false;
+};
+
+struct Item {
+  int line = 0;
+  std::string prompt;
+  json id;  // echoed when given
+  int max_tokens = 0;
+  model::SamplerOptions sampling;
+  std::vector<int32_t> tokens;
+};
+
+// Reads and checks every line before anything runs: a bad line is an error
+// naming it, not a half-written output.
+Result<std::vector<Item>> ReadItems(const BatchFlags& flags) {
+  std::ifstream in(flags.input);
+  if (!in) return NotFound("cannot open the batch file '" + flags.input + "'");
+  std::vector<Item> items;
+  std::string text;
+  for (int line = 1; std::getline(in, text); ++line) {
+    if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = flags.input + ":" + std::to_string(line) + ": ";
+    json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) return InvalidArgument(where + "not valid JSON (one JSON object per line)");
+    if (!j.is_object()) return InvalidArgument(where + "expected a JSON object like {\"prompt\": \"...\"}");
+    Item it;
+    it.line = line;
+    it.max_tokens = flags.max_tokens;
+    it.sampling = flags.sampler;
+    for (auto& [key, v] : j.items()) {
+      auto want_number = [&](bool integer) -> Status {
+        if (!v.is_number() || (integer && !v.is_number_integer())) {
+          return InvalidArgument(where + "\"" + key + "\" must be " + (integer ? "an integer" : "a number"));
+        }
+        return Status::Ok();
+      };
+      if (key == "prompt") {
+        if (!v.is_string()) return InvalidArgument(where + "\"prompt\" must be a string");
+        it.prompt = v.get<std::string>();
+      } else if (key == "id") {
+        it.id = v;
+      } else if (key == "max_tokens") {
+        KVX_RETURN_IF_ERROR(want_number(true));
+        const int64_t n = v.get<int64_t>();
+        if (n < 1 || n > 1000000) return InvalidArgument(where + "\"max_tokens\" must be in [1, 1000000]");
+        it.max_tokens = static_cast<int>(n);
+      } else if (key == "temperature") {
+        KVX_RETURN_IF_ERROR(want_number(false));
+        it.sampling.temperature = v.get<float>();
+      } else if (key == "top_k") {
+        KVX_RETURN_IF_ERROR(want_number(true));
+        it.sampling.top_k = static_cast<int>(std::clamp<int64_t>(v.get<int64_t>(), -1, 1 << 30));
+      } else if (key == "top_p") {
+        KVX_RETURN_IF_ERROR(want_number(false));
+        it.sampling.top_p = v.get<float>();
+      } else if (key == "min_p") {
+        KVX_RETURN_IF_ERROR(want_number(false));
+        it.sampling.min_p = v.get<float>();
+      } else if (key == "seed") {
+        if (!v.is_number_unsigned()) return InvalidArgument(where + "\"seed\" must be a non-negative integer");
+        it.sampling.seed = v.get<uint64_t>();
+      } else {
+        return InvalidArgument(where + "unknown field \"" + key +
+                               "\" (known: prompt, max_tokens, temperature, top_k, top_p, min_p, seed, id)");
+      }
+    }
+    if (!j.contains("prompt")) return InvalidArgument(where + "missing the required field \"prompt\"");
+    if (Status s = it.sampling.Validate(); !s.ok()) return InvalidArgument(where + s.message());
+    items.push_back(std::move(it));
+  }
+  if (items.empty()) return InvalidArgument("the batch file '" + flags.input + "' holds no request");
+  return items;
+}
+
+// Waits for requests submitted through it.
+class Waiter {
+ public:
+  void Add() {
+    std::lock_guard<std::mutex> l(mu_);
+    ++open_;
+  }
+  void Done() {
+    std::lock_guard<std::mutex> l(mu_);
+    if (--open_ == 0) cv_.notify_all();
+  }
+  void Wait() {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [&] { return open_ == 0; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int open_ = 0;
+};
+
+struct Outcome {
+  engine::RequestEvent finish;
+};
+
+Status Batch(const BatchFlags& flags) {
+  KVX_ASSIGN_OR_RETURN(std::vector<Item> items, ReadItems(flags));
+  KVX_ASSIGN_OR_RETURN(auto eng, engine::Engine::Load(flags.runtime));
+  const model::Tokenizer& tok = eng->model().tokenizer();
+  std::vector<std::vector<int32_t>> prompts;
+  for (Item& it : items) {
+    KVX_ASSIGN_OR_RETURN(it.tokens, tok.Encode(it.prompt, /*add_special=*/true, /*parse_special=*/false));
+    if (it.tokens.empty()) {
+      return InvalidArgument(flags.input + ":" + std::to_string(it.line) +
+                             ": the prompt is empty and the model adds no BOS token");
+    }
+    if (static_cast<int64_t>(it.tokens.size()) >= eng->n_ctx()) {
+      return InvalidArgument(flags.input + ":" + std::to_string(it.line) + ": the prompt has " +
+                             std::to_string(it.tokens.size()) + " tokens, the context holds " +
+                             std::to_string(eng->n_ctx()) + "; shorten it or raise -c");
+    }
+    prompts.push_back(it.tokens);
+  }
+  std::FILE* out = stdout;
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(nullptr, &std::fclose);
+  if (!flags.output.empty()) {
+    file.reset(std::fopen(flags.output.c_str(), "w"));
+    if (!file) return IoError("cannot write '" + flags.output + "'");
+    out = file.get();
+  }
+  engine::SchedulerOptions so;
+  so.max_step_tokens = flags.max_step_tokens;
+  so.max_running = std::min(flags.runtime.n_seqs, flags.max_step_tokens);
+  KVX_ASSIGN_OR_RETURN(auto sched, engine::Scheduler::Create(*eng, so));
+  const auto t0 = std::chrono::steady_clock::now();
+
+  const int block = eng->kv_manager().spec().layout.page_tokens;
+  std::vector<engine::PrefixGroup> groups;
+  if (flags.no_grouping) {
+    engine::PrefixGroup all;
+    for (int i = 0; i < static_cast<int>(items.size()); ++i) all.members.push_back(i);
+    groups.push_back(all);
+  } else {
+    groups = engine::GroupByPrefix(prompts, block);
+  }
+  // 1. Each shared prefix once: a one-token request whose finished sequence
+  //    the prefix cache keeps (its KV is exactly the prefix's whole blocks).
+  Waiter warm;
+  int warmups = 0;
+  for (const engine::PrefixGroup& g : groups) {
+    if (g.prefix_tokens == 0) continue;
+    engine::GenerationRequest r;
+    r.prompt.assign(prompts[g.members[0]].begin(), prompts[g.members[0]].begin() + g.prefix_tokens);
+    r.max_tokens = 1;
+    r.sampling.temperature = 0;
+    warm.Add();
+    ++warmups;
+    KVX_RETURN_IF_ERROR(sched->Submit(std::move(r), [&warm](const engine::RequestEvent& e) {
+      if (e.done) warm.Done();
+    }).status());
+  }
+  warm.Wait();
+  // 2. The requests, group by group.
+  std::vector<Outcome> outcomes(items.size());
+  Waiter all;
+  for (const engine::PrefixGroup& g : groups) {
+    for (int i : g.members) {
+      engine::GenerationRequest r;
+      r.prompt = prompts[i];
+      r.max_tokens = items[i].max_tokens;
+      r.sampling = items[i].sampling;
+      r.stop_at_eog = !flags.ignore_eos;
+      all.Add();
+      auto id = sched->Submit(std::move(r), [&all, &outcomes, i](const engine::RequestEvent& e) {
+        if (e.kind == engine::RequestEvent::Kind::kFinish) {
+          outcomes[i].finish = e;
+          if (e.done) all.Done();
+        }
+      });
+      if (!id.ok()) return id.status().WithContext(flags.input + ":" + std::to_string(items[i].line));
+    }
+  }
+  all.Wait();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  sched->Shutdown(engine::ShutdownMode::kDrain);
+  const engine::SchedulerStats st = sched->Stats();
+
+  uint64_t generated = 0, prompt_tokens = 0, cached = 0;
+  int failed = 0;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const engine::RequestEvent& e = outcomes[i].finish;
+    json j;
+    j["index"] = i;
+    j["line"] = items[i].line;
+    if (!items[i].id.is_null()) j["id"] = items[i].id;
+    if (e.reason == engine::FinishReason::kError) {
+      j["error"] = e.status.ToString();
+      ++failed;
+    } else {
+      std::string text;
+      for (int32_t t : e.tokens) {
+        if (!tok.IsEog(t)) text += tok.TokenToPiece(t, /*special=*/false);
+      }
+      j["text"] = text;
+      j["finish_reason"] = engine::FinishReasonName(e.reason);
+    }
+    j["prompt_tokens"] = e.timing.prompt_tokens;
+    j["cached_tokens"] = e.timing.cached_tokens;
+    j["generated_tokens"] = e.tokens.size();
+    j["ttft_ms"] = e.timing.ttft_seconds * 1e3;
+    const std::string line = j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+    std::fwrite(line.data(), 1, line.size(), out);
+    generated += e.tokens.size();
+    prompt_tokens += static_cast<uint64_t>(e.timing.prompt_tokens);
+    cached += static_cast<uint64_t>(e.timing.cached_tokens);
+  }
+  std::fflush(out);
+  std::fprintf(stderr,
+               "batch: %zu requests (%d failed) in %.2f s | %zu groups, %d shared prefixes computed once | "
+               "prompt %llu tokens, %llu from the prefix cache (%.1f%%), %llu computed | generated %llu tokens, "
+               "%.1f tok/s | %llu steps, %llu preemptions | KV pool %.2f / %.2f MiB\n",
+               items.size(), failed, seconds, groups.size(), warmups, static_cast<unsigned long long>(prompt_tokens),
+               static_cast<unsigned long long>(cached), prompt_tokens ? 100.0 * cached / prompt_tokens : 0.0,
+               static_cast<unsigned long long>(st.prompt_tokens_computed), static_cast<unsigned long long>(generated),
+               seconds > 0 ? generated / seconds : 0.0, static_cast<unsigned long long>(st.steps),
+               static_cast<unsigned long long>(st.preemptions), st.pool_bytes_used / 1048576.0,
+               st.pool_budget_bytes / 1048576.0);
+  return failed == 0 ? Status::Ok()
+                     : ResourceExhausted(std::to_string(failed) + " request(s) failed; see their \"error\" lines");
+}
+
+}  // namespace
+
+void RegisterBatch(CLI::App& app, int* exit_code) {
+  auto flags = std::make_shared<BatchFlags>();
+  flags->runtime.n_seqs = 8;
+  CLI::App* cmd = app.add_subcommand(
+      "batch", "Run a JSONL file of requests through the scheduler, shared prefixes first (one JSON line each)");
+  cmd->add_option("file", flags->input, "JSONL requests: {\"prompt\": \"...\", \"max_tokens\": N, ...} per line")
+      ->required();
+  cmd->add_option("-m,--model", flags->runtime.model_path, "GGUF model file")->required();
+  cmd->add_option("-o,--output", flags->output, "Write the results here (default: stdout)");
+  cmd->add_option("--kv", flags->runtime.kv_spec, "KV cache spec, e.g. 'codec=f16,page=16' (see README)");
+  cmd->add_option("-c,--ctx-size", flags->runtime.n_ctx, "Context length per request (0: the model's trained context)")
+      ->capture_default_str()
+      ->check(IntIn(0, kMaxContext, "0: the model's trained context"));
+  cmd->add_option("-t,--threads", flags->runtime.n_threads, "Threads (0: all cores)")->capture_default_str()
+      ->check(Threads());
+  cmd->add_option("--parallel", flags->runtime.n_seqs,
+                  "Sequences running at once (also sizes the KV budget when --kv sets none)")
+      ->capture_default_str()
+      ->check(IntIn(1, 4096));
+  cmd->add_option("--step-tokens", flags->max_step_tokens, "Tokens per forward step (decode rows + prefill chunks)")
+      ->capture_default_str()
+      ->check(IntIn(1, kMaxBatch));
+  cmd->add_option("-n,--max-tokens", flags->max_tokens, "Default max_tokens of a request")->capture_default_str()
+      ->check(IntIn(1, kMaxCount));
+  cmd->add_option("--temp", flags->sampler.temperature, "Default temperature (<= 0: greedy)")->capture_default_str()
+      ->check(Finite("<= 0: greedy"));
+  cmd->add_option("--seed", flags->sampler.seed, "Default seed")->capture_default_str();
+  cmd->add_flag("--ignore-eos", flags->ignore_eos, "Do not stop at end-of-text");
+  cmd->add_flag("--no-grouping", flags->no_grouping, "Submit in file order without computing shared prefixes first");
+  cmd->callback([flags, exit_code] { *exit_code = ReportStatus(Batch(*flags)); });
+}
+
+}  // namespace kvx::tools

@@ -1,0 +1,89 @@
+// `kvx batch` end to end on a tiny synthetic model: one output line per
+// request in input order, shared prefixes computed once (cache hits reported),
+// the same texts with and without grouping (grouping changes the order work is
+// done in, never a request's tokens), and bad lines named.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "support/run_command.h"
+#include "support/test_data.h"
+
+namespace kvx {
+namespace {
+
+using testing::BinaryDir;
+using testing::RunCommand;
+using testing::TempDir;
+
+std::string TinyModel() {
+  static const std::string path = [] {
+    const std::string p = TempDir() + "/batch_tiny.gguf";
+    RunCommand({BinaryDir() + "/kvx", "gen-model", "--shape", "tiny", "--type", "q8_0", "-o", p});
+    return p;
+  }();
+  return path;
+}
+
+std::string WriteRequests(const std::string& name) {
+  const std::string path = TempDir() + "/" + name;
+  std::ofstream f(path);
+  const std::string system = "You are a helpful assistant. Answer briefly and precisely. ";
+  for (int i = 0; i < 9; ++i) {
+    nlohmann::json j;
+    j["prompt"] = (i % 3 ? system + system + system : std::string()) + "Question " + std::to_string(i) + "?";
+    j["max_tokens"] = 5 + i;
+    j["seed"] = i;
+    j["id"] = i * 10;
+    f << j.dump() << "\n";
+  }
+  return path;
+}
+
+std::vector<nlohmann::json> RunBatch(const std::string& in, const std::string& out, const std::string& extra) {
+  std::vector<std::string> argv = {BinaryDir() + "/kvx", "batch", in, "-m", TinyModel(), "--kv", "codec=f16,page=16",
+                                   "-c", "512", "-o", out};
+  if (!extra.empty()) argv.push_back(extra);
+  const auto r = RunCommand(argv);
+  EXPECT_TRUE(r.exited && r.exit_code == 0) << r.Describe() << "\n" << r.output;
+  EXPECT_NE(r.output.find("from the prefix cache"), std::string::npos) << r.output;
+  return testing::ReadJsonLines(out);
+}
+
+TEST(BatchCliTest, OneLinePerRequestSharedPrefixesOnce) {
+  const std::string in = WriteRequests("batch_in.jsonl");
+  const auto grouped = RunBatch(in, TempDir() + "/batch_out.jsonl", "");
+  const auto plain = RunBatch(in, TempDir() + "/batch_plain.jsonl", "--no-grouping");
+  ASSERT_EQ(grouped.size(), 9u);
+  ASSERT_EQ(plain.size(), 9u);
+  int cached = 0;
+  for (int i = 0; i < 9; ++i) {
+    EXPECT_EQ(grouped[i]["index"], i);
+    EXPECT_EQ(grouped[i]["id"], i * 10);
+    EXPECT_FALSE(grouped[i].contains("error")) << grouped[i].dump();
+    EXPECT_LE(grouped[i]["generated_tokens"].get<int>(), 5 + i);
+    EXPECT_EQ(grouped[i]["text"], plain[i]["text"]) << "request " << i;
+    if (i % 3) cached += grouped[i]["cached_tokens"].get<int>() > 0;
+  }
+  EXPECT_EQ(cached, 6);  // every request with the shared system prompt started from the cache
+}
+
+TEST(BatchCliTest, BadLinesAreNamed) {
+  const std::string in = TempDir() + "/batch_bad.jsonl";
+  std::ofstream(in) << "{\"prompt\": \"ok\"}\n\n{\"max_tokens\": 3}\n";
+  const auto r = RunCommand({BinaryDir() + "/kvx", "batch", in, "-m", TinyModel()});
+  EXPECT_TRUE(r.exited && r.exit_code == 1) << r.Describe();
+  EXPECT_NE(r.output.find("batch_bad.jsonl:3: missing the required field \"prompt\""), std::string::npos) << r.output;
+  std::ofstream(in) << "{\"prompt\": \"ok\", \"max_tokens\": 0}\n";
+  const auto r2 = RunCommand({BinaryDir() + "/kvx", "batch", in, "-m", TinyModel()});
+  EXPECT_NE(r2.output.find(":1: \"max_tokens\" must be in [1, 1000000]"), std::string::npos) << r2.output;
+  std::ofstream(in) << "not json\n";
+  const auto r3 = RunCommand({BinaryDir() + "/kvx", "batch", in, "-m", TinyModel()});
+  EXPECT_NE(r3.output.find(":1: not valid JSON"), std::string::npos) << r3.output;
+}
+
+}  // namespace
+}  // namespace kvx
