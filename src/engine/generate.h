@@ -17,6 +17,12 @@ struct GenerateOptions {
   int n_predict = 128;             // tokens to generate at most; -1 = until EOS or context end
   model::SamplerOptions sampler;
   bool stop_at_eog = true;
+  // Session::Compress() after this many prompt tokens (the KV policies'
+  // explicit moment): 0 < compress_at < prompt size compresses between a
+  // context and its question (the question excluded); == prompt size after
+  // the whole prompt (question included; the first token's logits still
+  // come from the uncompressed pass, as in kvpress); -1 never.
+  int compress_at = -1;
 };
 
 struct GenerateStats {

@@ -639,57 +639,73 @@ Status SequenceKV::Compact(int layer, int kv_head) {
   int end = FirstMutablePage(lc, t, t.length());
   if (!lc.sealed) end = std::min(end, t.num_pages() - 1);
   int first = lc.sink_pages;
-  while (first < end && t.live_in_page(first) == T) ++first;  // already dense
-  if (end - first < 2) return Status::Ok();
-  int live = 0;
-  for (int p = first; p < end; ++p) live += t.live_in_page(p);
-  const int n_new = (live + T - 1) / T;
-  if (n_new >= end - first) return Status::Ok();
-  const bool full = t.is_full(first);
-  std::vector<PageId> ids;
-  PageId before = first > 0 ? t.pages()[first - 1] : kNoPage;
-  for (int i = 0; i < n_new; ++i) {
-    Result<PageId> id = pool_->AllocateAfter(pool_->SizeClassOf(t.pages()[first]), before);
-    if (!id.ok()) {
-      for (PageId x : ids) pool_->Unref(x);
-      return id.status();
-    }
-    ids.push_back(*id);
-    before = *id;
-  }
-  // Gather the live entries in chain order (their stored form decoded:
-  // rotated, pre-RoPE keys un-roped, as they were encoded).
   std::vector<float> k, v;
   std::vector<int32_t> pos;
-  k.reserve(static_cast<size_t>(n_new) * T * D);
-  v.reserve(k.capacity());
   DecodedPage dp;
-  for (int p = first; p < end; ++p) {
-    DecodePage(*pool_, lc, t.pages()[p], t.is_full(p), T, &dp);
-    for (int s = 0; s < T; ++s) {
-      if (dp.pos[s] == kDeadPosition) continue;
-      pos.push_back(dp.pos[s]);
-      k.insert(k.end(), dp.k.begin() + static_cast<size_t>(s) * D, dp.k.begin() + static_cast<size_t>(s + 1) * D);
-      v.insert(v.end(), dp.v.begin() + static_cast<size_t>(s) * D, dp.v.begin() + static_cast<size_t>(s + 1) * D);
+  // Runs of source pages whose live entries fill at most kCompactRunPages
+  // new pages, each written and swapped in before the next: the new pages
+  // of a run are allocated before its sources are freed, so a pool that is
+  // nearly full (a policy compressing a context that filled its budget)
+  // needs only a run's worth of free pages, not the whole table's.
+  while (first < end) {
+    while (first < end && t.live_in_page(first) == T) ++first;  // already dense
+    int last = first, live = 0;
+    while (last < end && live + t.live_in_page(last) <= kCompactRunPages * T) live += t.live_in_page(last++);
+    if (last - first < 2) {
+      first = last;
+      continue;
     }
+    const int n_new = (live + T - 1) / T;
+    if (n_new >= last - first) {  // nothing to gain in this run
+      first = last;
+      continue;
+    }
+    const bool full = t.is_full(first);
+    std::vector<PageId> ids;
+    PageId before = first > 0 ? t.pages()[first - 1] : kNoPage;
+    for (int i = 0; i < n_new; ++i) {
+      Result<PageId> id = pool_->AllocateAfter(pool_->SizeClassOf(t.pages()[first]), before);
+      if (!id.ok()) {
+        for (PageId x : ids) pool_->Unref(x);
+        return id.status();
+      }
+      ids.push_back(*id);
+      before = *id;
+    }
+    // Gather the run's live entries in chain order (their stored form
+    // decoded: rotated, pre-RoPE keys un-roped, as they were encoded).
+    k.clear();
+    v.clear();
+    pos.clear();
+    for (int p = first; p < last; ++p) {
+      DecodePage(*pool_, lc, t.pages()[p], t.is_full(p), T, &dp);
+      for (int s = 0; s < T; ++s) {
+        if (dp.pos[s] == kDeadPosition) continue;
+        pos.push_back(dp.pos[s]);
+        k.insert(k.end(), dp.k.begin() + static_cast<size_t>(s) * D, dp.k.begin() + static_cast<size_t>(s + 1) * D);
+        v.insert(v.end(), dp.v.begin() + static_cast<size_t>(s) * D, dp.v.begin() + static_cast<size_t>(s + 1) * D);
+      }
+    }
+    KVX_CHECK(static_cast<int>(pos.size()) == live);
+    // Pad the last page's dead slots with copies of the last live entry (a
+    // page codec's per-channel ranges then see no made-up values).
+    std::vector<int> lives;
+    for (int i = 0; i < n_new; ++i) lives.push_back(std::min(T, live - i * T));
+    while (static_cast<int>(pos.size()) < n_new * T) {
+      pos.push_back(kDeadPosition);
+      k.insert(k.end(), k.end() - D, k.end());
+      v.insert(v.end(), v.end() - D, v.end());
+    }
+    for (int i = 0; i < n_new; ++i) {
+      const size_t off = static_cast<size_t>(i) * T;
+      EncodeInto(pool_, lc, ids[i], full, T, &k[off * D], &v[off * D], &pos[off]);
+    }
+    std::vector<PageId> old(t.pages().begin() + first, t.pages().begin() + last);
+    t.ReplaceRun(first, last, ids, full, lives, T);
+    for (PageId id : old) pool_->Unref(id);
+    end -= (last - first) - n_new;
+    first += n_new;  // a partial last page stays as it is (no second re-encoding)
   }
-  KVX_CHECK(static_cast<int>(pos.size()) == live);
-  // Pad the last page's dead slots with copies of the last live entry (a
-  // page codec's per-channel ranges then see no made-up values).
-  std::vector<int> lives;
-  for (int i = 0; i < n_new; ++i) lives.push_back(std::min(T, live - i * T));
-  while (static_cast<int>(pos.size()) < n_new * T) {
-    pos.push_back(kDeadPosition);
-    k.insert(k.end(), k.end() - D, k.end());
-    v.insert(v.end(), v.end() - D, v.end());
-  }
-  for (int i = 0; i < n_new; ++i) {
-    const size_t off = static_cast<size_t>(i) * T;
-    EncodeInto(pool_, lc, ids[i], full, T, &k[off * D], &v[off * D], &pos[off]);
-  }
-  std::vector<PageId> old(t.pages().begin() + first, t.pages().begin() + end);
-  t.ReplaceRun(first, end, ids, full, lives, T);
-  for (PageId id : old) pool_->Unref(id);
   return Status::Ok();
 }
 

@@ -137,11 +137,19 @@ class SequenceKV {
   // nothing changed). REQUIRES: no reservation pending.
   Status RemoveEntries(int layer, int kv_head, const std::vector<int>& slots);
   // Packs the live entries of the head's sealed-or-row-wise region (after
-  // the sink pages, before the staging pages or the open last page) into as
-  // few pages as hold them, in chain order; the pages freed return to the
-  // pool. Entries are decoded and re-encoded: exact for f32/f16 pages, one
-  // more quantization of already quantized values otherwise. New pages are
-  // allocated before old ones are released (ResourceExhausted: unchanged).
+  // the sink pages, before the staging pages or the open last page) into
+  // fewer pages, in chain order, run by run: each run of source pages whose
+  // live entries fill at most kCompactRunPages pages is rewritten into
+  // ceil(live / page_tokens) new pages (only when that frees a page), so
+  // every run but the last may leave one partly filled page (the live
+  // fraction stays above (R-1)/R for runs of R pages). The pages freed
+  // return to the pool. Entries are decoded and re-encoded: exact for
+  // f32/f16 pages, one more quantization of already quantized values
+  // otherwise. A run's new pages are allocated before its sources are
+  // released, so compaction needs kCompactRunPages free pages, not a
+  // table's worth; ResourceExhausted leaves the runs done so far done and
+  // the table consistent.
+  static constexpr int kCompactRunPages = 8;
   Status Compact(int layer, int kv_head);
 
   // A new sequence holding the first `n_slots` slots of every table:
