@@ -35,7 +35,7 @@ Status ReadEvictionConfig(PolicyParamReader& r, EvictionConfig* c) {
   }
   c->fate = fate;
   c->continuous = mode == "continuous";
-  if (c->continuous && !r.Has("compact")) c->compact = std::min(default_compact, 0.5);
+  if (c->continuous && !r.Has("compact")) c->compact = std::min(default_compact, 0.75);
   if (r.Has("window")) c->window_fraction = 0.0;
   if (has_budget && c->budget < c->sinks + (c->window_fraction > 0 ? 0 : c->window)) {
     return InvalidArgument("policy " + r.policy() + ": budget=" + std::to_string(c->budget) +

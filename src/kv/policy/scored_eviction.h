@@ -69,7 +69,7 @@ struct EvictionConfig {
   double tau1 = 1.0, tau2 = 1.0;
   std::string heads = "uniform";
   double alpha = 0.2;
-  double compact = 1.0;  // once; continuous defaults to 0.5 (compacting every step would cost O(n) per token)
+  double compact = 1.0;  // once; continuous defaults to 0.75 (compacting at every step would cost O(n) per token)
   std::string fate = "drop";
 };
 
