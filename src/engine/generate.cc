@@ -40,11 +40,21 @@ Status Generate(Session* session, const std::vector<int32_t>& prompt, const Gene
   for (int32_t t : prompt) sampler.Accept(t);
 
   auto t0 = std::chrono::steady_clock::now();
+  const int n_prompt = static_cast<int>(prompt.size());
+  if (options.compress_at > n_prompt) return InvalidArgument("compress_at is beyond the prompt");
   const float* logits = options.resume_logits.data();
-  if (!prompt.empty()) {
+  if (prompt.empty()) {
+    if (options.resume_logits.size() != static_cast<size_t>(n_vocab)) {
+      return InvalidArgument("nothing to continue from: give a prompt (the session holds no saved logits)");
+    }
+  } else if (options.compress_at > 0 && options.compress_at < n_prompt) {
+    const std::span<const int32_t> all(prompt);
+    KVX_RETURN_IF_ERROR(session->Feed(all.first(options.compress_at)).status());
+    KVX_RETURN_IF_ERROR(session->Compress());
+    KVX_ASSIGN_OR_RETURN(logits, session->Feed(all.subspan(options.compress_at)));
+  } else {
     KVX_ASSIGN_OR_RETURN(logits, session->Feed(prompt));
-  } else if (options.resume_logits.size() != static_cast<size_t>(n_vocab)) {
-    return InvalidArgument("nothing to continue from: give a prompt (the session holds no saved logits)");
+    if (options.compress_at == n_prompt) KVX_RETURN_IF_ERROR(session->Compress());
   }
   stats->prompt_tokens = static_cast<int>(prompt.size());
   stats->prompt_seconds = SecondsSince(t0);

@@ -21,6 +21,12 @@ struct GenerateOptions {
   // With an empty prompt: the logits the first token is sampled from (a
   // restored session's saved logits, engine/session_file.h).
   std::span<const float> resume_logits;
+  // Session::Compress() after this many prompt tokens (the KV policies'
+  // explicit moment): 0 < compress_at < prompt size compresses between a
+  // context and its question (the question excluded); == prompt size after
+  // the whole prompt (question included; the first token's logits still
+  // come from the uncompressed pass, as in kvpress); -1 never.
+  int compress_at = -1;
 };
 
 struct GenerateStats {

@@ -28,6 +28,8 @@ Result<const float*> Session::Feed(std::span<const int32_t> tokens) {
   return static_cast<const float*>(logits_.data());
 }
 
+Status Session::Compress() { return engine_->kv_manager().Compress(id_); }
+
 Status Session::FeedWithLogits(const std::vector<int32_t>& tokens, int first_logit_row, std::vector<float>* logits) {
   const int n = static_cast<int>(tokens.size());
   if (first_logit_row < 0 || first_logit_row > n) return InvalidArgument("first logit row out of range");

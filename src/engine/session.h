@@ -40,6 +40,12 @@ class Session {
   // Forgets every token and returns its KV pages to the pool.
   void Reset();
 
+  // The explicit compression moment: every KV policy compresses this
+  // session's cache now (KVManager::Compress), e.g. after a context's
+  // prefill, before its question. Policies that act only continuously
+  // ignore it; without policies it does nothing.
+  Status Compress();
+
   // Benchmarks only: appends `n_tokens` entries of seeded random K/V at the
   // next positions of every layer (token id 0), as if a prompt had been run,
   // through the same step protocol but without the forward pass. Decode

@@ -126,6 +126,15 @@ struct EvalOptions {
   int ruler_gen = 0;     // tokens generated at most; 0 = the task's default (RulerDefaultGen)
 
   std::string data_dir = "../shared/data";  // lines and needle data
+
+  // When the KV policies' explicit compression moment (Session::Compress)
+  // runs: "excluded" after the context, before the question (kvpress's
+  // question-free setting: the cache could serve any question; the default),
+  // "included" after the whole prompt (query-aware), "none" never (only
+  // continuous policies act). Retrieval prompts are split at
+  // GenItem::question_start; copy compresses before the repeat in both
+  // modes; ppl and kld have no question (continuous policies only).
+  std::string compress = "excluded";
 };
 
 // Default answer tokens of a RULER task: room for its values in the probe

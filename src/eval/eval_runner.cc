@@ -147,6 +147,9 @@ class Runner {
       }
     }
     if (o.ruler_gen < 0) return InvalidArgument("--ruler-gen must be >= 0 (0 = each task's default)");
+    if (o.compress != "excluded" && o.compress != "included" && o.compress != "none") {
+      return InvalidArgument("--compress must be excluded, included or none (got '" + o.compress + "')");
+    }
     if (o.depths.empty()) o.depths = {0.0, 0.25, 0.5, 0.75, 1.0};
     for (double d : o.depths) {
       if (!(d >= 0.0 && d <= 1.0)) return InvalidArgument("depths are fractions in [0, 1]");
@@ -619,6 +622,7 @@ class Runner {
       if (model::ArgMax(row, n_vocab) == s.span[k]) first_ok++;
     }
     if (!s.filler.empty()) KVX_RETURN_IF_ERROR(session.Feed(s.filler).status());
+    if (opt_.compress != "none") KVX_RETURN_IF_ERROR(session.Compress());  // the repeat is the question
     // The repeat without its last token: row i predicts repeat token i + 1.
     std::vector<int32_t> seg3(s.span.begin(), s.span.end() - 1);
     KVX_RETURN_IF_ERROR(session.FeedWithLogits(seg3, 0, logits));
@@ -668,6 +672,9 @@ class Runner {
       }
       session.Reset();
       g.n_predict = item.n_gen;
+      g.compress_at = -1;
+      if (opt_.compress == "excluded" && item.question_start > 0) g.compress_at = item.question_start;
+      if (opt_.compress == "included") g.compress_at = static_cast<int>(item.prompt.size());
       so_far.clear();
       current = &item;
       const Status status = engine::Generate(&session, item.prompt, g,

@@ -47,6 +47,14 @@ Result<int64_t> LargestFitting(int64_t hi_limit, Fits fits) {
 
 }  // namespace
 
+Status MarkQuestion(const model::Tokenizer& tok, const std::string& text, size_t question_char, GenItem* item) {
+  KVX_ASSIGN_OR_RETURN(std::vector<int32_t> ctx, tok.Encode(text.substr(0, std::min(question_char, text.size())), true, false));
+  size_t common = 0;
+  while (common < ctx.size() && common < item->prompt.size() && ctx[common] == item->prompt[common]) ++common;
+  item->question_start = static_cast<int>(common);
+  return Status::Ok();
+}
+
 std::string PasskeyPromptText(int n_junk, int i_pos, int key) {
   const std::string k = std::to_string(key);
   const std::string needle = " The pass key is " + k + ". Remember it. " + k + " is the pass key.";
@@ -85,7 +93,9 @@ Result<ProbePlan> BuildPasskeyPlan(const model::Tokenizer& tok, const std::vecto
                                return c <= budget;
                              }));
         GenItem item;
-        KVX_ASSIGN_OR_RETURN(item.prompt, tok.Encode(prompt_for(n_junk), true, false));
+        const std::string text = prompt_for(n_junk);
+        KVX_ASSIGN_OR_RETURN(item.prompt, tok.Encode(text, true, false));
+        KVX_RETURN_IF_ERROR(MarkQuestion(tok, text, text.size() - kPasskeySuffix.size(), &item));
         item.n_gen = n_gen;
         item.cell = cell;
         item.expected = std::to_string(key);
@@ -169,6 +179,7 @@ Result<ProbePlan> BuildLinesPlan(const model::Tokenizer& tok, std::string_view j
       prompt += c.tail;
       GenItem item;
       KVX_ASSIGN_OR_RETURN(item.prompt, tok.Encode(prompt, true, false));
+      KVX_RETURN_IF_ERROR(MarkQuestion(tok, prompt, prompt.size() - c.tail.size(), &item));
       if (static_cast<int>(item.prompt.size()) + n_gen > max_tokens) {
         fits = false;
         break;
@@ -226,7 +237,9 @@ Result<ProbePlan> BuildNeedlePlan(const model::Tokenizer& tok, std::string_view 
         return InvalidArgument("the needle haystack is too short for length " + std::to_string(length));
       }
       GenItem item;
-      KVX_ASSIGN_OR_RETURN(item.prompt, tok.Encode(prompt_for(chars), true, false));
+      const std::string text = prompt_for(chars);
+      KVX_ASSIGN_OR_RETURN(item.prompt, tok.Encode(text, true, false));
+      KVX_RETURN_IF_ERROR(MarkQuestion(tok, text, text.size() - kNeedleQuestion.size(), &item));
       item.n_gen = n_gen;
       item.cell = static_cast<int>(plan.cells.size());
       item.expected = std::string(kNeedleAnswer);

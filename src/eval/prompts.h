@@ -49,7 +49,18 @@ struct GenItem {
   int cell = 0;                 // index of its grid cell
   std::string expected;         // passkey/lines: the number; needle: the answer sentence
   std::vector<std::string> answers;  // niah*, vt: every value asked (eval/ruler.h)
+  // Tokens of the context, before the question (passkey's "What is the pass
+  // key?", needle's question, lines' asked line, RULER's question): where a
+  // KV policy compresses when the question is excluded (kvx eval
+  // --compress excluded). prompt[0, question_start) is exactly the
+  // tokenization of the context text (the longest common prefix, so a token
+  // spanning the boundary goes with the question). -1: not split.
+  int question_start = -1;
 };
+
+// Sets item->question_start from the prompt's text and the character where
+// its question starts (item->prompt must be that text's tokens, BOS added).
+Status MarkQuestion(const model::Tokenizer& tok, const std::string& text, size_t question_char, GenItem* item);
 
 // A grid cell of a retrieval probe (the fields that apply are set).
 struct GridCell {

@@ -72,6 +72,28 @@ TEST(PromptsTest, PasskeyPlanFillsTheLength) {
   EXPECT_FALSE(BuildPasskeyPlan(*tok, {100}, {0.5}, 1, 16, 7).ok());  // too short for the bare prompt
 }
 
+TEST(PromptsTest, PromptsAreSplitBeforeTheQuestion) {
+  // question_start: the context's tokens, the question after (KV policies
+  // compress between them with the question excluded).
+  auto tok = CharTokenizer();
+  auto passkey = BuildPasskeyPlan(*tok, {400}, {0.5}, 2, 16, 7);
+  ASSERT_TRUE(passkey.ok());
+  for (const GenItem& it : passkey->items) {
+    ASSERT_GT(it.question_start, 0);
+    const std::vector<int32_t> q(it.prompt.begin() + it.question_start, it.prompt.end());
+    EXPECT_EQ(Text(*tok, q), "What is the pass key? The pass key is");
+    const std::vector<int32_t> ctx(it.prompt.begin(), it.prompt.begin() + it.question_start);
+    EXPECT_NE(Text(*tok, ctx).find("The pass key is " + it.expected), std::string::npos);
+  }
+  std::string hay;
+  for (int i = 0; i < 200; ++i) hay += "Sentence number " + std::to_string(i) + " is here. ";
+  auto needle = BuildNeedlePlan(*tok, hay, {300}, {0.5}, 32);
+  ASSERT_TRUE(needle.ok());
+  const GenItem& it = needle->items[0];
+  ASSERT_GT(it.question_start, 0);
+  EXPECT_EQ(static_cast<int>(it.prompt.size()) - it.question_start, static_cast<int>(kNeedleQuestion.size()));
+}
+
 TEST(PromptsTest, NeedleInsertion) {
   EXPECT_EQ(InsertNeedle("A b. C d. E f.", "N.", 0.0), "N. A b. C d. E f.");
   EXPECT_EQ(InsertNeedle("A b. C d. E f.", "N.", 0.5), "A b. N. C d. E f.");

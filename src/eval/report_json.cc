@@ -142,6 +142,7 @@ EvalReport ReadReport(const json& j) {
   o.seed = s.at("seed").get<uint64_t>();
   o.text_name = s.at("text").get<std::string>();
   o.data_dir = s.at("data_dir").get<std::string>();
+  o.compress = s.contains("compress") ? s.at("compress").get<std::string>() : "none";  // older reports: none
   o.chunk = s.at("ppl").at("chunk").get<int>();
   o.max_chunks = s.at("ppl").at("max_chunks").get<int>();
   const json& copy = s.at("copy");
@@ -251,6 +252,7 @@ json ReportToJson(const EvalReport& report) {
       {"seed", o.seed},
       {"text", o.text_name},
       {"data_dir", o.data_dir},
+      {"compress", o.compress},
       {"ppl", {{"chunk", o.chunk}, {"max_chunks", o.max_chunks}}},
       {"copy",
        {{"span", o.copy_span},

@@ -360,7 +360,9 @@ Result<ProbePlan> BuildNiahPlan(const model::Tokenizer& tok, const Haystack& hay
           return InvalidArgument("the essays (" + std::to_string(n_sent) + " sentences) are too short for length " +
                                  std::to_string(length));
         }
-        KVX_ASSIGN_OR_RETURN(item.prompt, tok.Encode(prompt_for(m), true, false));
+        const std::string text = prompt_for(m);
+        KVX_ASSIGN_OR_RETURN(item.prompt, tok.Encode(text, true, false));
+        KVX_RETURN_IF_ERROR(MarkQuestion(tok, text, text.size() - frame.tail.size(), &item));
         item.n_gen = n_gen;
         item.cell = cell;
         item.expected = item.answers[0];
@@ -449,7 +451,10 @@ Result<ProbePlan> BuildVtPlan(const model::Tokenizer& tok, const std::vector<int
                                                              return n <= budget;
                                                            }));
         GenItem item;
-        KVX_ASSIGN_OR_RETURN(item.prompt, tok.Encode(prompt_for(m), true, false));
+        const std::string text = prompt_for(m);
+        KVX_ASSIGN_OR_RETURN(item.prompt, tok.Encode(text, true, false));
+        // The question is the text after the last line break (VtPrompt's last line).
+        KVX_RETURN_IF_ERROR(MarkQuestion(tok, text, text.rfind('\n'), &item));
         item.n_gen = n_gen;
         item.cell = cell;
         item.answers = chain.names;

@@ -492,6 +492,79 @@ void EncodeInto(BlockPool* pool, const LayerCodec& lc, PageId id, bool full, int
 
 int SequenceKV::LiveEntries(int layer, int kv_head) const { return table(layer, kv_head).live(); }
 
+void SequenceKV::ReadChain(int layer, int kv_head, std::vector<float>* k, std::vector<float>* v,
+                           std::vector<int32_t>* pos) const {
+  const PageTable& t = table(layer, kv_head);
+  const LayerCodec& lc = layers_[layer];
+  const int T = layout_.page_tokens, D = layout_.head_dim;
+  k->resize(static_cast<size_t>(t.length()) * D);
+  v->resize(k->size());
+  pos->resize(t.length());
+  DecodedPage dp;
+  for (int p = 0; p < t.num_pages(); ++p) {
+    const int n = t.EntriesInPage(p, T);
+    // Packed pages of page codecs are always whole (a partial page is f16
+    // staging or row-wise), so decoding n slots is valid for every page.
+    DecodePage(*pool_, lc, t.pages()[p], t.is_full(p), n, &dp);
+    const size_t off = static_cast<size_t>(p) * T;
+    std::copy(dp.k.begin(), dp.k.begin() + static_cast<size_t>(n) * D, k->begin() + off * D);
+    std::copy(dp.v.begin(), dp.v.begin() + static_cast<size_t>(n) * D, v->begin() + off * D);
+    std::copy(dp.pos.begin(), dp.pos.begin() + n, pos->begin() + off);
+  }
+  if (rotation_ != nullptr) {
+    for (int s = 0; s < t.length(); ++s) {
+      if (keys_rotated()) rotation_->Inverse(k->data() + static_cast<size_t>(s) * D);
+      rotation_->Inverse(v->data() + static_cast<size_t>(s) * D);
+    }
+  }
+}
+
+Status SequenceKV::SetPositions(int layer, int kv_head, const std::vector<int>& slots,
+                                const std::vector<int32_t>& positions) {
+  KVX_CHECK_MSG(ReservedPages() == 0, "tables change only between steps");
+  KVX_CHECK(layer >= 0 && layer < layout_.n_layers && kv_head >= 0 && kv_head < layout_.n_kv_heads);
+  if (slots.size() != positions.size()) return InvalidArgument("SetPositions: slots and positions differ in length");
+  PageTable& t = mutable_table(layer, kv_head);
+  const int T = layout_.page_tokens;
+  std::vector<int> pages;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const int slot = slots[i];
+    if (slot < 0 || slot >= t.length()) {
+      return InvalidArgument("slot " + std::to_string(slot) + " is outside the chain of " + std::to_string(t.length()));
+    }
+    if (PagePositions(pool_->PageData(t.pages()[slot / T]))[slot % T] == kDeadPosition) {
+      return InvalidArgument("slot " + std::to_string(slot) + " is dead; only live entries get new positions");
+    }
+    if (positions[i] < 0 || positions[i] == kDeadPosition || positions[i] > max_pos_) {
+      return InvalidArgument("position " + std::to_string(positions[i]) + " is outside 0.." + std::to_string(max_pos_) +
+                             " (the positions appended so far)");
+    }
+    pages.push_back(slot / T);
+  }
+  std::sort(pages.begin(), pages.end());
+  pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
+  std::vector<std::pair<int, PageId>> copies;
+  for (int p : pages) {
+    if (!pool_->IsShared(t.pages()[p])) continue;
+    Result<PageId> copy = pool_->AllocateAfter(pool_->SizeClassOf(t.pages()[p]), t.pages()[p]);
+    if (!copy.ok()) {
+      for (auto& c : copies) pool_->Unref(c.second);
+      return copy.status();
+    }
+    copies.emplace_back(p, *copy);
+  }
+  for (auto& [p, copy] : copies) {
+    const PageId cur = t.pages()[p];
+    std::memcpy(pool_->PageData(copy), pool_->PageData(cur), pool_->PageBytesOf(cur));
+    t.ReplacePage(p, copy, t.is_full(p));
+    pool_->Unref(cur);
+  }
+  for (size_t i = 0; i < slots.size(); ++i) {
+    PagePositions(pool_->PageData(t.pages()[slots[i] / T]))[slots[i] % T] = positions[i];
+  }
+  return Status::Ok();
+}
+
 Status SequenceKV::RemoveEntries(int layer, int kv_head, const std::vector<int>& slots) {
   KVX_CHECK_MSG(ReservedPages() == 0, "tables change only between steps");
   KVX_CHECK(layer >= 0 && layer < layout_.n_layers && kv_head >= 0 && kv_head < layout_.n_kv_heads);
@@ -566,57 +639,73 @@ Status SequenceKV::Compact(int layer, int kv_head) {
   int end = FirstMutablePage(lc, t, t.length());
   if (!lc.sealed) end = std::min(end, t.num_pages() - 1);
   int first = lc.sink_pages;
-  while (first < end && t.live_in_page(first) == T) ++first;  // already dense
-  if (end - first < 2) return Status::Ok();
-  int live = 0;
-  for (int p = first; p < end; ++p) live += t.live_in_page(p);
-  const int n_new = (live + T - 1) / T;
-  if (n_new >= end - first) return Status::Ok();
-  const bool full = t.is_full(first);
-  std::vector<PageId> ids;
-  PageId before = first > 0 ? t.pages()[first - 1] : kNoPage;
-  for (int i = 0; i < n_new; ++i) {
-    Result<PageId> id = pool_->AllocateAfter(pool_->SizeClassOf(t.pages()[first]), before);
-    if (!id.ok()) {
-      for (PageId x : ids) pool_->Unref(x);
-      return id.status();
-    }
-    ids.push_back(*id);
-    before = *id;
-  }
-  // Gather the live entries in chain order (their stored form decoded:
-  // rotated, pre-RoPE keys un-roped, as they were encoded).
   std::vector<float> k, v;
   std::vector<int32_t> pos;
-  k.reserve(static_cast<size_t>(n_new) * T * D);
-  v.reserve(k.capacity());
   DecodedPage dp;
-  for (int p = first; p < end; ++p) {
-    DecodePage(*pool_, lc, t.pages()[p], t.is_full(p), T, &dp);
-    for (int s = 0; s < T; ++s) {
-      if (dp.pos[s] == kDeadPosition) continue;
-      pos.push_back(dp.pos[s]);
-      k.insert(k.end(), dp.k.begin() + static_cast<size_t>(s) * D, dp.k.begin() + static_cast<size_t>(s + 1) * D);
-      v.insert(v.end(), dp.v.begin() + static_cast<size_t>(s) * D, dp.v.begin() + static_cast<size_t>(s + 1) * D);
+  // Runs of source pages whose live entries fill at most kCompactRunPages
+  // new pages, each written and swapped in before the next: the new pages
+  // of a run are allocated before its sources are freed, so a pool that is
+  // nearly full (a policy compressing a context that filled its budget)
+  // needs only a run's worth of free pages, not the whole table's.
+  while (first < end) {
+    while (first < end && t.live_in_page(first) == T) ++first;  // already dense
+    int last = first, live = 0;
+    while (last < end && live + t.live_in_page(last) <= kCompactRunPages * T) live += t.live_in_page(last++);
+    if (last - first < 2) {
+      first = last;
+      continue;
     }
+    const int n_new = (live + T - 1) / T;
+    if (n_new >= last - first) {  // nothing to gain in this run
+      first = last;
+      continue;
+    }
+    const bool full = t.is_full(first);
+    std::vector<PageId> ids;
+    PageId before = first > 0 ? t.pages()[first - 1] : kNoPage;
+    for (int i = 0; i < n_new; ++i) {
+      Result<PageId> id = pool_->AllocateAfter(pool_->SizeClassOf(t.pages()[first]), before);
+      if (!id.ok()) {
+        for (PageId x : ids) pool_->Unref(x);
+        return id.status();
+      }
+      ids.push_back(*id);
+      before = *id;
+    }
+    // Gather the run's live entries in chain order (their stored form
+    // decoded: rotated, pre-RoPE keys un-roped, as they were encoded).
+    k.clear();
+    v.clear();
+    pos.clear();
+    for (int p = first; p < last; ++p) {
+      DecodePage(*pool_, lc, t.pages()[p], t.is_full(p), T, &dp);
+      for (int s = 0; s < T; ++s) {
+        if (dp.pos[s] == kDeadPosition) continue;
+        pos.push_back(dp.pos[s]);
+        k.insert(k.end(), dp.k.begin() + static_cast<size_t>(s) * D, dp.k.begin() + static_cast<size_t>(s + 1) * D);
+        v.insert(v.end(), dp.v.begin() + static_cast<size_t>(s) * D, dp.v.begin() + static_cast<size_t>(s + 1) * D);
+      }
+    }
+    KVX_CHECK(static_cast<int>(pos.size()) == live);
+    // Pad the last page's dead slots with copies of the last live entry (a
+    // page codec's per-channel ranges then see no made-up values).
+    std::vector<int> lives;
+    for (int i = 0; i < n_new; ++i) lives.push_back(std::min(T, live - i * T));
+    while (static_cast<int>(pos.size()) < n_new * T) {
+      pos.push_back(kDeadPosition);
+      k.insert(k.end(), k.end() - D, k.end());
+      v.insert(v.end(), v.end() - D, v.end());
+    }
+    for (int i = 0; i < n_new; ++i) {
+      const size_t off = static_cast<size_t>(i) * T;
+      EncodeInto(pool_, lc, ids[i], full, T, &k[off * D], &v[off * D], &pos[off]);
+    }
+    std::vector<PageId> old(t.pages().begin() + first, t.pages().begin() + last);
+    t.ReplaceRun(first, last, ids, full, lives, T);
+    for (PageId id : old) pool_->Unref(id);
+    end -= (last - first) - n_new;
+    first += n_new;  // a partial last page stays as it is (no second re-encoding)
   }
-  KVX_CHECK(static_cast<int>(pos.size()) == live);
-  // Pad the last page's dead slots with copies of the last live entry (a
-  // page codec's per-channel ranges then see no made-up values).
-  std::vector<int> lives;
-  for (int i = 0; i < n_new; ++i) lives.push_back(std::min(T, live - i * T));
-  while (static_cast<int>(pos.size()) < n_new * T) {
-    pos.push_back(kDeadPosition);
-    k.insert(k.end(), k.end() - D, k.end());
-    v.insert(v.end(), v.end() - D, v.end());
-  }
-  for (int i = 0; i < n_new; ++i) {
-    const size_t off = static_cast<size_t>(i) * T;
-    EncodeInto(pool_, lc, ids[i], full, T, &k[off * D], &v[off * D], &pos[off]);
-  }
-  std::vector<PageId> old(t.pages().begin() + first, t.pages().begin() + end);
-  t.ReplaceRun(first, end, ids, full, lives, T);
-  for (PageId id : old) pool_->Unref(id);
   return Status::Ok();
 }
 

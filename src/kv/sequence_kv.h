@@ -138,11 +138,19 @@ class SequenceKV {
   // nothing changed). REQUIRES: no reservation pending.
   Status RemoveEntries(int layer, int kv_head, const std::vector<int>& slots);
   // Packs the live entries of the head's sealed-or-row-wise region (after
-  // the sink pages, before the staging pages or the open last page) into as
-  // few pages as hold them, in chain order; the pages freed return to the
-  // pool. Entries are decoded and re-encoded: exact for f32/f16 pages, one
-  // more quantization of already quantized values otherwise. New pages are
-  // allocated before old ones are released (ResourceExhausted: unchanged).
+  // the sink pages, before the staging pages or the open last page) into
+  // fewer pages, in chain order, run by run: each run of source pages whose
+  // live entries fill at most kCompactRunPages pages is rewritten into
+  // ceil(live / page_tokens) new pages (only when that frees a page), so
+  // every run but the last may leave one partly filled page (the live
+  // fraction stays above (R-1)/R for runs of R pages). The pages freed
+  // return to the pool. Entries are decoded and re-encoded: exact for
+  // f32/f16 pages, one more quantization of already quantized values
+  // otherwise. A run's new pages are allocated before its sources are
+  // released, so compaction needs kCompactRunPages free pages, not a
+  // table's worth; ResourceExhausted leaves the runs done so far done and
+  // the table consistent.
+  static constexpr int kCompactRunPages = 8;
   Status Compact(int layer, int kv_head);
 
   // A new sequence holding the first `n_slots` slots of every table:
@@ -198,6 +206,23 @@ class SequenceKV {
   // keys stay un-roped). For tests, debugging and tiers; not a hot path.
   // REQUIRES: 0 <= index < Length(layer, kv_head); k, v hold head_dim floats.
   void ReadEntry(int layer, int kv_head, int index, float* k, float* v, int32_t* pos) const;
+
+  // Decodes the whole chain of (layer, kv_head) page by page: k, v
+  // [Length][head_dim] (rotation undone; pre-RoPE keys stay un-roped, others
+  // are roped at their stored positions), pos [Length] (kDeadPosition for
+  // dead slots). For policies that score or merge by the stored keys
+  // (key norm, KVMerger); O(slots * head_dim).
+  void ReadChain(int layer, int kv_head, std::vector<float>* k, std::vector<float>* v, std::vector<int32_t>* pos) const;
+
+  // Rewrites the stored positions of live slots of one head (StreamingLLM's
+  // re-packed positions): slots[i] gets positions[i]. Only meaningful with
+  // pre-RoPE keys (keys_pre_rope(): RoPE is applied at the stored position
+  // on read); roped keys would keep their old rotation. Shared pages are
+  // copied first. InvalidArgument for a dead or out-of-range slot, a
+  // negative or kDeadPosition position, or a position beyond the largest
+  // appended one (the RoPE table ends there); ResourceExhausted when a copy
+  // cannot be allocated (nothing changed). REQUIRES: no reservation pending.
+  Status SetPositions(int layer, int kv_head, const std::vector<int>& slots, const std::vector<int32_t>& positions);
 
   const PageTable& table(int layer, int kv_head) const {
     return tables_[static_cast<size_t>(layer) * layout_.n_kv_heads + kv_head];

@@ -139,6 +139,12 @@ void RegisterEval(CLI::App& app, int* exit_code) {
                   "passkey/needle/niah*/vt: depths in [0,1], comma-separated (default: 0,.25,.5,.75,1)")
       ->delimiter(',')
       ->check(NumberIn(0, 1, false, false, "a fraction of the sequence"));
+  cmd->add_option("--compress", o.compress,
+                  "When KV policies compress once (Session::Compress): excluded = after the context, before the "
+                  "question (the cache could serve any question); included = after the whole prompt (query-aware); "
+                  "none = never (continuous policies only)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"excluded", "included", "none"}));
   cmd->add_option("--passkey-trials", o.passkey_trials, "passkey: prompts per cell")->capture_default_str()
       ->check(IntIn(1, kMaxCount));
   cmd->add_option("--ruler-trials", o.ruler_trials, "niah*, vt: prompts per cell")->capture_default_str()

@@ -1,5 +1,6 @@
 #include "kv/policy/policy.h"
 
+#include "kv/policy/eviction_policies.h"
 #include "kv/policy/streaming_llm.h"
 
 namespace kvx::kv {
@@ -10,6 +11,7 @@ PolicyRegistry& PolicyRegistry::Global() {
   static PolicyRegistry* registry = [] {
     auto* r = new PolicyRegistry();
     r->Register("streamingllm", StreamingLLMPolicy::Create);
+    RegisterEvictionPolicies(*r);  // h2o, snapkv, ... (eviction_policies.h)
     return r;
   }();
   return *registry;
