@@ -1,5 +1,6 @@
 #include "kv/policy/policy.h"
 
+#include "kv/policy/quest.h"
 #include "kv/policy/streaming_llm.h"
 
 namespace kvx::kv {
@@ -10,6 +11,7 @@ PolicyRegistry& PolicyRegistry::Global() {
   static PolicyRegistry* registry = [] {
     auto* r = new PolicyRegistry();
     r->Register("streamingllm", StreamingLLMPolicy::Create);
+    r->Register("quest", QuestPolicy::Create);
     return r;
   }();
   return *registry;
