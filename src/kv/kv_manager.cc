@@ -36,7 +36,8 @@ Result<ResolvedKVSpec> ResolveKVSpec(const KVSpec& spec, const KVLayout& model_l
   }
   if (n_seqs < 1) return InvalidArgument("sequence count must be at least 1");
   for (const PolicySpec& p : spec.policies) {  // an unknown policy or parameter is an error here, on every path
-    KVX_RETURN_IF_ERROR(PolicyRegistry::Global().Create(p.name, p.params).status());
+    KVX_ASSIGN_OR_RETURN(auto policy, PolicyRegistry::Global().Create(p.name, p.params));
+    KVX_RETURN_IF_ERROR(policy->CheckSpec(spec, r.layout));
   }
   r.n_ctx = n_ctx;
   r.n_seqs = n_seqs;
@@ -124,6 +125,7 @@ Result<SeqId> KVManager::ForkPrefix(SeqId src_id, int n_tokens) {
 
 void KVManager::ReleaseSequence(SeqId id) {
   KVX_CHECK(!in_step_);
+  for (const auto& p : policies_) p->OnSequenceReleased(id);
   seqs_.erase(id);
   MaybeReleaseMemory();
 }
@@ -131,6 +133,7 @@ void KVManager::ReleaseSequence(SeqId id) {
 void KVManager::ResetSequence(SeqId id) {
   KVX_CHECK(!in_step_);
   Sequence& s = Seq(id);
+  for (const auto& p : policies_) p->OnSequenceReleased(id);
   s.kv->Clear();
   s.tokens.clear();
   s.positions.clear();
@@ -236,6 +239,17 @@ Status KVManager::CommitStep() {
       if (Status st = policy->OnStepCommitted(*this, r.seq); !st.ok()) {
         return st.WithContext(std::string("policy ") + std::string(policy->name()));
       }
+    }
+  }
+  return Status::Ok();
+}
+
+Status KVManager::Compress(SeqId seq) {
+  KVX_CHECK(!in_step_);
+  if (!HasSequence(seq)) return NotFound("no sequence " + std::to_string(seq));
+  for (const auto& policy : policies_) {
+    if (Status st = policy->Compress(*this, seq); !st.ok()) {
+      return st.WithContext(std::string("policy ") + std::string(policy->name()));
     }
   }
   return Status::Ok();

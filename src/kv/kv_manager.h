@@ -146,6 +146,14 @@ class KVManager {
   Status CommitStep();
   void AbortStep();
   bool in_step() const { return in_step_; }
+  // The requests of the step in progress or last committed (valid from
+  // BeginStep until the next BeginStep): an AttentionObserver's `seq` is an
+  // index into this list, so policies map it to the SeqId here.
+  std::span<const StepRequest> step_requests() const { return step_; }
+
+  // The explicit compression moment: every policy's Compress(seq) in order
+  // (kv/policy/policy.h). REQUIRES: not in a step.
+  Status Compress(SeqId seq);
 
   // --- Policies (kv/policy/policy.h), run after every committed step ---
   void AddPolicy(std::unique_ptr<KVPolicy> policy);

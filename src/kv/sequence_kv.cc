@@ -562,6 +562,79 @@ void EncodeInto(BlockPool* pool, const LayerCodec& lc, PageId id, bool full, int
 
 int SequenceKV::LiveEntries(int layer, int kv_head) const { return table(layer, kv_head).live(); }
 
+void SequenceKV::ReadChain(int layer, int kv_head, std::vector<float>* k, std::vector<float>* v,
+                           std::vector<int32_t>* pos) const {
+  const PageTable& t = table(layer, kv_head);
+  const LayerCodec& lc = layers_[layer];
+  const int T = layout_.page_tokens, D = layout_.head_dim;
+  k->resize(static_cast<size_t>(t.length()) * D);
+  v->resize(k->size());
+  pos->resize(t.length());
+  DecodedPage dp;
+  for (int p = 0; p < t.num_pages(); ++p) {
+    const int n = t.EntriesInPage(p, T);
+    // Packed pages of page codecs are always whole (a partial page is f16
+    // staging or row-wise), so decoding n slots is valid for every page.
+    DecodePage(*pool_, lc, t.pages()[p], t.is_full(p), n, &dp);
+    const size_t off = static_cast<size_t>(p) * T;
+    std::copy(dp.k.begin(), dp.k.begin() + static_cast<size_t>(n) * D, k->begin() + off * D);
+    std::copy(dp.v.begin(), dp.v.begin() + static_cast<size_t>(n) * D, v->begin() + off * D);
+    std::copy(dp.pos.begin(), dp.pos.begin() + n, pos->begin() + off);
+  }
+  if (rotation_ != nullptr) {
+    for (int s = 0; s < t.length(); ++s) {
+      if (keys_rotated()) rotation_->Inverse(k->data() + static_cast<size_t>(s) * D);
+      rotation_->Inverse(v->data() + static_cast<size_t>(s) * D);
+    }
+  }
+}
+
+Status SequenceKV::SetPositions(int layer, int kv_head, const std::vector<int>& slots,
+                                const std::vector<int32_t>& positions) {
+  KVX_CHECK_MSG(ReservedPages() == 0, "tables change only between steps");
+  KVX_CHECK(layer >= 0 && layer < layout_.n_layers && kv_head >= 0 && kv_head < layout_.n_kv_heads);
+  if (slots.size() != positions.size()) return InvalidArgument("SetPositions: slots and positions differ in length");
+  PageTable& t = mutable_table(layer, kv_head);
+  const int T = layout_.page_tokens;
+  std::vector<int> pages;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const int slot = slots[i];
+    if (slot < 0 || slot >= t.length()) {
+      return InvalidArgument("slot " + std::to_string(slot) + " is outside the chain of " + std::to_string(t.length()));
+    }
+    if (PagePositions(pool_->PageData(t.pages()[slot / T]))[slot % T] == kDeadPosition) {
+      return InvalidArgument("slot " + std::to_string(slot) + " is dead; only live entries get new positions");
+    }
+    if (positions[i] < 0 || positions[i] == kDeadPosition || positions[i] > max_pos_) {
+      return InvalidArgument("position " + std::to_string(positions[i]) + " is outside 0.." + std::to_string(max_pos_) +
+                             " (the positions appended so far)");
+    }
+    pages.push_back(slot / T);
+  }
+  std::sort(pages.begin(), pages.end());
+  pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
+  std::vector<std::pair<int, PageId>> copies;
+  for (int p : pages) {
+    if (!pool_->IsShared(t.pages()[p])) continue;
+    Result<PageId> copy = pool_->AllocateAfter(pool_->SizeClassOf(t.pages()[p]), t.pages()[p]);
+    if (!copy.ok()) {
+      for (auto& c : copies) pool_->Unref(c.second);
+      return copy.status();
+    }
+    copies.emplace_back(p, *copy);
+  }
+  for (auto& [p, copy] : copies) {
+    const PageId cur = t.pages()[p];
+    std::memcpy(pool_->PageData(copy), pool_->PageData(cur), pool_->PageBytesOf(cur));
+    t.ReplacePage(p, copy, t.is_full(p));
+    pool_->Unref(cur);
+  }
+  for (size_t i = 0; i < slots.size(); ++i) {
+    PagePositions(pool_->PageData(t.pages()[slots[i] / T]))[slots[i] % T] = positions[i];
+  }
+  return Status::Ok();
+}
+
 Status SequenceKV::RemoveEntries(int layer, int kv_head, const std::vector<int>& slots) {
   KVX_CHECK_MSG(ReservedPages() == 0, "tables change only between steps");
   KVX_CHECK(layer >= 0 && layer < layout_.n_layers && kv_head >= 0 && kv_head < layout_.n_kv_heads);

@@ -191,6 +191,23 @@ class SequenceKV {
   // Bytes the page bounds take (heap, beside the tables; not pool pages).
   size_t PageBoundsBytes() const;
 
+  // Decodes the whole chain of (layer, kv_head) page by page: k, v
+  // [Length][head_dim] (rotation undone; pre-RoPE keys stay un-roped, others
+  // are roped at their stored positions), pos [Length] (kDeadPosition for
+  // dead slots). For policies that score or merge by the stored keys
+  // (key norm, KVMerger); O(slots * head_dim).
+  void ReadChain(int layer, int kv_head, std::vector<float>* k, std::vector<float>* v, std::vector<int32_t>* pos) const;
+
+  // Rewrites the stored positions of live slots of one head (StreamingLLM's
+  // re-packed positions): slots[i] gets positions[i]. Only meaningful with
+  // pre-RoPE keys (keys_pre_rope(): RoPE is applied at the stored position
+  // on read); roped keys would keep their old rotation. Shared pages are
+  // copied first. InvalidArgument for a dead or out-of-range slot, a
+  // negative or kDeadPosition position, or a position beyond the largest
+  // appended one (the RoPE table ends there); ResourceExhausted when a copy
+  // cannot be allocated (nothing changed). REQUIRES: no reservation pending.
+  Status SetPositions(int layer, int kv_head, const std::vector<int>& slots, const std::vector<int32_t>& positions);
+
   const PageTable& table(int layer, int kv_head) const {
     return tables_[static_cast<size_t>(layer) * layout_.n_kv_heads + kv_head];
   }

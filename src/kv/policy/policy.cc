@@ -1,6 +1,7 @@
 #include "kv/policy/policy.h"
 
 #include "kv/policy/quest.h"
+#include "kv/policy/eviction_policies.h"
 #include "kv/policy/streaming_llm.h"
 
 namespace kvx::kv {
@@ -12,6 +13,7 @@ PolicyRegistry& PolicyRegistry::Global() {
     auto* r = new PolicyRegistry();
     r->Register("streamingllm", StreamingLLMPolicy::Create);
     r->Register("quest", QuestPolicy::Create);
+    RegisterEvictionPolicies(*r);  // h2o, snapkv, ... (eviction_policies.h)
     return r;
   }();
   return *registry;

@@ -33,6 +33,26 @@ class KVPolicy {
   // After a committed step, once per sequence the step ran. An error stops
   // the step's policies and is returned by the engine's step.
   virtual Status OnStepCommitted(KVManager& manager, SeqId seq) = 0;
+  // The explicit compression moment (KVManager::Compress, Session::Compress):
+  // a caller asks the policies to compress the sequence NOW, e.g. once after
+  // a context's prefill with the question still to come (kvpress's
+  // question-free setting) or after the question too (query-aware).
+  // Policies that act only continuously ignore it.
+  virtual Status Compress(KVManager& manager, SeqId seq) {
+    (void)manager;
+    (void)seq;
+    return Status::Ok();
+  }
+  // The sequence ended or was reset: drop any state kept for it.
+  virtual void OnSequenceReleased(SeqId seq) { (void)seq; }
+  // Checks the policy against the resolved spec (codec, layout) before any
+  // sequence exists, e.g. a mode that needs pre-RoPE keys; InvalidArgument
+  // naming the fix otherwise. Called by ResolveKVSpec.
+  virtual Status CheckSpec(const KVSpec& spec, const KVLayout& layout) const {
+    (void)spec;
+    (void)layout;
+    return Status::Ok();
+  }
   // The observer the forward pass runs with while this policy is active
   // (nullptr: the policy needs no attention probabilities, and attention
   // keeps its fast kernels).

@@ -1,0 +1,99 @@
+#include "kv/policy/observations.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace kvx::kv {
+namespace {
+
+void Grow(std::vector<float>* v, size_t n) {
+  if (v->size() < n) v->resize(n, 0.0f);
+}
+
+// dst = dst * keep + src, elementwise over the longer of the two.
+void Blend(std::vector<float>* dst, const std::vector<float>& src, float keep) {
+  Grow(dst, src.size());
+  for (float& x : *dst) x *= keep;
+  for (size_t i = 0; i < src.size(); ++i) (*dst)[i] += src[i];
+}
+
+}  // namespace
+
+const HeadStats* SequenceObservations::head(int layer, int head) const {
+  auto it = heads_.find({layer, head});
+  return it == heads_.end() ? nullptr : &it->second;
+}
+
+void SequenceObservations::Fold(const SequenceObservations& step, const ObservationNeeds& needs) {
+  n_heads_ = std::max(n_heads_, step.n_heads_);
+  for (const auto& [key, s] : step.heads_) {
+    HeadStats& d = heads_[key];
+    float keep = 1.0f;  // accumulate
+    if (needs.fold_window > 0) {
+      keep = s.queries >= needs.fold_window ? 0.0f : 1.0f - static_cast<float>(s.queries / needs.fold_window);
+    }
+    Blend(&d.sum, s.sum, keep);
+    if (needs.squares) Blend(&d.sq, s.sq, keep);
+    if (needs.low_hits) Blend(&d.low, s.low, keep);
+    d.entropy = d.entropy * keep + s.entropy;
+    d.queries = d.queries * keep + s.queries;
+  }
+}
+
+void ProbabilityRecorder::OnProbabilities(int seq, int layer, int /*query_index*/, int head, int /*kv_head*/,
+                                          const float* probs, const int32_t* positions, int n) {
+  HeadStats* hs = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& obs = step_[seq];
+    if (obs == nullptr) obs = std::make_unique<SequenceObservations>();
+    obs->NoteHead(head);
+    hs = &obs->mutable_head(layer, head);  // map nodes stay put
+  }
+  int32_t top = -1;
+  int visible = 0;
+  for (int j = 0; j < n; ++j) {
+    if (probs[j] > 0.0f) {
+      top = std::max(top, positions[j]);
+      ++visible;
+    }
+  }
+  const float low_threshold = visible > 0 ? 1.0f / static_cast<float>(visible) : 0.0f;
+  std::lock_guard<std::mutex> lock(stripes_[(static_cast<size_t>(seq) * 131 + layer * 17 + head) % stripes_.size()]);
+  const size_t need = static_cast<size_t>(top) + 1;
+  Grow(&hs->sum, need);
+  if (needs_.squares) Grow(&hs->sq, need);
+  if (needs_.low_hits) Grow(&hs->low, need);
+  double entropy = 0.0;
+  for (int j = 0; j < n; ++j) {
+    const float p = probs[j];
+    if (!(p > 0.0f)) continue;  // masked, dead, or underflowed: never attended
+    const int32_t pos = positions[j];
+    hs->sum[pos] += p;
+    if (needs_.squares) hs->sq[pos] += p * p;
+    if (needs_.low_hits && p < low_threshold) hs->low[pos] += 1.0f;
+    if (needs_.entropy) entropy -= static_cast<double>(p) * std::log(static_cast<double>(p));
+  }
+  hs->entropy += entropy;
+  hs->queries += 1.0;
+}
+
+void ProbabilityRecorder::FoldStep(const KVManager& manager, SeqId seq) {
+  const auto reqs = manager.step_requests();
+  int index = -1;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    if (reqs[i].seq == seq) index = static_cast<int>(i);
+  }
+  if (index < 0) return;
+  auto it = step_.find(index);
+  if (it == step_.end()) return;
+  seqs_[seq].Fold(*it->second, needs_);
+  step_.erase(it);
+}
+
+const SequenceObservations* ProbabilityRecorder::Find(SeqId seq) const {
+  auto it = seqs_.find(seq);
+  return it == seqs_.end() ? nullptr : &it->second;
+}
+
+}  // namespace kvx::kv

@@ -1,0 +1,209 @@
+#include "kv/policy/scored_eviction.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kv/policy/budget.h"
+
+namespace kvx::kv {
+
+Status ReadEvictionConfig(PolicyParamReader& r, EvictionConfig* c) {
+  const bool has_ratio = r.Has("ratio"), has_budget = r.Has("budget");
+  if (has_ratio && has_budget) {
+    return InvalidArgument("policy " + r.policy() + ": give ratio= (fraction removed) or budget= (entries kept per "
+                           "head), not both");
+  }
+  std::string mode = c->continuous ? "continuous" : "once";
+  const double default_compact = c->compact;
+  r.Double("ratio", &c->ratio, 0.0, 0.999)
+      .Int("budget", &c->budget, 1, 1 << 24)
+      .Int("window", &c->window, 0, 1 << 20)
+      .Int("sinks", &c->sinks, 0, 1 << 20)
+      .Choice("mode", &mode, {"once", "continuous"})
+      .Choice("layers", &c->layers, {"uniform", "pyramid", "cake"})
+      .Double("beta", &c->beta, 1.0, 1e6)
+      .Double("tau1", &c->tau1, 0.01, 100.0)
+      .Double("tau2", &c->tau2, 0.01, 100.0)
+      .Choice("heads", &c->heads, {"uniform", "adakv"})
+      .Double("alpha", &c->alpha, 0.0, 1.0)
+      .Double("compact", &c->compact, 0.0, 1.0);
+  std::string fate = c->fate;
+  // The fate name is free text here; the registry checks it.
+  if (r.Has("fate")) {
+    std::vector<std::string> names = EvictionFateRegistry::Global().Names();
+    r.Choice("fate", &fate, names);
+  }
+  c->fate = fate;
+  c->continuous = mode == "continuous";
+  if (c->continuous && !r.Has("compact")) c->compact = std::min(default_compact, 0.5);
+  if (r.Has("window")) c->window_fraction = 0.0;
+  if (has_budget && c->budget < c->sinks + (c->window_fraction > 0 ? 0 : c->window)) {
+    return InvalidArgument("policy " + r.policy() + ": budget=" + std::to_string(c->budget) +
+                           " cannot hold sinks + window = " + std::to_string(c->sinks + c->window) +
+                           " protected entries; raise budget or lower window/sinks");
+  }
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<KVPolicy>> ScoredEvictionPolicy::Create(std::string name, const PolicyParams& params,
+                                                               const EvictionConfig& defaults,
+                                                               const ScorerFactory& make_scorer) {
+  PolicyParamReader r(name, params);
+  std::unique_ptr<ScoredEvictionPolicy> p(new ScoredEvictionPolicy());
+  p->name_ = std::move(name);
+  p->config_ = defaults;
+  KVX_ASSIGN_OR_RETURN(p->scorer_, make_scorer(r));
+  KVX_RETURN_IF_ERROR(ReadEvictionConfig(r, &p->config_));
+  KVX_ASSIGN_OR_RETURN(p->fate_, EvictionFateRegistry::Global().Create(p->config_.fate, r));
+  KVX_RETURN_IF_ERROR(r.Finish());
+  const ObservationNeeds needs = p->scorer_->needs();
+  if (needs.probabilities) p->recorder_ = std::make_unique<ProbabilityRecorder>(needs);
+  return std::unique_ptr<KVPolicy>(std::move(p));
+}
+
+Status ScoredEvictionPolicy::CheckSpec(const KVSpec& spec, const KVLayout& layout) const {
+  return fate_->CheckSpec(spec, layout);
+}
+
+int ScoredEvictionPolicy::Capacity(int tokens) const {
+  if (config_.budget > 0) return config_.budget;
+  return static_cast<int>(std::ceil((1.0 - config_.ratio) * tokens - 1e-9));
+}
+
+Status ScoredEvictionPolicy::OnStepCommitted(KVManager& manager, SeqId seq) {
+  if (recorder_ != nullptr) recorder_->FoldStep(manager, seq);
+  return config_.continuous ? Evict(manager, seq) : Status::Ok();
+}
+
+Status ScoredEvictionPolicy::Compress(KVManager& manager, SeqId seq) { return Evict(manager, seq); }
+
+void ScoredEvictionPolicy::OnSequenceReleased(SeqId seq) {
+  if (recorder_ != nullptr) recorder_->Forget(seq);
+}
+
+std::vector<double> ScoredEvictionPolicy::CakePreferences(const SequenceObservations* obs, int n_layers) const {
+  std::vector<double> pref(n_layers, 1.0);
+  if (obs == nullptr) return pref;
+  for (int l = 0; l < n_layers; ++l) {
+    double entropy = 0.0, variance = 0.0;
+    for (int h = 0; h < obs->n_heads(); ++h) {
+      const HeadStats* hs = obs->head(l, h);
+      if (hs == nullptr || hs->queries <= 0) continue;
+      entropy += hs->entropy;
+      const double q = hs->queries;
+      for (size_t j = 0; j < hs->sum.size(); ++j) {
+        const double mean = hs->sum[j] / q, sq = j < hs->sq.size() ? hs->sq[j] / q : 0.0;
+        variance += std::max(0.0, sq - mean * mean);
+      }
+    }
+    pref[l] = std::pow(std::max(entropy, 1e-12), 1.0 / config_.tau1) * std::pow(std::max(variance, 1e-12), 1.0 / config_.tau2);
+  }
+  return pref;
+}
+
+Status ScoredEvictionPolicy::Evict(KVManager& manager, SeqId seq) {
+  SequenceKV& kv = manager.kv(seq);
+  const KVLayout& L = kv.layout();
+  const int H = L.n_kv_heads, T = L.page_tokens;
+  const int capacity = Capacity(manager.length(seq));
+  const int window = config_.window_fraction > 0 ? static_cast<int>(config_.window_fraction * capacity) : config_.window;
+  const int w = config_.sinks + window;
+  const SequenceObservations* obs = recorder_ != nullptr ? recorder_->Find(seq) : nullptr;
+  stats_ = EvictionStats{};
+  int most_live = 0;
+  for (int l = 0; l < L.n_layers; ++l) {
+    for (int h = 0; h < H; ++h) most_live = std::max(most_live, kv.LiveEntries(l, h));
+  }
+  const int cap = std::max(capacity, std::min(w, most_live));
+  if (config_.layers == "pyramid") {
+    stats_.layer_budget = PyramidBudgets(L.n_layers, cap, most_live, std::min(w, cap), config_.beta);
+  } else if (config_.layers == "cake") {
+    stats_.layer_budget = PreferenceBudgets(CakePreferences(obs, L.n_layers), cap, most_live, std::min(w, cap));
+  } else {
+    stats_.layer_budget.assign(L.n_layers, cap);
+  }
+  const bool adaptive = config_.heads == "adakv";
+  bool removed = false;
+  std::vector<float> k_unused;
+  for (int l = 0; l < L.n_layers; ++l) {
+    const int budget = stats_.layer_budget[l];
+    int layer_live = 0;
+    bool over = false;
+    for (int h = 0; h < H; ++h) {
+      layer_live += kv.LiveEntries(l, h);
+      over = over || kv.LiveEntries(l, h) > budget;
+    }
+    if (adaptive ? layer_live <= budget * H : !over) continue;
+    // Live slots per head, chain order, split into protected and candidates.
+    std::vector<std::vector<int>> slots(H), prot(H);
+    std::vector<std::vector<int32_t>> pos(H);
+    std::vector<std::vector<float>> scores(H);
+    std::vector<int> keep(H);
+    for (int h = 0; h < H; ++h) {
+      const PageTable& t = kv.table(l, h);
+      std::vector<int> live;
+      std::vector<int32_t> live_pos;
+      for (int p = 0; p < t.num_pages(); ++p) {
+        const int32_t* pp = PagePositions(kv.pool().PageData(t.pages()[p]));
+        for (int s = 0; s < t.EntriesInPage(p, T); ++s) {
+          if (pp[s] == kDeadPosition) continue;
+          live.push_back(p * T + s);
+          live_pos.push_back(pp[s]);
+        }
+      }
+      const int n = static_cast<int>(live.size());
+      const int n_sinks = std::min(config_.sinks, n), n_window = std::min(window, n - n_sinks);
+      for (int i = 0; i < n; ++i) {
+        if (i < n_sinks || i >= n - n_window) {
+          prot[h].push_back(live[i]);
+        } else {
+          slots[h].push_back(live[i]);
+          pos[h].push_back(live_pos[i]);
+        }
+      }
+      keep[h] = std::max(0, budget - n_sinks - n_window);
+      if (!adaptive && static_cast<int>(slots[h].size()) <= keep[h]) continue;  // nothing to score
+      scorer_->Score(ScoringInput{kv, obs, l, h, slots[h], pos[h]}, &scores[h]);
+    }
+    for (int h = 0; h < H; ++h) {
+      if (scores[h].size() != slots[h].size()) scores[h].assign(slots[h].size(), 0.0f);
+    }
+    const auto kept = SelectKept(scores, pos, keep, adaptive, config_.alpha);
+    for (int h = 0; h < H; ++h) {
+      std::vector<int> evicted, stay = prot[h];
+      for (size_t i = 0; i < slots[h].size(); ++i) (kept[h][i] ? stay : evicted).push_back(slots[h][i]);
+      if (evicted.empty()) continue;
+      std::sort(stay.begin(), stay.end());
+      KVX_RETURN_IF_ERROR(fate_->Apply(manager, seq, l, h, evicted, stay));
+      stats_.evicted += static_cast<int64_t>(evicted.size());
+      removed = true;
+      const PageTable& t = kv.table(l, h);
+      const double fill = t.num_pages() == 0 ? 1.0 : static_cast<double>(t.live()) / (static_cast<double>(t.num_pages()) * T);
+      if (fill < config_.compact) {
+        const int before = t.num_pages();
+        KVX_RETURN_IF_ERROR(kv.Compact(l, h));
+        if (kv.table(l, h).num_pages() < before) ++stats_.compactions;
+      }
+    }
+  }
+  if (removed) manager.MarkEntriesRemoved(seq);
+  stats_.kept.resize(static_cast<size_t>(L.n_layers) * H);
+  for (int l = 0; l < L.n_layers; ++l) {
+    for (int h = 0; h < H; ++h) stats_.kept[static_cast<size_t>(l) * H + h] = kv.LiveEntries(l, h);
+  }
+  return Status::Ok();
+}
+
+double LiveEntryFraction(const SequenceKV& kv) {
+  const KVLayout& L = kv.layout();
+  int64_t live = 0, slots = 0;
+  for (int l = 0; l < L.n_layers; ++l) {
+    for (int h = 0; h < L.n_kv_heads; ++h) {
+      live += kv.LiveEntries(l, h);
+      slots += static_cast<int64_t>(kv.table(l, h).num_pages()) * L.page_tokens;
+    }
+  }
+  return slots == 0 ? 1.0 : static_cast<double>(live) / static_cast<double>(slots);
+}
+
+}  // namespace kvx::kv
