@@ -1,5 +1,6 @@
 #include "kv/policy/policy.h"
 
+#include "kv/policy/head_typing.h"
 #include "kv/policy/quest.h"
 #include "kv/policy/eviction_policies.h"
 #include "kv/policy/streaming_llm.h"
@@ -13,6 +14,8 @@ PolicyRegistry& PolicyRegistry::Global() {
     auto* r = new PolicyRegistry();
     r->Register("streamingllm", StreamingLLMPolicy::Create);
     r->Register("quest", QuestPolicy::Create);
+    r->Register("duo", HeadTypingPolicy::CreateDuo);
+    r->Register("razor", HeadTypingPolicy::CreateRazor);
     RegisterEvictionPolicies(*r);  // h2o, snapkv, ... (eviction_policies.h)
     return r;
   }();

@@ -1,6 +1,6 @@
 #include "kv/policy/quest.h"
 
-#include "kv/policy/param_parse.h"
+#include "kv/policy/params.h"
 
 namespace kvx::kv {
 
@@ -8,20 +8,13 @@ Result<std::unique_ptr<KVPolicy>> QuestPolicy::Create(const PolicyParams& params
   PageSelection s;
   s.enabled = true;
   constexpr int kMax = 1 << 24;
-  for (const auto& [key, value] : params) {
-    int* out = key == "budget"         ? &s.budget_tokens
-               : key == "pages"        ? &s.pages
-               : key == "sink_pages"   ? &s.sink_pages
-               : key == "recent_pages" ? &s.recent_pages
-               : key == "dense_layers" ? &s.dense_layers
-                                       : nullptr;
-    if (out == nullptr) {
-      return InvalidArgument("policy quest has no parameter '" + key +
-                             "'; it takes budget, pages, sink_pages, recent_pages and dense_layers");
-    }
-    const int lo = key == "budget" || key == "pages" ? 1 : 0;
-    KVX_ASSIGN_OR_RETURN(*out, ParseIntParam("quest", key, value, lo, kMax));
-  }
+  PolicyParamReader r("quest", params);
+  r.Int("budget", &s.budget_tokens, 1, kMax)
+      .Int("pages", &s.pages, 1, kMax)
+      .Int("sink_pages", &s.sink_pages, 0, kMax)
+      .Int("recent_pages", &s.recent_pages, 1, kMax)
+      .Int("dense_layers", &s.dense_layers, 0, kMax);
+  KVX_RETURN_IF_ERROR(r.Finish());
   if (s.recent_pages < 1) {
     return InvalidArgument("policy quest: recent_pages must be at least 1 (the page being written is always read)");
   }
