@@ -16,6 +16,7 @@ void RegisterGenModel(CLI::App& app, int* exit_code);
 void RegisterBench(CLI::App& app, int* exit_code);
 void RegisterPlan(CLI::App& app, int* exit_code);
 void RegisterEval(CLI::App& app, int* exit_code);
+void RegisterCalibrateHeads(CLI::App& app, int* exit_code);
 
 // Prints "kvx: error: <message>" to stderr and returns 1 (0 when ok).
 int ReportStatus(const Status& status);

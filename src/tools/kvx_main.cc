@@ -58,7 +58,7 @@ std::string DescribeException(std::exception_ptr e) {
   std::_Exit(1);
 }
 
-constexpr const char* kCommands[] = {"run", "inspect", "perplexity", "gen-model", "bench", "plan", "eval"};
+constexpr const char* kCommands[] = {"run", "inspect", "perplexity", "gen-model", "bench", "plan", "eval", "calibrate-heads"};
 
 std::string CommandList() {
   std::string out;
@@ -90,6 +90,7 @@ int Main(int argc, char** argv) {
   RegisterBench(app, &exit_code);
   RegisterPlan(app, &exit_code);
   RegisterEval(app, &exit_code);
+  RegisterCalibrateHeads(app, &exit_code);
   if (const std::string cmd = UnknownCommand(argc, argv); !cmd.empty()) {
     PrintError("unknown command " + QuotePrintable(cmd, 64) + "; the commands are " + CommandList() +
                " (kvx --help describes them)");
