@@ -163,15 +163,20 @@ Result<KVSpec> ParseKVSpec(std::string_view text) {
   std::set<std::string> seen;
   std::string quant_key;  // first key that needs a quantized codec
   for (std::string_view group : Split(text, ';')) {
-    // A policy group: policy=NAME first, then the policy's own key=value items.
     const std::vector<std::string_view> items = Split(group, ',');
-    const std::string_view first = Trim(items[0]);
-    if (first.substr(0, 6) == "policy" && first.find('=') != std::string_view::npos &&
-        Trim(first.substr(0, first.find('='))) == "policy") {
+    // A policy group: policy=NAME, then the policy's own key=value items up to
+    // the end of the group (so "codec=kivi4,policy=snapkv,ratio=0.75" reads
+    // ratio as snapkv's).
+    auto is_policy = [](std::string_view item) {
+      const size_t eq = item.find('=');
+      return eq != std::string_view::npos && Trim(item.substr(0, eq)) == "policy";
+    };
+    auto parse_policy = [&](size_t at) -> Status {
+      const std::string_view first = Trim(items[at]);
       PolicySpec p;
       p.name = Lower(Trim(first.substr(first.find('=') + 1)));
       if (p.name.empty()) return BadValue(first, "missing policy name");
-      for (size_t i = 1; i < items.size(); ++i) {
+      for (size_t i = at + 1; i < items.size(); ++i) {
         const std::string_view item = Trim(items[i]);
         if (item.empty()) continue;
         const size_t eq = item.find('=');
@@ -180,14 +185,27 @@ Result<KVSpec> ParseKVSpec(std::string_view text) {
                                  "': expected key=value");
         }
         const std::string key = Lower(Trim(item.substr(0, eq)));
+        if (key == "policy") {
+          return InvalidArgument("--kv: a second policy= in the policy group of '" + p.name +
+                                 "'; separate policies with ';', e.g. policy=snapkv,ratio=0.5;policy=streamingllm");
+        }
         if (!p.params.emplace(key, std::string(Trim(item.substr(eq + 1)))).second) {
           return InvalidArgument("duplicate key '" + key + "' in the policy group of '" + p.name + "'");
         }
       }
       spec.policies.push_back(std::move(p));
-      continue;
+      return Status::Ok();
+    };
+    size_t policy_at = items.size();
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (is_policy(Trim(items[i]))) {
+        policy_at = i;
+        break;
+      }
     }
-    for (std::string_view raw_item : items) {
+    if (policy_at < items.size()) KVX_RETURN_IF_ERROR(parse_policy(policy_at));
+    for (size_t item_index = 0; item_index < policy_at; ++item_index) {
+      const std::string_view raw_item = items[item_index];
       const std::string_view item = Trim(raw_item);
       if (item.empty()) continue;
       const size_t eq = item.find('=');
@@ -201,10 +219,6 @@ Result<KVSpec> ParseKVSpec(std::string_view text) {
       const bool layer_key = key.substr(0, 5) == "bits.";
       static const std::set<std::string_view> kKeys = {"codec", "page",  "budget",   "bits",   "group",  "sym",    "clip",
                                                        "residual", "sinks", "outliers", "rotate", "prerope"};
-      if (key == "policy") {
-        return InvalidArgument("--kv item '" + std::string(item) + "': policy= opens a group of its own; separate it "
-                               "with ';', e.g. codec=f16;policy=streamingllm,window=1020");
-      }
       if (!layer_key && kKeys.count(key) == 0) {
         return InvalidArgument("unknown --kv key '" + std::string(key) + "' in '" + std::string(item) +
                                "'; valid keys: " + std::string(kValidKeys));

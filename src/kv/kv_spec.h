@@ -44,11 +44,14 @@
 //                                                                  default none
 //   prerope   0 | 1: cache keys before RoPE, apply it on read (KVQuant)   default 0
 // Example: "codec=kivi2,page=128,group=64,residual=32;budget=256M".
-// Policy groups: a group opened by policy=NAME (its first item) configures
-// an eviction/merging policy (kv/policy/): its other keys belong to the
-// policy (so budget= there means tokens per head, not pool bytes), which is
-// why groups exist; e.g. "codec=f16;policy=streamingllm,sinks=4,window=1020".
-// Several policy groups apply in order.
+// Policy groups: policy=NAME configures an eviction/merging policy
+// (kv/policy/), and every item AFTER it in its group belongs to the policy
+// (so budget= there means tokens per head, not pool bytes, and sinks= the
+// policy's sinks, not the codec's), which is why groups exist; items before
+// it in the same group are the codec's. Both
+// "codec=kivi4,policy=snapkv,ratio=0.75,window=32" and
+// "codec=kivi4;policy=snapkv,ratio=0.75,window=32" mean the same. One
+// policy per group; several policy groups (';') apply in order.
 //
 // Thread-safety: value type; ParseKVSpec is a pure function.
 #pragma once

@@ -124,7 +124,7 @@ TEST(KVSpecTest, Errors) {
   ExpectError("codec=int3", {"unknown --kv codec 'int3'", "f32, f16, int8, int4, int2, kivi4, kivi2"});
   ExpectError("codec=", {"missing value"});
   ExpectError("colour=blue", {"unknown --kv key 'colour'", "codec, page, budget, bits"});
-  ExpectError("codec=f16,policy=h2o", {"policy= opens a group of its own"});  // unknown names: ResolveKVSpec
+  ExpectError("codec=f16,policy=h2o,ratio=0.5,policy=tova", {"a second policy="});  // unknown names: ResolveKVSpec
   ExpectError("codec", {"expected key=value", "codec, page, budget"});
   ExpectError("codec=f16,codec=f32", {"duplicate --kv key 'codec'"});
   ExpectError("page=16;page=16", {"duplicate --kv key 'page'"});
@@ -178,10 +178,29 @@ TEST(KVSpecPolicyTest, PolicyGroupsKeepTheirOwnKeys) {
   auto again = ParseKVSpec(s->ToString());
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_EQ(*again, *s);
-  EXPECT_FALSE(ParseKVSpec("codec=f16,policy=streamingllm").ok());  // policy= must open its own group
+  EXPECT_FALSE(ParseKVSpec("codec=f16,policy=snapkv,ratio=0.5,policy=h2o").ok());  // one policy per group
   EXPECT_FALSE(ParseKVSpec("policy=").ok());
   EXPECT_FALSE(ParseKVSpec("policy=x,window").ok());
   EXPECT_FALSE(ParseKVSpec("policy=x,a=1,a=2").ok());
+}
+
+TEST(KVSpecPolicyTest, PolicyInsideAGroupOpensThePolicyGroup) {
+  // The example: policy= inside the codec group takes every key after it.
+  auto s = ParseKVSpec("codec=kivi4,policy=snapkv,ratio=0.75,window=32");
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ(s->codec.id, CodecId::kKivi4);
+  ASSERT_EQ(s->policies.size(), 1u);
+  EXPECT_EQ(s->policies[0].name, "snapkv");
+  EXPECT_EQ(s->policies[0].params, (std::map<std::string, std::string, std::less<>>{{"ratio", "0.75"}, {"window", "32"}}));
+  // Keys before policy= stay the codec's; sinks after it are the policy's.
+  auto t = ParseKVSpec("codec=int4,sinks=16,policy=h2o,sinks=4;page=32");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_EQ(t->codec.sinks, 16);
+  EXPECT_EQ(t->page_tokens, 32);
+  EXPECT_EQ(t->policies[0].params.at("sinks"), "4");
+  // Same as the ';' form, and the canonical form round-trips.
+  EXPECT_EQ(*s, *ParseKVSpec("codec=kivi4;policy=snapkv,ratio=0.75,window=32"));
+  EXPECT_EQ(*ParseKVSpec(s->ToString()), *s);
 }
 
 }  // namespace

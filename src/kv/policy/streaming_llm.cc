@@ -8,10 +8,18 @@ namespace kvx::kv {
 
 Result<std::unique_ptr<KVPolicy>> StreamingLLMPolicy::Create(const PolicyParams& params) {
   int sinks = 4, window = 1020;
+  bool repack = false;
   for (const auto& [key, value] : params) {
+    if (key == "positions") {
+      if (value != "original" && value != "repack") {
+        return InvalidArgument("policy streamingllm: positions=" + value + " must be original or repack");
+      }
+      repack = value == "repack";
+      continue;
+    }
     int* out = key == "sinks" ? &sinks : key == "window" ? &window : nullptr;
     if (out == nullptr) {
-      return InvalidArgument("policy streamingllm has no parameter '" + key + "'; it takes sinks and window");
+      return InvalidArgument("policy streamingllm has no parameter '" + key + "'; it takes sinks, window and positions");
     }
     size_t used = 0;
     long v = -1;
@@ -27,7 +35,7 @@ Result<std::unique_ptr<KVPolicy>> StreamingLLMPolicy::Create(const PolicyParams&
     *out = static_cast<int>(v);
   }
   if (window < 1) return InvalidArgument("policy streamingllm: window must be at least 1 token");
-  return std::unique_ptr<KVPolicy>(new StreamingLLMPolicy(sinks, window));
+  return std::unique_ptr<KVPolicy>(new StreamingLLMPolicy(sinks, window, repack));
 }
 
 Status StreamingLLMPolicy::OnStepCommitted(KVManager& manager, SeqId seq) {
@@ -56,6 +64,35 @@ Status StreamingLLMPolicy::OnStepCommitted(KVManager& manager, SeqId seq) {
     }
   }
   if (removed) manager.MarkEntriesRemoved(seq);
+  if (repack_ && removed) {
+    // Renumber each head's live entries to n-k .. n-1 in chain order.
+    const int32_t n = manager.length(seq);
+    std::vector<int> slots;
+    std::vector<int32_t> pos;
+    for (int l = 0; l < L.n_layers; ++l) {
+      for (int h = 0; h < L.n_kv_heads; ++h) {
+        const PageTable& t = kv.table(l, h);
+        slots.clear();
+        for (int s = 0; s < t.length(); ++s) {
+          if (PagePositions(kv.pool().PageData(t.pages()[s / L.page_tokens]))[s % L.page_tokens] != kDeadPosition) {
+            slots.push_back(s);
+          }
+        }
+        pos.resize(slots.size());
+        for (size_t i = 0; i < slots.size(); ++i) pos[i] = n - static_cast<int32_t>(slots.size() - i);
+        KVX_RETURN_IF_ERROR(kv.SetPositions(l, h, slots, pos));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Status StreamingLLMPolicy::CheckSpec(const KVSpec& spec, const KVLayout&) const {
+  if (repack_ && !spec.codec.pre_rope) {
+    return InvalidArgument("policy streamingllm: positions=repack renumbers the cached keys' positions, which needs "
+                           "keys cached before RoPE; add prerope=1 to the codec (e.g. codec=f16,prerope=1;"
+                           "policy=streamingllm,positions=repack) or use positions=original");
+  }
   return Status::Ok();
 }
 

@@ -4,6 +4,9 @@
 
 #include <random>
 
+#include "kv/attention.h"
+#include "ops/nn.h"
+
 #include "kv/kv_manager.h"
 
 namespace kvx::kv {
@@ -59,6 +62,76 @@ TEST(StreamingLLMTest, KeepsSinksAndWindowAndFreesThePagesBetween) {
     // staging page or two per table, never the 350 tokens' pages.
     EXPECT_LT(most, 350u / 8 * 4 * m->pool().page_bytes() / 2);
   }
+}
+
+// Random K/V per token (un-roped: the cache is pre-RoPE).
+void RandomStep(KVManager& m, SeqId seq, int n, std::mt19937& rng) {
+  std::vector<int32_t> toks(n, 1), pos(n);
+  for (int i = 0; i < n; ++i) pos[i] = m.length(seq) + i;
+  const StepRequest req{seq, toks, pos};
+  ASSERT_TRUE(m.BeginStep({&req, 1}).ok());
+  const KVLayout& L = m.spec().layout;
+  std::normal_distribution<float> nd;
+  std::vector<float> k(static_cast<size_t>(n) * L.n_kv_heads * L.head_dim), v(k.size());
+  for (float& x : k) x = nd(rng);
+  for (float& x : v) x = nd(rng);
+  for (int l = 0; l < L.n_layers; ++l) ASSERT_TRUE(m.kv(seq).Append(l, n, pos.data(), k.data(), v.data()).ok());
+  ASSERT_TRUE(m.CommitStep().ok());
+}
+
+TEST(StreamingLLMTest, RepackedPositionsAreTheInCacheDistances) {
+  const KVLayout layout{1, 1, 16, 8};
+  auto r = ResolveKVSpec("codec=f16,page=8,prerope=1;policy=streamingllm,sinks=2,window=10,positions=repack", layout,
+                         4096, 1);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  auto m = std::move(KVManager::Create(*r)).value();
+  ops::RopeParams rope{};
+  rope.n_dims = 16;
+  const SeqId a = m->AddSequence();
+  m->kv(a).set_rope(rope);
+  std::mt19937 rng(7);
+  RandomStep(*m, a, 30, rng);
+  for (int i = 0; i < 25; ++i) RandomStep(*m, a, 1, rng);
+  ASSERT_TRUE(m->CheckInvariants().ok()) << m->CheckInvariants().ToString();
+  // The 12 live entries sit at positions 43..54, just below the next query (55).
+  std::vector<float> k(16), v(16), ks, vs;
+  std::vector<int32_t> kept;
+  for (int s = 0; s < m->kv(a).Length(0, 0); ++s) {
+    int32_t p;
+    m->kv(a).ReadEntry(0, 0, s, k.data(), v.data(), &p);
+    if (p == kDeadPosition) continue;
+    kept.push_back(p);
+    ks.insert(ks.end(), k.begin(), k.end());
+    vs.insert(vs.end(), v.begin(), v.end());
+  }
+  std::vector<int32_t> want(12);
+  for (int i = 0; i < 12; ++i) want[i] = 43 + i;
+  EXPECT_EQ(kept, want);
+  // Attention of a query at 55 equals the paper's: the same keys at in-cache
+  // positions 0..11 and the query at 12.
+  SequenceKV fresh(&m->pool(), m->spec().layout, m->spec().spec.codec);
+  fresh.set_rope(rope);
+  std::vector<int32_t> idx(12);
+  for (int i = 0; i < 12; ++i) idx[i] = i;
+  ASSERT_TRUE(fresh.Append(0, 12, idx.data(), ks.data(), vs.data()).ok());
+  std::normal_distribution<float> nd;
+  std::vector<float> q(16), q1(16), q2(16), out1(16), out2(16);
+  for (float& x : q) x = nd(rng);
+  q1 = q;
+  q2 = q;
+  ops::Rope(q1.data(), 1, 16, 55, rope);
+  ops::Rope(q2.data(), 1, 16, 12, rope);
+  const int32_t p1 = 55, p2 = 12;
+  Attention(m->kv(a), 0, q1.data(), &p1, 1, 1, 0.25f, out1.data(), nullptr);
+  Attention(fresh, 0, q2.data(), &p2, 1, 1, 0.25f, out2.data(), nullptr);
+  for (int c = 0; c < 16; ++c) EXPECT_NEAR(out1[c], out2[c], 2e-3) << c;
+}
+
+TEST(StreamingLLMTest, RepackNeedsPreRopeKeys) {
+  auto bad = ResolveKVSpec("codec=f16;policy=streamingllm,positions=repack", KVLayout{2, 2, 16, 8}, 64, 1);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("prerope=1"), std::string::npos);
+  EXPECT_FALSE(StreamingLLMPolicy::Create({{"positions", "shuffled"}}).ok());
 }
 
 TEST(StreamingLLMTest, ParametersAreChecked) {
