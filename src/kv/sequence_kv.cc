@@ -851,3 +851,68 @@ void SequenceKV::ForEachPage(const std::function<void(PageId)>& fn) const {
 }
 
 }  // namespace kvx::kv
+
+namespace kvx::kv {
+
+Status SequenceKV::RewriteEntries(int layer, int kv_head, const std::vector<int>& slots, const float* k,
+                                  const float* v) {
+  KVX_CHECK_MSG(ReservedPages() == 0, "tables change only between steps");
+  KVX_CHECK(layer >= 0 && layer < layout_.n_layers && kv_head >= 0 && kv_head < layout_.n_kv_heads);
+  PageTable& t = mutable_table(layer, kv_head);
+  const LayerCodec& lc = layers_[layer];
+  const int T = layout_.page_tokens, D = layout_.head_dim;
+  std::vector<int> pages;  // touched, ascending
+  for (int slot : slots) {
+    if (slot < 0 || slot >= t.length()) {
+      return InvalidArgument("slot " + std::to_string(slot) + " is outside the chain of " + std::to_string(t.length()));
+    }
+    if (PagePositions(pool_->PageData(t.pages()[slot / T]))[slot % T] == kDeadPosition) {
+      return InvalidArgument("slot " + std::to_string(slot) + " holds no live entry to rewrite");
+    }
+    pages.push_back(slot / T);
+  }
+  std::sort(pages.begin(), pages.end());
+  pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
+  // Private copies of shared pages first (all or nothing).
+  std::vector<std::pair<int, PageId>> copies;
+  for (int p : pages) {
+    if (!pool_->IsShared(t.pages()[p])) continue;
+    Result<PageId> copy = pool_->AllocateAfter(pool_->SizeClassOf(t.pages()[p]), t.pages()[p]);
+    if (!copy.ok()) {
+      for (auto& c : copies) pool_->Unref(c.second);
+      return copy.status();
+    }
+    copies.emplace_back(p, *copy);
+  }
+  for (auto& [p, copy] : copies) {
+    const PageId cur = t.pages()[p];
+    std::memcpy(pool_->PageData(copy), pool_->PageData(cur), pool_->PageBytesOf(cur));
+    t.ReplacePage(p, copy, t.is_full(p));
+    pool_->Unref(cur);
+  }
+  // Each touched page: decode, replace the rows (in the stored basis), re-encode in place.
+  std::vector<float> row_k(D), row_v(D);
+  DecodedPage dp;
+  for (int p : pages) {
+    const bool full = t.is_full(p);
+    const int n = (!full && lc.sealed) ? T : t.EntriesInPage(p, T);
+    DecodePage(*pool_, lc, t.pages()[p], full, n, &dp);
+    for (size_t i = 0; i < slots.size(); ++i) {
+      if (slots[i] / T != p) continue;
+      std::memcpy(row_k.data(), k + i * D, sizeof(float) * D);
+      std::memcpy(row_v.data(), v + i * D, sizeof(float) * D);
+      if (rotation_ != nullptr) {
+        if (keys_rotated()) rotation_->Forward(row_k.data());
+        rotation_->Forward(row_v.data());
+      }
+      const size_t s = static_cast<size_t>(slots[i] % T);
+      std::copy(row_k.begin(), row_k.end(), dp.k.begin() + s * D);
+      std::copy(row_v.begin(), row_v.end(), dp.v.begin() + s * D);
+    }
+    EncodeInto(pool_, lc, t.pages()[p], full, n, dp.k.data(), dp.v.data(), dp.pos.data());
+    if (t.bounds_dim() > 0) RefreshBounds(layer, t, p);
+  }
+  return Status::Ok();
+}
+
+}  // namespace kvx::kv

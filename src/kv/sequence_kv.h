@@ -179,6 +179,17 @@ class SequenceKV {
   // REQUIRES: 0 <= index < Length(layer, kv_head); k, v hold head_dim floats.
   void ReadEntry(int layer, int kv_head, int index, float* k, float* v, int32_t* pos) const;
 
+  // Overwrites the K and V of live entries of one head (merging policies:
+  // KVMerger/D2O fold evicted entries into kept ones): slots[i] gets rows
+  // k[i], v[i] ([slots.size()][head_dim] floats, in the form ReadChain
+  // returns: rotation undone; pre-RoPE keys un-roped). Positions stay. Each
+  // touched page is decoded and re-encoded, so a quantized page's other
+  // entries are quantized once more (exact for f32/f16 pages). Shared pages
+  // are copied first. InvalidArgument for a dead or out-of-range slot;
+  // ResourceExhausted when a copy cannot be allocated (nothing changed).
+  // REQUIRES: no reservation pending.
+  Status RewriteEntries(int layer, int kv_head, const std::vector<int>& slots, const float* k, const float* v);
+
   // Quest page selection (kv/page_selection.h): from now on every page of
   // every table keeps the per-channel min/max of its keys as stored (the
   // pages already written are decoded once here; later writes update them),

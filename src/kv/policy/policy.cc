@@ -1,6 +1,7 @@
 #include "kv/policy/policy.h"
 
 #include "kv/policy/head_typing.h"
+#include "kv/policy/merge_fate.h"
 #include "kv/policy/quest.h"
 #include "kv/policy/eviction_policies.h"
 #include "kv/policy/streaming_llm.h"
@@ -16,6 +17,7 @@ PolicyRegistry& PolicyRegistry::Global() {
     r->Register("quest", QuestPolicy::Create);
     r->Register("duo", HeadTypingPolicy::CreateDuo);
     r->Register("razor", HeadTypingPolicy::CreateRazor);
+    RegisterMergePolicies(*r);  // fate=merge, kvmerger (merge_fate.h)
     RegisterEvictionPolicies(*r);  // h2o, snapkv, ... (eviction_policies.h)
     return r;
   }();
