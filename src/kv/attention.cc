@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kv/codec/codecs.h"
+#include "kv/page_selection.h"
 #include "util/check.h"
 
 namespace kvx::kv {
@@ -48,6 +49,11 @@ struct Job {
   // samples).
   bool skip_future;
   std::vector<std::vector<int32_t>> page_min;
+  // Quest (page_selection.h): sel[h] lists the pages kv head h reads, in
+  // chain order; empty (or no sel) = every page. Items walk "visit
+  // indices" i, page VisitPage(job, h, i), so the paths without a selection
+  // run exactly as before.
+  std::vector<std::vector<int>> sel;
   // Items (h, block, chunk) are numbered item_base[h] + block * chunks[h] + chunk.
   std::vector<int> chunks;
   std::vector<size_t> item_base;
@@ -208,11 +214,18 @@ inline void PrefetchPage(const uint8_t* p, size_t bytes) {
   for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, /*rw=*/0, /*locality=*/3);
 }
 
+// Pages kv head h reads (all of its chain without a Quest selection).
+int VisitCount(const Job& job, int h) {
+  return job.sel.empty() || job.sel[h].empty() ? job.kv->table(job.layer, h).num_pages()
+                                                : static_cast<int>(job.sel[h].size());
+}
+
 // The first page of kv head h's context chunk `chunk` (kNoPage past the end).
 PageId ChunkFirstPage(const Job& job, int h, int chunk) {
   const PageTable& t = job.kv->table(job.layer, h);
   const int first = chunk * job.chunk_pages;
-  return first < t.num_pages() ? t.pages()[first] : kNoPage;
+  if (first >= VisitCount(job, h)) return kNoPage;
+  return t.pages()[job.sel.empty() || job.sel[h].empty() ? first : job.sel[h][first]];
 }
 
 // Whether kv head h's items write their rows' outputs themselves: a chain
@@ -246,7 +259,10 @@ void RunItem(Job& job, int h, int block, int chunk, PageId after) {
   const BlockPool& pool = kv.pool();
   const int D = job.D, T = job.T, G = job.G;
   const int row0 = block * kMaxQueryRows, nr = std::min(kMaxQueryRows, job.rows_per_head - row0);
-  const int p0 = chunk * job.chunk_pages, p1 = std::min(t.num_pages(), p0 + job.chunk_pages);
+  // Visit indices [i0, i1) of this chunk; page P(i) (i itself without a selection).
+  const int* sel = job.sel.empty() || job.sel[h].empty() ? nullptr : job.sel[h].data();
+  auto P = [sel](int i) { return sel != nullptr ? sel[i] : i; };
+  const int i0 = chunk * job.chunk_pages, i1 = std::min(VisitCount(job, h), i0 + job.chunk_pages);
   Scratch& s = tls_scratch;
   s.q.resize(static_cast<size_t>(nr) * D);
   s.scores.resize(static_cast<size_t>(nr) * T);
@@ -295,29 +311,31 @@ void RunItem(Job& job, int h, int block, int chunk, PageId after) {
   std::fill(mx, mx + nr, kNegInf);
   const std::size_t n_obs = job.observer != nullptr ? static_cast<size_t>(t.length()) : 0;
   const PageId* ids = t.pages().data();
-  for (int p = p0; p < p1; ++p) {
-    if (fused && (std::is_same_v<C, F16Codec> || t.is_full(p))) {  // the run of f16 pages [p, e)
+  for (int i = i0; i < i1; ++i) {
+    const int p = P(i);
+    if (fused && (std::is_same_v<C, F16Codec> || t.is_full(p))) {  // the run of f16 pages P([i, e))
       run.clear();
-      int m_last = T, e = p;
-      for (; e < p1 && (std::is_same_v<C, F16Codec> || t.is_full(e)); ++e) {
-        const uint8_t* page = pool.PageData(ids[e]);
-        const int m = t.EntriesInPage(e, T);
-        if (job.skip_future && job.page_min[h][e] > q_max) continue;
+      int m_last = T, e = i;
+      for (; e < i1 && (std::is_same_v<C, F16Codec> || t.is_full(P(e))); ++e) {
+        const int pe = P(e);
+        const uint8_t* page = pool.PageData(ids[pe]);
+        const int m = t.EntriesInPage(pe, T);
+        if (job.skip_future && job.page_min[h][pe] > q_max) continue;
         run.push_back(page);
         m_last = m;
       }
       if (!run.empty()) {
-        const PageId after_run = e < p1 ? ids[e] : after;
+        const PageId after_run = e < i1 ? ids[P(e)] : after;
         const uint8_t* next = after_run != kNoPage ? pool.PageData(after_run) : nullptr;
         F16Codec::AttendRun(job.lc->params, run.data(), static_cast<int>(run.size()), m_last,
                             pool.PageBytesOf(ids[p]), s.q.data(), qp, nr, mx, sum, acc, next,
                             next != nullptr ? pool.PageBytesOf(after_run) : 0);
       }
-      p = e - 1;
+      i = e - 1;
       continue;
     }
     const uint8_t* page = pool.PageData(ids[p]);
-    const PageId next_id = p + 1 < p1 ? ids[p + 1] : after;
+    const PageId next_id = i + 1 < i1 ? ids[P(i + 1)] : after;
     const uint8_t* next = next_id != kNoPage ? pool.PageData(next_id) : nullptr;
     const size_t next_bytes = next != nullptr ? pool.PageBytesOf(next_id) : 0;
     const int m = t.EntriesInPage(p, T);
@@ -434,6 +452,23 @@ void RunAll(size_t n, ThreadPool* pool, const Fn& fn) {
   });
 }
 
+// Quest: the pages each kv head of `job` reads for its one decode query
+// (page_selection.h), in the keys' basis (the query rotated like them).
+void SelectJobPages(Job& job, const float* q, int n_heads) {
+  const SequenceKV& kv = *job.kv;
+  const KVLayout& L = kv.layout();
+  const int H = L.n_kv_heads, G = n_heads / H, D = L.head_dim;
+  std::vector<float> qg(static_cast<size_t>(G) * D);
+  job.sel.assign(H, {});
+  for (int h = 0; h < H; ++h) {
+    std::copy(q + static_cast<size_t>(h) * G * D, q + static_cast<size_t>(h + 1) * G * D, qg.begin());
+    if (kv.keys_rotated()) {
+      for (int g = 0; g < G; ++g) kv.rotation()->Forward(&qg[static_cast<size_t>(g) * D]);
+    }
+    SelectPages(kv.table(job.layer, h), kv.page_selection(), L.page_tokens, qg.data(), G, D, &job.sel[h]);
+  }
+}
+
 }  // namespace
 
 void Attention(const SequenceKV& kv, int layer, const float* q, const int32_t* q_pos, int n_q, int n_heads,
@@ -486,8 +521,10 @@ void AttentionBatch(const AttentionSeq* seqs, int n_seqs, int layer, int n_heads
     job.scale = scale;
     job.rows_per_head = sq.n_q * job.G;
     job.blocks_per_head = (job.rows_per_head + kMaxQueryRows - 1) / kMaxQueryRows;
+    const PageSelection& ps = kv.page_selection();
+    if (ps.enabled && sq.n_q == 1 && layer >= ps.dense_layers) SelectJobPages(job, sq.q, n_heads);
     int max_pages = 0;
-    for (int h = 0; h < H; ++h) max_pages = std::max(max_pages, kv.table(layer, h).num_pages());
+    for (int h = 0; h < H; ++h) max_pages = std::max(max_pages, VisitCount(job, h));
     job.chunk_pages = std::max({1, kAttentionChunkTokens / L.page_tokens,
                                 (max_pages + kAttentionMaxChunks - 1) / kAttentionMaxChunks});
     job.rot = kv.rotation();
@@ -516,7 +553,7 @@ void AttentionBatch(const AttentionSeq* seqs, int n_seqs, int layer, int n_heads
     job.item_base.resize(H);
     size_t seq_items = 0;
     for (int h = 0; h < H; ++h) {
-      const int pages = kv.table(layer, h).num_pages();
+      const int pages = VisitCount(job, h);
       job.chunks[h] = std::max(1, (pages + job.chunk_pages - 1) / job.chunk_pages);
       job.item_base[h] = seq_items;
       for (int b = 0; b < job.blocks_per_head; ++b) {

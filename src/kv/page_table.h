@@ -21,12 +21,21 @@
 // The table only records page ids; it does not own references by itself:
 // SequenceKV takes and drops the pool references for the pages it lists.
 //
+// Page bounds (Quest, kv/page_selection.h): when enabled (EnableBounds), each
+// page also carries, beside the table, the per-channel minimum and maximum of
+// its entries' keys as stored ([2 * bounds_dim] floats: min then max). The
+// mutators keep them aligned with the pages (a moved page keeps its bounds, a
+// new or replaced run starts empty); SequenceKV fills them when it writes a
+// page. A removed entry leaves its page's bounds as they were: still an upper
+// bound of what the page holds, only looser.
+//
 // Thread-safety: not thread-safe to mutate; concurrent const reads are safe.
 #pragma once
 
 #include <cstdint>
 #include <limits>
 #include <vector>
+#include <algorithm>
 
 #include "kv/block_pool.h"
 #include "util/check.h"
@@ -65,6 +74,7 @@ class PageTable {
     pages_.push_back(id);
     full_.push_back(full ? 1 : 0);
     live_in_page_.push_back(0);
+    if (bounds_dim_ > 0) AppendEmptyBounds(1);
   }
   void ReplacePage(int index, PageId id, bool full) {
     pages_[index] = id;
@@ -93,6 +103,10 @@ class PageTable {
     pages_.erase(pages_.begin() + index);
     full_.erase(full_.begin() + index);
     live_in_page_.erase(live_in_page_.begin() + index);
+    if (bounds_dim_ > 0) {
+      const auto b = bounds_.begin() + static_cast<ptrdiff_t>(index) * 2 * bounds_dim_;
+      bounds_.erase(b, b + 2 * bounds_dim_);
+    }
     length_ -= slots;
   }
   // Replaces pages [first, last) by `ids` (all packed or all full as
@@ -112,6 +126,13 @@ class PageTable {
     pages_.insert(pages_.begin() + first, ids.begin(), ids.end());
     full_.insert(full_.begin() + first, ids.size(), full ? 1 : 0);
     live_in_page_.insert(live_in_page_.begin() + first, live.begin(), live.end());
+    if (bounds_dim_ > 0) {  // the new pages' bounds start empty: the caller fills them
+      const size_t w = 2 * static_cast<size_t>(bounds_dim_);
+      std::vector<float> empty(ids.size() * w);
+      for (size_t i = 0; i < ids.size(); ++i) EmptyBounds(&empty[i * w]);
+      bounds_.erase(bounds_.begin() + first * w, bounds_.begin() + last * w);
+      bounds_.insert(bounds_.begin() + first * w, empty.begin(), empty.end());
+    }
     length_ += static_cast<int>(ids.size()) * page_tokens - removed_slots;
   }
   // Keeps the first `length` slots (a prefix fork) and pages; live counts of
@@ -121,6 +142,7 @@ class PageTable {
     pages_.resize(np);
     full_.resize(np);
     live_in_page_.resize(np);
+    bounds_.resize(static_cast<size_t>(np) * 2 * bounds_dim_);
     length_ = length;
     live_ = 0;
     for (int n : live_in_page_) live_ += n;
@@ -133,14 +155,41 @@ class PageTable {
     pages_.clear();
     full_.clear();
     live_in_page_.clear();
+    bounds_.clear();
     length_ = 0;
     live_ = 0;
   }
 
+  // Page bounds (see the header comment). EnableBounds(dim) turns them on
+  // with every page's bounds empty (min +inf, max -inf); 0 turns them off.
+  int bounds_dim() const { return bounds_dim_; }
+  void EnableBounds(int dim) {
+    bounds_dim_ = dim;
+    bounds_.clear();
+    if (dim > 0) AppendEmptyBounds(num_pages());
+  }
+  // [2 * bounds_dim()] floats of page `index`: min[c], then max[c].
+  // REQUIRES: bounds_dim() > 0.
+  const float* bounds(int index) const { return &bounds_[static_cast<size_t>(index) * 2 * bounds_dim_]; }
+  float* mutable_bounds(int index) { return &bounds_[static_cast<size_t>(index) * 2 * bounds_dim_]; }
+  // Resets one page's bounds to empty (min +inf, max -inf).
+  void EmptyBounds(float* b) const {
+    std::fill(b, b + bounds_dim_, std::numeric_limits<float>::infinity());
+    std::fill(b + bounds_dim_, b + 2 * bounds_dim_, -std::numeric_limits<float>::infinity());
+  }
+
  private:
+  void AppendEmptyBounds(int pages) {
+    const size_t w = 2 * static_cast<size_t>(bounds_dim_), at = bounds_.size();
+    bounds_.resize(at + static_cast<size_t>(pages) * w);
+    for (int i = 0; i < pages; ++i) EmptyBounds(&bounds_[at + static_cast<size_t>(i) * w]);
+  }
+
   std::vector<PageId> pages_;
   std::vector<uint8_t> full_;
   std::vector<int32_t> live_in_page_;
+  std::vector<float> bounds_;  // [num_pages][2][bounds_dim_] when bounds_dim_ > 0
+  int bounds_dim_ = 0;
   int length_ = 0;
   int live_ = 0;
 };

@@ -123,6 +123,7 @@ int64_t SequenceKV::PagesInUse() const {
 std::unique_ptr<SequenceKV> SequenceKV::EmptyCopy() const {
   auto copy = std::make_unique<SequenceKV>(pool_, layout_, codec_);
   copy->size_class_ = size_class_;
+  copy->selection_ = selection_;
   copy->rope_ = rope_;
   copy->rope_set_ = rope_set_;
   copy->max_pos_ = max_pos_;
@@ -329,10 +330,13 @@ void SequenceKV::WriteHead(int layer, int h, int n, const int32_t* pos, const fl
   // Input row of entry e (len <= e < len2).
   auto k_row = [&](int e) { return k + (static_cast<size_t>(e - len) * H + h) * D; };
   auto v_row = [&](int e) { return v + (static_cast<size_t>(e - len) * H + h) * D; };
+  const int first_mutable = FirstMutablePage(lc, t, len);
+  thread_local std::vector<int> written;  // pages given rows or sealed, for their bounds
+  written.clear();
 
   DispatchCodec(lc.id, [&](auto codec) {
     using C = decltype(codec);
-    for (int p = FirstMutablePage(lc, t, len); p < np2; ++p) {
+    for (int p = first_mutable; p < np2; ++p) {
       const bool full2 = lc.IsFullPage(p, len2);
       const int first = p * T;
       const int old_rows = std::clamp(len - first, 0, T), new_rows = std::min(T, len2 - first);
@@ -356,10 +360,12 @@ void SequenceKV::WriteHead(int layer, int h, int n, const int32_t* pos, const fl
         C::EncodePage(params, dst + PageDataOffset(T), T, tile_k.data(), tile_v.data());
         released->push_back(old);
         t.ReplacePage(p, id, false);
+        written.push_back(p);
         continue;
       }
       KVX_CHECK(p >= np || t.is_full(p) == full2);  // pages never return to f16
       if (new_rows <= old_rows) continue;           // untouched page
+      written.push_back(p);
       uint8_t* page = nullptr;
       if (p >= np) {
         const PageId id = r.pages[(*next_new)++];
@@ -401,6 +407,70 @@ void SequenceKV::WriteHead(int layer, int h, int n, const int32_t* pos, const fl
     }
   });
   t.Grow(len2, T);
+  if (t.bounds_dim() > 0) {
+    // The pages this call wrote (new rows, seals): their bounds from the keys
+    // as encoded, so they bound what attention reads, whatever the codec.
+    for (int p : written) RefreshBounds(layer, t, p);
+  }
+}
+
+void SequenceKV::RefreshBounds(int layer, PageTable& t, int p) const {
+  const LayerCodec& lc = layers_[layer];
+  const int T = layout_.page_tokens, D = layout_.head_dim;
+  const uint8_t* page = pool_->PageData(t.pages()[p]);
+  const uint8_t* data = page + PageDataOffset(T);
+  const int32_t* pos = PagePositions(page);
+  const int m = t.EntriesInPage(p, T);
+  thread_local std::vector<float> keys;
+  keys.resize(static_cast<size_t>(T) * D);
+  if (t.is_full(p)) {
+    F16Codec::DecodeKeys(lc.params, data, m, keys.data());
+  } else {
+    DispatchCodec(lc.id, [&](auto codec) {
+      using C = decltype(codec);
+      C::DecodeKeys(lc.params, data, C::kRowWise ? m : T, keys.data());  // page codecs decode whole pages
+    });
+  }
+  float* b = t.mutable_bounds(p);
+  t.EmptyBounds(b);
+  for (int s = 0; s < m; ++s) {
+    if (pos[s] == kDeadPosition) continue;
+    const float* k = &keys[static_cast<size_t>(s) * D];
+    for (int c = 0; c < D; ++c) {
+      b[c] = std::min(b[c], k[c]);
+      b[D + c] = std::max(b[D + c], k[c]);
+    }
+  }
+}
+
+Status SequenceKV::SetPageSelection(const PageSelection& selection) {
+  if (selection.enabled && codec_.pre_rope) {
+    return InvalidArgument("Quest page selection needs post-RoPE keys: the stored pre-RoPE keys are not what "
+                           "attention dots with; drop prerope=1 or the quest policy");
+  }
+  if (selection.enabled && selection.PagesFor(layout_.page_tokens) < selection.sink_pages + selection.recent_pages) {
+    return InvalidArgument("Quest selection " + selection.ToString() + " reads fewer pages than it forces (" +
+                           "sink_pages + recent_pages); raise the budget");
+  }
+  const bool had = selection_.enabled;
+  selection_ = selection;
+  if (selection.enabled == had) return Status::Ok();
+  for (int l = 0; l < layout_.n_layers; ++l) {
+    for (int h = 0; h < layout_.n_kv_heads; ++h) {
+      PageTable& t = mutable_table(l, h);
+      t.EnableBounds(selection.enabled ? layout_.head_dim : 0);
+      if (selection.enabled) {
+        for (int p = 0; p < t.num_pages(); ++p) RefreshBounds(l, t, p);
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+size_t SequenceKV::PageBoundsBytes() const {
+  size_t n = 0;
+  for (const PageTable& t : tables_) n += static_cast<size_t>(t.num_pages()) * 2 * t.bounds_dim() * sizeof(float);
+  return n;
 }
 
 void SequenceKV::ReadEntry(int layer, int kv_head, int index, float* k, float* v, int32_t* pos) const {
@@ -703,6 +773,9 @@ Status SequenceKV::Compact(int layer, int kv_head) {
     std::vector<PageId> old(t.pages().begin() + first, t.pages().begin() + last);
     t.ReplaceRun(first, last, ids, full, lives, T);
     for (PageId id : old) pool_->Unref(id);
+    if (t.bounds_dim() > 0) {
+      for (int i = 0; i < n_new; ++i) RefreshBounds(layer, t, first + i);
+    }
     end -= (last - first) - n_new;
     first += n_new;  // a partial last page stays as it is (no second re-encoding)
   }
@@ -738,6 +811,8 @@ Result<std::unique_ptr<SequenceKV>> SequenceKV::ForkPrefix(int n_slots) const {
       int live = 0;
       for (int s = 0; s < rest; ++s) live += pos[s] != kDeadPosition;
       t.SetPageLive(p, live);
+      // The page's bounds covered all its slots; the fork's, only the first `rest`.
+      if (t.bounds_dim() > 0) copy->RefreshBounds(l, t, p);
       if (t.is_full(p) || !lc.sealed) continue;
       Result<PageId> staged = pool_->AllocateAfter(copy->SizeClass(l, true), p > 0 ? t.pages()[p - 1] : kNoPage);
       if (!staged.ok()) return staged.status();  // ~SequenceKV drops every reference taken so far
@@ -746,6 +821,7 @@ Result<std::unique_ptr<SequenceKV>> SequenceKV::ForkPrefix(int n_slots) const {
       EncodeInto(pool_, lc, *staged, true, rest, dp.k.data(), dp.v.data(), dp.pos.data());
       t.ReplacePage(p, *staged, true);
       pool_->Unref(id);
+      if (t.bounds_dim() > 0) copy->RefreshBounds(l, t, p);
     }
   }
   return copy;
@@ -788,6 +864,71 @@ void SequenceKV::ForEachPage(const std::function<void(PageId)>& fn) const {
   for (const Reservation& r : reserved_) {
     for (PageId id : r.pages) fn(id);
   }
+}
+
+}  // namespace kvx::kv
+
+namespace kvx::kv {
+
+Status SequenceKV::RewriteEntries(int layer, int kv_head, const std::vector<int>& slots, const float* k,
+                                  const float* v) {
+  KVX_CHECK_MSG(ReservedPages() == 0, "tables change only between steps");
+  KVX_CHECK(layer >= 0 && layer < layout_.n_layers && kv_head >= 0 && kv_head < layout_.n_kv_heads);
+  PageTable& t = mutable_table(layer, kv_head);
+  const LayerCodec& lc = layers_[layer];
+  const int T = layout_.page_tokens, D = layout_.head_dim;
+  std::vector<int> pages;  // touched, ascending
+  for (int slot : slots) {
+    if (slot < 0 || slot >= t.length()) {
+      return InvalidArgument("slot " + std::to_string(slot) + " is outside the chain of " + std::to_string(t.length()));
+    }
+    if (PagePositions(pool_->PageData(t.pages()[slot / T]))[slot % T] == kDeadPosition) {
+      return InvalidArgument("slot " + std::to_string(slot) + " holds no live entry to rewrite");
+    }
+    pages.push_back(slot / T);
+  }
+  std::sort(pages.begin(), pages.end());
+  pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
+  // Private copies of shared pages first (all or nothing).
+  std::vector<std::pair<int, PageId>> copies;
+  for (int p : pages) {
+    if (!pool_->IsShared(t.pages()[p])) continue;
+    Result<PageId> copy = pool_->AllocateAfter(pool_->SizeClassOf(t.pages()[p]), t.pages()[p]);
+    if (!copy.ok()) {
+      for (auto& c : copies) pool_->Unref(c.second);
+      return copy.status();
+    }
+    copies.emplace_back(p, *copy);
+  }
+  for (auto& [p, copy] : copies) {
+    const PageId cur = t.pages()[p];
+    std::memcpy(pool_->PageData(copy), pool_->PageData(cur), pool_->PageBytesOf(cur));
+    t.ReplacePage(p, copy, t.is_full(p));
+    pool_->Unref(cur);
+  }
+  // Each touched page: decode, replace the rows (in the stored basis), re-encode in place.
+  std::vector<float> row_k(D), row_v(D);
+  DecodedPage dp;
+  for (int p : pages) {
+    const bool full = t.is_full(p);
+    const int n = (!full && lc.sealed) ? T : t.EntriesInPage(p, T);
+    DecodePage(*pool_, lc, t.pages()[p], full, n, &dp);
+    for (size_t i = 0; i < slots.size(); ++i) {
+      if (slots[i] / T != p) continue;
+      std::memcpy(row_k.data(), k + i * D, sizeof(float) * D);
+      std::memcpy(row_v.data(), v + i * D, sizeof(float) * D);
+      if (rotation_ != nullptr) {
+        if (keys_rotated()) rotation_->Forward(row_k.data());
+        rotation_->Forward(row_v.data());
+      }
+      const size_t s = static_cast<size_t>(slots[i] % T);
+      std::copy(row_k.begin(), row_k.end(), dp.k.begin() + s * D);
+      std::copy(row_v.begin(), row_v.end(), dp.v.begin() + s * D);
+    }
+    EncodeInto(pool_, lc, t.pages()[p], full, n, dp.k.data(), dp.v.data(), dp.pos.data());
+    if (t.bounds_dim() > 0) RefreshBounds(layer, t, p);
+  }
+  return Status::Ok();
 }
 
 }  // namespace kvx::kv

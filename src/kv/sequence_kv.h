@@ -45,6 +45,7 @@
 #include "kv/codec/codec_id.h"
 #include "kv/codec/hadamard.h"
 #include "kv/layout.h"
+#include "kv/page_selection.h"
 #include "kv/page_table.h"
 #include "ops/nn.h"
 #include "util/status.h"
@@ -207,6 +208,29 @@ class SequenceKV {
   // REQUIRES: 0 <= index < Length(layer, kv_head); k, v hold head_dim floats.
   void ReadEntry(int layer, int kv_head, int index, float* k, float* v, int32_t* pos) const;
 
+  // Overwrites the K and V of live entries of one head (merging policies:
+  // KVMerger/D2O fold evicted entries into kept ones): slots[i] gets rows
+  // k[i], v[i] ([slots.size()][head_dim] floats, in the form ReadChain
+  // returns: rotation undone; pre-RoPE keys un-roped). Positions stay. Each
+  // touched page is decoded and re-encoded, so a quantized page's other
+  // entries are quantized once more (exact for f32/f16 pages). Shared pages
+  // are copied first. InvalidArgument for a dead or out-of-range slot;
+  // ResourceExhausted when a copy cannot be allocated (nothing changed).
+  // REQUIRES: no reservation pending.
+  Status RewriteEntries(int layer, int kv_head, const std::vector<int>& slots, const float* k, const float* v);
+
+  // Quest page selection (kv/page_selection.h): from now on every page of
+  // every table keeps the per-channel min/max of its keys as stored (the
+  // pages already written are decoded once here; later writes update them),
+  // and Attention reads only the selected pages of each kv head at decode.
+  // InvalidArgument with pre-RoPE keys (the stored keys are not the keys
+  // attention dots with, so their bounds would bound nothing).
+  // Forks and prefix forks keep the selection and the bounds.
+  Status SetPageSelection(const PageSelection& selection);
+  const PageSelection& page_selection() const { return selection_; }
+  // Bytes the page bounds take (heap, beside the tables; not pool pages).
+  size_t PageBoundsBytes() const;
+
   // Decodes the whole chain of (layer, kv_head) page by page: k, v
   // [Length][head_dim] (rotation undone; pre-RoPE keys stay un-roped, others
   // are roped at their stored positions), pos [Length] (kDeadPosition for
@@ -236,6 +260,8 @@ class SequenceKV {
   PageTable& mutable_table(int layer, int kv_head) {
     return tables_[static_cast<size_t>(layer) * layout_.n_kv_heads + kv_head];
   }
+  // Recomputes page p's bounds from its stored keys (live slots only).
+  void RefreshBounds(int layer, PageTable& t, int p) const;
   // A sequence with no pages and this one's codec state (size classes, RoPE table).
   std::unique_ptr<SequenceKV> EmptyCopy() const;
   // Registers the pool size classes of every layer's page formats.
@@ -268,6 +294,7 @@ class SequenceKV {
   std::vector<std::vector<PageId>> released_;  // [n_kv_heads]: pages each head's writes replaced
   std::vector<float> rot_k_, rot_v_;    // rotated copies of the appended rows
   std::unique_ptr<HadamardRotation> rotation_;
+  PageSelection selection_;
   ops::RopeParams rope_{};
   bool rope_set_ = false;
   int32_t max_pos_ = -1;            // largest position appended

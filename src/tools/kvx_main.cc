@@ -58,7 +58,7 @@ std::string DescribeException(std::exception_ptr e) {
   std::_Exit(1);
 }
 
-constexpr const char* kCommands[] = {"run", "inspect", "perplexity", "gen-model", "bench", "plan", "eval", "serve", "batch"};
+constexpr const char* kCommands[] = {"run", "inspect", "perplexity", "gen-model", "bench", "plan", "eval", "serve", "batch", "calibrate-heads"};
 
 std::string CommandList() {
   std::string out;
@@ -92,6 +92,7 @@ int Main(int argc, char** argv) {
   RegisterEval(app, &exit_code);
   RegisterServe(app, &exit_code);
   RegisterBatch(app, &exit_code);
+  RegisterCalibrateHeads(app, &exit_code);
   if (const std::string cmd = UnknownCommand(argc, argv); !cmd.empty()) {
     PrintError("unknown command " + QuotePrintable(cmd, 64) + "; the commands are " + CommandList() +
                " (kvx --help describes them)");

@@ -1,5 +1,8 @@
 #include "kv/policy/policy.h"
 
+#include "kv/policy/head_typing.h"
+#include "kv/policy/merge_fate.h"
+#include "kv/policy/quest.h"
 #include "kv/policy/eviction_policies.h"
 #include "kv/policy/streaming_llm.h"
 
@@ -11,6 +14,10 @@ PolicyRegistry& PolicyRegistry::Global() {
   static PolicyRegistry* registry = [] {
     auto* r = new PolicyRegistry();
     r->Register("streamingllm", StreamingLLMPolicy::Create);
+    r->Register("quest", QuestPolicy::Create);
+    r->Register("duo", HeadTypingPolicy::CreateDuo);
+    r->Register("razor", HeadTypingPolicy::CreateRazor);
+    RegisterMergePolicies(*r);  // fate=merge, kvmerger (merge_fate.h)
     RegisterEvictionPolicies(*r);  // h2o, snapkv, ... (eviction_policies.h)
     return r;
   }();

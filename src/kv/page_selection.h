@@ -1,0 +1,60 @@
+// Quest page selection (Tang et al., 2024, "Quest: Query-Aware Sparsity for
+// Efficient Long-Context LLM Inference"): at decode, each kv head reads only
+// the pages whose upper bound on q.k is highest, instead of all of them. No
+// entry is evicted: the memory held is the same, the bytes read per token
+// fall with the number of pages selected.
+//
+// Bound. Each page keeps the per-channel min mn[c] and max mx[c] of its keys
+// as stored (PageTable bounds, maintained by SequenceKV for every codec: the
+// keys are decoded after they are encoded, so the bound holds for what
+// attention will really read). For a query q and any key k of the page,
+//     q . k = sum_c q[c] k[c] <= sum_c max(q[c] mn[c], q[c] mx[c]) = U(page),
+// since q[c] k[c] is linear in k[c] in [mn[c], mx[c]].
+// GQA: the G query heads of a group share their pages (a page is read once
+// per group, attention.h), so a kv head's page score is the max over its
+// query heads' bounds (METHODS.md B11's "max" reduction: a page any query
+// head may need is kept).
+//
+// Selection (per kv head, per decode query): the first `sink_pages` pages
+// and the last `recent_pages` pages are always read (the attention sink and
+// the page being written); the other pages are ranked by U, ties broken by
+// the lower page index, and the best fill the budget. Prompts (more than one
+// query per sequence in a call) and the first `dense_layers` layers attend
+// densely, as the reference does (q_len > 1 or layer_id < 2).
+//
+// Thread-safety: pure functions over const inputs.
+#pragma once
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "kv/page_table.h"
+
+namespace kvx::kv {
+
+struct PageSelection {
+  bool enabled = false;
+  // Pages read per kv head and decode step, forced pages included: `pages`
+  // when > 0, else budget_tokens / page_tokens (at least 1).
+  int pages = 0;
+  int budget_tokens = 1024;
+  int sink_pages = 1;
+  int recent_pages = 1;
+  int dense_layers = 2;
+
+  int PagesFor(int page_tokens) const { return pages > 0 ? pages : std::max(1, budget_tokens / page_tokens); }
+  bool operator==(const PageSelection&) const = default;
+  std::string ToString() const;
+};
+
+// U(page) for the `n_rows` queries q (rows of D floats, in the keys' basis),
+// max over the rows. -inf for a page with empty bounds.
+float PageUpperBound(const float* bounds, int D, const float* q, int n_rows);
+
+// Pages of table `t` one decode query of the group reads, ascending. Reads
+// all pages (0..n-1) when the budget covers them. REQUIRES: t.bounds_dim() == D.
+void SelectPages(const PageTable& t, const PageSelection& sel, int page_tokens, const float* q, int n_rows, int D,
+                 std::vector<int>* out);
+
+}  // namespace kvx::kv

@@ -1,0 +1,168 @@
+#include "kv/policy/head_typing.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <numeric>
+
+#include <nlohmann/json.hpp>
+
+#include "kv/policy/params.h"
+
+namespace kvx::kv {
+
+Result<HeadTable> HeadTable::Load(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return NotFound("head table '" + path + "' cannot be read; write one with kvx calibrate-heads");
+  nlohmann::json j;
+  try {
+    in >> j;
+  } catch (const std::exception& e) {
+    return InvalidArgument("head table '" + path + "' is not JSON: " + e.what());
+  }
+  HeadTable t;
+  try {
+    t.method = j.value("method", "");
+    t.model = j.value("model", "");
+    t.n_layers = j.at("n_layers").get<int>();
+    t.n_kv_heads = j.at("n_kv_heads").get<int>();
+    for (const auto& row : j.at("scores")) {
+      if (static_cast<int>(row.size()) != t.n_kv_heads) throw std::runtime_error("a scores row is not n_kv_heads long");
+      for (const auto& x : row) t.scores.push_back(x.get<double>());
+    }
+  } catch (const std::exception& e) {
+    return InvalidArgument("head table '" + path + "': " + e.what() +
+                           " (expected {\"n_layers\", \"n_kv_heads\", \"scores\": [[...] per layer]})");
+  }
+  if (t.n_layers < 1 || t.n_kv_heads < 1 || static_cast<int>(t.scores.size()) != t.n_layers * t.n_kv_heads) {
+    return InvalidArgument("head table '" + path + "' holds " + std::to_string(t.scores.size()) + " scores for " +
+                           std::to_string(t.n_layers) + " layers x " + std::to_string(t.n_kv_heads) + " kv heads");
+  }
+  for (double s : t.scores) {
+    if (!std::isfinite(s)) return InvalidArgument("head table '" + path + "' holds a score that is not finite");
+  }
+  return t;
+}
+
+Status HeadTable::Save(const std::string& path) const {
+  nlohmann::json j;
+  j["method"] = method;
+  j["model"] = model;
+  j["n_layers"] = n_layers;
+  j["n_kv_heads"] = n_kv_heads;
+  nlohmann::json rows = nlohmann::json::array();
+  for (int l = 0; l < n_layers; ++l) {
+    rows.push_back(std::vector<double>(scores.begin() + static_cast<ptrdiff_t>(l) * n_kv_heads,
+                                       scores.begin() + static_cast<ptrdiff_t>(l + 1) * n_kv_heads));
+  }
+  j["scores"] = rows;
+  std::ofstream out(path);
+  if (!out) return IoError("cannot write head table '" + path + "'");
+  out << j.dump(1) << "\n";
+  return out ? Status::Ok() : IoError("writing head table '" + path + "' failed");
+}
+
+std::vector<uint8_t> HeadTable::RetrievalMask(double fraction) const {
+  const int n = static_cast<int>(scores.size());
+  const int take = std::clamp(static_cast<int>(std::ceil(fraction * n - 1e-9)), 0, n);
+  std::vector<int> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return scores[a] > scores[b]; });
+  std::vector<uint8_t> mask(n, 0);
+  for (int i = 0; i < take; ++i) mask[order[i]] = 1;
+  return mask;
+}
+
+Result<std::unique_ptr<KVPolicy>> HeadTypingPolicy::CreateDuo(const PolicyParams& params) {
+  return Create("duo", params, 0.5, 128, 256, 0.0);
+}
+
+Result<std::unique_ptr<KVPolicy>> HeadTypingPolicy::CreateRazor(const PolicyParams& params) {
+  return Create("razor", params, 0.15, 4, 256, 0.2);
+}
+
+Result<std::unique_ptr<KVPolicy>> HeadTypingPolicy::Create(std::string name, const PolicyParams& params,
+                                                           double retrieval, int sinks, int window,
+                                                           double window_fraction) {
+  std::unique_ptr<HeadTypingPolicy> p(new HeadTypingPolicy());
+  p->name_ = name;
+  p->sinks_ = sinks;
+  p->window_ = window;
+  p->window_fraction_ = window_fraction;
+  std::string mode = "continuous";
+  PolicyParamReader r(name, params);
+  r.Double("retrieval", &retrieval, 0.0, 1.0)
+      .Int("sinks", &p->sinks_, 0, 1 << 24)
+      .Int("window", &p->window_, 1, 1 << 24)
+      .Double("window_fraction", &p->window_fraction_, 0.0, 1.0)
+      .Choice("mode", &mode, {"continuous", "once"});
+  auto it = params.find("heads");
+  std::string heads;
+  if (it != params.end()) heads = it->second;
+  // "heads" is read here, not by the reader: mark it known by asking for it
+  // as a choice of itself.
+  if (!heads.empty()) r.Choice("heads", &heads, {heads});
+  KVX_RETURN_IF_ERROR(r.Finish());
+  if (heads.empty()) {
+    return InvalidArgument("policy " + name + " needs heads=FILE, a head table written by `kvx calibrate-heads -m MODEL" +
+                           " --method " + name + " -o FILE`");
+  }
+  KVX_ASSIGN_OR_RETURN(p->table_, HeadTable::Load(heads));
+  p->retrieval_ = p->table_.RetrievalMask(retrieval);
+  p->continuous_ = mode == "continuous";
+  return std::unique_ptr<KVPolicy>(std::move(p));
+}
+
+Status HeadTypingPolicy::CheckSpec(const KVSpec& spec, const KVLayout& layout) const {
+  (void)spec;
+  if (table_.n_layers != layout.n_layers || table_.n_kv_heads != layout.n_kv_heads) {
+    return InvalidArgument("policy " + name_ + ": the head table has " + std::to_string(table_.n_layers) + " layers x " +
+                           std::to_string(table_.n_kv_heads) + " kv heads, the model " +
+                           std::to_string(layout.n_layers) + " x " + std::to_string(layout.n_kv_heads) +
+                           "; calibrate this model with kvx calibrate-heads");
+  }
+  return Status::Ok();
+}
+
+int HeadTypingPolicy::StreamingKeep(int tokens) const {
+  const int window = std::max(window_, static_cast<int>(std::floor(window_fraction_ * tokens)));
+  return sinks_ + window;
+}
+
+Status HeadTypingPolicy::OnStepCommitted(KVManager& manager, SeqId seq) {
+  return continuous_ ? Evict(manager, seq) : Status::Ok();
+}
+
+Status HeadTypingPolicy::Compress(KVManager& manager, SeqId seq) { return Evict(manager, seq); }
+
+Status HeadTypingPolicy::Evict(KVManager& manager, SeqId seq) {
+  SequenceKV& kv = manager.kv(seq);
+  const KVLayout& L = kv.layout();
+  KVX_RETURN_IF_ERROR(CheckSpec(manager.spec().spec, L));
+  const int keep = StreamingKeep(manager.length(seq));
+  bool removed = false;
+  std::vector<int> drop;
+  for (int l = 0; l < L.n_layers; ++l) {
+    for (int h = 0; h < L.n_kv_heads; ++h) {
+      if (retrieval_[static_cast<size_t>(l) * L.n_kv_heads + h]) continue;
+      const int live = kv.LiveEntries(l, h);
+      if (live <= keep) continue;
+      // Live entries in chain order: the first `sinks` stay, the next live - keep go.
+      const PageTable& t = kv.table(l, h);
+      int to_drop = live - keep, seen = 0;
+      drop.clear();
+      for (int s = 0; s < t.length() && to_drop > 0; ++s) {
+        const int32_t pos = PagePositions(kv.pool().PageData(t.pages()[s / L.page_tokens]))[s % L.page_tokens];
+        if (pos == kDeadPosition || seen++ < sinks_) continue;
+        drop.push_back(s);
+        --to_drop;
+      }
+      KVX_RETURN_IF_ERROR(kv.RemoveEntries(l, h, drop));
+      removed = true;
+    }
+  }
+  if (removed) manager.MarkEntriesRemoved(seq);
+  return Status::Ok();
+}
+
+}  // namespace kvx::kv

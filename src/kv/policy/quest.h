@@ -1,0 +1,40 @@
+// Quest (Tang et al., 2024): query-aware page selection at decode. The policy
+// evicts nothing; it turns on SequenceKV's page bounds and page selection
+// (kv/page_selection.h) for every sequence it sees, after the sequence's
+// first committed step (the prompt attends densely anyway; the bounds of the
+// pages written so far are computed then, later pages as they are written).
+// From then on each kv head of each layer from `dense_layers` on reads only
+// its top pages by the Quest upper bound per decode token: same memory,
+// fewer bytes read.
+//
+// Parameters (--kv policy group, e.g. "policy=quest,budget=1024"):
+//   budget        tokens read per kv head and decode step (pages = budget /
+//                 page tokens, at least 1)                  default 1024
+//   pages         pages read instead of budget (> 0 overrides it)
+//   sink_pages    first pages always read (the attention sink) default 1
+//   recent_pages  last pages always read (the page written)  default 1
+//   dense_layers  first layers attended densely              default 2
+// Composes with any codec without prerope=1 (which it rejects at the first
+// step) and with eviction policies (bounds stay valid as entries leave).
+#pragma once
+
+#include <memory>
+
+#include "kv/page_selection.h"
+#include "kv/policy/policy.h"
+
+namespace kvx::kv {
+
+class QuestPolicy : public KVPolicy {
+ public:
+  static Result<std::unique_ptr<KVPolicy>> Create(const PolicyParams& params);
+  std::string_view name() const override { return "quest"; }
+  Status OnStepCommitted(KVManager& manager, SeqId seq) override;
+  const PageSelection& selection() const { return selection_; }
+
+ private:
+  explicit QuestPolicy(const PageSelection& s) : selection_(s) {}
+  PageSelection selection_;
+};
+
+}  // namespace kvx::kv

@@ -1,0 +1,54 @@
+#include "kv/policy/quest.h"
+
+#include <gtest/gtest.h>
+
+#include "kv/kv_manager.h"
+
+namespace kvx::kv {
+namespace {
+
+TEST(QuestPolicyTest, TurnsOnSelectionAfterTheFirstStepAndKeepsEveryEntry) {
+  auto r = ResolveKVSpec("codec=int8,page=8;policy=quest,pages=3,dense_layers=1", KVLayout{2, 2, 16, 8}, 512, 1);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  auto m = std::move(KVManager::Create(*r)).value();
+  const SeqId a = m->AddSequence();
+  std::vector<int32_t> toks(100, 1), pos(100);
+  for (int i = 0; i < 100; ++i) pos[i] = i;
+  const StepRequest req{a, toks, pos};
+  ASSERT_TRUE(m->BeginStep({&req, 1}).ok());
+  std::vector<float> kv(100 * 2 * 16, 0.5f);
+  for (int l = 0; l < 2; ++l) ASSERT_TRUE(m->kv(a).Append(l, 100, pos.data(), kv.data(), kv.data()).ok());
+  EXPECT_FALSE(m->kv(a).page_selection().enabled);
+  ASSERT_TRUE(m->CommitStep().ok());
+  const PageSelection& s = m->kv(a).page_selection();
+  EXPECT_TRUE(s.enabled);
+  EXPECT_EQ(s.pages, 3);
+  EXPECT_EQ(s.dense_layers, 1);
+  EXPECT_EQ(m->kv(a).table(1, 1).bounds_dim(), 16);
+  EXPECT_EQ(m->kv(a).LiveEntries(1, 1), 100);  // nothing evicted
+  EXPECT_TRUE(m->CheckInvariants().ok());
+}
+
+TEST(QuestPolicyTest, ParametersAreChecked) {
+  EXPECT_TRUE(QuestPolicy::Create({{"budget", "512"}, {"sink_pages", "0"}}).ok());
+  EXPECT_FALSE(QuestPolicy::Create({{"budget", "0"}}).ok());
+  EXPECT_FALSE(QuestPolicy::Create({{"pages", "x"}}).ok());
+  EXPECT_FALSE(QuestPolicy::Create({{"recent_pages", "0"}}).ok());
+  EXPECT_FALSE(QuestPolicy::Create({{"ratio", "0.5"}}).ok());
+  // prerope: rejected when the first step turns the selection on.
+  auto r = ResolveKVSpec("codec=f16,prerope=1;policy=quest", KVLayout{1, 1, 16, 8}, 64, 1);
+  ASSERT_TRUE(r.ok());
+  auto m = std::move(KVManager::Create(*r)).value();
+  const SeqId a = m->AddSequence();
+  std::vector<int32_t> toks(4, 1), pos = {0, 1, 2, 3};
+  const StepRequest req{a, toks, pos};
+  ASSERT_TRUE(m->BeginStep({&req, 1}).ok());
+  std::vector<float> kv(4 * 16, 0.5f);
+  ASSERT_TRUE(m->kv(a).Append(0, 4, pos.data(), kv.data(), kv.data()).ok());
+  const Status s = m->CommitStep();
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("prerope"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvx::kv

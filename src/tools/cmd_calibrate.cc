@@ -1,0 +1,73 @@
+// kvx calibrate-heads: the head table of policy=duo / policy=razor
+// (eval/head_calibration.h, kv/policy/head_typing.h).
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "eval/head_calibration.h"
+#include "tools/commands.h"
+#include "tools/flags.h"
+
+namespace kvx::tools {
+namespace {
+
+struct CalibrateFlags {
+  engine::EngineOptions runtime;
+  eval::HeadCalibrationOptions options;
+  std::string out;
+};
+
+Status RunCalibrate(CalibrateFlags flags) {
+  if (flags.runtime.n_ctx == 0) {
+    int longest = flags.options.span * flags.options.repeats + 1;
+    for (int n : flags.options.lengths) longest = std::max(longest, n);
+    flags.runtime.n_ctx = longest;
+  }
+  KVX_ASSIGN_OR_RETURN(auto engine, engine::Engine::Load(flags.runtime));
+  if (!engine->kv_spec().policies.empty()) {
+    return InvalidArgument("calibrate-heads measures the full cache: drop the policy from --kv");
+  }
+  KVX_ASSIGN_OR_RETURN(kv::HeadTable table, eval::CalibrateHeads(*engine, flags.options));
+  table.model = flags.runtime.model_path;
+  KVX_RETURN_IF_ERROR(table.Save(flags.out));
+  std::printf("calibrate-heads (%s): %d layers x %d kv heads -> %s\n", table.method.c_str(), table.n_layers,
+              table.n_kv_heads, flags.out.c_str());
+  for (int l = 0; l < table.n_layers; ++l) {
+    std::printf("  layer %2d:", l);
+    for (int h = 0; h < table.n_kv_heads; ++h) std::printf(" %.4f", table.scores[static_cast<size_t>(l) * table.n_kv_heads + h]);
+    std::printf("\n");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+void RegisterCalibrateHeads(CLI::App& app, int* exit_code) {
+  auto flags = std::make_shared<CalibrateFlags>();
+  CLI::App* cmd = app.add_subcommand("calibrate-heads", "Score each (layer, kv head) as retrieval or streaming "
+                                                        "(the head table of --kv policy=duo / policy=razor)");
+  cmd->add_option("-m,--model", flags->runtime.model_path, "GGUF model file")->required();
+  cmd->add_option("-o,--output", flags->out, "Head table file to write (JSON)")->required();
+  cmd->add_option("--method", flags->options.method, "duo (passkey needle mass) | razor (echo/induction)")
+      ->capture_default_str()->check(CLI::IsMember({"duo", "razor"}));
+  cmd->add_option("--lengths", flags->options.lengths, "duo: passkey prompt lengths in tokens")
+      ->delimiter(',')->capture_default_str()->check(IntIn(64, 1 << 20));
+  cmd->add_option("--depths", flags->options.depths, "duo: key depths in [0, 1]")->delimiter(',')
+      ->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--trials", flags->options.trials, "duo: prompts per (length, depth)")->capture_default_str()
+      ->check(IntIn(1, 1000));
+  cmd->add_option("--span", flags->options.span, "razor: random tokens per copy")->capture_default_str()
+      ->check(IntIn(2, 512));
+  cmd->add_option("--repeats", flags->options.repeats, "razor: copies of the span")->capture_default_str()
+      ->check(IntIn(2, 64));
+  cmd->add_option("--seed", flags->options.seed, "Prompt seed")->capture_default_str();
+  cmd->add_option("-c,--ctx-size", flags->runtime.n_ctx, "Context (0: the longest prompt)")->capture_default_str()
+      ->check(IntIn(0, 1 << 20));
+  cmd->add_option("-t,--threads", flags->runtime.n_threads, "Threads (0: all cores)")->capture_default_str()
+      ->check(Threads());
+  cmd->add_option("--kv", flags->runtime.kv_spec, "KV cache spec (no policy)");
+  cmd->callback([flags, exit_code] { *exit_code = ReportStatus(RunCalibrate(*flags)); });
+}
+
+}  // namespace kvx::tools
