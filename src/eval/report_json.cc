@@ -252,7 +252,6 @@ json ReportToJson(const EvalReport& report) {
       {"seed", o.seed},
       {"text", o.text_name},
       {"data_dir", o.data_dir},
-      {"compress", o.compress},
       {"ppl", {{"chunk", o.chunk}, {"max_chunks", o.max_chunks}}},
       {"copy",
        {{"span", o.copy_span},
@@ -274,6 +273,9 @@ json ReportToJson(const EvalReport& report) {
         {"trials", o.ruler_trials},
         {"gen", o.ruler_gen},
         {"n_gen", ruler_gen}}}};
+  // Reports from before the compression moment existed read as "none" and
+  // are written back without the key, so they round-trip unchanged.
+  if (o.compress != "none") settings["compress"] = o.compress;
   const ModelInfo& m = report.model;
   json model{{"path", m.path},
              {"name", m.name},

@@ -54,8 +54,11 @@ Status Run(const RunFlags& flags) {
   std::fflush(stdout);
   std::vector<int32_t> out;
   engine::GenerateStats stats;
+  // KV policies that compress once (snapkv, ...) do it after the prompt
+  // (the question included); without such policies this does nothing.
   engine::GenerateOptions gen = flags.gen;
   gen.resume_logits = resume_logits;
+  gen.compress_at = static_cast<int>(ids.size());
   KVX_RETURN_IF_ERROR(engine::Generate(
       session.get(), ids, gen,
       [](int32_t, const std::string& piece) {

@@ -1,0 +1,266 @@
+#!/usr/bin/env python3
+"""KV eviction report (issue 21): every score-based policy x compression ratio x context length, with the
+question excluded and included, on the recall model (../shared/models/recall), measured with `kvx eval`.
+
+    scripts/eviction_report.py --run            # the full sweep (hours on 2 cores; run it in the background:
+                                                #   nohup scripts/eviction_report.py --run > /tmp/eviction.log 2>&1 &)
+    scripts/eviction_report.py --run --only snapkv --lengths 2048 --modes included   # one slice
+    scripts/eviction_report.py --render-only    # docs/kv-eviction.md, its SVGs and the README section
+    scripts/eviction_report.py --check          # render in memory, fail if the committed documents differ (ctest)
+
+Each `kvx eval` run (one method, one length, one question mode, every ratio as a --kv spec against the f16
+baseline) writes its report.json into docs/results/eviction/ as it goes (kvx eval --json rewrites it after every
+task), and the documents are re-rendered after every run, so an interrupted sweep keeps what it measured.
+Every number in the documents comes from those JSON files alone.
+"""
+import argparse, glob, json, os, subprocess, sys, time
+
+from reportlib import ROOT, Output, rel
+
+RESULTS = os.path.join(ROOT, "docs/results/eviction")
+DOC = "docs/kv-eviction.md"
+MODEL = "models/recall/recall-llama-8L-d512-f16.gguf"
+RATIOS = [0.25, 0.5, 0.75, 0.875]  # ratio 0 is the baseline (the full f16 cache) of every run
+LENGTHS = [2048, 4096, 8192]
+MODES = ["excluded", "included"]
+TASKS = ["passkey", "needle", "niah_multikey"]
+DEPTHS = "0,0.5,1"
+
+# key -> (policy spec at ratio r, what the paper does, what kvx implements / where it differs)
+METHODS = {
+    "streamingllm": (
+        lambda r, n: "codec=f16;policy=streamingllm,sinks=4,window=%d" % max(1, round((1 - r) * n) - 4),
+        "Xiao et al. 2023: keep 4 attention sinks and a window of recent tokens; the paper numbers positions by "
+        "slot in the cache.",
+        "Sinks + window per head, whole pages freed as the window moves; original positions kept. The ratio is "
+        "turned into a window of (1 - ratio) x length - 4 tokens."),
+    "streamingllm-repack": (
+        lambda r, n: "codec=f16,prerope=1;policy=streamingllm,sinks=4,window=%d,positions=repack"
+                     % max(1, round((1 - r) * n) - 4),
+        "The paper's position mode: positions within the cache.",
+        "positions=repack renumbers the k kept entries to n-k..n-1 (RoPE is relative, so queries see in-cache "
+        "distances exactly); needs pre-RoPE keys (prerope=1), rejected otherwise."),
+    "h2o": (
+        lambda r, n: "codec=f16;policy=h2o,ratio=%g,mode=once" % r,
+        "Zhang et al. 2023: accumulated attention (column sums over every query) plus recent tokens, evicting "
+        "at every decode step.",
+        "Per-query-head sums reduced by the GQA mean; window = half the kept entries; the sweep uses mode=once "
+        "(compress at the measured moment; mode=continuous evicts after every step, prefill chunks included)."),
+    "scissorhands": (
+        lambda r, n: "codec=f16;policy=scissorhands,ratio=%g,mode=once" % r,
+        "Liu et al. 2023: drop tokens repeatedly below average attention over a history window.",
+        "Low-hit counts over a ~32-query sliding window (exponential stand-in for a ring), GQA min, ties by "
+        "attention; every step instead of every m steps when continuous."),
+    "tova": (
+        lambda r, n: "codec=f16;policy=tova,ratio=%g,mode=once" % r,
+        "Oren et al. 2024: drop what the current query attends to least, averaged over the layer's heads.",
+        "Last query only, layer-averaged (all kv heads keep the same tokens); one-shot top-k as kvpress."),
+    "snapkv": (
+        lambda r, n: "codec=f16;policy=snapkv,ratio=%g" % r,
+        "Li et al. 2024: votes of the last w prompt queries, pooled, top entries + the window, once after "
+        "prefill.",
+        "w 32, avg-pool kernel 5 (no zero padding), GQA mean after pooling, 4 sinks kept."),
+    "snapkv-maxpool": (
+        lambda r, n: "codec=f16;policy=snapkv,ratio=%g,kernel=15,pool=max" % r,
+        "SnapKV with max pooling (KVCache-Factory's choice) and a wider kernel.",
+        "kernel=15,pool=max: keeps the neighbours of every voted entry (multi-token values survive whole)."),
+    "pyramidkv": (
+        lambda r, n: "codec=f16;policy=pyramidkv,ratio=%g" % r,
+        "Cai et al. 2024: SnapKV selection with budgets falling linearly with depth (beta 20).",
+        "The reference's min/max formula and fallbacks, total kept exactly."),
+    "cake": (
+        lambda r, n: "codec=f16;policy=cake,ratio=%g" % r,
+        "Qin et al. 2025: layer budgets from window attention entropy x variance, cascaded during prefill; "
+        "token indicator mean + gamma var.",
+        "tau1 = tau2 = 1, gamma 200; one-shot after prefill (no cascade: the peak is the full prompt)."),
+    "adakv": (
+        lambda r, n: "codec=f16;policy=adakv,base=snapkv,ratio=%g" % r,
+        "Feng et al. 2024: the layer's budget taken jointly across heads by score, floor alpha 0.2.",
+        "Per kv head (GQA reduced first) over any base scorer (base=); heads keep different token counts."),
+    "knorm": (
+        lambda r, n: "codec=f16;policy=knorm,ratio=%g" % r,
+        "Devoto et al. 2024 (kvpress KnormPress): keep the keys with the lowest L2 norm.",
+        "Norm of the stored key; no observer (fast kernels stay on); no sinks or window."),
+    "random": (
+        lambda r, n: "codec=f16;policy=random,ratio=%g" % r,
+        "The floor: seeded random eviction.",
+        "Hash of (seed, layer, head, position); no sinks or window."),
+}
+
+
+def result_path(method, length, mode):
+    return os.path.join(RESULTS, "%s_%d_%s.json" % (method, length, mode))
+
+
+def run(args):
+    kvx = os.path.abspath(args.kvx)
+    model = os.path.join(args.shared, MODEL)
+    methods = args.only.split(",") if args.only else list(METHODS)
+    lengths = [int(x) for x in args.lengths.split(",")]
+    for mode in args.modes.split(","):
+        for length in lengths:
+            for m in methods:
+                out = result_path(m, length, mode)
+                if os.path.exists(out) and not args.force:
+                    try:
+                        if json.load(open(out)).get("complete"):
+                            continue
+                    except ValueError:
+                        pass
+                specs = [METHODS[m][0](r, length) for r in RATIOS]
+                cmd = [kvx, "eval", "-m", model, "--baseline", "codec=f16", "--tasks", ",".join(TASKS),
+                       "-c", str(length), "--lengths", str(length), "--depths", DEPTHS,
+                       "--passkey-trials", str(args.trials), "--ruler-trials", str(args.trials),
+                       "--compress", mode, "-t", args.threads, "--data", os.path.join(args.shared, "data"),
+                       "--json", out]
+                for s in specs:
+                    cmd += ["--kv", s]
+                print(time.strftime("%H:%M:%S"), m, length, mode, flush=True)
+                subprocess.run(cmd, check=False)
+                render(Output(False))
+
+
+def load():
+    data = {}
+    for path in sorted(glob.glob(os.path.join(RESULTS, "*.json"))):
+        name = os.path.basename(path)[:-5]
+        method, length, mode = name.rsplit("_", 2)
+        data[(method, int(length), mode)] = json.load(open(path))
+    return data
+
+
+def cell_scores(report):
+    """[(spec, ratio, {task: score}, bytes fraction vs the baseline)] of one run; ratio 0 = the baseline."""
+    res = report.get("results", [])
+    if not res:
+        return []
+    base_bytes = res[0].get("kv", {}).get("peak_bytes", 0)
+    rows = []
+    for i, s in enumerate(res):
+        scores = {}
+        for t in TASKS:
+            r = s.get(t)
+            if r and r.get("ok", True) and r.get("n", 0) > 0:
+                scores[t] = r.get("score", 0.0)
+            elif r and not r.get("ok", True):
+                scores[t] = None
+        b = s.get("kv", {}).get("peak_bytes", 0)
+        ratio = 0.0 if i == 0 else RATIOS[i - 1] if i - 1 < len(RATIOS) else None
+        rows.append((s.get("spec", ""), ratio, scores, b / base_bytes if base_bytes else None))
+    return rows
+
+
+def fmt(x, pct=True):
+    if x is None:
+        return "–"
+    return "%.0f%%" % (100 * x) if pct else "%.2f" % x
+
+
+def svg_curves(title, series):
+    """score vs ratio, one polyline per method: series = {method: [(ratio, score)]}."""
+    W, H, L, B = 520, 300, 50, 40
+    colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+              "#bcbd22", "#17becf", "#000000", "#aa3377"]
+    x = lambda r: L + r * (W - L - 130)
+    y = lambda s: H - B - s * (H - B - 30)
+    out = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="11">'
+           % (W, H), '<text x="%d" y="16" font-size="13">%s</text>' % (L, title)]
+    for t in [0, 0.25, 0.5, 0.75, 1.0]:
+        out.append('<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#ddd"/>' % (L, y(t), x(1), y(t)))
+        out.append('<text x="%d" y="%.1f" text-anchor="end">%d%%</text>' % (L - 4, y(t) + 4, 100 * t))
+    for r in [0] + RATIOS:
+        out.append('<text x="%.1f" y="%d" text-anchor="middle">%g</text>' % (x(r), H - B + 14, r))
+    out.append('<text x="%.1f" y="%d" text-anchor="middle">ratio removed</text>' % (x(0.5), H - 6))
+    for i, (m, pts) in enumerate(sorted(series.items())):
+        c = colors[i % len(colors)]
+        pts = [(r, s) for r, s in pts if s is not None]
+        if not pts:
+            continue
+        out.append('<polyline fill="none" stroke="%s" stroke-width="1.5" points="%s"/>'
+                   % (c, " ".join("%.1f,%.1f" % (x(r), y(s)) for r, s in pts)))
+        out.append('<text x="%d" y="%d" fill="%s">%s</text>' % (x(1) + 8, 40 + 14 * i, c, m))
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def render(out):
+    data = load()
+    lines = ["# KV eviction: score-based policies on the recall model", "",
+             "Rendered by `scripts/eviction_report.py` from `docs/results/eviction/*.json` (never typed). "
+             "Each run: `kvx eval` on `../shared/models/recall` (baseline: the full f16 cache = ratio 0), tasks "
+             "%s at depths %s, the cache compressed once with the question **excluded** (after the context: the "
+             "cache could serve any question) or **included** (after the whole prompt). `bytes` is the pool's "
+             "bytes at the end of a sequence over the baseline's (what the pool really holds, compaction "
+             "included). Scores: passkey and niah_multikey exact, needle ROUGE-1 F1." % (", ".join(TASKS), DEPTHS),
+             "", "Reproduce / extend: `nohup scripts/eviction_report.py --run > /tmp/eviction.log 2>&1 &` "
+             "(hours on 2 cores), then commit `docs/results/eviction/` and the rendered files.", ""]
+    measured = sorted({(m, n, mode) for (m, n, mode) in data})
+    if not measured:
+        lines += ["**No results yet.**", ""]
+    readme = ["Score-based eviction on the recall model ([docs/kv-eviction.md](docs/kv-eviction.md)): passkey "
+              "accuracy by ratio removed (bytes vs f16 in brackets).", ""]
+    header = "| method | length | question | " + " | ".join("r=%g" % r for r in [0] + RATIOS) + " |"
+    readme += [header, "|" + "---|" * (3 + 1 + len(RATIOS))]
+    for m, (spec_fn, paper, kvx) in METHODS.items():
+        lines += ["## %s" % m, "", "**Paper.** " + paper, "", "**kvx.** " + kvx, "",
+                  "**Spec at ratio r, length n** (e.g. r = 0.5, n = 4096): `%s`" % spec_fn(0.5, 4096), ""]
+        rows = [(n, mode) for (mm, n, mode) in measured if mm == m]
+        if not rows:
+            lines += ["Not measured yet.", ""]
+            continue
+        lines += ["| length | question | ratio | " + " | ".join(TASKS) + " | bytes vs f16 |",
+                  "|---:|---|---:|" + "---:|" * len(TASKS) + "---:|"]
+        for n, mode in rows:
+            for spec, ratio, scores, frac in cell_scores(data[(m, n, mode)]):
+                lines.append("| %d | %s | %s | %s | %s |" % (n, mode, "–" if ratio is None else "%g" % ratio,
+                             " | ".join(fmt(scores.get(t)) for t in TASKS), fmt(frac)))
+            cs = cell_scores(data[(m, n, mode)])
+            readme.append("| %s | %d | %s | %s |" % (m, n, mode, " | ".join(
+                "%s (%s)" % (fmt(s.get("passkey")), fmt(f)) for _, _, s, f in cs)))
+        lines.append("")
+    # Curves: passkey score vs ratio, per (length, mode).
+    plots = []
+    for n in LENGTHS:
+        for mode in MODES:
+            series = {}
+            for (m, nn, md), rep in data.items():
+                if nn == n and md == mode:
+                    series[m] = [(r, s.get("passkey")) for _, r, s, _ in cell_scores(rep) if r is not None]
+            if series:
+                name = "eviction-passkey-%d-%s.svg" % (n, mode)
+                out.write("docs/" + name, svg_curves("passkey, %d tokens, question %s" % (n, mode), series))
+                plots.append(name)
+    if plots:
+        lines += ["## Score vs ratio", ""] + ["![%s](%s)" % (p, p) for p in plots] + [""]
+    out.write(DOC, "\n".join(lines).rstrip("\n") + "\n")
+    if not measured:
+        readme = ["Score-based eviction: no sweep results committed yet; run `scripts/eviction_report.py --run` "
+                  "(see [docs/kv-eviction.md](docs/kv-eviction.md))."]
+    out.readme_block("kv-eviction", "\n".join(readme))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kvx", default=os.path.join(ROOT, "build/kvx"))
+    ap.add_argument("--shared", default=os.path.normpath(os.path.join(ROOT, "../shared")))
+    ap.add_argument("--threads", default="2")
+    ap.add_argument("--run", action="store_true", help="run the sweep (skips runs already complete)")
+    ap.add_argument("--force", action="store_true", help="re-run complete runs too")
+    ap.add_argument("--only", default="", help="comma-separated methods (default: all)")
+    ap.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--trials", type=int, default=1, help="prompts per (length, depth) cell")
+    ap.add_argument("--render-only", action="store_true")
+    ap.add_argument("--check", action="store_true")
+    args = ap.parse_args()
+    if args.run:
+        if not os.path.exists(os.path.join(args.shared, MODEL)):
+            sys.exit("the recall model is missing: %s" % os.path.join(args.shared, MODEL))
+        run(args)
+    out = Output(args.check)
+    render(out)
+    out.finish("eviction report")
+
+
+if __name__ == "__main__":
+    main()
