@@ -36,10 +36,16 @@ Status Generate(Session* session, const std::vector<int32_t>& prompt, const Gene
   *stats = GenerateStats();
   out_tokens->clear();
   model::Sampler sampler(options.sampler);
+  for (int32_t t : session->engine().kv_manager().tokens(session->id())) sampler.Accept(t);
   for (int32_t t : prompt) sampler.Accept(t);
 
   auto t0 = std::chrono::steady_clock::now();
-  KVX_ASSIGN_OR_RETURN(const float* logits, session->Feed(prompt));
+  const float* logits = options.resume_logits.data();
+  if (!prompt.empty()) {
+    KVX_ASSIGN_OR_RETURN(logits, session->Feed(prompt));
+  } else if (options.resume_logits.size() != static_cast<size_t>(n_vocab)) {
+    return InvalidArgument("nothing to continue from: give a prompt (the session holds no saved logits)");
+  }
   stats->prompt_tokens = static_cast<int>(prompt.size());
   stats->prompt_seconds = SecondsSince(t0);
 

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,9 @@ struct GenerateOptions {
   int n_predict = 128;             // tokens to generate at most; -1 = until EOS or context end
   model::SamplerOptions sampler;
   bool stop_at_eog = true;
+  // With an empty prompt: the logits the first token is sampled from (a
+  // restored session's saved logits, engine/session_file.h).
+  std::span<const float> resume_logits;
 };
 
 struct GenerateStats {
@@ -34,8 +38,11 @@ struct GenerateStats {
 // Called for every generated token with its text piece; return false to stop.
 using TokenCallback = std::function<bool(int32_t token, const std::string& piece)>;
 
-// Feeds `prompt` (REQUIRES: non-empty) and samples up to n_predict tokens.
-// Fills `out_tokens` (generated ids, the EOG token included when hit).
+// Feeds `prompt` and samples up to n_predict tokens. An empty prompt
+// continues a restored session from options.resume_logits (InvalidArgument
+// without them). The tokens the session already holds count for the
+// repetition penalty. Fills `out_tokens` (generated ids, the EOG token
+// included when hit); the last one is not fed to the session.
 Status Generate(Session* session, const std::vector<int32_t>& prompt, const GenerateOptions& options,
                 const TokenCallback& on_token, std::vector<int32_t>* out_tokens, GenerateStats* stats);
 

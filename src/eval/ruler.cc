@@ -74,9 +74,15 @@ std::string ToLower(std::string_view s) {
 
 std::string RandomString(NeedleKind kind, std::mt19937_64& rng) {
   switch (kind) {
-    case NeedleKind::kWord:
-      return std::string(kAdjectives[rng() % std::size(kAdjectives)]) + "-" +
-             std::string(kNouns[rng() % std::size(kNouns)]);
+    case NeedleKind::kWord: {
+      // Two statements: the operands of one `+` are drawn in an unspecified
+      // order (gcc drew the noun first, clang the adjective), so one seed gave
+      // different prompts per compiler. The noun first keeps gcc's prompts,
+      // which the committed reports were made with.
+      const std::string_view noun = kNouns[rng() % std::size(kNouns)];
+      const std::string_view adjective = kAdjectives[rng() % std::size(kAdjectives)];
+      return std::string(adjective) + "-" + std::string(noun);
+    }
     case NeedleKind::kNumber:
       return std::to_string(1000000 + rng() % 9000000);  // 7 digits, as RULER
     case NeedleKind::kUuid: {

@@ -189,7 +189,8 @@ TEST(RulerTest, NiahBadInputIsAClearError) {
   auto too_short = BuildNiahPlan(*tok, hay, {}, {*bare + 16 - 1}, {0.5}, 1, 16, 1);
   ASSERT_FALSE(too_short.ok());
   EXPECT_NE(too_short.status().message().find("too short"), std::string::npos) << too_short.status().message();
-  EXPECT_TRUE(BuildNiahPlan(*tok, hay, {}, {*bare + 16}, {0.5}, 1, 16, 1).ok());  // exactly the bare prompt
+  auto exact = BuildNiahPlan(*tok, hay, {}, {*bare + 16}, {0.5}, 1, 16, 1);
+  EXPECT_TRUE(exact.ok()) << exact.status().ToString();  // exactly the bare prompt
   auto no_text = BuildNiahPlan(*tok, MakeHaystack("  "), {}, {600}, {0.5}, 1, 16, 1);
   EXPECT_FALSE(no_text.ok());
   auto small = BuildNiahPlan(*tok, MakeHaystack("Tiny. Haystack."), {}, {2000}, {0.5}, 1, 16, 1);

@@ -126,6 +126,64 @@ Result<SeqId> KVManager::ForkPrefix(SeqId src_id, int n_tokens) {
   return id;
 }
 
+Result<SeqId> KVManager::ImportSequence(const SequenceImage& image) {
+  KVX_CHECK(!in_step_);
+  const size_t n = image.tokens.size();
+  if (image.positions.size() != n) {
+    return DataLoss(std::to_string(n) + " tokens but " + std::to_string(image.positions.size()) + " positions");
+  }
+  if (n > static_cast<size_t>(spec_.n_ctx)) {
+    return InvalidArgument("the saved sequence holds " + std::to_string(n) + " tokens, more than the context length " +
+                           std::to_string(spec_.n_ctx) + "; raise the context length (-c)");
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (image.tokens[i] < 0) return DataLoss("token " + std::to_string(i) + " has a negative id");
+    if (image.positions[i] < 0 || image.positions[i] >= spec_.n_ctx) {
+      return InvalidArgument("saved position " + std::to_string(image.positions[i]) + " is outside the context 0.." +
+                             std::to_string(spec_.n_ctx - 1) + "; raise the context length (-c)");
+    }
+  }
+  // The hash chain is a function of the tokens and the salt: recompute it.
+  Sequence probe;
+  probe.tokens = image.tokens;
+  probe.salt = image.salt;
+  ExtendHashes(probe);
+  const bool prefix = image.block_hashes.size() <= probe.block_hashes.size() &&
+                      std::equal(image.block_hashes.begin(), image.block_hashes.end(), probe.block_hashes.begin());
+  if (!prefix || (!image.entries_removed && image.block_hashes.size() != probe.block_hashes.size())) {
+    return DataLoss("the block hashes are not those of the saved tokens");
+  }
+  if (!image.entries_removed) {
+    for (size_t i = 0; i < image.tables.size(); ++i) {
+      if (image.tables[i].length != static_cast<int>(n)) {
+        const int H = spec_.layout.n_kv_heads;
+        return DataLoss("table (layer " + std::to_string(i / H) + ", kv head " + std::to_string(i % H) + ") holds " +
+                        std::to_string(image.tables[i].length) + " slots for " + std::to_string(n) + " tokens");
+      }
+    }
+  }
+  auto kv = std::make_unique<SequenceKV>(pool_.get(), spec_.layout, spec_.spec.codec);
+  KVX_RETURN_IF_ERROR(kv->Import(image.tables));
+  if (!image.entries_removed) {
+    for (int l = 0; l < spec_.layout.n_layers; ++l) {
+      for (int h = 0; h < spec_.layout.n_kv_heads; ++h) {
+        if (kv->LiveEntries(l, h) != static_cast<int>(n)) {
+          return DataLoss("a page table holds dead entries but the sequence says none were removed");
+        }
+      }
+    }
+  }
+  const SeqId id = next_id_++;
+  Sequence& s = seqs_[id];
+  s.kv = std::move(kv);
+  s.tokens = image.tokens;
+  s.positions = image.positions;
+  s.block_hashes = image.block_hashes;
+  s.salt = image.salt;
+  s.entries_removed = image.entries_removed;
+  return id;
+}
+
 void KVManager::ReleaseSequence(SeqId id) {
   KVX_CHECK(!in_step_);
   seqs_.erase(id);

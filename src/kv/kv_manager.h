@@ -122,6 +122,22 @@ class KVManager {
   // src had entries removed (its pages no longer hold its token prefix);
   // ResourceExhausted when a partial page's copy does not fit (unchanged).
   Result<SeqId> ForkPrefix(SeqId src, int n_tokens);
+  // A saved sequence (engine/session_file.h): everything a sequence holds.
+  struct SequenceImage {
+    std::vector<int32_t> tokens, positions;
+    std::vector<uint64_t> block_hashes;
+    uint64_t salt = 0;
+    bool entries_removed = false;
+    std::vector<SequenceKV::TableImage> tables;  // [n_layers * n_kv_heads], layer-major
+  };
+  // A new sequence holding `image`. Checked before anything is allocated:
+  // tokens and positions agree in length, fit the context (positions in
+  // 0..n_ctx-1), the block hashes are the chain of the tokens and the salt
+  // (a prefix of it once entries were removed), every table holds one live
+  // entry per token unless entries were removed, and SequenceKV::Import's
+  // checks. DataLoss naming the problem, ResourceExhausted when the pool
+  // cannot hold the pages; on error nothing changed. REQUIRES: not in a step.
+  Result<SeqId> ImportSequence(const SequenceImage& image);
   // Drops the sequence and returns its pages; then hands free memory to the
   // OS above the watermark. REQUIRES: not in a step.
   void ReleaseSequence(SeqId id);

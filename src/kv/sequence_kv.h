@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "kv/block_pool.h"
@@ -161,6 +162,26 @@ class SequenceKV {
 
   // Returns every page to the pool (drops this sequence's references).
   void Clear();
+
+  // Session files (engine/session_file.h) save each table's pages as stored
+  // (table(), pool().PageData()) and restore them with Import.
+  struct TableImage {
+    int length = 0;                             // slots
+    std::vector<uint8_t> full;                  // per page: f16 (staging/sink) or packed
+    std::vector<std::span<const uint8_t>> pages;  // per page: its bytes, as PageData() held them
+  };
+  // Fills this empty sequence's tables ([n_layers * n_kv_heads], layer-major)
+  // with copies of the given pages, allocated from the pool. Everything is
+  // checked first, so a damaged image cannot break an invariant later: page
+  // counts cover the slots, each page has its size class's byte size, the
+  // f16/packed flags follow the codec rules (sinks f16; packed pages of a
+  // sealed layer hold a whole page and precede the f16 staging run; no f16
+  // page in a layer that never stages), positions are live (>= 0, and below
+  // the pre-RoPE limit) or dead, and no non-sink page is empty.
+  // DataLoss naming the table and the problem; ResourceExhausted when the
+  // pool cannot hold the pages. On any error nothing changed.
+  // REQUIRES: every table empty, no reservation pending.
+  Status Import(const std::vector<TableImage>& tables);
 
   // Bytes of the pages this sequence references (shared pages count fully;
   // each page counts its own size class).

@@ -17,6 +17,7 @@ void RegisterBench(CLI::App& app, int* exit_code);
 void RegisterPlan(CLI::App& app, int* exit_code);
 void RegisterEval(CLI::App& app, int* exit_code);
 void RegisterBatch(CLI::App& app, int* exit_code);
+void RegisterServe(CLI::App& app, int* exit_code);
 
 // Prints "kvx: error: <message>" to stderr and returns 1 (0 when ok).
 int ReportStatus(const Status& status);

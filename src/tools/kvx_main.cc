@@ -58,7 +58,8 @@ std::string DescribeException(std::exception_ptr e) {
   std::_Exit(1);
 }
 
-constexpr const char* kCommands[] = {"run", "inspect", "perplexity", "gen-model", "bench", "plan", "eval", "batch"};
+constexpr const char* kCommands[] = {"run", "inspect", "perplexity", "gen-model", "bench", "plan", "eval", "serve",
+                                     "batch"};
 
 std::string CommandList() {
   std::string out;
@@ -91,6 +92,7 @@ int Main(int argc, char** argv) {
   RegisterPlan(app, &exit_code);
   RegisterEval(app, &exit_code);
   RegisterBatch(app, &exit_code);
+  RegisterServe(app, &exit_code);
   if (const std::string cmd = UnknownCommand(argc, argv); !cmd.empty()) {
     PrintError("unknown command " + QuotePrintable(cmd, 64) + "; the commands are " + CommandList() +
                " (kvx --help describes them)");

@@ -1,0 +1,56 @@
+// ChatTemplate: renders an OpenAI `messages` list into the prompt text a
+// model was trained on. The template comes from the model's GGUF metadata
+// (`tokenizer.chat_template`, a Jinja template as Hugging Face ships it),
+// run by kvx's own Jinja-subset interpreter (server/jinja.h: no C++ Jinja
+// library is packaged); a model without one gets the documented default,
+// ChatML:
+//
+//   <|im_start|>{role}\n{content}<|im_end|>\n   (per message)
+//   <|im_start|>assistant\n                      (the generation prompt)
+//
+// Thread-safety: Render is const and safe from many threads.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/tokenizer.h"
+#include "util/status.h"
+
+namespace kvx::server {
+
+struct ChatMessage {
+  std::string role;     // system, user, assistant, tool, ...
+  std::string content;
+};
+
+class ChatTemplate {
+ public:
+  // The model's template (source `tokenizer.chat_template` of the GGUF, or
+  // empty for the default), with its BOS/EOS token texts. InvalidArgument
+  // naming the construct for a template the interpreter cannot parse.
+  static Result<ChatTemplate> Create(const std::string& source, const model::Tokenizer& tokenizer);
+
+  // The prompt for `messages`, ending with the assistant's turn opening when
+  // add_generation_prompt. InvalidArgument for what the template refuses
+  // (raise_exception, e.g. roles out of order) or cannot evaluate.
+  Result<std::string> Render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const;
+
+  bool is_default() const { return source_.empty(); }
+  const std::string& source() const { return source_; }
+  // Token texts the rendered prompt may hold at its start (BOS) so the
+  // caller does not add a second one.
+  const std::string& bos_text() const { return bos_; }
+  // Tokens that end an assistant turn beyond the model's end-of-generation
+  // set (ChatML's <|im_end|> when the vocabulary has it).
+  const std::vector<int32_t>& stop_tokens() const { return stop_tokens_; }
+
+ private:
+  std::string source_;
+  std::string bos_, eos_;
+  std::vector<int32_t> stop_tokens_;
+  std::shared_ptr<const void> program_;  // the parsed Jinja template (jinja.h), null for the default
+};
+
+}  // namespace kvx::server

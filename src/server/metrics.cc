@@ -1,0 +1,113 @@
+#include "server/metrics.h"
+
+#include <cstdio>
+
+namespace kvx::server {
+namespace {
+
+class Out {
+ public:
+  void Metric(const char* name, const char* type, const char* help) {
+    text_ += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+  }
+  void Sample(const std::string& name, double value, const std::string& labels = "") {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.17g", value);
+    text_ += name + (labels.empty() ? "" : "{" + labels + "}") + " " + buf + "\n";
+  }
+  void Gauge(const char* name, const char* help, double value) {
+    Metric(name, "gauge", help);
+    Sample(name, value);
+  }
+  void Counter(const char* name, const char* help, double value) {
+    Metric(name, "counter", help);
+    Sample(name, value);
+  }
+  void Histogram(const char* name, const char* help, const engine::Histogram& h) {
+    Metric(name, "histogram", help);
+    uint64_t cumulative = 0;
+    for (size_t i = 0; i < h.bounds.size(); ++i) {
+      cumulative += i < h.counts.size() ? h.counts[i] : 0;
+      char le[32];
+      std::snprintf(le, sizeof le, "%g", h.bounds[i]);
+      Sample(std::string(name) + "_bucket", static_cast<double>(cumulative), std::string("le=\"") + le + "\"");
+    }
+    Sample(std::string(name) + "_bucket", static_cast<double>(h.count), "le=\"+Inf\"");
+    Sample(std::string(name) + "_sum", h.sum);
+    Sample(std::string(name) + "_count", static_cast<double>(h.count));
+  }
+  std::string& text() { return text_; }
+
+ private:
+  std::string text_;
+};
+
+// A label value with \ " and newlines escaped.
+std::string Escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string RenderMetrics(const engine::SchedulerStats& s, const HttpCounters& http) {
+  Out o;
+  o.Gauge("kvx_pool_bytes_used", "Bytes of KV pages in use in the pool", static_cast<double>(s.pool_bytes_used));
+  o.Gauge("kvx_pool_budget_bytes", "The KV pool's byte budget", static_cast<double>(s.pool_budget_bytes));
+  o.Metric("kvx_pages_in_use", "gauge", "KV pages in use per page class (codec and page size)");
+  for (const auto& c : s.page_classes) {
+    o.Sample("kvx_pages_in_use", static_cast<double>(c.pages_in_use),
+             "class=\"" + Escape(c.label) + "\",page_bytes=\"" + std::to_string(c.page_bytes) + "\"");
+  }
+  o.Gauge("kvx_sequences_running", "Sequences decoding or prefilling", s.running_sequences);
+  o.Gauge("kvx_requests_running", "Requests admitted and not finished", s.running_requests);
+  o.Gauge("kvx_queue_length", "Requests waiting for admission", s.queued);
+  o.Gauge("kvx_sessions", "Named sessions kept in the pool", s.sessions);
+  o.Gauge("kvx_prefix_cache_bytes", "Bytes of pages held only by the prefix cache", static_cast<double>(s.cache_bytes));
+  o.Gauge("kvx_prefix_cache_blocks", "Token blocks in the prefix cache", static_cast<double>(s.cache_blocks));
+  o.Counter("kvx_prefix_cache_lookups_total", "Admissions that looked up the prefix cache",
+            static_cast<double>(s.prefix_lookups));
+  o.Counter("kvx_prefix_cache_lookup_tokens_total", "Prompt tokens looked up in the prefix cache",
+            static_cast<double>(s.prefix_lookup_tokens));
+  o.Counter("kvx_prefix_cache_hit_tokens_total", "Prompt tokens found in the prefix cache (not recomputed)",
+            static_cast<double>(s.prefix_hit_tokens));
+  o.Gauge("kvx_prefix_cache_hit_ratio", "Prompt tokens found cached / looked up, since start",
+          s.prefix_lookup_tokens > 0 ? static_cast<double>(s.prefix_hit_tokens) / s.prefix_lookup_tokens : 0.0);
+  o.Counter("kvx_prefix_cache_evicted_blocks_total", "Blocks evicted from the prefix cache",
+            static_cast<double>(s.cache_evicted_blocks));
+  o.Counter("kvx_steps_total", "Forward steps run", static_cast<double>(s.steps));
+  o.Counter("kvx_prompt_tokens_total", "Prompt tokens computed (cache hits excluded)",
+            static_cast<double>(s.prompt_tokens_computed));
+  o.Counter("kvx_generated_tokens_total", "Tokens generated", static_cast<double>(s.tokens_generated));
+  o.Counter("kvx_preemptions_total", "Requests preempted (recomputed later) when the pool ran out",
+            static_cast<double>(s.preemptions));
+  o.Counter("kvx_requests_submitted_total", "Requests submitted", static_cast<double>(s.requests_submitted));
+  o.Counter("kvx_requests_finished_total", "Requests finished (any reason)", static_cast<double>(s.requests_finished));
+  o.Counter("kvx_requests_cancelled_total", "Requests cancelled (client gone, shutdown)",
+            static_cast<double>(s.requests_cancelled));
+  o.Counter("kvx_requests_failed_total", "Requests that failed", static_cast<double>(s.requests_failed));
+  o.Counter("kvx_busy_seconds_total", "Seconds spent in forward steps", s.busy_seconds);
+  o.Gauge("kvx_uptime_seconds", "Seconds since the scheduler started", s.uptime_seconds);
+  o.Gauge("kvx_generated_tokens_per_second", "Tokens generated per second of step time, since start",
+          s.busy_seconds > 0 ? static_cast<double>(s.tokens_generated) / s.busy_seconds : 0.0);
+  o.Histogram("kvx_ttft_seconds", "Time to first token", s.ttft);
+  o.Histogram("kvx_inter_token_seconds", "Time between consecutive tokens of a sample", s.inter_token);
+  o.Histogram("kvx_queue_seconds", "Time from submission to admission", s.queue_time);
+  o.Metric("kvx_http_responses_total", "counter", "HTTP responses by status code");
+  for (const auto& [code, n] : http.responses_by_status) {
+    o.Sample("kvx_http_responses_total", static_cast<double>(n), "code=\"" + std::to_string(code) + "\"");
+  }
+  o.Counter("kvx_client_disconnects_total", "Streams whose client left before the end (request cancelled)",
+            static_cast<double>(http.client_disconnects));
+  return std::move(o.text());
+}
+
+}  // namespace kvx::server

@@ -1,0 +1,22 @@
+// Prometheus text exposition (version 0.0.4) of the scheduler's Stats() and
+// the server's own HTTP counters, for GET /metrics.
+//
+// Thread-safety: pure function.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "engine/scheduler.h"
+
+namespace kvx::server {
+
+struct HttpCounters {
+  std::map<int, uint64_t> responses_by_status;  // e.g. {200: 12, 400: 3}
+  uint64_t client_disconnects = 0;              // streams the client left before the end
+};
+
+std::string RenderMetrics(const engine::SchedulerStats& stats, const HttpCounters& http);
+
+}  // namespace kvx::server

@@ -1,0 +1,216 @@
+#include "server/openai.h"
+
+#include <cmath>
+#include <limits>
+
+#include "server/text_stream.h"
+
+namespace kvx::server {
+namespace {
+
+using nlohmann::json;
+
+ApiError Bad(const std::string& param, const std::string& message, const std::string& code = "") {
+  ApiError e;
+  e.param = param;
+  e.message = message;
+  e.code = code;
+  return e;
+}
+
+// Type/range helpers: each returns an error naming `key`, or nullopt.
+std::optional<ApiError> GetNumber(const json& j, const char* key, double lo, double hi, float* out) {
+  if (!j.contains(key) || j[key].is_null()) return std::nullopt;
+  const json& v = j[key];
+  if (!v.is_number()) return Bad(key, std::string("'") + key + "' must be a number");
+  const double d = v.get<double>();
+  if (!std::isfinite(d) || d < lo || d > hi) {
+    return Bad(key, std::string("'") + key + "' must be between " + json(lo).dump() + " and " + json(hi).dump() +
+                        " (got " + v.dump() + ")");
+  }
+  *out = static_cast<float>(d);
+  return std::nullopt;
+}
+
+std::optional<ApiError> GetInt(const json& j, const char* key, int64_t lo, int64_t hi, int64_t* out) {
+  if (!j.contains(key) || j[key].is_null()) return std::nullopt;
+  const json& v = j[key];
+  if (!v.is_number_integer()) return Bad(key, std::string("'") + key + "' must be an integer");
+  const int64_t i = v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)
+                        ? INT64_MAX
+                        : v.get<int64_t>();
+  if (i < lo || i > hi) {
+    return Bad(key, std::string("'") + key + "' must be between " + std::to_string(lo) + " and " +
+                        std::to_string(hi) + " (got " + v.dump() + ")");
+  }
+  *out = i;
+  return std::nullopt;
+}
+
+std::optional<ApiError> GetBool(const json& j, const char* key, bool* out) {
+  if (!j.contains(key) || j[key].is_null()) return std::nullopt;
+  if (!j[key].is_boolean()) return Bad(key, std::string("'") + key + "' must be a boolean");
+  *out = j[key].get<bool>();
+  return std::nullopt;
+}
+
+std::optional<ApiError> GetString(const json& j, const char* key, std::string* out) {
+  if (!j.contains(key) || j[key].is_null()) return std::nullopt;
+  if (!j[key].is_string()) return Bad(key, std::string("'") + key + "' must be a string");
+  *out = j[key].get<std::string>();
+  return std::nullopt;
+}
+
+// Message content: a string, or an array of {"type": "text", "text": ...}.
+std::optional<ApiError> ContentText(const json& c, const std::string& param, std::string* out) {
+  if (c.is_null()) return std::nullopt;
+  if (c.is_string()) {
+    *out = c.get<std::string>();
+    return std::nullopt;
+  }
+  if (!c.is_array()) return Bad(param, "'" + param + "' must be a string or an array of text parts");
+  for (const json& part : c) {
+    if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
+        !part["text"].is_string()) {
+      return Bad(param, "'" + param + "' parts must be {\"type\": \"text\", \"text\": string} (kvx serves text only)");
+    }
+    *out += part["text"].get<std::string>();
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+json ApiError::ToJson() const {
+  return json{{"error",
+               {{"message", message},
+                {"type", type},
+                {"param", param.empty() ? json(nullptr) : json(param)},
+                {"code", code.empty() ? json(nullptr) : json(code)}}}};
+}
+
+bool ValidSessionName(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (char c : name) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-')) return false;
+  }
+  return true;
+}
+
+std::optional<ApiError> ParseCompletionRequest(const std::string& body, bool chat, const ParseLimits& limits,
+                                               CompletionParams* out) {
+  *out = CompletionParams();
+  out->chat = chat;
+  if (!IsValidUtf8(body)) return Bad("", "the request body is not valid UTF-8");
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Bad("", "the request body is not valid JSON");
+  if (!j.is_object()) return Bad("", "the request body must be a JSON object");
+
+  if (auto e = GetString(j, "model", &out->model)) return e;
+  if (chat) {
+    if (!j.contains("messages")) return Bad("messages", "'messages' is required");
+    const json& m = j["messages"];
+    if (!m.is_array() || m.empty()) return Bad("messages", "'messages' must be a non-empty array");
+    for (size_t i = 0; i < m.size(); ++i) {
+      const std::string p = "messages[" + std::to_string(i) + "]";
+      if (!m[i].is_object()) return Bad(p, "'" + p + "' must be an object");
+      if (!m[i].contains("role") || !m[i]["role"].is_string()) return Bad(p + ".role", "'" + p + ".role' must be a string");
+      ChatMessage msg;
+      msg.role = m[i]["role"].get<std::string>();
+      static const char* kRoles[] = {"system", "developer", "user", "assistant", "tool"};
+      bool known = false;
+      for (const char* r : kRoles) known |= msg.role == r;
+      if (!known) return Bad(p + ".role", "'" + p + ".role' must be one of system, developer, user, assistant, tool");
+      if (!m[i].contains("content")) return Bad(p + ".content", "'" + p + ".content' is required");
+      if (auto e = ContentText(m[i]["content"], p + ".content", &msg.content)) return e;
+      out->messages.push_back(std::move(msg));
+    }
+  } else {
+    if (!j.contains("prompt")) return Bad("prompt", "'prompt' is required");
+    const json& p = j["prompt"];
+    if (p.is_string()) {
+      out->prompt = p.get<std::string>();
+    } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
+      out->prompt = p[0].get<std::string>();
+    } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
+      std::vector<int32_t> ids;
+      for (const json& t : p) {
+        if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX) {
+          return Bad("prompt", "'prompt' token arrays must hold non-negative integers");
+        }
+        ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+      }
+      out->prompt_tokens = std::move(ids);
+    } else if (p.is_array() && p.size() > 1 && p[0].is_string()) {
+      return Bad("prompt", "kvx serves one prompt per request; send one request per prompt (they are batched)");
+    } else {
+      return Bad("prompt", "'prompt' must be a string, an array of one string, or an array of token ids");
+    }
+    if (auto e = GetBool(j, "echo", &out->echo)) return e;
+  }
+
+  int64_t v = 0;
+  const char* max_key = j.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  if (j.contains(max_key) && !j[max_key].is_null()) {
+    if (auto e = GetInt(j, max_key, 1, INT32_MAX, &v)) return e;
+    out->max_tokens = static_cast<int>(v);
+  }
+  if (auto e = GetNumber(j, "temperature", 0, 2, &out->temperature)) return e;
+  if (auto e = GetNumber(j, "top_p", 0, 1, &out->top_p)) return e;
+  if (j.contains("top_p") && out->top_p <= 0) return Bad("top_p", "'top_p' must be greater than 0");
+  if (j.contains("top_k")) {
+    if (auto e = GetInt(j, "top_k", 0, 1 << 20, &v)) return e;
+    out->top_k = static_cast<int>(v);
+  }
+  if (auto e = GetNumber(j, "min_p", 0, 1, &out->min_p)) return e;
+  if (auto e = GetNumber(j, "repeat_penalty", 0.01, 100, &out->repeat_penalty)) return e;
+  if (j.contains("n") && !j["n"].is_null()) {
+    if (auto e = GetInt(j, "n", 1, limits.max_n, &v)) return e;
+    out->n = static_cast<int>(v);
+  }
+  if (j.contains("seed") && !j["seed"].is_null()) {
+    if (!j["seed"].is_number_integer()) return Bad("seed", "'seed' must be an integer");
+    out->seed = j["seed"].is_number_unsigned() ? j["seed"].get<uint64_t>()
+                                               : static_cast<uint64_t>(j["seed"].get<int64_t>());
+  }
+  if (auto e = GetBool(j, "stream", &out->stream)) return e;
+  if (j.contains("stream_options") && !j["stream_options"].is_null()) {
+    if (!j["stream_options"].is_object()) return Bad("stream_options", "'stream_options' must be an object");
+    if (auto e = GetBool(j["stream_options"], "include_usage", &out->include_usage)) {
+      e->param = "stream_options.include_usage";
+      return e;
+    }
+  }
+  if (j.contains("stop") && !j["stop"].is_null()) {
+    const json& s = j["stop"];
+    if (s.is_string()) {
+      out->stop.push_back(s.get<std::string>());
+    } else if (s.is_array() && s.size() <= 4) {
+      for (const json& x : s) {
+        if (!x.is_string()) return Bad("stop", "'stop' must be a string or an array of up to 4 strings");
+        out->stop.push_back(x.get<std::string>());
+      }
+    } else {
+      return Bad("stop", "'stop' must be a string or an array of up to 4 strings");
+    }
+  }
+  if (auto e = GetString(j, "user", &out->user)) return e;
+  if (auto e = GetString(j, "session", &out->session)) return e;
+  if (!out->session.empty() && !ValidSessionName(out->session)) {
+    return Bad("session", "'session' must be 1-64 characters of A-Z, a-z, 0-9, _ and -");
+  }
+  for (const char* key : {"presence_penalty", "frequency_penalty"}) {
+    float x = 0;
+    if (auto e = GetNumber(j, key, -2, 2, &x)) return e;
+    if (x != 0) return Bad(key, std::string("'") + key + "' is not supported by kvx (use repeat_penalty)");
+  }
+  if (j.contains("logit_bias") && !j["logit_bias"].is_null() && !(j["logit_bias"].is_object() && j["logit_bias"].empty())) {
+    return Bad("logit_bias", "'logit_bias' is not supported by kvx");
+  }
+  if (j.contains("logprobs") && !j["logprobs"].is_null() && j["logprobs"] != false) {
+    return Bad("logprobs", "'logprobs' is not supported by kvx");
+  }
+  return std::nullopt;
+}
+
+}  // namespace kvx::server

@@ -1,0 +1,77 @@
+// The OpenAI API's request and response shapes, as kvx serves them:
+// parsing and checking a /v1/completions or /v1/chat/completions body
+// (every field's type and range, with OpenAI's error shape naming the
+// parameter), and building the JSON objects of responses and stream chunks.
+//
+// Supported request fields: model, prompt (a string, one-element array of
+// strings, or an array of token ids) / messages (role + content string or
+// text parts), max_tokens (max_completion_tokens), temperature, top_p, n,
+// stream, stream_options.include_usage, stop (string or up to 4 strings),
+// seed, user (the tenant: prefix-cache entries are never shared between
+// users), echo (completions). kvx extensions: top_k, min_p,
+// repeat_penalty, session (a named session to continue and keep).
+// presence_penalty, frequency_penalty, logit_bias must be 0/empty
+// (InvalidArgument otherwise), logprobs is refused: not silently ignored.
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "server/chat_template.h"
+
+namespace kvx::server {
+
+// An error response in OpenAI's shape:
+// {"error": {"message", "type", "param", "code"}} with an HTTP status.
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // "" -> null
+  std::string code;   // "" -> null
+  nlohmann::json ToJson() const;
+};
+
+struct CompletionParams {
+  bool chat = false;
+  std::string model;
+  // Completions: the prompt text, or token ids when given as such.
+  std::string prompt;
+  std::optional<std::vector<int32_t>> prompt_tokens;
+  // Chat.
+  std::vector<ChatMessage> messages;
+  std::optional<int> max_tokens;  // absent: until the context ends (chat) / 16 (completions)
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int top_k = 0;
+  float min_p = 0.0f;
+  float repeat_penalty = 1.0f;
+  std::optional<uint64_t> seed;
+  int n = 1;
+  bool stream = false;
+  bool include_usage = false;
+  bool echo = false;
+  std::vector<std::string> stop;
+  std::string user;
+  std::string session;
+};
+
+struct ParseLimits {
+  int max_n = 16;  // samples per request
+};
+
+// Parses a request body. `chat` selects /v1/chat/completions.
+// The ApiError names the field (`param`) and what it must be.
+std::optional<ApiError> ParseCompletionRequest(const std::string& body, bool chat, const ParseLimits& limits,
+                                               CompletionParams* out);
+
+// A session name usable as a file name: 1-64 of [A-Za-z0-9_-].
+bool ValidSessionName(const std::string& name);
+
+}  // namespace kvx::server

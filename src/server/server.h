@@ -1,0 +1,103 @@
+// Server: kvx's OpenAI-compatible HTTP server (cpp-httplib) over one
+// engine::Scheduler. A thin shell: it parses requests (server/openai.h),
+// renders chat messages (server/chat_template.h), tokenizes, submits to the
+// scheduler, and turns its events into JSON or server-sent events
+// (server/text_stream.h cuts stop strings and keeps the text valid UTF-8).
+//
+// Endpoints:
+//   POST /v1/completions, /v1/chat/completions   stream or not, OpenAI shapes
+//   GET  /v1/models                              the one model served
+//   GET  /health                                 200 {"status":"ok"}; 503 while shutting down
+//   GET  /metrics                                Prometheus text (server/metrics.h)
+//   POST /v1/sessions/{name}/save | /restore     named sessions to/from session files
+//                                                (engine/session_file.h) in --session-dir
+//   GET  /v1/sessions, DELETE /v1/sessions/{name}
+// With an API key, /v1/* needs "Authorization: Bearer KEY" (401 otherwise).
+//
+// Streams: a client that goes away mid-stream is noticed at the next write
+// (a token, or a ": keep-alive" comment sent every 100 ms while the request
+// waits or prefills) and its request is cancelled at once
+// (Scheduler::Cancel frees its sequences before the next step). A
+// non-streaming request runs to its end (max_tokens bounds it).
+//
+// Shutdown (Stop, e.g. on SIGTERM): new requests get 503; requests in flight
+// may finish for `shutdown_grace_seconds`, then the rest are cancelled
+// (streams end with an error event and [DONE]); then the listener stops.
+//
+// Thread-safety: Stop may be called from any thread; handlers run on the
+// HTTP thread pool.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "engine/scheduler.h"
+#include "server/chat_template.h"
+#include "server/metrics.h"
+#include "util/status.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace kvx::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8080;                 // 0: any free port (see port())
+  std::string api_key;             // "": no authentication
+  std::string model_id;            // the name /v1/models reports
+  std::string kv_spec;             // reported by /v1/models
+  size_t max_body_bytes = 8 << 20; // larger requests get 413
+  int max_n = 16;                  // samples per request
+  std::string session_dir;         // "": session endpoints answer 501
+  int http_threads = 0;            // 0: 2 * the scheduler's max_running + 16
+  double shutdown_grace_seconds = 5;
+};
+
+class Server {
+ public:
+  // Binds the socket (IoError naming host:port when it cannot). The
+  // scheduler must outlive the server.
+  static Result<std::unique_ptr<Server>> Create(engine::Scheduler& scheduler, const ServerOptions& options);
+  ~Server();
+
+  int port() const { return port_; }
+  // Serves until Stop(); returns when the listener has stopped.
+  void Run();
+  // The shutdown above; blocks until in-flight requests ended. Idempotent.
+  void Stop();
+
+  // A request in flight (public for the handlers' helpers in server.cc).
+  struct Call;
+
+ private:
+  Server(engine::Scheduler& scheduler, const ServerOptions& options);
+  void Routes();
+  void Track(engine::RequestId id, bool live);
+  HttpCounters Counters() const;
+
+  engine::Scheduler& scheduler_;
+  ServerOptions options_;
+  std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<ChatTemplate> chat_;
+  int port_ = 0;
+  int64_t created_ = 0;
+  std::atomic<bool> draining_{false};
+  std::atomic<uint64_t> next_id_{1};
+  mutable std::mutex mu_;
+  std::condition_variable idle_;
+  std::set<engine::RequestId> live_;  // submitted, not finished
+  int open_calls_ = 0;                // handlers still producing a response
+  HttpCounters counters_;
+  std::mutex stop_mu_;
+  bool stopped_ = false;
+};
+
+}  // namespace kvx::server

@@ -1,0 +1,113 @@
+// kvx serve: the OpenAI-compatible HTTP server (server/server.h) over a
+// continuous-batching scheduler (engine/scheduler.h). Prints
+// "kvx serve: listening on http://HOST:PORT" on stderr once it accepts
+// connections; SIGTERM or SIGINT shut it down cleanly (in-flight requests
+// finish within --shutdown-grace seconds, the rest are cancelled).
+#include <signal.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "engine/engine.h"
+#include "engine/scheduler.h"
+#include "server/server.h"
+#include "tools/commands.h"
+#include "tools/flags.h"
+
+namespace kvx::tools {
+
+namespace {
+
+struct ServeFlags {
+  engine::EngineOptions engine;
+  engine::SchedulerOptions scheduler;
+  server::ServerOptions server;
+  int max_seqs = 16;
+};
+
+Status Serve(ServeFlags flags) {
+  // Signals go to the watcher thread below, never to a worker: block them
+  // before any thread starts (threads inherit the mask).
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error return, not a signal
+
+  if (!flags.server.session_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(flags.server.session_dir, ec);
+    if (ec) return InvalidArgument("cannot create --session-dir " + flags.server.session_dir + ": " + ec.message());
+  }
+  flags.engine.n_seqs = flags.max_seqs;
+  flags.scheduler.max_running = flags.max_seqs;
+  KVX_ASSIGN_OR_RETURN(auto engine, engine::Engine::Load(flags.engine));
+  KVX_ASSIGN_OR_RETURN(auto scheduler, engine::Scheduler::Create(*engine, flags.scheduler));
+  if (flags.server.model_id.empty()) {
+    flags.server.model_id = std::filesystem::path(flags.engine.model_path).stem().string();
+  }
+  flags.server.kv_spec = engine->kv_spec().ToString();
+  KVX_ASSIGN_OR_RETURN(auto srv, server::Server::Create(*scheduler, flags.server));
+  std::fprintf(stderr, "kvx serve: model %s, --kv '%s', context %d, up to %d sequences, pool %.1f MiB\n",
+               flags.server.model_id.c_str(), flags.server.kv_spec.c_str(), engine->n_ctx(), flags.max_seqs,
+               engine->kv_manager().spec().budget_bytes / (1024.0 * 1024.0));
+  std::fprintf(stderr, "kvx serve: listening on http://%s:%d\n", flags.server.host.c_str(), srv->port());
+  std::fflush(stderr);
+
+  std::thread watcher([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    if (sig == 0) return;
+    std::fprintf(stderr, "kvx serve: %s: finishing in-flight requests, then stopping\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    srv->Stop();
+  });
+  srv->Run();
+  srv->Stop();
+  scheduler->Shutdown(engine::ShutdownMode::kCancel);
+  // The watcher waits in sigwait until a signal: when Run ended otherwise,
+  // wake it (the mask blocks the signal from every other thread).
+  pthread_kill(watcher.native_handle(), SIGTERM);
+  watcher.join();
+  std::fprintf(stderr, "kvx serve: stopped\n");
+  return Status::Ok();
+}
+
+}  // namespace
+
+void RegisterServe(CLI::App& app, int* exit_code) {
+  auto flags = std::make_shared<ServeFlags>();
+  CLI::App* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (completions, chat, metrics, sessions)");
+  cmd->add_option("-m,--model", flags->engine.model_path, "GGUF model file")->required();
+  cmd->add_option("--kv", flags->engine.kv_spec, "KV cache spec, e.g. 'codec=kivi4,page=32;budget=1G' (see README)");
+  cmd->add_option("--host", flags->server.host, "Address to bind (127.0.0.1: this machine only)")->capture_default_str();
+  cmd->add_option("--port", flags->server.port, "Port (0: any free port, printed at start)")->capture_default_str()
+      ->check(IntIn(0, 65535));
+  cmd->add_option("--api-key", flags->server.api_key, "Require 'Authorization: Bearer KEY' on /v1/*");
+  cmd->add_option("-t,--threads", flags->engine.n_threads, "Threads (0: all cores)")->capture_default_str()
+      ->check(Threads());
+  cmd->add_option("-c,--ctx-size", flags->engine.n_ctx, "Context length per sequence (0: the model's trained context)")
+      ->capture_default_str()
+      ->check(IntIn(0, kMaxContext, "0: the model's trained context"));
+  cmd->add_option("--max-seqs", flags->max_seqs,
+                  "Sequences running at once; without a budget= in --kv the pool holds this many full contexts")
+      ->capture_default_str()
+      ->check(IntIn(1, 4096));
+  cmd->add_option("--max-step-tokens", flags->scheduler.max_step_tokens, "Tokens per forward step (decode + prefill)")
+      ->capture_default_str()
+      ->check(IntIn(1, 1 << 16));
+  cmd->add_option("--session-dir", flags->server.session_dir,
+                  "Directory for /v1/sessions/{name}/save and /restore files (off when empty)");
+  cmd->add_option("--model-id", flags->server.model_id, "Model name in /v1/models (default: the file name)");
+  cmd->add_option("--max-body", flags->server.max_body_bytes, "Largest request body in bytes")->capture_default_str();
+  cmd->add_option("--shutdown-grace", flags->server.shutdown_grace_seconds,
+                  "Seconds in-flight requests may finish after SIGTERM before they are cancelled")
+      ->capture_default_str()
+      ->check(NumberIn(0, 3600, false, false));
+  cmd->callback([flags, exit_code] { *exit_code = ReportStatus(Serve(*flags)); });
+}
+
+}  // namespace kvx::tools
