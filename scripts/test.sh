@@ -43,5 +43,5 @@ cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVX_TSAN=ON \
   -DKVX_BUILD_BENCH=OFF >/dev/null
 cmake --build build-tsan -j "$JOBS" --target kvx_threads_tests
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
-  ctest --test-dir build-tsan -L threads -j "$JOBS" --output-on-failure
+  ctest --test-dir build-tsan -L threads --no-tests=error -j "$JOBS" --output-on-failure
 echo "== all tests passed"
