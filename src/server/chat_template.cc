@@ -1,14 +1,18 @@
 #include "server/chat_template.h"
 
+#include "server/jinja.h"
+
 namespace kvx::server {
 
 Result<ChatTemplate> ChatTemplate::Create(const std::string& source, const model::Tokenizer& tokenizer) {
   ChatTemplate t;
-  if (!source.empty()) {
-    return Unimplemented("the model's chat template cannot be run yet (no Jinja interpreter); ChatML is used");
-  }
+  t.source_ = source;
   if (tokenizer.bos() >= 0) t.bos_ = tokenizer.TokenText(tokenizer.bos());
   if (tokenizer.eos() >= 0) t.eos_ = tokenizer.TokenText(tokenizer.eos());
+  if (!source.empty()) {
+    KVX_ASSIGN_OR_RETURN(std::shared_ptr<const jinja::Template> program, jinja::Template::Parse(source));
+    t.program_ = program;
+  }
   // Turn-end tokens of common formats that are not the vocabulary's EOS.
   for (const char* text : {"<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>"}) {
     const int32_t id = tokenizer.TextToToken(text);
@@ -18,10 +22,25 @@ Result<ChatTemplate> ChatTemplate::Create(const std::string& source, const model
 }
 
 Result<std::string> ChatTemplate::Render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
-  std::string out;
-  for (const ChatMessage& m : messages) out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
-  if (add_generation_prompt) out += "<|im_start|>assistant\n";
-  return out;
+  if (program_ == nullptr) {
+    std::string out;
+    for (const ChatMessage& m : messages) out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+    if (add_generation_prompt) out += "<|im_start|>assistant\n";
+    return out;
+  }
+  jinja::Value::Array list;
+  for (const ChatMessage& m : messages) {
+    jinja::Value::Object o;
+    o["role"] = jinja::Value(m.role);
+    o["content"] = jinja::Value(m.content);
+    list.push_back(jinja::Value(std::move(o)));
+  }
+  jinja::Value::Object context;
+  context["messages"] = jinja::Value(std::move(list));
+  context["add_generation_prompt"] = jinja::Value(add_generation_prompt);
+  context["bos_token"] = jinja::Value(bos_);
+  context["eos_token"] = jinja::Value(eos_);
+  return static_cast<const jinja::Template*>(program_.get())->Render(context);
 }
 
 }  // namespace kvx::server

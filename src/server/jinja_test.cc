@@ -1,0 +1,173 @@
+// The Jinja subset against Jinja2 itself: testdata/chat_templates.json holds
+// templates (ChatML, Llama 2 with raise_exception, Llama 3, Zephyr's
+// whitespace-heavy one, a Qwen-style namespace() one, Phi-3's from the GGUF
+// in ../shared/models/vocab, and a grab bag of filters, tests, slices and
+// loop variables) with what Jinja2 3.1.6 renders for three conversations,
+// with and without the generation prompt, under Hugging Face's environment
+// (trim_blocks, lstrip_blocks). testdata/chat_templates_gen.py regenerates it.
+#include "server/jinja.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "gguf/gguf_file.h"
+#include "model/synthetic_model.h"
+#include "model/tokenizer.h"
+#include "server/chat_template.h"
+
+namespace kvx::server::jinja {
+namespace {
+
+Value::Object Context(const nlohmann::json& messages, bool agp) {
+  Value::Array list;
+  for (const auto& m : messages) {
+    Value::Object o;
+    o["role"] = Value(m["role"].get<std::string>());
+    o["content"] = Value(m["content"].get<std::string>());
+    list.push_back(Value(std::move(o)));
+  }
+  Value::Object c;
+  c["messages"] = Value(std::move(list));
+  c["add_generation_prompt"] = Value(agp);
+  c["bos_token"] = Value("<s>");
+  c["eos_token"] = Value("</s>");
+  return c;
+}
+
+TEST(JinjaTest, RendersWhatJinja2Renders) {
+  std::ifstream f(std::string(KVX_SOURCE_DIR) + "/src/server/testdata/chat_templates.json");
+  ASSERT_TRUE(f) << "testdata missing";
+  const nlohmann::json data = nlohmann::json::parse(f);
+  const nlohmann::json convs = {
+      {"sys_user", {{{"role", "system"}, {"content", "S"}}, {{"role", "user"}, {"content", "Hi"}}}},
+      {"conv",
+       {{{"role", "system"}, {"content", "S"}},
+        {{"role", "user"}, {"content", "Hi"}},
+        {{"role", "assistant"}, {"content", "Yo"}},
+        {{"role", "user"}, {"content", "More"}}}},
+      {"user", {{{"role", "user"}, {"content", " Hi "}}}},
+  };
+  int n = 0;
+  for (const auto& c : data["cases"]) {
+    const std::string name = c[0], conv = c[1], want = c[3];
+    const bool agp = c[2];
+    SCOPED_TRACE(name + " " + conv + (agp ? " +prompt" : ""));
+    auto t = Template::Parse(data["templates"][name].get<std::string>());
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    auto got = (*t)->Render(Context(convs[conv], agp));
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(*got, want);
+    ++n;
+  }
+  EXPECT_EQ(n, 42);
+}
+
+TEST(JinjaTest, RaiseExceptionRefusesWithItsMessage) {
+  std::ifstream f(std::string(KVX_SOURCE_DIR) + "/src/server/testdata/chat_templates.json");
+  const nlohmann::json data = nlohmann::json::parse(f);
+  auto t = Template::Parse(data["templates"]["llama2"].get<std::string>());
+  ASSERT_TRUE(t.ok());
+  const nlohmann::json two_users = {{{"role", "user"}, {"content", "a"}}, {{"role", "user"}, {"content", "b"}}};
+  auto r = (*t)->Render(Context(two_users, true));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("Conversation roles must alternate"), std::string::npos) << r.status().ToString();
+}
+
+TEST(JinjaTest, UnsupportedConstructsAreNamed) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"{% macro f() %}x{% endmacro %}", "unsupported construct 'macro'"},
+      {"{% include 'x' %}", "unsupported construct 'include'"},
+      {"{{ x | wordwrap }}", "unsupported filter 'wordwrap'"},
+      {"{% if x %}never closed", "missing {% endif %}"},
+      {"{{ x", "never closed"},
+      {"{{ 'abc }}", "never closed"},
+      {"{% for x in y recursive %}{% endfor %}", "recursive"},
+      {"{% set x %}block{% endset %}", "{% set %}"},
+  };
+  for (const auto& [src, words] : cases) {
+    auto t = Template::Parse(src);
+    ASSERT_FALSE(t.ok()) << src;
+    EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(t.status().message().find(words), std::string::npos) << src << ": " << t.status().ToString();
+  }
+  // Found only when run.
+  for (const auto& [src, words] : std::vector<std::pair<const char*, const char*>>{
+           {"{{ foo() }}", "unsupported function 'foo'"},
+           {"{{ 'a'.zfill(3) }}", "unsupported method 'zfill'"},
+           {"{{ x is prime }}", "unsupported test 'prime'"},
+           {"{% set y.a = 1 %}", "not a namespace"},
+           {"{{ 1 // 0 }}", "division by zero"}}) {
+    auto t = Template::Parse(src);
+    ASSERT_TRUE(t.ok()) << src << ": " << t.status().ToString();
+    auto r = (*t)->Render({});
+    ASSERT_FALSE(r.ok()) << src;
+    EXPECT_NE(r.status().message().find(words), std::string::npos) << src << ": " << r.status().ToString();
+  }
+}
+
+TEST(JinjaTest, LineNumbersInErrors) {
+  auto t = Template::Parse("line one\n{{ ok }}\n{% frobnicate %}");
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("line 3"), std::string::npos) << t.status().ToString();
+}
+
+}  // namespace
+}  // namespace kvx::server::jinja
+
+namespace kvx::server {
+namespace {
+
+// The chat template a real GGUF ships (Phi-3's vocabulary file), through
+// ChatTemplate with the vocabulary's own BOS.
+TEST(ChatTemplateTest, Phi3TemplateFromTheGguf) {
+  const char* shared = std::getenv("KVX_SHARED");
+  const std::string path = std::string(shared ? shared : KVX_SOURCE_DIR "/../shared") + "/models/vocab/ggml-vocab-phi-3.gguf";
+  auto file = gguf::GgufFile::Open(path);
+  if (!file.ok()) GTEST_SKIP() << "shared test data not found (" << path << ")";
+  auto tok = model::Tokenizer::FromGguf(**file);
+  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+  auto source = (*file)->GetString("tokenizer.chat_template");
+  ASSERT_TRUE(source.ok());
+  auto t = ChatTemplate::Create(*source, **tok);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_FALSE(t->is_default());
+  auto r = t->Render({{"system", "S"}, {"user", "Hi"}, {"assistant", "Yo"}, {"user", "More"}}, true);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, "<s><|user|>\nHi<|end|>\n<|assistant|>\nYo<|end|>\n<|user|>\nMore<|end|>\n<|assistant|>\n");
+  // <|end|> ends an assistant turn.
+  ASSERT_EQ(t->stop_tokens().size(), 1u);
+  EXPECT_EQ((*tok)->TokenText(t->stop_tokens()[0]), "<|end|>");
+}
+
+TEST(ChatTemplateTest, DefaultIsChatML) {
+  const model::SyntheticVocab sv = model::MakeSyntheticVocab(512);
+  model::TokenizerVocab v;
+  v.model = "gpt2";
+  v.pre = "smollm";
+  v.tokens = sv.tokens;
+  v.token_types = sv.token_types;
+  v.merges = sv.merges;
+  v.eos_id = sv.eos_id;
+  auto tok = model::Tokenizer::FromVocab(v);
+  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+  auto t = ChatTemplate::Create("", **tok);
+  ASSERT_TRUE(t.ok());
+  EXPECT_TRUE(t->is_default());
+  // ChatML's turn end stops generation when the vocabulary has it.
+  ASSERT_EQ(t->stop_tokens().size(), 1u);
+  EXPECT_EQ((*tok)->TokenText(t->stop_tokens()[0]), "<|im_end|>");
+  auto r = t->Render({{"system", "S"}, {"user", "Hi"}}, true);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(*r, "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  auto bad = ChatTemplate::Create("{% macro x() %}{% endmacro %}", **tok);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("macro"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvx::server

@@ -1,0 +1,194 @@
+// The server in-process (HTTP on loopback, a scheduler on the tiny synthetic
+// model), with threads on both sides, so the TSan stage (ctest label
+// `threads`) checks its locking: concurrent streaming and plain requests,
+// a client that leaves mid-stream (its request cancelled), session save and
+// restore, and Stop() with a stream in flight.
+#include "server/server.h"
+
+#include <httplib.h>
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "model/synthetic_model.h"
+
+namespace kvx::server {
+namespace {
+
+using nlohmann::json;
+
+class ServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    model::SyntheticModelOptions o;
+    o.shape = "tiny";
+    path_ = ::testing::TempDir() + "/server-tiny.gguf";
+    ASSERT_TRUE(model::WriteSyntheticModel(o, path_).ok());
+    engine::EngineOptions eo;
+    eo.model_path = path_;
+    eo.n_ctx = 2048;  // room for a long stream: a client leaving must be noticed before it ends
+    eo.n_seqs = 8;
+    eo.n_threads = 2;
+    auto e = engine::Engine::Load(eo);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    engine_ = std::move(e).value();
+    engine::SchedulerOptions so;
+    so.max_running = 8;
+    auto s = engine::Scheduler::Create(*engine_, so);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    scheduler_ = std::move(s).value();
+    ServerOptions opts;
+    opts.port = 0;
+    opts.model_id = "tiny";
+    opts.session_dir = ::testing::TempDir();
+    opts.shutdown_grace_seconds = 0.5;
+    auto srv = Server::Create(*scheduler_, opts);
+    ASSERT_TRUE(srv.ok()) << srv.status().ToString();
+    server_ = std::move(srv).value();
+    thread_ = std::thread([this] { server_->Run(); });
+  }
+  void TearDown() override {
+    if (server_) server_->Stop();
+    if (thread_.joinable()) thread_.join();
+    server_.reset();
+    if (scheduler_) scheduler_->Shutdown(engine::ShutdownMode::kCancel);
+  }
+  httplib::Client Client() {
+    httplib::Client c("127.0.0.1", server_->port());
+    c.set_read_timeout(30, 0);
+    return c;
+  }
+  json Metrics() {
+    auto c = Client();
+    auto r = c.Get("/metrics");
+    json m = json::object();
+    if (!r) return m;
+    std::istringstream in(r->body);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.empty() || line[0] == '#' || line.find('{') != std::string::npos) continue;
+      const size_t sp = line.find(' ');
+      m[line.substr(0, sp)] = std::stod(line.substr(sp + 1));
+    }
+    return m;
+  }
+
+  std::string path_;
+  std::unique_ptr<engine::Engine> engine_;
+  std::unique_ptr<engine::Scheduler> scheduler_;
+  std::unique_ptr<Server> server_;
+  std::thread thread_;
+};
+
+TEST_F(ServerTest, ConcurrentStreamsAndPlainRequests) {
+  std::atomic<int> ok{0};
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 8; ++i) {
+    clients.emplace_back([this, i, &ok] {
+      auto c = Client();
+      const bool stream = i % 2 == 0;
+      json body = {{"prompt", "client " + std::to_string(i % 3)}, {"max_tokens", 6}, {"stream", stream}, {"seed", i}};
+      auto r = c.Post("/v1/completions", body.dump(), "application/json");
+      if (!r || r->status != 200) return;
+      if (stream) {
+        if (r->body.find("data: [DONE]") == std::string::npos) return;
+        if (r->body.find("\"finish_reason\":\"length\"") == std::string::npos &&
+            r->body.find("\"finish_reason\":\"stop\"") == std::string::npos) {
+          return;
+        }
+      } else {
+        const int n = json::parse(r->body)["usage"]["completion_tokens"];  // fewer at end-of-text
+        if (n < 1 || n > 6) return;
+      }
+      ++ok;
+    });
+  }
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(ok.load(), 8);
+  EXPECT_EQ(Metrics()["kvx_sequences_running"], 0);
+}
+
+TEST_F(ServerTest, ClientLeavingMidStreamIsCancelled) {
+  const json before = Metrics();
+  // A raw client: send the request, read until the first event, hang up.
+  const std::string body = json{{"prompt", "go"}, {"max_tokens", 2000}, {"stream", true}, {"temperature", 0}}.dump();
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(server_->port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                              "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  ASSERT_EQ(send(fd, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
+  std::string got;
+  char buf[4096];
+  while (got.find("data: {") == std::string::npos) {
+    const ssize_t n = recv(fd, buf, sizeof buf, 0);
+    ASSERT_GT(n, 0);
+    got.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  const auto t0 = std::chrono::steady_clock::now();
+  json m;
+  do {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    m = Metrics();
+  } while (m["kvx_requests_cancelled_total"] == before["kvx_requests_cancelled_total"] &&
+           std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+  EXPECT_EQ(m["kvx_requests_cancelled_total"].get<double>(), before["kvx_requests_cancelled_total"].get<double>() + 1);
+  EXPECT_EQ(m["kvx_sequences_running"], 0);
+  EXPECT_LT(m["kvx_generated_tokens_total"].get<double>() - before["kvx_generated_tokens_total"].get<double>(), 2000);
+}
+
+TEST_F(ServerTest, SessionSaveRestoreAndBadFile) {
+  auto c = Client();
+  json body = {{"prompt", "remember this"}, {"max_tokens", 4}, {"temperature", 0}, {"session", "t1"}};
+  auto r = c.Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(r && r->status == 200);
+  r = c.Post("/v1/sessions/t1/save", "", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  r = c.Post("/v1/sessions/t1/restore", "", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  std::ofstream(::testing::TempDir() + "/junk.kvxs") << "KVXSESS junk";
+  r = c.Post("/v1/sessions/junk/restore", "", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_EQ(json::parse(r->body)["error"]["code"], "invalid_session_file");
+  r = c.Get("/health");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+}
+
+TEST_F(ServerTest, StopEndsAStreamInFlight) {
+  std::atomic<bool> ended{false};
+  std::string got;
+  std::thread client([&] {
+    auto c = Client();
+    json body = {{"prompt", "long"}, {"max_tokens", 250}, {"stream", true}};
+    auto r = c.Post("/v1/completions", body.dump(), "application/json");
+    if (r) got = r->body;
+    ended = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  server_->Stop();
+  client.join();
+  EXPECT_TRUE(ended.load());
+  thread_.join();  // Run returned
+}
+
+}  // namespace
+}  // namespace kvx::server
