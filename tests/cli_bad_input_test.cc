@@ -326,7 +326,7 @@ std::vector<Row> Rows() {
   return {
       // -- the command line itself
       {"NoCommand", {}, "give a command: run, inspect"},
-      {"UnknownCommand", A("serve -m {tiny}"), "unknown command 'serve'"},
+      {"UnknownCommand", A("frobnicate -m {tiny}"), "unknown command 'frobnicate'"},
       {"UnknownCommandHostile", {"r\x1B[2Jun"}, "unknown command 'r\\x1B[2Jun'"},
       {"UnknownFlag", A(run + "--bogus 1"), "--bogus"},
       {"MissingModelFlag", A("run -p hi"), "--model is required"},
