@@ -54,6 +54,9 @@ class Reader {
  public:
   explicit Reader(std::span<const uint8_t> in) : in_(in) {}
   bool Take(void* p, size_t n, const char* what) {
+    // An empty section (an empty vector's data() may be null) reads nothing:
+    // memcpy/memset with a null pointer is undefined even for 0 bytes.
+    if (n == 0) return ok_;
     if (!ok_ || n > in_.size() - pos_) {
       if (ok_) what_ = what;
       ok_ = false;
