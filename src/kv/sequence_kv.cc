@@ -589,6 +589,27 @@ void SequenceKV::ReadChain(int layer, int kv_head, std::vector<float>* k, std::v
   }
 }
 
+Status SequenceKV::MakePagesPrivate(PageTable& t, const std::vector<int>& pages) {
+  // Allocate every copy first, so a full pool changes nothing.
+  std::vector<std::pair<int, PageId>> copies;
+  for (int p : pages) {
+    if (!pool_->IsShared(t.pages()[p])) continue;
+    Result<PageId> copy = pool_->AllocateAfter(pool_->SizeClassOf(t.pages()[p]), t.pages()[p]);
+    if (!copy.ok()) {
+      for (auto& c : copies) pool_->Unref(c.second);
+      return copy.status();
+    }
+    copies.emplace_back(p, *copy);
+  }
+  for (auto& [p, copy] : copies) {
+    const PageId cur = t.pages()[p];
+    std::memcpy(pool_->PageData(copy), pool_->PageData(cur), pool_->PageBytesOf(cur));
+    t.ReplacePage(p, copy, t.is_full(p));
+    pool_->Unref(cur);
+  }
+  return Status::Ok();
+}
+
 Status SequenceKV::SetPositions(int layer, int kv_head, const std::vector<int>& slots,
                                 const std::vector<int32_t>& positions) {
   KVX_CHECK_MSG(ReservedPages() == 0, "tables change only between steps");
@@ -613,22 +634,7 @@ Status SequenceKV::SetPositions(int layer, int kv_head, const std::vector<int>& 
   }
   std::sort(pages.begin(), pages.end());
   pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
-  std::vector<std::pair<int, PageId>> copies;
-  for (int p : pages) {
-    if (!pool_->IsShared(t.pages()[p])) continue;
-    Result<PageId> copy = pool_->AllocateAfter(pool_->SizeClassOf(t.pages()[p]), t.pages()[p]);
-    if (!copy.ok()) {
-      for (auto& c : copies) pool_->Unref(c.second);
-      return copy.status();
-    }
-    copies.emplace_back(p, *copy);
-  }
-  for (auto& [p, copy] : copies) {
-    const PageId cur = t.pages()[p];
-    std::memcpy(pool_->PageData(copy), pool_->PageData(cur), pool_->PageBytesOf(cur));
-    t.ReplacePage(p, copy, t.is_full(p));
-    pool_->Unref(cur);
-  }
+  KVX_RETURN_IF_ERROR(MakePagesPrivate(t, pages));
   for (size_t i = 0; i < slots.size(); ++i) {
     PagePositions(pool_->PageData(t.pages()[slots[i] / T]))[slots[i] % T] = positions[i];
   }
@@ -655,31 +661,18 @@ Status SequenceKV::RemoveEntries(int layer, int kv_head, const std::vector<int>&
   std::sort(kills.begin(), kills.end());
   kills.erase(std::unique(kills.begin(), kills.end()), kills.end());
   if (kills.empty()) return Status::Ok();
-  // Pages that keep live entries and are shared need a private copy before
-  // their positions change: allocate every copy first (all or nothing).
-  std::vector<std::pair<int, PageId>> copies;
+  // Pages that keep live entries need a private copy (when shared) before
+  // their positions change; pages about to leave the chain do not.
+  std::vector<int> kept;
   for (size_t i = 0; i < kills.size();) {
     const int p = kills[i].first;
     size_t j = i;
     while (j < kills.size() && kills[j].first == p) ++j;
     const int left = t.live_in_page(p) - static_cast<int>(j - i);
-    const bool drops = left == 0 && p >= lc.sink_pages;
-    if (!drops && pool_->IsShared(t.pages()[p])) {
-      Result<PageId> copy = pool_->AllocateAfter(pool_->SizeClassOf(t.pages()[p]), t.pages()[p]);
-      if (!copy.ok()) {
-        for (auto& c : copies) pool_->Unref(c.second);
-        return copy.status();
-      }
-      copies.emplace_back(p, *copy);
-    }
+    if (left != 0 || p < lc.sink_pages) kept.push_back(p);
     i = j;
   }
-  for (auto& [p, copy] : copies) {
-    const PageId cur = t.pages()[p];
-    std::memcpy(pool_->PageData(copy), pool_->PageData(cur), pool_->PageBytesOf(cur));
-    t.ReplacePage(p, copy, t.is_full(p));
-    pool_->Unref(cur);
-  }
+  KVX_RETURN_IF_ERROR(MakePagesPrivate(t, kept));
   // Count the kills first: a page about to leave the chain is not written
   // (it may be shared, and was not copied).
   for (const auto& [p, s] : kills) t.KillSlot(p);
@@ -890,22 +883,7 @@ Status SequenceKV::RewriteEntries(int layer, int kv_head, const std::vector<int>
   std::sort(pages.begin(), pages.end());
   pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
   // Private copies of shared pages first (all or nothing).
-  std::vector<std::pair<int, PageId>> copies;
-  for (int p : pages) {
-    if (!pool_->IsShared(t.pages()[p])) continue;
-    Result<PageId> copy = pool_->AllocateAfter(pool_->SizeClassOf(t.pages()[p]), t.pages()[p]);
-    if (!copy.ok()) {
-      for (auto& c : copies) pool_->Unref(c.second);
-      return copy.status();
-    }
-    copies.emplace_back(p, *copy);
-  }
-  for (auto& [p, copy] : copies) {
-    const PageId cur = t.pages()[p];
-    std::memcpy(pool_->PageData(copy), pool_->PageData(cur), pool_->PageBytesOf(cur));
-    t.ReplacePage(p, copy, t.is_full(p));
-    pool_->Unref(cur);
-  }
+  KVX_RETURN_IF_ERROR(MakePagesPrivate(t, pages));
   // Each touched page: decode, replace the rows (in the stored basis), re-encode in place.
   std::vector<float> row_k(D), row_v(D);
   DecodedPage dp;

@@ -260,6 +260,9 @@ class SequenceKV {
   PageTable& mutable_table(int layer, int kv_head) {
     return tables_[static_cast<size_t>(layer) * layout_.n_kv_heads + kv_head];
   }
+  // Gives each listed page of t (chain indices) that is shared a private
+  // copy, all or nothing: ResourceExhausted with t unchanged if the pool is full.
+  Status MakePagesPrivate(PageTable& t, const std::vector<int>& pages);
   // Recomputes page p's bounds from its stored keys (live slots only).
   void RefreshBounds(int layer, PageTable& t, int p) const;
   // A sequence with no pages and this one's codec state (size classes, RoPE table).
