@@ -5,6 +5,8 @@ question excluded and included, on the recall model (../shared/models/recall), m
     scripts/eviction_report.py --run            # the full sweep (hours on 2 cores; run it in the background:
                                                 #   nohup scripts/eviction_report.py --run > /tmp/eviction.log 2>&1 &)
     scripts/eviction_report.py --run --only snapkv --lengths 2048 --modes included   # one slice
+    scripts/eviction_report.py --speed --llama-bin DIR   # decode speed, pool bytes and RSS at 8k with each policy
+                                                # (kvx bench) beside llama.cpp's f16 / q8_0 / q4_0 KV, same GGUF
     scripts/eviction_report.py --render-only    # docs/kv-eviction.md, its SVGs and the README section
     scripts/eviction_report.py --check          # render in memory, fail if the committed documents differ (ctest)
 
@@ -86,6 +88,91 @@ METHODS = {
         "The floor: seeded random eviction.",
         "Hash of (seed, layer, head, position); no sinks or window."),
 }
+
+
+# Decode speed with a policy (issue 21, "memory and speed are real"): kvx bench at SPEED_DEPTH on the
+# smollm2-135m shape (random weights: speed depends on the bytes read, not on what they mean). A spec with
+# policies is filled by a real forward pass and compressed once (eval/speed_bench.cc FillDepth); f16 and quest
+# keep every entry.
+SPEED = os.path.join(RESULTS, "speed.json")
+SPEED_DEPTH = 8192
+SPEED_SPECS = ["codec=f16", "codec=f16;policy=snapkv,ratio=0.5", "codec=f16;policy=snapkv,ratio=0.75",
+               "codec=f16;policy=snapkv,ratio=0.875", "codec=kivi4,page=32;policy=snapkv,ratio=0.5",
+               "codec=f16;policy=quest,budget=1024"]
+LLAMA_KV = ["f16", "q8_0", "q4_0"]
+
+
+def run_speed(args):
+    kvx = os.path.abspath(args.kvx)
+    model = args.speed_model
+    if not os.path.exists(model):
+        subprocess.run([kvx, "gen-model", "--shape", "smollm2-135m", "--type", "q8_0", "-o", model], check=True)
+    data = {"generated": time.strftime("%Y-%m-%d %H:%M"), "threads": args.threads, "depth": SPEED_DEPTH,
+            "rounds": args.rounds, "model": "smollm2-135m q8_0 (kvx gen-model, random weights)",
+            "kvx": {s: [] for s in SPEED_SPECS}, "llama_cpp": {t: [] for t in LLAMA_KV} if args.llama_bin else {}}
+    tmp = "/tmp/kvx-eviction-speed.json"
+    # Rounds: every configuration once per round, so a slow minute of the shared machine lands on all of them.
+    for i in range(args.rounds):
+        for spec in SPEED_SPECS:
+            print(time.strftime("%H:%M:%S"), "round", i, spec, flush=True)
+            subprocess.run([kvx, "bench", "-m", model, "-t", args.threads, "--kv", spec, "--depths", str(SPEED_DEPTH),
+                            "-r", "1", "-n", "32", "-p", "64", "--json", tmp], check=True, stdout=subprocess.DEVNULL)
+            d = json.load(open(tmp))["decode"][0]
+            data["kvx"][spec].append({"tok_s": d["tok_s"], "kv_bytes": d["kv_bytes"], "rss_bytes": d["rss_bytes"],
+                                      "loadavg": os.getloadavg()[0]})
+        for t in data["llama_cpp"]:
+            cmd = [os.path.join(args.llama_bin, "llama-batched-bench"), "-m", model, "-t", args.threads,
+                   "-c", str(SPEED_DEPTH + 64), "-b", str(SPEED_DEPTH), "-ub", "512", "-npp", str(SPEED_DEPTH),
+                   "-ntg", "32", "-npl", "1", "-ctk", t, "-ctv", t, "--output-format", "jsonl"]
+            if t != "f16":
+                cmd += ["-fa", "on"]  # llama.cpp quantizes V only with flash attention
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            rows = [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
+            if r.returncode != 0 or not rows:
+                sys.exit("llama-batched-bench failed (%s):\n%s" % (" ".join(cmd), r.stderr[-2000:]))
+            data["llama_cpp"][t].append({"tok_s": rows[0]["speed_tg"]})
+    with open(SPEED, "w") as f:
+        json.dump(data, f, indent=1)
+        f.write("\n")
+
+
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return None if not n else xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
+def speed_section():
+    if not os.path.exists(SPEED):
+        return ["## Decode speed and memory with a policy", "", "Not measured yet: "
+                "`scripts/eviction_report.py --speed --llama-bin <llama.cpp>/build/bin`.", ""]
+    d = json.load(open(SPEED))
+    mib = 1024.0 * 1024.0
+    f16 = median([r["tok_s"] for r in d["kvx"].get("codec=f16", [])]) or 0
+    lines = ["## Decode speed and memory with a policy", "",
+             "`scripts/eviction_report.py --speed` on %s (%s), %s threads, %d-token context, %d rounds (every "
+             "configuration once per round; medians, min–max in brackets). kvx: `kvx bench --depths %d -n 32`; a spec "
+             "with a policy fills the context with a real forward pass, compresses once, then decodes over what "
+             "was kept. KV MiB is the pool's bytes in use during the decode, RSS the whole process's resident set "
+             "then (weights included). llama.cpp: `llama-batched-bench -npp %d -ntg 32` (flash attention for "
+             "q8_0/q4_0), same GGUF. Measured %s on a shared 2-core VM." % (
+                 d["model"], "same GGUF for both", d["threads"], d["depth"], d["rounds"], d["depth"], d["depth"],
+                 d["generated"]), "",
+             "| engine | KV | decode tok/s | vs kvx f16 | KV MiB | RSS MiB |", "|---|---|---:|---:|---:|---:|"]
+    for spec, runs in d["kvx"].items():
+        if not runs:
+            continue
+        t = [r["tok_s"] for r in runs]
+        lines.append("| kvx | `%s` | %.1f (%.1f–%.1f) | %.2f× | %.1f | %.0f |" % (
+            spec, median(t), min(t), max(t), median(t) / f16 if f16 else 0,
+            median([r["kv_bytes"] for r in runs]) / mib, median([r["rss_bytes"] for r in runs]) / mib))
+    for t, runs in d.get("llama_cpp", {}).items():
+        if not runs:
+            continue
+        v = [r["tok_s"] for r in runs]
+        lines.append("| llama.cpp | `-ctk/-ctv %s` | %.1f (%.1f–%.1f) | %.2f× | – | – |" % (
+            t, median(v), min(v), max(v), median(v) / f16 if f16 else 0))
+    return lines + [""]
 
 
 def result_path(method, length, mode):
@@ -232,6 +319,7 @@ def render(out):
                 plots.append(name)
     if plots:
         lines += ["## Score vs ratio", ""] + ["![%s](%s)" % (p, p) for p in plots] + [""]
+    lines += speed_section()
     out.write(DOC, "\n".join(lines).rstrip("\n") + "\n")
     if not measured:
         readme = ["Score-based eviction: no sweep results committed yet; run `scripts/eviction_report.py --run` "
@@ -250,9 +338,15 @@ def main():
     ap.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--trials", type=int, default=1, help="prompts per (length, depth) cell")
+    ap.add_argument("--speed", action="store_true", help="measure decode speed with each policy at 8k (kvx bench)")
+    ap.add_argument("--speed-model", default="/tmp/kvx-bench-models/smollm2-135m-q8_0.gguf")
+    ap.add_argument("--llama-bin", default="", help="llama.cpp build's bin/ (llama-batched-bench) for --speed")
+    ap.add_argument("--rounds", type=int, default=3, help="--speed rounds")
     ap.add_argument("--render-only", action="store_true")
     ap.add_argument("--check", action="store_true")
     args = ap.parse_args()
+    if args.speed:
+        run_speed(args)
     if args.run:
         if not os.path.exists(os.path.join(args.shared, MODEL)):
             sys.exit("the recall model is missing: %s" % os.path.join(args.shared, MODEL))

@@ -82,6 +82,24 @@ TEST(CliTest, GenModelRunAndInspect) {
   EXPECT_NE(list.output.find("smollm2-135m"), std::string::npos);
 }
 
+// With a policy, bench fills the depth by a real forward pass and compresses
+// once before decoding: the decode runs over (and reports) what was kept.
+TEST(CliTest, BenchWithAPolicyDecodesOverTheCompressedCache) {
+  const std::string json = TempDir() + "/bench-policy.json";
+  const CommandResult bench = RunKvx("bench -m " + TinyModel() +
+                                     " -t 2 --depths 256 -p 16 -n 2 -r 1 --kv 'codec=f16;policy=snapkv,ratio=0.5' --json " +
+                                     json);
+  ASSERT_EQ(bench.exit_code, 0) << bench.output;
+  std::ifstream in(json);
+  const auto j = nlohmann::json::parse(in);
+  ASSERT_EQ(j["decode"].size(), 1u);
+  const double full = 256 * j["kv_bytes_per_token"].get<double>();
+  const double held = j["decode"][0]["kv_bytes"].get<double>();
+  EXPECT_LT(held, 0.7 * full) << "snapkv at ratio 0.5 should hold about half of " << full << " bytes";
+  EXPECT_GT(held, 0.3 * full);
+  EXPECT_GT(j["decode"][0]["rss_bytes"].get<double>(), 0);
+}
+
 TEST(CliTest, BenchAndPlan) {
   const std::string json = TempDir() + "/bench.json";
   const CommandResult bench =

@@ -1,6 +1,7 @@
 #include "eval/speed_bench.h"
 
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -35,7 +36,32 @@ std::vector<int32_t> RandomTokens(int n, int n_vocab, std::mt19937* rng) {
   return t;
 }
 
+// Brings `session` to `depth` cached entries. Without KV policies the
+// entries are synthetic (decode cost depends on the cached bytes, not their
+// values, and an 8k prefill per repetition would dominate the run). With
+// policies the depth is a real forward pass over random tokens, so the
+// scorers see real attention, followed by the explicit compression moment:
+// the decode then runs over what the policy kept (and continuous policies
+// keep acting during it), which is the point of measuring a policy.
+Status FillDepth(engine::Engine* rt, engine::Session* session, int depth, uint64_t seed, std::mt19937* rng) {
+  session->Reset();
+  if (rt->kv_spec().policies.empty()) return session->AppendSyntheticKV(depth, seed);
+  if (depth == 0) return Status::Ok();
+  const auto tokens = RandomTokens(depth, rt->model().config().n_vocab, rng);
+  KVX_RETURN_IF_ERROR(session->Feed(tokens).status());
+  return session->Compress();
+}
+
 }  // namespace
+
+double CurrentRssBytes() {
+  long pages_total = 0, pages_resident = 0;
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  const int got = std::fscanf(f, "%ld %ld", &pages_total, &pages_resident);
+  std::fclose(f);
+  return got == 2 ? static_cast<double>(pages_resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) : 0;
+}
 
 PlanInputs ModelPlanInputs(const engine::Engine& rt) {
   const model::Model& m = rt.model();
@@ -136,8 +162,7 @@ Result<SpeedBenchResult> RunSpeedBench(engine::Engine* rt, const SpeedBenchOptio
     d.depth = depth;
     std::vector<double> per_token;
     for (int rep = 0; rep < o.reps; ++rep) {
-      session->Reset();
-      KVX_RETURN_IF_ERROR(session->AppendSyntheticKV(depth, o.seed + rep));
+      KVX_RETURN_IF_ERROR(FillDepth(rt, session.get(), depth, o.seed + rep, &rng));
       int32_t token = RandomTokens(1, c.n_vocab, &rng)[0];
       for (int i = 0; i < o.gen_tokens; ++i) {
         const double t0 = Now();
@@ -147,6 +172,7 @@ Result<SpeedBenchResult> RunSpeedBench(engine::Engine* rt, const SpeedBenchOptio
       }
       // KV held at the middle of the decode, measured from the pool.
       d.kv_bytes = static_cast<double>(session->kv().BytesInUse());
+      d.rss_bytes = CurrentRssBytes();
     }
     d.decode_tok_s = 1.0 / Median(per_token);
     d.bytes_per_token = r.decode_weight_bytes + d.kv_bytes;
@@ -166,7 +192,7 @@ Result<SpeedBenchResult> RunSpeedBench(engine::Engine* rt, const SpeedBenchOptio
         std::vector<std::unique_ptr<engine::Session>> ss;
         for (int i = 0; i < n_seqs; ++i) {
           KVX_ASSIGN_OR_RETURN(auto s, rt->NewSession());
-          KVX_RETURN_IF_ERROR(s->AppendSyntheticKV(depth, o.seed + rep * 1000 + i));
+          KVX_RETURN_IF_ERROR(FillDepth(rt, s.get(), depth, o.seed + rep * 1000 + i, &rng));
           ss.push_back(std::move(s));
         }
         std::vector<std::vector<int32_t>> next(n_seqs, std::vector<int32_t>(1));
@@ -259,6 +285,7 @@ nlohmann::json SpeedBenchResult::ToJson() const {
     j["decode"].push_back({{"depth", d.depth},
                            {"tok_s", d.decode_tok_s},
                            {"kv_bytes", d.kv_bytes},
+                           {"rss_bytes", d.rss_bytes},
                            {"bytes_per_token", d.bytes_per_token},
                            {"stream_read_gbps", d.stream_read_gbps},
                            {"bound_gbps", d.bound_gbps},
@@ -306,11 +333,11 @@ std::string SpeedBenchResult::ToTable() const {
                 prefill_pct_of_bound, prefill_pct_of_peak, ops > 0 ? 100.0 * prefill_matmul_ops / ops : 0.0,
                 int8 ? "int8" : "FMA", ops > 0 ? 100.0 * prefill_attention_ops / ops : 0.0);
   s += buf;
-  s += "| decode depth | tok/s | KV MiB | bytes read/token (MiB) | bound GB/s | bound tok/s | % of bound |\n"
-       "|---|---|---|---|---|---|---|\n";
+  s += "| decode depth | tok/s | KV MiB | RSS MiB | bytes read/token (MiB) | bound GB/s | bound tok/s | % of bound |\n"
+       "|---|---|---|---|---|---|---|---|\n";
   for (const DepthResult& d : depths) {
-    std::snprintf(buf, sizeof(buf), "| %d | %.1f | %.2f | %.1f | %.1f | %.1f | %.1f%% |\n", d.depth, d.decode_tok_s,
-                  d.kv_bytes / 1048576.0, d.bytes_per_token / 1048576.0, d.bound_gbps, d.bound_tok_s,
+    std::snprintf(buf, sizeof(buf), "| %d | %.1f | %.2f | %.1f | %.1f | %.1f | %.1f | %.1f%% |\n", d.depth,
+                  d.decode_tok_s, d.kv_bytes / 1048576.0, d.rss_bytes / 1048576.0, d.bytes_per_token / 1048576.0, d.bound_gbps, d.bound_tok_s,
                   d.pct_of_bound);
     s += buf;
   }

@@ -70,7 +70,8 @@ struct BatchDecodeResult {
 struct DepthResult {
   int depth = 0;
   double decode_tok_s = 0;      // median
-  double kv_bytes = 0;          // measured: pool bytes in use at this depth
+  double kv_bytes = 0;          // measured: pool bytes in use at this depth (after compression with policies)
+  double rss_bytes = 0;         // process resident set during the decode (CurrentRssBytes)
   double bytes_per_token = 0;   // decode weights + kv_bytes
   double stream_read_gbps = 0;  // re-reading bytes_per_token (MeasureStreamReadGbps)
   double bound_gbps = 0;        // max(stream_read_gbps, the 256 MiB read probe)
@@ -121,5 +122,8 @@ double Int8MatmulFraction(const model::Model& model);
 
 // Peak resident set size of this process so far (bytes).
 double PeakRssBytes();
+
+// Resident set size of this process now (bytes; 0 where /proc is absent).
+double CurrentRssBytes();
 
 }  // namespace kvx::eval

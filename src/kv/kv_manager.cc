@@ -314,6 +314,9 @@ Status KVManager::Compress(SeqId seq) {
       return st.WithContext(std::string("policy ") + std::string(policy->name()));
     }
   }
+  // What the policies freed leaves the process too (the same rule as a
+  // sequence's end), so compression lowers RSS, not just the pool's count.
+  MaybeReleaseMemory();
   return Status::Ok();
 }
 

@@ -175,7 +175,8 @@ class KVManager {
   std::span<const StepRequest> step_requests() const { return step_; }
 
   // The explicit compression moment: every policy's Compress(seq) in order
-  // (kv/policy/policy.h). REQUIRES: not in a step.
+  // (kv/policy/policy.h), then the freed memory goes back to the OS past
+  // the release watermark, as when a sequence ends. REQUIRES: not in a step.
   Status Compress(SeqId seq);
 
   // --- Policies (kv/policy/policy.h), run after every committed step ---

@@ -462,6 +462,37 @@ TEST(KVManagerTest, PoliciesRunAfterEachCommittedStepAndFreePages) {
   EXPECT_TRUE(m->CheckInvariants().ok()) << m->CheckInvariants().ToString();
 }
 
+// The same dropping, but only at the explicit compression moment.
+class DropOldestOnCompress : public DropOldest {
+ public:
+  using DropOldest::DropOldest;
+  Status OnStepCommitted(KVManager&, SeqId) override { return Status::Ok(); }
+  Status Compress(KVManager& m, SeqId seq) override { return DropOldest::OnStepCommitted(m, seq); }
+};
+
+TEST(KVManagerTest, CompressionReturnsTheFreedMemoryToTheOs) {
+  KVManagerOptions o;
+  o.release_watermark_bytes = 8 << 20;
+  // head_dim 16: DropOldest reads entries into 16-float buffers.
+  auto r = ResolveKVSpec("codec=f32,page=16;budget=128M", KVLayout{32, 8, 16, 16}, 8192, 1);
+  ASSERT_TRUE(r.ok());
+  auto m = std::move(KVManager::Create(*r, o)).value();
+  m->AddPolicy(std::make_unique<DropOldestOnCompress>(64));
+  std::mt19937 rng(10);
+  const SeqId a = m->AddSequence();
+  // 3072 tokens x 32 layers x 8 heads x 16 x 2 (K, V) x 4 B = 96 MiB.
+  for (int i = 0; i < 12; ++i) ASSERT_TRUE(RunStep(*m, {{a, 256}}, rng).ok());
+  const int64_t full = ResidentBytes();
+  const uint64_t used = m->BytesInUse();
+  ASSERT_GT(used, 90u << 20);
+  ASSERT_TRUE(m->Compress(a).ok());
+  EXPECT_LT(m->BytesInUse(), used / 20);  // 64 of 3072 entries per head kept
+  // Most of the freed pages' bytes left the process, not just the pool's count.
+  const int64_t after = ResidentBytes();
+  EXPECT_GT(full - after, static_cast<int64_t>(used) * 8 / 10) << "RSS " << full << " -> " << after;
+  EXPECT_TRUE(m->CheckInvariants().ok()) << m->CheckInvariants().ToString();
+}
+
 TEST(PolicyRegistryTest, UnknownNamesListTheKnownOnes) {
   PolicyRegistry reg;
   reg.Register("keep-all", [](const PolicyParams&) -> Result<std::unique_ptr<KVPolicy>> {
