@@ -12,7 +12,8 @@ question excluded and included, on the recall model (../shared/models/recall), m
 
 Each `kvx eval` run (one method, one length, one question mode, every ratio as a --kv spec against the f16
 baseline) writes its report.json into docs/results/eviction/ as it goes (kvx eval --json rewrites it after every
-task), and the documents are re-rendered after every run, so an interrupted sweep keeps what it measured.
+task), and the documents are re-rendered after every run from the complete runs, so an interrupted sweep keeps
+every run it finished (an unfinished run is re-run whole).
 Every number in the documents comes from those JSON files alone.
 """
 import argparse, glob, json, os, subprocess, sys, time
@@ -79,6 +80,30 @@ METHODS = {
         lambda r, n: "codec=f16;policy=adakv,base=snapkv,ratio=%g" % r,
         "Feng et al. 2024: the layer's budget taken jointly across heads by score, floor alpha 0.2.",
         "Per kv head (GQA reduced first) over any base scorer (base=); heads keep different token counts."),
+    "kvmerger": (
+        lambda r, n: "codec=f16;policy=kvmerger,ratio=%g,mode=once" % r,
+        "Wang et al. 2024 (KVMerger) / D2O: evicted entries are merged into their most similar kept neighbour "
+        "(Gaussian-kernel / cosine weights) instead of dropped.",
+        "H2O's accumulated attention picks the evicted; fate=merge folds each into its most similar kept entry of "
+        "the same head above a similarity threshold, else drops it (docs/kv-merging.md)."),
+    "duo": (
+        lambda r, n: "codec=f16;policy=duo,heads=%s,retrieval=0.0625,sinks=4,window=%d,mode=once" % (
+            HEADS % "duo", streaming_window(r, n)),
+        "Xiao et al. 2024 (DuoAttention): retrieval heads keep everything, streaming heads keep sinks + a "
+        "window; heads typed by a trained gate.",
+        "Heads typed by `kvx calibrate-heads --method duo` (docs/kv-head-typing.md); one retrieval head of 16; the "
+        "streaming window is sized so the cache keeps (1 - ratio) of the entries."),
+    "razor": (
+        lambda r, n: "codec=f16;policy=razor,heads=%s,retrieval=0.0625,sinks=4,window=%d,window_fraction=0,"
+                     "mode=once" % (HEADS % "razor", streaming_window(r, n)),
+        "Tang et al. 2024 (RazorAttention): retrieval heads (echo/induction scores) keep everything, the others "
+        "sinks + a window.",
+        "Heads typed by `kvx calibrate-heads --method razor`; as duo above (no compensation token)."),
+    "quest": (
+        lambda r, n: "codec=f16;policy=quest,budget=%d" % max(64, round((1 - r) * n)),
+        "Tang et al. 2024 (Quest): per-page key min/max; each decode query reads only its top pages.",
+        "Selection, not eviction: the budget is (1 - ratio) x length tokens read per head; the cache keeps every "
+        "entry (bytes vs f16 stay at 1: less reading, same memory)."),
     "knorm": (
         lambda r, n: "codec=f16;policy=knorm,ratio=%g" % r,
         "Devoto et al. 2024 (kvpress KnormPress): keep the keys with the lowest L2 norm.",
@@ -94,7 +119,7 @@ METHODS = {
 # smollm2-135m shape (random weights: speed depends on the bytes read, not on what they mean). A spec with
 # policies is filled by a real forward pass and compressed once (eval/speed_bench.cc FillDepth); f16 and quest
 # keep every entry.
-SPEED = os.path.join(RESULTS, "speed.json")
+SPEED = os.path.join(RESULTS, "speed", "speed.json")
 SPEED_DEPTH = 8192
 SPEED_SPECS = ["codec=f16", "codec=f16;policy=snapkv,ratio=0.5", "codec=f16;policy=snapkv,ratio=0.75",
                "codec=f16;policy=snapkv,ratio=0.875", "codec=kivi4,page=32;policy=snapkv,ratio=0.5",
@@ -131,6 +156,7 @@ def run_speed(args):
             if r.returncode != 0 or not rows:
                 sys.exit("llama-batched-bench failed (%s):\n%s" % (" ".join(cmd), r.stderr[-2000:]))
             data["llama_cpp"][t].append({"tok_s": rows[0]["speed_tg"]})
+    os.makedirs(os.path.dirname(SPEED), exist_ok=True)
     with open(SPEED, "w") as f:
         json.dump(data, f, indent=1)
         f.write("\n")
@@ -175,6 +201,15 @@ def speed_section():
     return lines + [""]
 
 
+HEADS = "docs/results/head_typing/recall-%s.json"  # relative: kvx eval runs in the repository's root
+
+
+def streaming_window(r, n, retrieval=0.0625, sinks=4):
+    """The streaming heads' window that makes the whole cache keep (1 - r) x n entries, with a share
+    `retrieval` of the heads keeping all n: retrieval x n + (1 - retrieval) x (sinks + w) = (1 - r) x n."""
+    return max(16, round(((1 - r) - retrieval) * n / (1 - retrieval)) - sinks)
+
+
 def result_path(method, length, mode):
     return os.path.join(RESULTS, "%s_%d_%s.json" % (method, length, mode))
 
@@ -203,7 +238,7 @@ def run(args):
                 for s in specs:
                     cmd += ["--kv", s]
                 print(time.strftime("%H:%M:%S"), m, length, mode, flush=True)
-                subprocess.run(cmd, check=False)
+                subprocess.run(cmd, check=False, cwd=ROOT)
                 render(Output(False))
 
 
@@ -211,8 +246,17 @@ def load():
     data = {}
     for path in sorted(glob.glob(os.path.join(RESULTS, "*.json"))):
         name = os.path.basename(path)[:-5]
-        method, length, mode = name.rsplit("_", 2)
-        data[(method, int(length), mode)] = json.load(open(path))
+        parts = name.rsplit("_", 2)
+        if len(parts) != 3 or not parts[1].isdigit():
+            continue
+        method, length, mode = parts
+        try:
+            report = json.load(open(path))
+        except ValueError:  # being rewritten by a running sweep
+            continue
+        # A run shows once complete: an unfinished one is re-run whole by the next --run anyway.
+        if report.get("complete"):
+            data[(method, int(length), mode)] = report
     return data
 
 
