@@ -32,7 +32,7 @@ for src in fuzz/*_fuzz.cc; do
   cmake --build build-asan -j "$JOBS" --target "$name"
   corpus="fuzz/corpus/${name%_fuzz}"
   mkdir -p build-asan/corpus-"$name"
-  ./build-asan/"$name" -max_total_time=30 -print_final_stats=0 \
+  ./build-asan/"$name" -max_total_time=20 -print_final_stats=0 \
     build-asan/corpus-"$name" $( [ -d "$corpus" ] && echo "$corpus" ) 2>&1 | tail -n 3
 done
 
