@@ -385,14 +385,20 @@ int64_t ResidentBytes() {
   return resident * sysconf(_SC_PAGESIZE);
 }
 
+// An f32 manager with a 128 MiB budget that hands free memory above 8 MiB
+// back to the OS (the memory-release tests).
+std::unique_ptr<KVManager> MakeReleasingManager(const KVLayout& layout, int max_seqs) {
+  KVManagerOptions o;
+  o.release_watermark_bytes = 8 << 20;
+  auto r = ResolveKVSpec("codec=f32,page=16;budget=128M", layout, 8192, max_seqs);
+  KVX_CHECK(r.ok());
+  return std::move(KVManager::Create(*r, o)).value();
+}
+
 // Ending sequences hands the pool's memory back to the OS above the
 // watermark: resident memory really falls.
 TEST(KVManagerTest, ReleasingSequencesReturnsMemoryToTheOs) {
-  KVManagerOptions o;
-  o.release_watermark_bytes = 8 << 20;
-  auto r = ResolveKVSpec("codec=f32,page=16;budget=128M", KVLayout{8, 8, 64, 16}, 8192, 4);
-  ASSERT_TRUE(r.ok());
-  auto m = std::move(KVManager::Create(*r, o)).value();
+  auto m = MakeReleasingManager(KVLayout{8, 8, 64, 16}, 4);
   std::mt19937 rng(8);
   std::vector<SeqId> ids;
   for (int i = 0; i < 4; ++i) ids.push_back(m->AddSequence());
@@ -471,12 +477,8 @@ class DropOldestOnCompress : public DropOldest {
 };
 
 TEST(KVManagerTest, CompressionReturnsTheFreedMemoryToTheOs) {
-  KVManagerOptions o;
-  o.release_watermark_bytes = 8 << 20;
   // head_dim 16: DropOldest reads entries into 16-float buffers.
-  auto r = ResolveKVSpec("codec=f32,page=16;budget=128M", KVLayout{32, 8, 16, 16}, 8192, 1);
-  ASSERT_TRUE(r.ok());
-  auto m = std::move(KVManager::Create(*r, o)).value();
+  auto m = MakeReleasingManager(KVLayout{32, 8, 16, 16}, 1);
   m->AddPolicy(std::make_unique<DropOldestOnCompress>(64));
   std::mt19937 rng(10);
   const SeqId a = m->AddSequence();
