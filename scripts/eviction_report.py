@@ -112,7 +112,27 @@ METHODS = {
         lambda r, n: "codec=f16;policy=random,ratio=%g" % r,
         "The floor: seeded random eviction.",
         "Hash of (seed, layer, head, position); no sinks or window."),
+    # Codec + policy: the combinations only kvx can run (eviction on quantized pages). Ratio 0 is the codec
+    # alone (these runs add it before the ratios), so each curve starts at the codec's own point.
+    "kivi4+snapkv-maxpool": (
+        lambda r, n: "codec=kivi4,page=32" + ("" if r == 0 else ";policy=snapkv,ratio=%g,kernel=15,pool=max" % r),
+        "KIVI (Liu et al. 2024) 4-bit keys per channel / values per token, then SnapKV on the quantized pages.",
+        "The kivi4 codec (docs/kv-quantization.md) with snapkv-maxpool above: the policy evicts quantized "
+        "entries and compaction re-packs the quantized pages."),
+    "kivi2+snapkv-maxpool": (
+        lambda r, n: "codec=kivi2,page=32" + ("" if r == 0 else ";policy=snapkv,ratio=%g,kernel=15,pool=max" % r),
+        "KIVI 2-bit, then SnapKV.",
+        "As kivi4+snapkv-maxpool at 2 bits."),
+    "int8+snapkv-maxpool": (
+        lambda r, n: "codec=int8" + ("" if r == 0 else ";policy=snapkv,ratio=%g,kernel=15,pool=max" % r),
+        "Per-token int8 KV, then SnapKV.",
+        "kvx's int8 codec with snapkv-maxpool."),
 }
+
+
+def method_ratios(method):
+    """The ratios one run measures after its baseline (codec combinations start with the codec alone)."""
+    return ([0.0] if "+" in method else []) + RATIOS
 
 
 # Decode speed with a policy (issue 21, "memory and speed are real"): kvx bench at SPEED_DEPTH on the
@@ -229,7 +249,7 @@ def run(args):
                             continue
                     except ValueError:
                         pass
-                specs = [METHODS[m][0](r, length) for r in RATIOS]
+                specs = [METHODS[m][0](r, length) for r in method_ratios(m)]
                 cmd = [kvx, "eval", "-m", model, "--baseline", "codec=f16", "--tasks", ",".join(TASKS),
                        "-c", str(length), "--lengths", str(length), "--depths", DEPTHS,
                        "--passkey-trials", str(args.trials), "--ruler-trials", str(args.trials),
@@ -260,8 +280,10 @@ def load():
     return data
 
 
-def cell_scores(report):
-    """[(spec, ratio, {task: score}, bytes fraction vs the baseline)] of one run; ratio 0 = the baseline."""
+def cell_scores(report, method):
+    """[(spec, ratio, {task: score}, bytes fraction vs the baseline)] of one run. The first row is the
+    baseline, the full f16 cache: ratio 0, or None for a codec combination (whose ratio 0 is the codec)."""
+    ratios = method_ratios(method)
     res = report.get("results", [])
     if not res:
         return []
@@ -276,7 +298,10 @@ def cell_scores(report):
             elif r and not r.get("ok", True):
                 scores[t] = None
         b = s.get("kv", {}).get("peak_bytes", 0)
-        ratio = 0.0 if i == 0 else RATIOS[i - 1] if i - 1 < len(RATIOS) else None
+        if i == 0:
+            ratio = None if ratios[0] == 0 else 0.0
+        else:
+            ratio = ratios[i - 1] if i - 1 < len(ratios) else None
         rows.append((s.get("spec", ""), ratio, scores, b / base_bytes if base_bytes else None))
     return rows
 
@@ -314,6 +339,65 @@ def svg_curves(title, series):
     return "\n".join(out) + "\n"
 
 
+def pareto_points(data, n, mode, task="passkey"):
+    """[(bytes fraction, score, method, ratio)] of every measured spec at (n, mode), the f16 baseline once."""
+    pts, base = [], None
+    for (m, nn, md), rep in sorted(data.items()):
+        if nn != n or md != mode:
+            continue
+        for i, (_, r, sc, frac) in enumerate(cell_scores(rep, m)):
+            if frac is None or sc.get(task) is None:
+                continue
+            if i == 0:
+                base = base or (frac, sc[task], "f16", 0.0)
+            elif r is not None:
+                pts.append((frac, sc[task], m, r))
+    return ([base] if base else []) + pts
+
+
+def frontier(pts):
+    """The points no other point beats on both axes (fewer bytes and a higher score), by bytes."""
+    best, out = -1.0, []
+    for p in sorted(pts, key=lambda p: (p[0], -p[1])):
+        if p[1] > best:
+            out.append(p)
+            best = p[1]
+    return out
+
+
+def svg_pareto(title, pts):
+    """passkey score vs bytes held, a dot per spec coloured by method, the frontier as a staircase."""
+    W, H, L, B, R = 560, 320, 50, 40, 170
+    x = lambda f: L + min(f, 1.05) / 1.05 * (W - L - R)
+    y = lambda s: H - B - s * (H - B - 30)
+    methods = sorted({p[2] for p in pts})
+    colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+              "#bcbd22", "#17becf", "#000000", "#aa3377", "#66ccee", "#228833", "#ccbb44", "#ee6677",
+              "#4477aa", "#994455", "#997700", "#6699cc"]
+    col = {m: colors[i % len(colors)] for i, m in enumerate(methods)}
+    out = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="11">'
+           % (W, H), '<text x="%d" y="16" font-size="13">%s</text>' % (L, title)]
+    for t in [0, 0.25, 0.5, 0.75, 1.0]:
+        out.append('<line x1="%d" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#ddd"/>' % (L, y(t), x(1.05), y(t)))
+        out.append('<text x="%d" y="%.1f" text-anchor="end">%d%%</text>' % (L - 4, y(t) + 4, 100 * t))
+        out.append('<text x="%.1f" y="%d" text-anchor="middle">%g</text>' % (x(t), H - B + 14, t))
+    out.append('<text x="%.1f" y="%d" text-anchor="middle">KV bytes held vs f16</text>' % (x(0.5), H - 6))
+    f = frontier(pts)
+    if f:
+        steps = []
+        for i, p in enumerate(f):
+            if i:
+                steps.append("%.1f,%.1f" % (x(p[0]), y(f[i - 1][1])))
+            steps.append("%.1f,%.1f" % (x(p[0]), y(p[1])))
+        out.append('<polyline fill="none" stroke="#999" stroke-dasharray="4,3" points="%s"/>' % " ".join(steps))
+    for p in pts:
+        out.append('<circle cx="%.1f" cy="%.1f" r="3" fill="%s"/>' % (x(p[0]), y(p[1]), col[p[2]]))
+    for i, m in enumerate(methods):
+        out.append('<text x="%d" y="%d" fill="%s">%s</text>' % (W - R + 10, 40 + 13 * i, col[m], m))
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
 def render(out):
     data = load()
     lines = ["# KV eviction: score-based policies on the recall model", "",
@@ -342,10 +426,10 @@ def render(out):
         lines += ["| length | question | ratio | " + " | ".join(TASKS) + " | bytes vs f16 |",
                   "|---:|---|---:|" + "---:|" * len(TASKS) + "---:|"]
         for n, mode in rows:
-            for spec, ratio, scores, frac in cell_scores(data[(m, n, mode)]):
+            for spec, ratio, scores, frac in cell_scores(data[(m, n, mode)], m):
                 lines.append("| %d | %s | %s | %s | %s |" % (n, mode, "–" if ratio is None else "%g" % ratio,
                              " | ".join(fmt(scores.get(t)) for t in TASKS), fmt(frac)))
-            cs = cell_scores(data[(m, n, mode)])
+            cs = cell_scores(data[(m, n, mode)], m)
             readme.append("| %s | %d | %s | %s |" % (m, n, mode, " | ".join(
                 "%s (%s)" % (fmt(s.get("passkey")), fmt(f)) for _, _, s, f in cs)))
         lines.append("")
@@ -356,13 +440,31 @@ def render(out):
             series = {}
             for (m, nn, md), rep in data.items():
                 if nn == n and md == mode:
-                    series[m] = [(r, s.get("passkey")) for _, r, s, _ in cell_scores(rep) if r is not None]
+                    series[m] = [(r, s.get("passkey")) for _, r, s, _ in cell_scores(rep, m) if r is not None]
             if series:
                 name = "eviction-passkey-%d-%s.svg" % (n, mode)
                 out.write("docs/" + name, svg_curves("passkey, %d tokens, question %s" % (n, mode), series))
                 plots.append(name)
     if plots:
         lines += ["## Score vs ratio", ""] + ["![%s](%s)" % (p, p) for p in plots] + [""]
+    # Pareto: quality vs bytes over every method and codec combination, per (length, question mode).
+    pareto = []
+    for n in LENGTHS:
+        for mode in MODES:
+            pts = pareto_points(data, n, mode)
+            if len(pts) < 2:
+                continue
+            name = "eviction-pareto-%d-%s.svg" % (n, mode)
+            out.write("docs/" + name, svg_pareto("passkey vs KV bytes, %d tokens, question %s" % (n, mode), pts))
+            pareto += ["### %d tokens, question %s" % (n, mode), "", "![%s](%s)" % (name, name), "",
+                       "The frontier (no other spec holds fewer bytes with a higher passkey score):", "",
+                       "| spec | ratio | bytes vs f16 | passkey |", "|---|---:|---:|---:|"]
+            pareto += ["| %s | %g | %s | %s |" % (m, r, fmt(fr), fmt(sc)) for fr, sc, m, r in frontier(pts)] + [""]
+    if pareto:
+        lines += ["## Pareto: passkey vs KV bytes, every method and codec", "",
+                  "One dot per measured spec; bytes are the pool's own count against the full f16 cache, so a "
+                  "codec and a policy multiply. Combinations (`kivi2+snapkv-maxpool` ...) are eviction on "
+                  "quantized pages.", ""] + pareto
     lines += speed_section()
     out.write(DOC, "\n".join(lines).rstrip("\n") + "\n")
     if not measured:
