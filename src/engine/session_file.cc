@@ -192,6 +192,12 @@ Result<std::string> EncodeSession(const Engine& engine, kv::SeqId seq, const Ses
 
   const kv::SequenceKV& kv = m.kv(seq);
   const kv::BlockPool& pool = m.pool();
+  // A table of pages shared across layers (policy=minicache) reads them with
+  // per-entry scales the file format has no field for.
+  if (kv.EntryScaleBytes() > 0) {
+    return Unimplemented("this session's cache was merged across layers (policy=minicache): session files "
+                              "cannot store its shared pages and per-layer norms yet; save before compressing");
+  }
   for (int l = 0; l < layout.n_layers; ++l) {
     for (int h = 0; h < layout.n_kv_heads; ++h) {
       const kv::PageTable& t = kv.table(l, h);

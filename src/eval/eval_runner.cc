@@ -427,7 +427,10 @@ class Runner {
   }
 
   void Observe(size_t r, KvMeasure* kv) {
-    kv->Observe(rts_[r]->pool().bytes_in_use(), sessions_[r]->n_past(), report_.model.f16_bytes_per_token);
+    // The pool's pages, plus the per-entry scales a cross-layer merged cache
+    // keeps beside its tables (policy=minicache's per-layer norms; 0 otherwise).
+    const uint64_t side = sessions_[r]->kv().EntryScaleBytes();
+    kv->Observe(rts_[r]->pool().bytes_in_use() + side, sessions_[r]->n_past(), report_.model.f16_bytes_per_token);
   }
 
   // ---- ppl + kld: chunk by chunk over every spec ----

@@ -108,6 +108,22 @@ float ExpSum(float* x, int n, float m) {
   return sum;
 }
 
+// Entry scales (page_table.h; cross-layer shared pages, MiniCache): a table
+// may scale each stored entry, key by a and value by b. The scores of such a
+// page are multiplied by a after PageScores (q.(a k) = a (q.k)), before the
+// mask, the observer and the softmax; its weights by b after the softmax has
+// summed them, just before AccumulateValues (sum_j p_j (b_j v_j)). Tables
+// without scales (every table but MiniCache's) skip both, and only they may
+// take the fused f16 run kernel, so their results are bit-identical to the
+// kernels without this mechanism.
+// x[r * ss + j] *= scale[j] for the n entries of each of nr rows.
+void ScaleEntries(const float* scale, int n, int nr, float* x, int ss) {
+  for (int r = 0; r < nr; ++r) {
+    float* row = x + static_cast<size_t>(r) * ss;
+    for (int j = 0; j < n; ++j) row[j] *= scale[j];
+  }
+}
+
 // One online-softmax step over a block of n >= 1 scores of each row r < nr (row
 // r at s + r * ss): M = mx[r], the row's reference max, unless the block's
 // max exceeds it by more than kSoftmaxSlack (or mx[r] = -inf), when M = the
@@ -290,7 +306,8 @@ void RunItem(Job& job, int h, int block, int chunk, PageId after) {
   // (F16Codec::AttendRun, which masks what a row must not see itself).
   // Rows the observer watches in this block (its query window), if any.
   const bool observe = job.observer != nullptr && row0 + nr > job.obs_first_row;
-  const bool fused = !job.pre_rope && !observe && F16Codec::HasAttendRun(job.lc->params);
+  const bool scaled = t.has_entry_scales();  // see "Entry scales" above
+  const bool fused = !job.pre_rope && !observe && !scaled && F16Codec::HasAttendRun(job.lc->params);
   thread_local std::vector<const uint8_t*> run;
 
   // One pass over the chunk, page by page (online softmax): scores of the
@@ -349,6 +366,7 @@ void RunItem(Job& job, int h, int block, int chunk, PageId after) {
     if (next != nullptr) PrefetchPage(next, first_part);
     float* sp = s.scores.data();  // [nr][T]
     PageScores<C>(job, t.is_full(p), page, m, s.q.data(), nr, sp, T);
+    if (scaled) ScaleEntries(t.k_scales(p), m, nr, sp, T);  // q.(a k) = a (q.k)
     for (int r = 0; r < nr; ++r) {
       if (pos_max <= qp[r]) continue;  // the whole page is visible to this row (always, in decode)
       float* row = sp + static_cast<size_t>(r) * T;
@@ -370,6 +388,7 @@ void RunItem(Job& job, int h, int block, int chunk, PageId after) {
     }
     if (next != nullptr && first_part < next_bytes) PrefetchPage(next + first_part, next_bytes - first_part);
     if (!any) continue;
+    if (scaled) ScaleEntries(t.v_scales(p), m, nr, sp, T);  // weight p on (b v) = weight p b on v, after the sum
     const uint8_t* data = page + PageDataOffset(T);
     if (t.is_full(p)) {
       F16Codec::AccumulateValues(job.lc->params, data, m, sp, nr, T, acc);

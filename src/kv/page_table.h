@@ -29,6 +29,14 @@
 // page. A removed entry leaves its page's bounds as they were: still an upper
 // bound of what the page holds, only looser.
 //
+// Entry scales (cross-layer sharing, MiniCache: kv/policy/minicache.h): when
+// enabled (EnableEntryScales), each slot also carries, beside the table, a
+// key scale and a value scale that attention applies to what the page
+// stores: score q.(a k) = a (q.k), output weight p b for v. They let two
+// tables list the same page (one stored direction) with their own norms. New
+// slots get 1 (entries stored as they are); the mutators keep the scales
+// aligned with the pages like the bounds.
+//
 // Thread-safety: not thread-safe to mutate; concurrent const reads are safe.
 #pragma once
 
@@ -75,6 +83,7 @@ class PageTable {
     full_.push_back(full ? 1 : 0);
     live_in_page_.push_back(0);
     if (bounds_dim_ > 0) AppendEmptyBounds(1);
+    if (scale_page_tokens_ > 0) AppendUnitScales(1);
   }
   void ReplacePage(int index, PageId id, bool full) {
     pages_[index] = id;
@@ -107,6 +116,11 @@ class PageTable {
       const auto b = bounds_.begin() + static_cast<ptrdiff_t>(index) * 2 * bounds_dim_;
       bounds_.erase(b, b + 2 * bounds_dim_);
     }
+    if (scale_page_tokens_ > 0) {
+      const size_t T = static_cast<size_t>(scale_page_tokens_), at = static_cast<size_t>(index) * T;
+      k_scale_.erase(k_scale_.begin() + at, k_scale_.begin() + at + T);
+      v_scale_.erase(v_scale_.begin() + at, v_scale_.begin() + at + T);
+    }
     length_ -= slots;
   }
   // Replaces pages [first, last) by `ids` (all packed or all full as
@@ -133,6 +147,13 @@ class PageTable {
       bounds_.erase(bounds_.begin() + first * w, bounds_.begin() + last * w);
       bounds_.insert(bounds_.begin() + first * w, empty.begin(), empty.end());
     }
+    if (scale_page_tokens_ > 0) {  // the new pages' entries are stored as they are
+      const size_t T = static_cast<size_t>(scale_page_tokens_);
+      for (std::vector<float>* sc : {&k_scale_, &v_scale_}) {
+        sc->erase(sc->begin() + first * T, sc->begin() + last * T);
+        sc->insert(sc->begin() + first * T, ids.size() * T, 1.0f);
+      }
+    }
     length_ += static_cast<int>(ids.size()) * page_tokens - removed_slots;
   }
   // Keeps the first `length` slots (a prefix fork) and pages; live counts of
@@ -143,6 +164,8 @@ class PageTable {
     full_.resize(np);
     live_in_page_.resize(np);
     bounds_.resize(static_cast<size_t>(np) * 2 * bounds_dim_);
+    k_scale_.resize(static_cast<size_t>(np) * scale_page_tokens_);
+    v_scale_.resize(static_cast<size_t>(np) * scale_page_tokens_);
     length_ = length;
     live_ = 0;
     for (int n : live_in_page_) live_ += n;
@@ -156,6 +179,9 @@ class PageTable {
     full_.clear();
     live_in_page_.clear();
     bounds_.clear();
+    k_scale_.clear();
+    v_scale_.clear();
+    scale_page_tokens_ = 0;
     length_ = 0;
     live_ = 0;
   }
@@ -178,7 +204,31 @@ class PageTable {
     std::fill(b + bounds_dim_, b + 2 * bounds_dim_, -std::numeric_limits<float>::infinity());
   }
 
+  // Entry scales (see the header comment). EnableEntryScales(T) turns them
+  // on with every slot's scales 1 (T: the layout's page_tokens); Reset()
+  // turns them off.
+  bool has_entry_scales() const { return scale_page_tokens_ > 0; }
+  void EnableEntryScales(int page_tokens) {
+    if (scale_page_tokens_ > 0) return;
+    scale_page_tokens_ = page_tokens;
+    AppendUnitScales(num_pages());
+  }
+  // [page_tokens] key (value) scales of page `index`'s slots.
+  // REQUIRES: has_entry_scales().
+  const float* k_scales(int index) const { return &k_scale_[static_cast<size_t>(index) * scale_page_tokens_]; }
+  const float* v_scales(int index) const { return &v_scale_[static_cast<size_t>(index) * scale_page_tokens_]; }
+  void SetEntryScales(int slot, float k, float v) {
+    k_scale_[static_cast<size_t>(slot)] = k;
+    v_scale_[static_cast<size_t>(slot)] = v;
+  }
+  size_t EntryScaleBytes() const { return (k_scale_.size() + v_scale_.size()) * sizeof(float); }
+
  private:
+  void AppendUnitScales(int pages) {
+    const size_t n = static_cast<size_t>(pages) * scale_page_tokens_;
+    k_scale_.insert(k_scale_.end(), n, 1.0f);
+    v_scale_.insert(v_scale_.end(), n, 1.0f);
+  }
   void AppendEmptyBounds(int pages) {
     const size_t w = 2 * static_cast<size_t>(bounds_dim_), at = bounds_.size();
     bounds_.resize(at + static_cast<size_t>(pages) * w);
@@ -190,6 +240,8 @@ class PageTable {
   std::vector<int32_t> live_in_page_;
   std::vector<float> bounds_;  // [num_pages][2][bounds_dim_] when bounds_dim_ > 0
   int bounds_dim_ = 0;
+  std::vector<float> k_scale_, v_scale_;  // [num_pages][scale_page_tokens_] when enabled
+  int scale_page_tokens_ = 0;             // 0: no entry scales
   int length_ = 0;
   int live_ = 0;
 };

@@ -108,9 +108,17 @@ void SequenceKV::Clear() {
 
 size_t SequenceKV::BytesInUse() const {
   size_t bytes = 0;
+  std::vector<PageId> cross_layer;  // pages that tables with entry scales list: maybe twice (ShareEntries)
   for (const PageTable& t : tables_) {
+    if (t.has_entry_scales()) {
+      cross_layer.insert(cross_layer.end(), t.pages().begin(), t.pages().end());
+      continue;
+    }
     for (PageId id : t.pages()) bytes += pool_->PageBytesOf(id);
   }
+  std::sort(cross_layer.begin(), cross_layer.end());
+  cross_layer.erase(std::unique(cross_layer.begin(), cross_layer.end()), cross_layer.end());
+  for (PageId id : cross_layer) bytes += pool_->PageBytesOf(id);
   return bytes;
 }
 
@@ -498,6 +506,10 @@ void SequenceKV::ReadEntry(int layer, int kv_head, int index, float* k, float* v
     if (keys_rotated()) rotation_->Inverse(k);
     rotation_->Inverse(v);
   }
+  if (t.has_entry_scales()) {
+    const float ks = t.k_scales(index / T)[slot], vs = t.v_scales(index / T)[slot];
+    for (int c = 0; c < D; ++c) k[c] *= ks, v[c] *= vs;
+  }
 }
 
 }  // namespace kvx::kv
@@ -585,6 +597,12 @@ void SequenceKV::ReadChain(int layer, int kv_head, std::vector<float>* k, std::v
     for (int s = 0; s < t.length(); ++s) {
       if (keys_rotated()) rotation_->Inverse(k->data() + static_cast<size_t>(s) * D);
       rotation_->Inverse(v->data() + static_cast<size_t>(s) * D);
+    }
+  }
+  if (t.has_entry_scales()) {  // what attention reads: the stored rows times the table's scales
+    for (int s = 0; s < t.length(); ++s) {
+      const float ks = t.k_scales(s / T)[s % T], vs = t.v_scales(s / T)[s % T];
+      for (int c = 0; c < D; ++c) (*k)[static_cast<size_t>(s) * D + c] *= ks, (*v)[static_cast<size_t>(s) * D + c] *= vs;
     }
   }
 }
@@ -694,6 +712,10 @@ Status SequenceKV::RemoveEntries(int layer, int kv_head, const std::vector<int>&
 Status SequenceKV::Compact(int layer, int kv_head) {
   KVX_CHECK_MSG(ReservedPages() == 0, "tables change only between steps");
   PageTable& t = mutable_table(layer, kv_head);
+  // A table sharing pages with another layer's (ShareEntries) is left as it
+  // is: compacting would copy the shared pages into private ones, and its
+  // runs are already dense but for one padded page per run.
+  if (t.has_entry_scales()) return Status::Ok();
   const LayerCodec& lc = layers_[layer];
   const int T = layout_.page_tokens, D = layout_.head_dim;
   // The region that can be rewritten: after the sink pages, before the
@@ -905,6 +927,9 @@ Status SequenceKV::RewriteEntries(int layer, int kv_head, const std::vector<int>
     }
     EncodeInto(pool_, lc, t.pages()[p], full, n, dp.k.data(), dp.v.data(), dp.pos.data());
     if (t.bounds_dim() > 0) RefreshBounds(layer, t, p);
+  }
+  if (t.has_entry_scales()) {  // the rows given are what attention reads: stored as they are
+    for (int slot : slots) t.SetEntryScales(slot, 1.0f, 1.0f);
   }
   return Status::Ok();
 }

@@ -75,6 +75,12 @@ uint64_t BudgetForContext(const KVLayout& layout, const CodecConfig& codec, int6
 inline constexpr size_t kMaxExtentBytes = 4 << 20;
 size_t ExtentBytesFor(const KVLayout& layout, uint64_t budget, int n_seqs);
 
+// OK when pages of layer codec `a` can be listed by a table of layer codec
+// `b` too (SequenceKV::ShareEntries): the same row-wise codec and parameters,
+// no sealing (staging pages, KIVI), no f16 sink pages, no outliers;
+// InvalidArgument naming what works otherwise.
+Status CanShareAcrossLayers(const LayerCodec& a, const LayerCodec& b);
+
 class SequenceKV {
  public:
   // REQUIRES: pool outlives this object; layout.Validate() is OK;
@@ -192,8 +198,9 @@ class SequenceKV {
   // REQUIRES: every table empty, no reservation pending.
   Status Import(const std::vector<TableImage>& tables);
 
-  // Bytes of the pages this sequence references (shared pages count fully;
-  // each page counts its own size class).
+  // Bytes of the pages this sequence references (pages shared with other
+  // sequences count fully, a page two of its tables list (ShareEntries)
+  // once; each page counts its own size class).
   size_t BytesInUse() const;
   // Pages this sequence references (shared pages count once per reference).
   int64_t PagesInUse() const;
@@ -247,6 +254,36 @@ class SequenceKV {
   // appended one (the RoPE table ends there); ResourceExhausted when a copy
   // cannot be allocated (nothing changed). REQUIRES: no reservation pending.
   Status SetPositions(int layer, int kv_head, const std::vector<int>& slots, const std::vector<int32_t>& positions);
+
+  // Cross-layer sharing (MiniCache, kv/policy/minicache.h; the general
+  // mechanism: pages listed by two tables, entry scales in page_table.h).
+  // Replaces the chains of (layer_a, kv_head) and (layer_b, kv_head) by
+  //   * shared.pos.size() entries stored ONCE, in new pages both chains list
+  //     (one pool reference each): rows shared.k, shared.v [n][head_dim] in
+  //     ReadChain's form at positions shared.pos, which chain i in {a, b}
+  //     reads scaled by its own shared.k_scale[i][j], v_scale[i][j];
+  //   * then each layer's own entries: the live slots keep_a (keep_b) of its
+  //     old chain as ReadChain reads them (entry scales applied), scale 1.
+  // Old entries not listed are gone. The new chains reuse the old pages only
+  // these two tables hold (a context that filled the pool leaves no room for
+  // a second copy of the pair), new pages are allocated beyond them, and the
+  // rest are released. Each chain
+  // then holds ceil(n / T) + ceil(keep / T) pages, the last of each run
+  // padded with dead slots, so later appends start a page of their own and
+  // never write into a shared page. Entries are re-encoded (exact for f16).
+  // InvalidArgument when CanShareAcrossLayers rejects the two layers' codecs,
+  // page selection (Quest) is on, a kept slot is dead or out of range, or the
+  // sizes disagree; ResourceExhausted when the pool cannot supply the pages
+  // beyond the reused ones (nothing changed). REQUIRES: layer_a != layer_b, no reservation pending.
+  struct SharedEntries {
+    std::vector<int32_t> pos;                   // [n]
+    std::vector<float> k, v;                    // [n][head_dim]
+    std::vector<float> k_scale[2], v_scale[2];  // [2][n]: layer_a's, layer_b's
+  };
+  Status ShareEntries(int layer_a, int layer_b, int kv_head, const SharedEntries& shared, const std::vector<int>& keep_a,
+                      const std::vector<int>& keep_b);
+  // Bytes the entry scales take (heap, beside the tables; not pool pages).
+  size_t EntryScaleBytes() const;
 
   const PageTable& table(int layer, int kv_head) const {
     return tables_[static_cast<size_t>(layer) * layout_.n_kv_heads + kv_head];

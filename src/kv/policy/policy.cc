@@ -2,6 +2,7 @@
 
 #include "kv/policy/head_typing.h"
 #include "kv/policy/merge_fate.h"
+#include "kv/policy/minicache.h"
 #include "kv/policy/quest.h"
 #include "kv/policy/eviction_policies.h"
 #include "kv/policy/streaming_llm.h"
@@ -17,6 +18,7 @@ PolicyRegistry& PolicyRegistry::Global() {
     r->Register("quest", QuestPolicy::Create);
     r->Register("duo", HeadTypingPolicy::CreateDuo);
     r->Register("razor", HeadTypingPolicy::CreateRazor);
+    r->Register("minicache", MiniCachePolicy::Create);
     RegisterMergePolicies(*r);  // fate=merge, kvmerger (merge_fate.h)
     RegisterEvictionPolicies(*r);  // h2o, snapkv, ... (eviction_policies.h)
     return r;
