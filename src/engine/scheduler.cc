@@ -615,16 +615,17 @@ bool Scheduler::RunStep() {
   uint64_t prefill_tokens = 0;
   for (const Row& row : rows) {
     row.s->pending.erase(row.s->pending.begin(), row.s->pending.begin() + row.n);
-    if (row.s->generated.empty() || row.n > 1) prefill_tokens += static_cast<uint64_t>(row.n);
+    if (row.s->generated.empty() || row.n > 1) {
+      prefill_tokens += static_cast<uint64_t>(row.n);
+    } else {
+      work_.decode_rows++;
+    }
   }
   work_.prompt_tokens_computed += prefill_tokens;
   if (prefill_tokens == 0) {
     work_.decode_only_steps++;
     work_.decode_only_seconds += t1 - t0;
   }
-  work_.decode_rows += rows.size() - std::count_if(rows.begin(), rows.end(), [](const Row& row) {
-                         return row.s->generated.empty() || row.n > 1;
-                       });
   // Sample where the input is consumed (requests may leave running_ here).
   std::set<Request*> seen;
   std::vector<Request*> order;

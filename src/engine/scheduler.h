@@ -213,7 +213,7 @@ struct SchedulerStats {
   uint64_t decode_only_steps = 0;
   double decode_only_seconds = 0;
   // Time of the loop outside forward steps while work ran: admission,
-  // sampling and event callbacks (sample_seconds, included), stats.
+  // sampling and event callbacks (sample_seconds, included).
   double host_seconds = 0;
   double sample_seconds = 0;
   double uptime_seconds = 0;

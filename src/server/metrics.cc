@@ -102,7 +102,7 @@ std::string RenderMetrics(const engine::SchedulerStats& s, const HttpCounters& h
   o.Counter("kvx_decode_only_seconds_total", "Seconds spent in forward steps without a prefill chunk",
             s.decode_only_seconds);
   o.Counter("kvx_host_seconds_total",
-            "Seconds of the scheduler loop outside forward steps while work ran (admission, sampling, events, stats)",
+            "Seconds of the scheduler loop outside forward steps while work ran (admission, sampling, events)",
             s.host_seconds);
   o.Counter("kvx_sample_seconds_total", "Seconds spent sampling tokens and delivering their events", s.sample_seconds);
   o.Gauge("kvx_uptime_seconds", "Seconds since the scheduler started", s.uptime_seconds);
