@@ -20,6 +20,8 @@ Usage:
   scripts/serving_report.py [--model GGUF] [--threads 2] [--llama-bin DIR]   measure, save, render
   scripts/serving_report.py --render                                          render from the saved data
   scripts/serving_report.py --check                                           fail if the documents differ
+  scripts/serving_report.py --load-only --clients 32 [--kvx BIN]              kvx's load scenario with its step
+                                                                              counters, printed (no files)
   --llama-bin DIR   a llama.cpp build's bin/ folder with llama-server; kvx never builds or ships it.
 """
 import argparse, http.client, json, os, random, re, socket, statistics, subprocess, sys, threading, time
@@ -89,9 +91,9 @@ class Server:
         self.log.close()
 
 
-def stream_completion(port, prompt_ids, gen):
+def stream_completion(port, prompt_ids, gen, temperature=0):
     """One streaming /v1/completions request; returns (ttft_s, [chunk gaps], completion tokens)."""
-    body = json.dumps({"model": "m", "prompt": prompt_ids, "max_tokens": gen, "temperature": 0,
+    body = json.dumps({"model": "m", "prompt": prompt_ids, "max_tokens": gen, "temperature": temperature,
                        "stream": True, "stream_options": {"include_usage": True}})
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     t0 = time.perf_counter()
@@ -127,7 +129,7 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))] if xs else None
 
 
-def load_scenario(port, clients, per_client, prompt_len, gen, vocab, seed):
+def load_scenario(port, clients, per_client, prompt_len, gen, vocab, seed, temperature=0):
     rng = random.Random(seed)
     prompts = [[[rng.randrange(10, vocab) for _ in range(prompt_len)] for _ in range(per_client)]
                for _ in range(clients)]
@@ -137,7 +139,7 @@ def load_scenario(port, clients, per_client, prompt_len, gen, vocab, seed):
     def client(i):
         for p in prompts[i]:
             try:
-                t, g, n = stream_completion(port, p, gen)
+                t, g, n = stream_completion(port, p, gen, temperature)
             except Exception as e:  # noqa: BLE001 - every failure is counted and reported
                 with lock:
                     errors.append(str(e)[:200])
@@ -230,6 +232,45 @@ def llama_capacity(args, cache_type):
     return {"cache_type": cache_type, "session_bytes": b, "sessions_per_gib": GIB / b}
 
 
+def kvx_serve_cmd(args, kvx, port, n):
+    ctx = args.prompt + args.gen + 16
+    return [kvx, "serve", "-m", args.model, "-t", str(args.threads), "-c", str(max(ctx, args.prefix + 64)),
+            "--max-seqs", str(n), "--kv", "codec=f16", "--port", str(port)]
+
+
+def kvx_counters(srv):
+    """The scheduler's counters from /metrics (unlabelled samples only)."""
+    out = {}
+    for line in srv.get("/metrics")[1].splitlines():
+        m = re.match(r"(kvx_[a-z_]+) ([0-9.eE+-]+)$", line)
+        if m:
+            out[m.group(1)] = float(m.group(2))
+    return out
+
+
+def load_only(args):
+    """--load-only: kvx's load scenario alone (binary --kvx), with what its forward steps held and
+    cost (/metrics counters over the scenario); prints JSON lines, writes no file."""
+    for n in [int(c) for c in args.clients.split(",")]:
+        port = free_port()
+        srv = Server(kvx_serve_cmd(args, args.kvx, port, n), port)
+        try:
+            before = kvx_counters(srv)
+            row = load_scenario(port, n, args.per_client, args.prompt, args.gen, args.vocab, 1000 + n,
+                                args.temperature)
+            after = kvx_counters(srv)
+        finally:
+            srv.stop()
+        names = ("steps", "busy_seconds", "prompt_tokens", "generated_tokens", "decode_rows", "decode_only_steps",
+                 "decode_only_seconds", "host_seconds", "sample_seconds")
+        d = {n: after.get("kvx_%s_total" % n, 0) - before.get("kvx_%s_total" % n, 0) for n in names}
+        d["ms_per_step"] = 1e3 * d.get("busy_seconds", 0) / max(d.get("steps", 0), 1)
+        d["ms_per_decode_only_step"] = 1e3 * d.get("decode_only_seconds", 0) / max(d.get("decode_only_steps", 0), 1)
+        row["steps"] = {k: round(v, 3) for k, v in d.items()}
+        row.update(kvx=args.kvx, temperature=args.temperature)
+        print(json.dumps(row), flush=True)
+
+
 def measure(args):
     os.makedirs(DATA, exist_ok=True)
     kvx = os.path.join(ROOT, "build/kvx")
@@ -245,8 +286,7 @@ def measure(args):
     # N slots in N times the context (the same KV memory on both sides); the prefix scenario runs on
     # the one-client servers.
     def kvx_cmd(port, n):
-        return [kvx, "serve", "-m", args.model, "-t", str(args.threads), "-c", str(max(ctx, args.prefix + 64)),
-                "--max-seqs", str(n), "--kv", "codec=f16", "--port", str(port)]
+        return kvx_serve_cmd(args, kvx, port, n)
 
     def llama_cmd(port, n):
         return [os.path.join(args.llama_bin, "llama-server"), "-m", args.model, "-t", str(args.threads), "-np",
@@ -346,6 +386,10 @@ def main():
     ap.add_argument("--prefix", type=int, default=2048)
     ap.add_argument("--prefix-trials", type=int, default=3)
     ap.add_argument("--vocab", type=int, default=49152, help="token ids are drawn below this")
+    ap.add_argument("--load-only", action="store_true",
+                    help="run kvx's load scenario at --clients only; print it with the step counters (no files)")
+    ap.add_argument("--kvx", default=os.path.join(ROOT, "build/kvx"), help="the kvx binary for --load-only")
+    ap.add_argument("--temperature", type=float, default=0, help="the requests' temperature for --load-only")
     ap.add_argument("--render", action="store_true")
     ap.add_argument("--check", action="store_true")
     args = ap.parse_args()
@@ -358,6 +402,9 @@ def main():
             sys.exit("serving_report --check: %s differ from what %s renders; run scripts/serving_report.py --render"
                      % (", ".join(bad), RAW))
         print("serving_report: committed documents match the committed data")
+        return
+    if args.load_only:
+        load_only(args)
         return
     if not args.render:
         measure(args)

@@ -314,8 +314,10 @@ void Scheduler::Loop() {
       }
       continue;
     }
+    const double t_work = Now(), busy_before = work_.busy_seconds;
     Admit();
     const bool stepped = !running_.empty() && RunStep();
+    if (stepped) work_.host_seconds += (Now() - t_work) - (work_.busy_seconds - busy_before);
     PublishStats();
     if (!stepped && !queue_.empty()) {
       // Requests wait for room nothing running will free (cannot happen
@@ -607,11 +609,22 @@ bool Scheduler::RunStep() {
     rows.erase(std::remove_if(rows.begin(), rows.end(), [&](const Row& row) { return row.r == victim; }), rows.end());
     if (rows.empty()) return true;
   }
+  const double t1 = Now();
   work_.steps++;
-  work_.busy_seconds += Now() - t0;
+  work_.busy_seconds += t1 - t0;
+  uint64_t prefill_tokens = 0;
   for (const Row& row : rows) {
     row.s->pending.erase(row.s->pending.begin(), row.s->pending.begin() + row.n);
-    if (row.s->generated.empty() || row.n > 1) work_.prompt_tokens_computed += static_cast<uint64_t>(row.n);
+    if (row.s->generated.empty() || row.n > 1) {
+      prefill_tokens += static_cast<uint64_t>(row.n);
+    } else {
+      work_.decode_rows++;
+    }
+  }
+  work_.prompt_tokens_computed += prefill_tokens;
+  if (prefill_tokens == 0) {
+    work_.decode_only_steps++;
+    work_.decode_only_seconds += t1 - t0;
   }
   // Sample where the input is consumed (requests may leave running_ here).
   std::set<Request*> seen;
@@ -633,6 +646,7 @@ bool Scheduler::RunStep() {
     }
     for (Sample* s : ready) AfterStep(*r, *s);
   }
+  work_.sample_seconds += Now() - t1;
   return true;
 }
 

@@ -206,6 +206,16 @@ struct SchedulerStats {
   uint64_t requests_cancelled = 0;
   uint64_t requests_failed = 0;
   double busy_seconds = 0;          // time inside steps
+  // What the steps held (kvx bench --seqs N compares with decode-only steps
+  // of N rows): decode rows (one token of a running sample each) and steps
+  // without a prefill chunk, with their time.
+  uint64_t decode_rows = 0;
+  uint64_t decode_only_steps = 0;
+  double decode_only_seconds = 0;
+  // Time of the loop outside forward steps while work ran: admission,
+  // sampling and event callbacks (sample_seconds, included).
+  double host_seconds = 0;
+  double sample_seconds = 0;
   double uptime_seconds = 0;
   Histogram ttft = Histogram::Latency();
   Histogram inter_token = Histogram::Latency();

@@ -362,6 +362,36 @@ TEST(SchedulerTest, AdmitsByPriorityThenArrival) {
   EXPECT_EQ(ended, (std::vector<int>{0, 3, 4, 1, 2}));
 }
 
+// The step counters say what the steps held: a 10-token prompt in steps of
+// 4 tokens is 3 prefill steps (the last one gives the first token), then
+// one decode-only step per further token.
+TEST(SchedulerTest, StepCountersSayWhatStepsHeld) {
+  auto engine = MakeEngine("codec=f16,page=16");
+  SchedulerOptions so;
+  so.max_step_tokens = 4;
+  so.max_running = 4;
+  auto sched = Scheduler::Create(*engine, so);
+  ASSERT_TRUE(sched.ok());
+  Collector c;
+  GenerationRequest r;
+  r.prompt = Tokens(10, 3);
+  r.max_tokens = 4;
+  r.stop_at_eog = false;
+  r.sampling = Sampling(5);
+  ASSERT_TRUE((*sched)->Submit(r, c.Callback(0)).ok());
+  EXPECT_EQ(c.Wait(0).timing.generated_tokens, 4);
+  ExpectInvariants(**sched);  // the snapshot now covers the request
+  const SchedulerStats st = (*sched)->Stats();
+  EXPECT_EQ(st.steps, 6u);
+  EXPECT_EQ(st.prompt_tokens_computed, 10u);
+  EXPECT_EQ(st.decode_rows, 3u);
+  EXPECT_EQ(st.decode_only_steps, 3u);
+  EXPECT_GT(st.decode_only_seconds, 0);
+  EXPECT_LE(st.decode_only_seconds, st.busy_seconds);
+  EXPECT_GT(st.sample_seconds, 0);
+  EXPECT_LE(st.sample_seconds, st.host_seconds);
+}
+
 TEST(SchedulerTest, RejectsBadRequests) {
   auto engine = MakeEngine("codec=f16,page=16");
   auto sched = Scheduler::Create(*engine, {});

@@ -48,10 +48,16 @@ class Sampler {
     int32_t id;
     float logit;
   };
+  // The non-greedy part of the chain over logits `l` whose maximum is
+  // `max_logit`: top-k, top-p, min-p, temperature, draw.
+  int32_t Draw(const float* l, int n_vocab, float max_logit);
   SamplerOptions options_;
   std::mt19937_64 rng_;
   std::vector<int32_t> history_;
+  // Scratch, reused across tokens.
   std::vector<Candidate> candidates_;
+  std::vector<float> penalized_;
+  std::vector<float> weights_;
 };
 
 // Index of the largest value, lowest index on ties.

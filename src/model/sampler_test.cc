@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -112,6 +113,54 @@ TEST(SamplerTest, TemperatureFollowsDistribution) {
   const int n = 4000;
   for (int i = 0; i < n; ++i) ones += s.Sample(logits, 2);
   EXPECT_NEAR(ones / static_cast<double>(n), 0.75, 0.03);
+}
+
+// Top-p keeps the smallest best-first prefix holding top_p of the mass; the
+// sampler sorts it in rounds (64, then 256, ...), so a cut past the first
+// round must land where a full sort puts it.
+TEST(SamplerTest, TopPCutIsTheSortedPrefixAcrossRounds) {
+  const int n = 1000;
+  std::vector<float> logits(n);
+  for (int i = 0; i < n; ++i) logits[(i * 389) % n] = -0.002f * i;  // distinct, shuffled: rank i at id (389 i) % n
+  std::vector<double> p(n);
+  double sum = 0;
+  for (int i = 0; i < n; ++i) sum += p[i] = std::exp(-0.002 * i);
+  int cut = 0;  // ranks [0, cut) are kept
+  for (double cum = 0; cut < n && cum < 0.5 * sum;) cum += p[cut++];
+  ASSERT_GT(cut, 64);  // beyond the first round
+  SamplerOptions o;
+  o.temperature = 1.0f;
+  o.top_k = 0;
+  o.top_p = 0.5f;
+  o.min_p = 0;
+  o.seed = 3;
+  Sampler s(o);
+  int deepest = 0;
+  for (int k = 0; k < 4000; ++k) {
+    const int id = s.Sample(logits.data(), n);
+    int rank = 0;
+    while ((rank * 389) % n != id) ++rank;
+    ASSERT_LT(rank, cut) << "token of rank " << rank << " is outside the top-p prefix of " << cut;
+    deepest = std::max(deepest, rank);
+  }
+  EXPECT_GT(deepest, cut - 20);  // the prefix's tail is reachable
+}
+
+// Without a cut-off the draw covers the whole vocabulary in proportion.
+TEST(SamplerTest, NoCutOffDrawsFromTheWholeVocabulary) {
+  SamplerOptions o;
+  o.temperature = 2.0f;
+  o.top_k = 0;
+  o.top_p = 1.0f;
+  o.min_p = 0;
+  o.seed = 11;
+  const int n = 4;
+  const float logits[] = {0.0f, 2.0f * std::log(2.0f), 2.0f * std::log(3.0f), 2.0f * std::log(4.0f)};  // p = 1:2:3:4 at t = 2
+  Sampler s(o);
+  std::vector<int> count(n);
+  const int draws = 10000;
+  for (int i = 0; i < draws; ++i) count[s.Sample(logits, n)]++;
+  for (int i = 0; i < n; ++i) EXPECT_NEAR(count[i] / static_cast<double>(draws), (i + 1) / 10.0, 0.02) << i;
 }
 
 TEST(SamplerTest, RepetitionPenaltyDiscouragesRepeats) {

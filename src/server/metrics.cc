@@ -95,6 +95,16 @@ std::string RenderMetrics(const engine::SchedulerStats& s, const HttpCounters& h
             static_cast<double>(s.requests_cancelled));
   o.Counter("kvx_requests_failed_total", "Requests that failed", static_cast<double>(s.requests_failed));
   o.Counter("kvx_busy_seconds_total", "Seconds spent in forward steps", s.busy_seconds);
+  o.Counter("kvx_decode_rows_total", "Decode rows run (one token of a running sample each)",
+            static_cast<double>(s.decode_rows));
+  o.Counter("kvx_decode_only_steps_total", "Forward steps without a prefill chunk",
+            static_cast<double>(s.decode_only_steps));
+  o.Counter("kvx_decode_only_seconds_total", "Seconds spent in forward steps without a prefill chunk",
+            s.decode_only_seconds);
+  o.Counter("kvx_host_seconds_total",
+            "Seconds of the scheduler loop outside forward steps while work ran (admission, sampling, events)",
+            s.host_seconds);
+  o.Counter("kvx_sample_seconds_total", "Seconds spent sampling tokens and delivering their events", s.sample_seconds);
   o.Gauge("kvx_uptime_seconds", "Seconds since the scheduler started", s.uptime_seconds);
   o.Gauge("kvx_generated_tokens_per_second", "Tokens generated per second of step time, since start",
           s.busy_seconds > 0 ? static_cast<double>(s.tokens_generated) / s.busy_seconds : 0.0);
