@@ -145,6 +145,7 @@ EvalReport ReadReport(const json& j) {
   o.compress = s.contains("compress") ? s.at("compress").get<std::string>() : "none";  // older reports: none
   o.chunk = s.at("ppl").at("chunk").get<int>();
   o.max_chunks = s.at("ppl").at("max_chunks").get<int>();
+  o.kld_context = s.at("ppl").value("kld_context", 0.75);
   const json& copy = s.at("copy");
   o.copy_span = copy.at("span").get<int>();
   o.copy_skip = copy.at("skip").get<int>();
@@ -186,6 +187,7 @@ EvalReport ReadReport(const json& j) {
       p.n_chunks = pj.at("n_chunks").get<int>();
       p.n_scored = pj.at("n_scored").get<int>();
       p.chunk = pj.at("chunk").get<int>();
+      p.context = pj.value("context", 0);
       sr.ppl = p;
     }
     if (rj.contains("kld")) {
@@ -201,6 +203,7 @@ EvalReport ReadReport(const json& j) {
       k.top1 = Num(kj, "top1");
       k.top1_stderr = Num(kj, "top1_stderr");
       k.n_positions = kj.at("n_positions").get<int64_t>();
+      k.context = kj.value("context", 0);
       sr.kld = k;
     }
     if (rj.contains("copy")) {
@@ -252,7 +255,7 @@ json ReportToJson(const EvalReport& report) {
       {"seed", o.seed},
       {"text", o.text_name},
       {"data_dir", o.data_dir},
-      {"ppl", {{"chunk", o.chunk}, {"max_chunks", o.max_chunks}}},
+      {"ppl", {{"chunk", o.chunk}, {"max_chunks", o.max_chunks}, {"kld_context", o.kld_context}}},
       {"copy",
        {{"span", o.copy_span},
         {"skip", o.copy_skip},
@@ -302,6 +305,7 @@ json ReportToJson(const EvalReport& report) {
       p["n_chunks"] = s.ppl->n_chunks;
       p["n_scored"] = s.ppl->n_scored;
       p["chunk"] = s.ppl->chunk;
+      if (s.ppl->context > 0) p["context"] = s.ppl->context;
       j["ppl"] = p;
     }
     if (s.kld) {
@@ -315,6 +319,7 @@ json ReportToJson(const EvalReport& report) {
       k["top1"] = s.kld->top1;
       k["top1_stderr"] = s.kld->top1_stderr;
       k["n_positions"] = s.kld->n_positions;
+      if (s.kld->context > 0) k["context"] = s.kld->context;
       j["kld"] = k;
     }
     if (s.copy) {
