@@ -11,13 +11,28 @@ What it measures (the model: `kvx gen-model --shape smollm2-135m --type q8_0`):
             inter-token latency (gaps between streamed chunks).
   prefix    TTFT of a request whose first --prefix tokens (2048) are shared with an earlier one
             (cache hit) vs a request with a fresh prefix (miss), medians of --prefix-trials pairs.
-  capacity  4k-token sessions per GiB of KV: the KV bytes one 4096-token session really holds
-            (kvx: the pool's bytes in use from /metrics with the session held; llama.cpp: the
-            KV buffer size it logs for a 4096-token context at each cache type), and
-            1 GiB divided by it.
+  capacity  4k-token sessions per GiB of KV: the KV bytes one 4096-token session really holds,
+            and 1 GiB divided by it. kvx: one request on a fresh server with a named session
+            ("session" field): a prompt of --kld-context x 4096 tokens (random ids), then
+            generated tokens (ignore_eos) until the session holds 4096 tokens; the request ends,
+            the session keeps its sequence, and /metrics' kvx_pool_bytes_used is read then
+            (deterministic: nothing else is in the pool). A spec with a policy that compresses once
+            is compressed after the prompt (the scheduler's compression moment), so its tail of
+            generated tokens stays uncompressed: the state the kld protocol scores. llama.cpp: the
+            KV buffer size it logs for a 4096-token context at each cache type.
+  kld       the quality of each capacity spec: `kvx eval --tasks ppl,kld` on a REAL model (the
+            capacity model has random weights, so its KLD would mean nothing): --kld-model (the
+            recall model, 8 layers, trained at 8192) on --kld-text (its held-out validation text),
+            chunks of 4096 tokens, baseline f32 KV. With a policy that compresses once, every
+            run (baseline too) splits each chunk: the first --kld-context of it is prefilled and
+            compressed, the rest scored token by token (docs/eval.md).
+  goal      from the data: a spec meets the compass goal when its sessions per GiB are >= 6x
+            llama.cpp's f16 and its mean KLD <= 0.01.
 
 Usage:
   scripts/serving_report.py [--model GGUF] [--threads 2] [--llama-bin DIR]   measure, save, render
+  scripts/serving_report.py --only capacity,kld [...]   measure only these sections (load, capacity,
+                                                        kld), keep the others from the saved data
   scripts/serving_report.py --render                                          render from the saved data
   scripts/serving_report.py --check                                           fail if the documents differ
   scripts/serving_report.py --load-only --clients 32 [--kvx BIN]              kvx's load scenario with its step
@@ -32,8 +47,17 @@ RAW = os.path.join(DATA, "serving.json")
 DOCS = [os.path.join(ROOT, "docs/serving.md"), os.path.join(ROOT, "README.md")]
 GIB = 1 << 30
 CAPACITY_TOKENS = 4096
-KVX_CODECS = ["codec=f16", "codec=int8", "codec=kivi4,page=32", "codec=kivi2,page=32"]
+# KV specs of the capacity table: the codecs alone, then codecs with SnapKV compressing once after
+# the prompt (ratio = the fraction of the compressed context's entries removed).
+KVX_SPECS = ["codec=f16", "codec=int8", "codec=kivi4,page=32", "codec=kivi2,page=32",
+             "codec=f16;policy=snapkv,ratio=0.875", "codec=int8;policy=snapkv,ratio=0.75",
+             "codec=kivi4,page=32;policy=snapkv,ratio=0.5", "codec=kivi4,page=32;policy=snapkv,ratio=0.75",
+             "codec=kivi2,page=32;policy=snapkv,ratio=0.5"]
 LLAMA_CACHE_TYPES = ["f16", "q8_0", "q4_0"]
+SECTIONS = ["load", "capacity", "kld"]
+GOAL_RATIO = 6.0  # sessions per GiB against llama.cpp's f16
+GOAL_KLD = 0.01   # mean KLD against the f32 baseline
+KLD_BASELINE = "codec=f32"
 
 
 def log(msg):
@@ -184,33 +208,76 @@ def kvx_pool_bytes(metrics_text):
     return None
 
 
+def post_json(port, path, body, timeout=1800):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    c.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+    r = c.getresponse()
+    text = r.read().decode("utf-8", "replace")
+    c.close()
+    if r.status != 200:
+        raise RuntimeError("HTTP %d: %s" % (r.status, text[:300]))
+    return json.loads(text)
+
+
 def kvx_capacity(args, kv):
-    """Bytes of one 4096-token session, read from /metrics while a request holds it."""
+    """Bytes of one 4096-token session held by name, read from /metrics after its request ended."""
     port = free_port()
     srv = Server([os.path.join(ROOT, "build/kvx"), "serve", "-m", args.model, "-t", str(args.threads),
                   "-c", str(CAPACITY_TOKENS + 64), "--kv", kv, "--port", str(port)], port)
     try:
-        base = kvx_pool_bytes(srv.get("/metrics")[1]) or 0.0
+        before = kvx_pool_bytes(srv.get("/metrics")[1]) or 0.0
         rng = random.Random(7)
-        prompt = [rng.randrange(10, args.vocab) for _ in range(CAPACITY_TOKENS - 1)]
-        peak = [0.0]
-        done = threading.Event()
-
-        def watch():
-            while not done.is_set():
-                b = kvx_pool_bytes(srv.get("/metrics")[1])
-                if b is not None:
-                    peak[0] = max(peak[0], b)
-                time.sleep(0.05)
-
-        w = threading.Thread(target=watch)
-        w.start()
-        stream_completion(port, prompt, 1)
-        done.set()
-        w.join()
-        return {"kv": kv, "session_bytes": peak[0] - base, "sessions_per_gib": GIB / (peak[0] - base)}
+        n_prompt = int(round(args.kld_context * CAPACITY_TOKENS))
+        prompt = [rng.randrange(10, args.vocab) for _ in range(n_prompt)]
+        # The last generated token is sampled, not fed: the session holds prompt + gen - 1 tokens.
+        gen = CAPACITY_TOKENS - n_prompt + 1
+        log("kvx capacity %s: %d prompt + %d generated tokens" % (kv, n_prompt, gen))
+        out = post_json(port, "/v1/completions", {"model": "m", "prompt": prompt, "max_tokens": gen,
+                                                  "temperature": 0, "ignore_eos": True, "session": "capacity"})
+        generated = out["usage"]["completion_tokens"]
+        if generated != gen:
+            raise RuntimeError("the capacity request generated %d tokens, not %d" % (generated, gen))
+        held = kvx_pool_bytes(srv.get("/metrics")[1]) - before
+        return {"kv": kv, "prompt_tokens": n_prompt, "session_tokens": n_prompt + gen - 1,
+                "session_bytes": held, "sessions_per_gib": GIB / held}
     finally:
         srv.stop()
+
+
+def kld_table(args):
+    """`kvx eval --tasks ppl,kld` of every capacity spec on the real model; the eval's JSON is kept."""
+    out = os.path.join(DATA, "kld.eval.json")
+    cmd = [os.path.join(ROOT, "build/kvx"), "eval", "-m", args.kld_model, "--baseline", KLD_BASELINE,
+           "--tasks", "ppl,kld", "-f", args.kld_text, "-c", str(CAPACITY_TOKENS), "--chunk", str(CAPACITY_TOKENS),
+           "--chunks", str(args.kld_chunks), "--kld-context", str(args.kld_context), "--compress", "included",
+           "-t", str(args.kld_threads or args.threads), "-q", "--json", out]
+    for kv in KVX_SPECS:
+        cmd += ["--kv", kv]
+    if args.kld_reuse and os.path.exists(out):
+        log("reusing %s (--kld-reuse)" % out)
+    else:
+        log("+ " + " ".join(cmd))
+        subprocess.run(cmd, check=True)
+    with open(out) as f:
+        rep = json.load(f)
+    specs = [sp["spec"] for sp in rep["results"] if not sp.get("baseline")]
+    if specs != KVX_SPECS or rep["settings"]["ppl"].get("kld_context") != args.kld_context:
+        sys.exit("%s was made for other specs or another --kld-context; run without --kld-reuse" % out)
+    rows = []
+    for sp in rep["results"]:
+        if sp.get("baseline"):
+            continue
+        k = sp.get("kld") or {}
+        p = sp.get("ppl") or {}
+        rows.append({"kv": sp["spec"], "kld_mean": k.get("mean"), "kld_stderr": k.get("mean_stderr"),
+                     "kld_p99": k.get("p99"), "top1": k.get("top1"), "positions": k.get("n_positions"),
+                     "context": k.get("context", 0), "ppl": p.get("ppl"), "ok": bool(k.get("ok", False)),
+                     "error": k.get("error")})
+    base = next(sp for sp in rep["results"] if sp.get("baseline"))
+    return {"model": os.path.basename(args.kld_model), "text": os.path.basename(args.kld_text),
+            "baseline": KLD_BASELINE, "chunk": CAPACITY_TOKENS, "chunks": args.kld_chunks,
+            "kld_context": args.kld_context, "baseline_ppl": (base.get("ppl") or {}).get("ppl"),
+            "rows": rows}
 
 
 def llama_capacity(args, cache_type):
@@ -271,17 +338,52 @@ def load_only(args):
         print(json.dumps(row), flush=True)
 
 
-def measure(args):
+def measure(args, sections):
     os.makedirs(DATA, exist_ok=True)
     kvx = os.path.join(ROOT, "build/kvx")
     if not os.path.exists(args.model):
         subprocess.run([kvx, "gen-model", "--shape", "smollm2-135m", "--type", "q8_0", "-o", args.model], check=True)
+    data = {}
+    if set(sections) != set(SECTIONS):
+        if not os.path.exists(RAW):
+            sys.exit("--only needs the saved data (%s) to merge into; measure every section first" % RAW)
+        with open(RAW) as f:
+            data = json.load(f)
+    stamp = time.strftime("%Y-%m-%d %H:%M")
+    data["model"] = os.path.basename(args.model)
+    data["threads"] = args.threads
+    def save():  # after every section, so a later failure keeps what was measured
+        with open(RAW, "w") as f:
+            json.dump(data, f, indent=1)
+            f.write("\n")
+
+    if "load" in sections:
+        data.update(load_sections(args, kvx))
+        data["generated"] = stamp
+        save()
+    if "capacity" in sections:
+        cap = {"generated": stamp, "kld_context": args.kld_context, "kvx": [], "llama_cpp": []}
+        for kv in KVX_SPECS:
+            cap["kvx"].append(kvx_capacity(args, kv))
+        if args.llama_bin:
+            for t in LLAMA_CACHE_TYPES:
+                cap["llama_cpp"].append(llama_capacity(args, t))
+        else:
+            cap["llama_cpp"] = (data.get("capacity") or {}).get("llama_cpp", [])
+        data["capacity"] = cap
+        save()
+    if "kld" in sections:
+        data["kld"] = kld_table(args)
+        data["kld"]["generated"] = stamp
+        save()
+
+
+def load_sections(args, kvx):
+    """The load and prefix scenarios on both servers."""
     clients = [int(c) for c in args.clients.split(",")]
-    most = max(clients)
     ctx = args.prompt + args.gen + 16
-    data = {"generated": time.strftime("%Y-%m-%d %H:%M"), "model": os.path.basename(args.model),
-            "threads": args.threads, "prompt": args.prompt, "gen": args.gen, "per_client": args.per_client,
-            "prefix": args.prefix, "servers": {}, "capacity": {"kvx": [], "llama_cpp": []}}
+    data = {"prompt": args.prompt, "gen": args.gen, "per_client": args.per_client, "prefix": args.prefix,
+            "servers": {}}
     # Each client count gets its own server sized for it: kvx with --max-seqs N, llama-server with
     # N slots in N times the context (the same KV memory on both sides); the prefix scenario runs on
     # the one-client servers.
@@ -308,14 +410,7 @@ def measure(args):
             finally:
                 srv.stop()
         data["servers"][name] = {"load": rows, "prefix": prefix}
-    for kv in KVX_CODECS:
-        data["capacity"]["kvx"].append(kvx_capacity(args, kv))
-    if args.llama_bin:
-        for t in LLAMA_CACHE_TYPES:
-            data["capacity"]["llama_cpp"].append(llama_capacity(args, t))
-    with open(RAW, "w") as f:
-        json.dump(data, f, indent=1)
-        f.write("\n")
+    return data
 
 
 def fmt(x, digits=1):
@@ -344,20 +439,114 @@ def render_section(d):
         p = s["prefix"]
         out.append("| %s | %s | %s | %s |" % (names[name], fmt(p["ttft_miss_ms"]), fmt(p["ttft_hit_ms"]),
                                               fmt(p["ttft_miss_ms"] / p["ttft_hit_ms"], 2)))
-    out += ["", "4096-token sessions per GiB of KV (kvx: the pool's bytes in use while one session is held, from "
-            "`/metrics`; llama.cpp: the KV buffer it logs for a 4096-token context). Quality of each codec: "
-            "[docs/kv-quantization.md](kv-quantization.md).", "",
-            "| server | KV | bytes per 4096-token session | sessions per GiB |", "|---|---|---|---|"]
-    for r in d["capacity"]["kvx"]:
-        out.append("| kvx | `%s` | %s MiB | %s |" % (r["kv"], fmt(r["session_bytes"] / (1 << 20), 2),
-                                                     fmt(r["sessions_per_gib"])))
-    for r in d["capacity"].get("llama_cpp") or []:
-        if "error" in r:
-            out.append("| llama.cpp | `-ctk/-ctv %s` | %s | – |" % (r["cache_type"], r["error"]))
-        else:
-            out.append("| llama.cpp | `-ctk/-ctv %s` | %s MiB | %s |" % (
-                r["cache_type"], fmt(r["session_bytes"] / (1 << 20), 2), fmt(r["sessions_per_gib"])))
+    out += [""] + render_capacity(d)
     return "\n".join(out) + "\n"
+
+
+def goal_rows(d):
+    """Each kvx capacity spec with its ratio to llama.cpp's f16 sessions per GiB, its KLD row and the verdict."""
+    cap = d["capacity"]
+    llama_f16 = next((r for r in cap.get("llama_cpp") or [] if r.get("cache_type") == "f16" and "error" not in r),
+                     None)
+    kld = {r["kv"]: r for r in (d.get("kld") or {}).get("rows", [])}
+    rows = []
+    for r in cap["kvx"]:
+        ratio = r["sessions_per_gib"] / llama_f16["sessions_per_gib"] if llama_f16 else None
+        k = kld.get(r["kv"])
+        mean = k["kld_mean"] if k and k["ok"] else None
+        met = ratio is not None and mean is not None and ratio >= GOAL_RATIO and mean <= GOAL_KLD
+        rows.append((r, ratio, k, met))
+    return rows
+
+
+def fmt_kld(x):
+    return "%.4f" % x if x >= 1e-3 else "%.1e" % x
+
+
+def kld_command(kd):
+    """The eval command of the kld section, from its saved settings (threads do not change the numbers)."""
+    cmd = ["build/kvx", "eval", "-m", "../shared/models/recall/" + kd["model"], "--baseline", kd["baseline"],
+           "--tasks", "ppl,kld", "-f", "../shared/golden/" + kd["text"], "-c", str(kd["chunk"]), "--chunk",
+           str(kd["chunk"]), "--chunks", str(kd["chunks"]), "--kld-context", "%g" % kd["kld_context"],
+           "--compress", "included", "-q", "--json", "docs/results/serving/kld.eval.json"]
+    for r in kd["rows"]:
+        cmd += ["--kv", "'%s'" % r["kv"]]
+    return " ".join(cmd)
+
+
+def render_capacity(d):
+    cap = d["capacity"]
+    kd = d.get("kld")
+    ctx = cap.get("kld_context", 0.75)
+    n_prompt = int(round(ctx * CAPACITY_TOKENS))
+    out = ["### Sessions per GiB at equal quality", "",
+           "Regenerated on %s. A 4096-token session is a %d-token prompt (the context) followed by %d generated "
+           "tokens. kvx: one request on a fresh `kvx serve` (same smollm2-135m-shape GGUF, random weights) keeps its "
+           "sequence as a named session (`\"session\"`), with `ignore_eos` so it holds exactly 4096 tokens; the "
+           "pool's bytes in use (`kvx_pool_bytes_used` in `/metrics`) are read after the request ended, so the "
+           "figure is exact, not a poll. A spec with a policy that compresses once (`policy=snapkv` here) is "
+           "compressed by the scheduler when the prompt is in, before the first token is sampled; the generated "
+           "tokens after it stay uncompressed. llama.cpp: the KV buffer `llama-server` logs for a 4096-token "
+           "context (`-c 4096 -np 1`)." % (cap.get("generated", d.get("generated", "?")), n_prompt,
+                                          CAPACITY_TOKENS - n_prompt), ""]
+    if kd:
+        out += ["Quality is measured on a **real** model, not on the capacity model (its random weights make any "
+                "KLD meaningless): `%s` (the recall model: 8 layers, 2 KV heads, trained at 8192 tokens) on `%s` "
+                "(its held-out validation text), %d chunks of %d tokens, KLD against the `%s` KV cache. Every run, "
+                "baseline included, prefills the first %d tokens of a chunk, compresses (a no-op without a policy), "
+                "then scores the other %d positions token by token, teacher forced: the same context/tail split as "
+                "the capacity session (`kvx eval --kld-context %g`, [docs/eval.md](eval.md)). Command: `%s`." % (
+                    kd["model"], kd["text"], kd["chunks"], kd["chunk"], kd["baseline"],
+                    int(round(kd["kld_context"] * kd["chunk"])),
+                    kd["chunk"] - 1 - int(round(kd["kld_context"] * kd["chunk"])), kd["kld_context"],
+                    kld_command(kd)), ""]
+    out += ["| server | KV | bytes per 4096-token session | sessions per GiB | × llama.cpp f16 | mean KLD (± stderr) "
+            "| top-1 agreement | goal (≥ %gx and KLD ≤ %g) |" % (GOAL_RATIO, GOAL_KLD), "|---|---|---|---|---|---|---|---|"]
+    met_any = []
+    for r, ratio, k, met in goal_rows(d):
+        if k and k["ok"]:
+            kl = "%s ± %s" % (fmt_kld(k["kld_mean"]), fmt_kld(k["kld_stderr"]))
+            top1 = "%.1f%%" % (100 * k["top1"])
+        else:
+            kl = "–" if not k else "error: %s" % k.get("error")
+            top1 = "–"
+        verdict = "–" if ratio is None or not (k and k["ok"]) else ("**met**" if met else "no")
+        if met:
+            met_any.append(r["kv"])
+        out.append("| kvx | `%s` | %s MiB | %s | %s | %s | %s | %s |" % (
+            r["kv"], fmt(r["session_bytes"] / (1 << 20), 2), fmt(r["sessions_per_gib"]),
+            "–" if ratio is None else "%.2f×" % ratio, kl, top1, verdict))
+    for r in cap.get("llama_cpp") or []:
+        if "error" in r:
+            out.append("| llama.cpp | `-ctk/-ctv %s` | %s | – | – | – | – | – |" % (r["cache_type"], r["error"]))
+        else:
+            out.append("| llama.cpp | `-ctk/-ctv %s` | %s MiB | %s | %s | – | – | – |" % (
+                r["cache_type"], fmt(r["session_bytes"] / (1 << 20), 2), fmt(r["sessions_per_gib"]),
+                "%.2f×" % (r["sessions_per_gib"] / next(x["sessions_per_gib"] for x in cap["llama_cpp"]
+                                                         if x.get("cache_type") == "f16" and "error" not in x))))
+    rows = goal_rows(d)
+    if not kd:
+        out += ["", "**Goal (≥ %gx llama.cpp's f16 sessions per GiB at mean KLD ≤ %g): not judged**: no KLD data." % (
+            GOAL_RATIO, GOAL_KLD)]
+    elif met_any:
+        out += ["", "**Goal (≥ %gx llama.cpp's f16 sessions per GiB at mean KLD ≤ %g): met** by %s." % (
+            GOAL_RATIO, GOAL_KLD, ", ".join("`%s`" % m for m in met_any))]
+    else:
+        within = [(r["kv"], ratio) for r, ratio, k, _ in rows if k and k["ok"] and k["kld_mean"] <= GOAL_KLD]
+        best_q = max(within, key=lambda x: x[1] or 0) if within else None
+        dense = [(r["kv"], k["kld_mean"], k["kld_stderr"], ratio) for r, ratio, k, _ in rows
+                 if ratio and ratio >= GOAL_RATIO and k and k["ok"]]
+        best_d = min(dense, key=lambda x: x[1]) if dense else None
+        msg = "**Goal (≥ %gx llama.cpp's f16 sessions per GiB at mean KLD ≤ %g): not met.**" % (GOAL_RATIO, GOAL_KLD)
+        if best_q:
+            msg += " The most sessions at KLD ≤ %g: `%s`, %.2f× llama.cpp's f16." % (GOAL_KLD, best_q[0], best_q[1])
+        if best_d:
+            msg += " The lowest KLD at ≥ %g×: `%s` (%.2f×), mean KLD %s ± %s." % (
+                GOAL_RATIO, best_d[0], best_d[3], fmt_kld(best_d[1]), fmt_kld(best_d[2]))
+        out += ["", msg]
+    out += ["", "Quality of each codec on more models and tasks: [docs/kv-quantization.md](kv-quantization.md); "
+            "of the eviction policies: [docs/kv-eviction.md](kv-eviction.md)."]
+    return out
 
 
 def rendered_docs():
@@ -390,6 +579,17 @@ def main():
                     help="run kvx's load scenario at --clients only; print it with the step counters (no files)")
     ap.add_argument("--kvx", default=os.path.join(ROOT, "build/kvx"), help="the kvx binary for --load-only")
     ap.add_argument("--temperature", type=float, default=0, help="the requests' temperature for --load-only")
+    ap.add_argument("--only", help="comma-separated sections to measure (%s); the others are kept from the "
+                    "saved data" % ",".join(SECTIONS))
+    ap.add_argument("--kld-model", default=os.path.join(ROOT, "../shared/models/recall/recall-llama-8L-d512-f16.gguf"))
+    ap.add_argument("--kld-text", default=os.path.join(ROOT, "../shared/golden/recall_val.txt"))
+    ap.add_argument("--kld-chunks", type=int, default=2)
+    ap.add_argument("--kld-reuse", action="store_true", help="kld: read the eval report this script wrote "
+                    "before (docs/results/serving/kld.eval.json, same specs and --kld-context) instead of running it")
+    ap.add_argument("--kld-threads", type=int, help="threads of the kld eval (default --threads; no timing is "
+                    "taken there, so 1 thread wastes less on a loaded machine)")
+    ap.add_argument("--kld-context", type=float, default=0.75,
+                    help="the context's share of a 4096-token session / kld chunk (compressed once)")
     ap.add_argument("--render", action="store_true")
     ap.add_argument("--check", action="store_true")
     args = ap.parse_args()
@@ -407,7 +607,11 @@ def main():
         load_only(args)
         return
     if not args.render:
-        measure(args)
+        sections = args.only.split(",") if args.only else SECTIONS
+        bad = [x for x in sections if x not in SECTIONS]
+        if bad:
+            sys.exit("--only: unknown section(s) %s; choose from %s" % (", ".join(bad), ",".join(SECTIONS)))
+        measure(args, sections)
     for path, text in rendered_docs().items():
         with open(path, "w") as f:
             f.write(text)

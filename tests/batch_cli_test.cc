@@ -43,8 +43,9 @@ std::string WriteRequests(const std::string& name) {
   return path;
 }
 
-std::vector<nlohmann::json> RunBatch(const std::string& in, const std::string& out, const std::string& extra) {
-  std::vector<std::string> argv = {BinaryDir() + "/kvx", "batch", in, "-m", TinyModel(), "--kv", "codec=f16,page=16",
+std::vector<nlohmann::json> RunBatch(const std::string& in, const std::string& out, const std::string& extra,
+                                     const std::string& kv = "codec=f16,page=16") {
+  std::vector<std::string> argv = {BinaryDir() + "/kvx", "batch", in, "-m", TinyModel(), "--kv", kv,
                                    "-c", "512", "-o", out};
   if (!extra.empty()) argv.push_back(extra);
   const auto r = RunCommand(argv);
@@ -69,6 +70,21 @@ TEST(BatchCliTest, OneLinePerRequestSharedPrefixesOnce) {
     if (i % 3) cached += grouped[i]["cached_tokens"].get<int>() > 0;
   }
   EXPECT_EQ(cached, 6);  // every request with the shared system prompt started from the cache
+}
+
+// With a policy that compresses once, each request is compressed after its
+// prompt, but the shared prefixes' warm-ups are not (compress = false): the
+// requests still start from the cache.
+TEST(BatchCliTest, SharedPrefixesStillCachedWithAOncePolicy) {
+  const std::string in = WriteRequests("batch_once_in.jsonl");
+  const auto out = RunBatch(in, TempDir() + "/batch_once_out.jsonl", "", "codec=f16,page=16;policy=snapkv,ratio=0.5");
+  ASSERT_EQ(out.size(), 9u);
+  int cached = 0;
+  for (int i = 0; i < 9; ++i) {
+    EXPECT_FALSE(out[i].contains("error")) << out[i].dump();
+    if (i % 3) cached += out[i]["cached_tokens"].get<int>() > 0;
+  }
+  EXPECT_EQ(cached, 6);
 }
 
 TEST(BatchCliTest, BadLinesAreNamed) {

@@ -174,6 +174,52 @@ TEST(EvalTest, SelfSpecGivesZeroKldAndPplMatchesPerplexity) {
   EXPECT_TRUE(eval::XmlWellFormed(eval::ParetoSvg(*report), &err)) << err;
 }
 
+// With a policy that compresses once, ppl/kld split each chunk: the first
+// kld_context of it is prefilled and compressed, the rest scored token by
+// token, for the baseline and every spec alike. A spec equal to the
+// baseline still gives KLD exactly 0; the compressed spec holds fewer bytes
+// and differs; with --compress none the split is off (llama.cpp's protocol).
+TEST(EvalTest, OnceCompressionSplitsPplAndKldChunks) {
+  auto model = model::Model::Load(SyntheticModel());
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  ThreadPool threads(2);
+  eval::EvalOptions o;
+  o.tasks = {eval::Task::kPpl, eval::Task::kKld};
+  o.baseline = "codec=f32";
+  o.specs = {"codec=f32", "codec=f32;policy=snapkv,ratio=0.5,window=4,sinks=2"};
+  o.n_ctx = 128;
+  o.chunk = 64;
+  o.max_chunks = 3;
+  o.text = SomeText();
+  o.text_name = "synthetic";
+  o.kld_context = 0.75;
+  auto report = eval::RunEval(**model, &threads, o, {});
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_EQ(report->specs.size(), 3u);
+  const eval::SpecResult& base = report->specs[0];
+  const eval::SpecResult& self = report->specs[1];
+  const eval::SpecResult& snap = report->specs[2];
+  ASSERT_TRUE(self.kld && self.kld->ok && snap.kld && snap.kld->ok);
+  EXPECT_EQ(base.ppl->context, 48);
+  EXPECT_EQ(snap.kld->context, 48);
+  EXPECT_EQ(self.kld->n_positions, 3 * (64 - 1 - 48));
+  EXPECT_EQ(snap.ppl->n_scored, 3 * (64 - 1 - 48));
+  EXPECT_EQ(self.kld->mean, 0.0);
+  EXPECT_EQ(self.ppl->ppl, base.ppl->ppl);
+  EXPECT_GT(snap.kld->mean, 1e-4);  // about half of the context is gone
+  EXPECT_LT(snap.kld->kv.peak_bytes, self.kld->kv.peak_bytes);
+
+  o.compress = "none";  // only continuous policies act: one prefill, the second half scored
+  auto plain = eval::RunEval(**model, &threads, o, {});
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_EQ(plain->specs[2].kld->context, 0);
+  EXPECT_EQ(plain->specs[2].kld->n_positions, 3 * 31);
+  EXPECT_EQ(plain->specs[2].kld->kv.peak_bytes, plain->specs[1].kld->kv.peak_bytes);
+
+  o.kld_context = 1.0;
+  EXPECT_EQ(eval::RunEval(**model, &threads, o, {}).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(EvalTest, BudgetExhaustionIsReportedPerSpecAndTheRunGoesOn) {
   auto model = model::Model::Load(SyntheticModel());
   ASSERT_TRUE(model.ok());

@@ -116,6 +116,7 @@ Scheduler::Scheduler(Engine& engine, SchedulerOptions options) : engine_(engine)
   n_vocab_ = engine_.model().config().n_vocab;
   const kv::ResolvedKVSpec& spec = engine_.kv_manager().spec();
   block_bytes_ = KvBytesFor(spec.layout.page_tokens);
+  compress_once_ = engine_.kv_manager().HasOncePolicy();
   if (options_.prefix_cache) cache_ = std::make_unique<kv::RadixCache>(&engine_.kv_manager());
   start_time_ = Now();
   work_.pool_budget_bytes = engine_.pool().budget_bytes();
@@ -457,7 +458,10 @@ Status Scheduler::TryAdmit(Request& r, uint64_t* available, bool* admitted) {
       p.from_session = true;
       p.match.tokens = m.length(session->seq);
     } else if (cache_) {
-      p.match = cache_->Lookup(r.req.tenant_salt, full, n - 1);
+      // With a compression moment at the base's end, at least the base's
+      // last token is computed (cached prefixes are never compressed).
+      const int limit = CompressesAtBase(r) ? std::min<int>(n, static_cast<int>(r.base.size())) - 1 : n - 1;
+      p.match = cache_->Lookup(r.req.tenant_salt, full, limit);
     }
     if (s.index == 0) cached = p.match.tokens;
     need += KvBytesFor(n + 1) - KvBytesFor(p.match.tokens);
@@ -566,7 +570,9 @@ bool Scheduler::RunStep() {
       if (budget == 0) break;
       if (s.session == nullptr || s.finished || (s.pending.size() == 1 && !s.generated.empty())) continue;
       if (s.pending.empty()) continue;  // (cannot happen: a sequence with nothing pending sampled already)
-      const int n = std::min<int>(budget, static_cast<int>(s.pending.size()));
+      int n = std::min<int>(budget, static_cast<int>(s.pending.size()));
+      const int to_base = static_cast<int>(r->base.size()) - s.session->n_past();
+      if (CompressesAtBase(*r) && to_base > 0) n = std::min(n, to_base);  // stop at the compression moment
       rows.push_back({r.get(), &s, n});
       budget -= n;
     }
@@ -613,6 +619,7 @@ bool Scheduler::RunStep() {
   work_.steps++;
   work_.busy_seconds += t1 - t0;
   uint64_t prefill_tokens = 0;
+  std::vector<Sample*> reached;  // sequences that now hold their request's whole base
   for (const Row& row : rows) {
     row.s->pending.erase(row.s->pending.begin(), row.s->pending.begin() + row.n);
     if (row.s->generated.empty() || row.n > 1) {
@@ -620,6 +627,8 @@ bool Scheduler::RunStep() {
     } else {
       work_.decode_rows++;
     }
+    const int base = static_cast<int>(row.r->base.size()), now = row.s->session->n_past();
+    if (CompressesAtBase(*row.r) && now - row.n < base && now >= base) reached.push_back(row.s);
   }
   work_.prompt_tokens_computed += prefill_tokens;
   if (prefill_tokens == 0) {
@@ -633,6 +642,7 @@ bool Scheduler::RunStep() {
     if (seen.insert(row.r).second) order.push_back(row.r);
   }
   for (Request* r : order) {
+    if (!reached.empty() && !CompressAtBase(*r, reached)) continue;
     if (!r->samples[0].forked) continue;
     bool gone = false;
     // Samples waiting for sample 0's prompt fork first (they sample from
@@ -647,6 +657,37 @@ bool Scheduler::RunStep() {
     for (Sample* s : ready) AfterStep(*r, *s);
   }
   work_.sample_seconds += Now() - t1;
+  return true;
+}
+
+bool Scheduler::CompressesAtBase(const Request& r) const { return compress_once_ && r.req.compress; }
+
+// Compresses each of r's samples in `reached` (KVManager::Compress). A
+// policy may need pages (private copies of pages shared with the prefix
+// cache, compaction): when the pool cannot give them, evict cached pages,
+// else preempt the youngest request (maybe this one; a policy leaves a
+// consistent sequence when it fails half-way), and retry. False when the
+// request left the running set.
+bool Scheduler::CompressAtBase(Request& r, const std::vector<Sample*>& reached) {
+  for (Sample& s : r.samples) {
+    if (std::find(reached.begin(), reached.end(), &s) == reached.end()) continue;
+    if (s.session == nullptr) return false;  // preempted earlier in this step's aftermath
+    for (;;) {
+      const Status st = s.session->Compress();
+      if (st.ok()) break;
+      if (st.code() == StatusCode::kResourceExhausted) {
+        if (cache_ && cache_->Evict(block_bytes_) > 0) continue;
+        Request* victim = Youngest();
+        if (victim != &r || running_.size() > 1) {
+          Preempt(victim);
+          if (victim == &r) return false;
+          continue;
+        }
+      }
+      FailRequest(r, FinishReason::kError, st.WithContext("compressing the KV after the prompt"));
+      return false;
+    }
+  }
   return true;
 }
 

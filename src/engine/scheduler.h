@@ -36,6 +36,18 @@
 // when a prompt chunk seals it directly and from its f16 staging copy
 // otherwise, so with them chunking and cache hits change low-order bits.
 //
+// Compression moment: when the KV spec has policies that compress once
+// (KVPolicy::compresses_once, e.g. `policy=snapkv,ratio=0.5`), each sample's
+// sequence is compressed (Session::Compress) the moment it holds the
+// request's whole base (session + prompt), after that step's logits and
+// before its first token is sampled: query-aware, as `kvx run` does after
+// the prompt. Prefill chunks stop at that point, so a preempted request
+// (recomputed from its tokens) is compressed at the same token, and the
+// prefix cache lookup stops short of it. A resumed session's request is
+// compressed again after its prompt. Compressed sequences never enter the
+// prefix cache (their pages no longer hold their tokens); samples 1..n-1
+// fork the compressed sequence whole (pages shared, copied on write).
+//
 // Sessions (named sequences): a request with `save_session` keeps its
 // sequence (sample 0) under that name when it finishes; a request with
 // `resume_session` starts from that sequence's tokens and pages (a
@@ -123,6 +135,10 @@ struct GenerationRequest {
   // On a normal finish (length or stop), keep sample 0's sequence under
   // this name (replacing a session of that name).
   std::string save_session;
+  // Run the compression moment (policies that compress once) after the
+  // prompt. False keeps the whole prompt in the KV, e.g. a shared prefix's
+  // warm-up request whose sequence is meant for the prefix cache.
+  bool compress = true;
 };
 
 enum class FinishReason { kLength, kStop, kCancelled, kError };
@@ -309,6 +325,9 @@ class Scheduler {
   Status TryAdmit(Request& r, uint64_t* available, bool* admitted);
   bool RunStep();  // false: nothing to run
   void AfterStep(Request& r, Sample& s);
+  // The compression moment of the samples in `reached` that belong to `r`;
+  // false when the request failed (and left the running set).
+  bool CompressAtBase(Request& r, const std::vector<Sample*>& reached);
   bool ForkSiblings(Request& r);
   Request* Youngest();
   void Preempt(Request* r);
@@ -327,6 +346,8 @@ class Scheduler {
   std::unique_ptr<kv::RadixCache> cache_;
   int n_vocab_ = 0;
   uint64_t block_bytes_ = 0;  // KV bytes of one page_tokens block
+  bool compress_once_ = false;  // the spec has policies that compress once
+  bool CompressesAtBase(const Request& r) const;
 
   // Shared with other threads, under mu_.
   mutable std::mutex mu_;

@@ -104,13 +104,16 @@ model::SamplerOptions Sampling(uint64_t seed) {
   return o;
 }
 
-// The tokens `prompt` gives alone, through engine::Generate on its own engine.
-std::vector<int32_t> Alone(Engine& e, const std::vector<int32_t>& prompt, int max_tokens, uint64_t seed) {
+// The tokens `prompt` gives alone, through engine::Generate on its own engine
+// (`compress`: the KV policies compress once the prompt is in, as `kvx run`).
+std::vector<int32_t> Alone(Engine& e, const std::vector<int32_t>& prompt, int max_tokens, uint64_t seed,
+                           bool compress = false) {
   auto s = e.NewSession();
   EXPECT_TRUE(s.ok());
   GenerateOptions go;
   go.n_predict = max_tokens;
   go.sampler = Sampling(seed);
+  if (compress) go.compress_at = static_cast<int>(prompt.size());
   std::vector<int32_t> out;
   GenerateStats st;
   EXPECT_TRUE(Generate(s->get(), prompt, go, nullptr, &out, &st).ok());
@@ -319,6 +322,115 @@ TEST(SchedulerTest, SessionContinuesExactly) {
                  return s->SessionNames().empty() ? Status::Ok() : Internal("session not dropped");
                }).ok());
   ExpectInvariants(*s);
+}
+
+// Policies that compress once (mode=once, SnapKV here) are compressed when
+// the prompt is in, before the first token is sampled: each sample gives
+// what `kvx run` gives (Generate with compress_at = the prompt's length);
+// samples 1..n-1 fork the compressed sequence; the kept session is the
+// compressed one, and its next turn is compressed again after its prompt.
+TEST(SchedulerTest, CompressesOnceThePromptIsIn) {
+  const std::string kv = "codec=f16,page=16;policy=snapkv,ratio=0.5,window=8,sinks=2";
+  auto engine = MakeEngine(kv);
+  auto alone_engine = MakeEngine(kv, 256, 1);
+  ASSERT_TRUE(engine && alone_engine);
+  auto sched = Scheduler::Create(*engine, {});
+  ASSERT_TRUE(sched.ok());
+  Scheduler* s = sched->get();
+  Collector c;
+  GenerationRequest a;
+  a.prompt = Tokens(90, 21);
+  a.max_tokens = 10;
+  a.n = 2;
+  a.stop_at_eog = false;
+  a.sampling = Sampling(50);
+  a.save_session = "chat";
+  ASSERT_TRUE(s->Submit(a, c.Callback(0)).ok());
+  const Outcome oa = c.Wait(0);
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(oa.finish.at(i).status.ok()) << oa.finish.at(i).status.ToString();
+    EXPECT_EQ(oa.finish.at(i).tokens, Alone(*alone_engine, a.prompt, 10, 50 + i, true)) << "sample " << i;
+  }
+  // The kept session: 99 tokens, about half of them in the KV.
+  EXPECT_TRUE(s->RunBetweenSteps([s](Engine& e) -> Status {
+                 KVX_ASSIGN_OR_RETURN(kv::SeqId seq, s->SessionSequence("chat"));
+                 const kv::KVManager& m = e.kv_manager();
+                 if (!m.entries_removed(seq)) return Internal("the session was not compressed");
+                 const int live = m.kv(seq).LiveEntries(0, 0);
+                 if (live >= 70) return Internal("the session keeps " + std::to_string(live) + " of 99 entries");
+                 return Status::Ok();
+               }).ok());
+  // The next turn: pending token + prompt, compressed again after it.
+  GenerationRequest b;
+  b.prompt = Tokens(40, 22);
+  b.max_tokens = 6;
+  b.stop_at_eog = false;
+  b.sampling = Sampling(60);
+  b.resume_session = "chat";
+  ASSERT_TRUE(s->Submit(b, c.Callback(1)).ok());
+  const Outcome ob = c.Wait(1);
+  ASSERT_TRUE(ob.finish.at(0).status.ok()) << ob.finish.at(0).status.ToString();
+  {
+    auto session = alone_engine->NewSession();
+    ASSERT_TRUE(session.ok());
+    GenerateOptions go;
+    go.n_predict = 10;
+    go.sampler = Sampling(50);
+    go.compress_at = static_cast<int>(a.prompt.size());
+    std::vector<int32_t> first;
+    GenerateStats st;
+    ASSERT_TRUE(Generate(session->get(), a.prompt, go, nullptr, &first, &st).ok());
+    ASSERT_EQ(first, oa.finish.at(0).tokens);
+    const std::vector<int32_t> turn = Concat({first.back()}, b.prompt);
+    go.n_predict = 6;
+    go.sampler = Sampling(60);
+    go.compress_at = static_cast<int>(turn.size());
+    std::vector<int32_t> second;
+    ASSERT_TRUE(Generate(session->get(), turn, go, nullptr, &second, &st).ok());
+    EXPECT_EQ(ob.finish.at(0).tokens, second);
+  }
+  ExpectInvariants(*s);
+  // Nothing compressed went into the prefix cache.
+  EXPECT_EQ(s->Stats().cache_blocks, 0);
+}
+
+// Under preemption (recompute: prefill stops at the prompt's end, compresses
+// there, then feeds the generated tokens) a compressed request gives the
+// same tokens, and the pool stays within its budget.
+TEST(SchedulerTest, CompressionUnderPreemption) {
+  SchedulerOptions so;
+  so.max_step_tokens = 32;
+  so.max_running = 8;
+  auto engine = MakeEngine("codec=f16,page=16,budget=40000;policy=snapkv,ratio=0.5,window=8,sinks=2", 256, 1);
+  ASSERT_TRUE(engine);
+  auto sched = Scheduler::Create(*engine, so);
+  ASSERT_TRUE(sched.ok());
+  Collector c;
+  const std::vector<Job> jobs = MixedJobs();
+  // All submitted between two steps, so they arrive together whatever the
+  // machine's load (the pool then cannot hold them all: preemption).
+  ASSERT_TRUE((*sched)->RunBetweenSteps([&](Engine&) -> Status {
+                for (size_t i = 0; i < jobs.size(); ++i) {
+                  GenerationRequest r;
+                  r.prompt = jobs[i].prompt;
+                  r.max_tokens = jobs[i].max_tokens;
+                  r.sampling = Sampling(jobs[i].seed);
+                  KVX_RETURN_IF_ERROR((*sched)->Submit(r, c.Callback(static_cast<int>(i))).status());
+                }
+                return Status::Ok();
+              }).ok());
+  auto alone_engine = MakeEngine("codec=f16,page=16;policy=snapkv,ratio=0.5,window=8,sinks=2", 256, 1);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const Outcome o = c.Wait(static_cast<int>(i));
+    EXPECT_TRUE(o.finish.at(0).status.ok()) << i << ": " << o.finish.at(0).status.ToString();
+    // Recomputed up to the prompt's end, compressed there: the same tokens.
+    EXPECT_EQ(o.finish.at(0).tokens, Alone(*alone_engine, jobs[i].prompt, jobs[i].max_tokens, jobs[i].seed, true))
+        << "request " << i;
+  }
+  ExpectInvariants(**sched);
+  const SchedulerStats st = (*sched)->Stats();
+  EXPECT_GT(st.preemptions, 0u);
+  EXPECT_LE(st.pool_bytes_used, st.pool_budget_bytes);
 }
 
 // Admission order: priority first, then arrival; with one sequence at a

@@ -133,8 +133,14 @@ struct EvalOptions {
   // "included" after the whole prompt (query-aware), "none" never (only
   // continuous policies act). Retrieval prompts are split at
   // GenItem::question_start; copy compresses before the repeat in both
-  // modes; ppl and kld have no question (continuous policies only).
+  // modes. ppl and kld have no question: when some spec has a policy that
+  // compresses once and compress is not "none", every run (baseline too)
+  // splits each chunk: its first kld_context fraction is the context
+  // (prefill, then Compress), the rest is scored token by token (teacher
+  // forced; both modes mean the same there). Otherwise ppl and kld keep
+  // llama.cpp's protocol and only continuous policies act.
   std::string compress = "excluded";
+  double kld_context = 0.75;  // (0, 1): the context's share of a ppl/kld chunk in the split protocol
 };
 
 // Default answer tokens of a RULER task: room for its values in the probe
@@ -168,12 +174,14 @@ struct PplResult : TaskOutcome {
   int n_chunks = 0;
   int n_scored = 0;
   int chunk = 0;
+  int context = 0;  // split protocol (EvalOptions::compress): context tokens per chunk; 0: llama.cpp's protocol
 };
 
 struct KldResult : TaskOutcome {
   double mean = 0, mean_stderr = 0, median = 0, p90 = 0, p99 = 0, max = 0;
   double top1 = 0, top1_stderr = 0;  // fraction of positions where the argmax agrees
   int64_t n_positions = 0;
+  int context = 0;  // as PplResult::context
 };
 
 struct CopyDistance {

@@ -150,6 +150,10 @@ class Runner {
     if (o.compress != "excluded" && o.compress != "included" && o.compress != "none") {
       return InvalidArgument("--compress must be excluded, included or none (got '" + o.compress + "')");
     }
+    if (!(o.kld_context > 0.0 && o.kld_context < 1.0)) {
+      return InvalidArgument("--kld-context must be a fraction strictly between 0 and 1 (the context's share of a "
+                             "ppl/kld chunk), got " + std::to_string(o.kld_context));
+    }
     if (o.depths.empty()) o.depths = {0.0, 0.25, 0.5, 0.75, 1.0};
     for (double d : o.depths) {
       if (!(d >= 0.0 && d <= 1.0)) return InvalidArgument("depths are fractions in [0, 1]");
@@ -435,9 +439,47 @@ class Runner {
 
   // ---- ppl + kld: chunk by chunk over every spec ----
 
+  // Whether ppl/kld use the split protocol (EvalOptions::compress): some
+  // spec has a policy that compresses once, and compression is on.
+  bool SplitTextChunks() const {
+    if (opt_.compress == "none") return false;
+    for (const auto& rt : rts_) {
+      if (rt->kv_manager().HasOncePolicy()) return true;
+    }
+    return false;
+  }
+
+  // The split protocol's context tokens of a chunk: at least 1, and at
+  // least 2 tokens left to score.
+  int SplitContext(int chunk_len) const {
+    const int ctx = static_cast<int>(std::lround(opt_.kld_context * chunk_len));
+    return std::clamp(ctx, 1, chunk_len - 2);
+  }
+
+  // The chunk's logits of rows first..chunk_len-2. Split protocol: prefill
+  // the context (first tokens), Compress, then feed the rest one token at a
+  // time (teacher forced), each token's logits scored: every scored
+  // position sees the compressed context, as a served request's decode
+  // does. Otherwise one prefill with logits from row `first` on.
+  Status ChunkLogits(engine::Session& session, const std::vector<int32_t>& chunk, int first, bool split,
+                     std::vector<float>* logits) {
+    if (!split) return session.FeedWithLogits(chunk, first, logits);
+    const size_t n_vocab = static_cast<size_t>(model_.config().n_vocab);
+    const std::span<const int32_t> all(chunk);
+    KVX_RETURN_IF_ERROR(session.Feed(all.first(first)).status());
+    KVX_RETURN_IF_ERROR(session.Compress());
+    logits->resize((chunk.size() - 1 - first) * n_vocab);
+    for (size_t j = first; j + 1 < chunk.size(); ++j) {
+      KVX_ASSIGN_OR_RETURN(const float* row, session.Feed(all.subspan(j, 1)));
+      std::copy(row, row + n_vocab, logits->begin() + static_cast<long>((j - first) * n_vocab));
+    }
+    return Status::Ok();
+  }
+
   void RunTextTasks() {
     const int chunk_len = opt_.chunk;
-    const int first = chunk_len / 2;
+    const bool split = SplitTextChunks();
+    const int first = split ? SplitContext(chunk_len) : chunk_len / 2;
     const int n_rows = chunk_len - 1 - first;
     const int n_vocab = model_.config().n_vocab;
     const bool want_kld = Has(opt_.tasks, Task::kKld);
@@ -471,7 +513,7 @@ class Runner {
         const double t0 = Seconds();
         engine::Session& session = *sessions_[r];
         session.Reset();
-        const Status status = session.FeedWithLogits(chunk, first, &logits);
+        const Status status = ChunkLogits(session, chunk, first, split, &logits);
         if (!status.ok()) {
           s.error = status.message();
           session.Reset();
@@ -513,6 +555,7 @@ class Runner {
         p.kv = s.kv;
         p.seconds = s.seconds;
         p.chunk = chunk_len;
+        p.context = split ? first : 0;
         if (!s.error.empty()) {
           p.ok = false;
           p.error = s.error;
@@ -526,6 +569,7 @@ class Runner {
       }
       if (want_kld && r > 0) {
         KldResult k;
+        k.context = split ? first : 0;
         k.kv = s.kv;
         k.seconds = s.seconds;
         if (!st[0].error.empty() || !s.error.empty()) {

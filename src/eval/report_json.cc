@@ -145,6 +145,7 @@ EvalReport ReadReport(const json& j) {
   o.compress = s.contains("compress") ? s.at("compress").get<std::string>() : "none";  // older reports: none
   o.chunk = s.at("ppl").at("chunk").get<int>();
   o.max_chunks = s.at("ppl").at("max_chunks").get<int>();
+  o.kld_context = s.at("ppl").value("kld_context", 0.75);
   const json& copy = s.at("copy");
   o.copy_span = copy.at("span").get<int>();
   o.copy_skip = copy.at("skip").get<int>();
@@ -186,6 +187,7 @@ EvalReport ReadReport(const json& j) {
       p.n_chunks = pj.at("n_chunks").get<int>();
       p.n_scored = pj.at("n_scored").get<int>();
       p.chunk = pj.at("chunk").get<int>();
+      p.context = pj.value("context", 0);
       sr.ppl = p;
     }
     if (rj.contains("kld")) {
@@ -201,6 +203,7 @@ EvalReport ReadReport(const json& j) {
       k.top1 = Num(kj, "top1");
       k.top1_stderr = Num(kj, "top1_stderr");
       k.n_positions = kj.at("n_positions").get<int64_t>();
+      k.context = kj.value("context", 0);
       sr.kld = k;
     }
     if (rj.contains("copy")) {
@@ -275,7 +278,11 @@ json ReportToJson(const EvalReport& report) {
         {"n_gen", ruler_gen}}}};
   // Reports from before the compression moment existed read as "none" and
   // are written back without the key, so they round-trip unchanged.
-  if (o.compress != "none") settings["compress"] = o.compress;
+  if (o.compress != "none") {
+    settings["compress"] = o.compress;
+    // Only a compressing run splits its chunks; older reports stay byte-identical.
+    settings["ppl"]["kld_context"] = o.kld_context;
+  }
   const ModelInfo& m = report.model;
   json model{{"path", m.path},
              {"name", m.name},
@@ -302,6 +309,7 @@ json ReportToJson(const EvalReport& report) {
       p["n_chunks"] = s.ppl->n_chunks;
       p["n_scored"] = s.ppl->n_scored;
       p["chunk"] = s.ppl->chunk;
+      if (s.ppl->context > 0) p["context"] = s.ppl->context;
       j["ppl"] = p;
     }
     if (s.kld) {
@@ -315,6 +323,7 @@ json ReportToJson(const EvalReport& report) {
       k["top1"] = s.kld->top1;
       k["top1_stderr"] = s.kld->top1_stderr;
       k["n_positions"] = s.kld->n_positions;
+      if (s.kld->context > 0) k["context"] = s.kld->context;
       j["kld"] = k;
     }
     if (s.copy) {

@@ -108,8 +108,23 @@ Result<SeqId> KVManager::ForkPrefix(SeqId src_id, int n_tokens) {
   if (!HasSequence(src_id)) return NotFound("no sequence " + std::to_string(src_id));
   const Sequence& src = Seq(src_id);
   if (src.entries_removed) {
-    return InvalidArgument("sequence " + std::to_string(src_id) +
-                              " had entries removed by a policy: its pages no longer hold its token prefix");
+    if (n_tokens != static_cast<int>(src.tokens.size())) {
+      return InvalidArgument("sequence " + std::to_string(src_id) +
+                             " had entries removed by a policy: its pages no longer hold its token prefix, so only "
+                             "the whole sequence (" + std::to_string(src.tokens.size()) +
+                             " tokens) can be forked, not " + std::to_string(n_tokens));
+    }
+    // The whole sequence: every page shared (appends copy a shared last
+    // page first), tokens, positions and hashes as they are.
+    const SeqId id = next_id_++;
+    Sequence& s = seqs_[id];
+    s.kv = src.kv->Fork();
+    s.tokens = src.tokens;
+    s.positions = src.positions;
+    s.salt = src.salt;
+    s.block_hashes = src.block_hashes;
+    s.entries_removed = true;
+    return id;
   }
   if (n_tokens < 0 || n_tokens > static_cast<int>(src.tokens.size())) {
     return InvalidArgument("prefix of " + std::to_string(n_tokens) + " tokens is outside sequence " +
@@ -318,6 +333,13 @@ Status KVManager::Compress(SeqId seq) {
   // sequence's end), so compression lowers RSS, not just the pool's count.
   MaybeReleaseMemory();
   return Status::Ok();
+}
+
+bool KVManager::HasOncePolicy() const {
+  for (const auto& policy : policies_) {
+    if (policy->compresses_once()) return true;
+  }
+  return false;
 }
 
 void KVManager::AddPolicy(std::unique_ptr<KVPolicy> policy) { policies_.push_back(std::move(policy)); }

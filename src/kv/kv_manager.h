@@ -118,8 +118,11 @@ class KVManager {
   // A new empty sequence whose block hashes start from `salt`.
   SeqId AddSequence(uint64_t salt = 0);
   // A new sequence holding src's first n_tokens tokens (0 <= n_tokens <=
-  // its length) and their block hashes; same salt. FailedPrecondition when
-  // src had entries removed (its pages no longer hold its token prefix);
+  // its length) and their block hashes; same salt. When src had entries
+  // removed (its pages no longer hold its token prefix) only the whole
+  // sequence can be forked (n_tokens == its length: every page shared,
+  // copied on write, the removal carried over); a shorter prefix is
+  // InvalidArgument;
   // ResourceExhausted when a partial page's copy does not fit (unchanged).
   Result<SeqId> ForkPrefix(SeqId src, int n_tokens);
   // A saved sequence (engine/session_file.h): everything a sequence holds.
@@ -178,6 +181,9 @@ class KVManager {
   // (kv/policy/policy.h), then the freed memory goes back to the OS past
   // the release watermark, as when a sequence ends. REQUIRES: not in a step.
   Status Compress(SeqId seq);
+  // Whether some policy acts only at that moment (KVPolicy::compresses_once):
+  // then whoever drives the sequences must call Compress.
+  bool HasOncePolicy() const;
 
   // --- Policies (kv/policy/policy.h), run after every committed step ---
   void AddPolicy(std::unique_ptr<KVPolicy> policy);

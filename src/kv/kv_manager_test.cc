@@ -340,7 +340,16 @@ TEST(KVManagerTest, RandomizedOperationsKeepInvariants) {
         }
       } else if (what == 7) {  // fork a prefix
         const SeqId src = live[rng() % live.size()];
-        if (m->entries_removed(src)) continue;
+        if (m->entries_removed(src)) {  // only the whole sequence forks
+          if (m->length(src) > 0) {
+            ASSERT_EQ(m->ForkPrefix(src, m->length(src) - 1).status().code(), StatusCode::kInvalidArgument);
+          }
+          auto f = m->ForkPrefix(src, m->length(src));
+          ASSERT_TRUE(f.ok()) << f.status().ToString();
+          ASSERT_TRUE(m->entries_removed(*f));
+          live.push_back(*f);
+          continue;
+        }
         auto f = m->ForkPrefix(src, static_cast<int>(rng() % (m->length(src) + 1)));
         if (f.ok()) live.push_back(*f);
       } else if (what == 8) {  // a policy drops entries of one head

@@ -196,6 +196,7 @@ std::optional<ApiError> ParseCompletionRequest(const std::string& body, bool cha
   }
   if (auto e = GetString(j, "user", &out->user)) return e;
   if (auto e = GetString(j, "session", &out->session)) return e;
+  if (auto e = GetBool(j, "ignore_eos", &out->ignore_eos)) return e;
   if (!out->session.empty() && !ValidSessionName(out->session)) {
     return Bad("session", "'session' must be 1-64 characters of A-Z, a-z, 0-9, _ and -");
   }

@@ -9,7 +9,9 @@
 // stream, stream_options.include_usage, stop (string or up to 4 strings),
 // seed, user (the tenant: prefix-cache entries are never shared between
 // users), echo (completions). kvx extensions: top_k, min_p,
-// repeat_penalty, session (a named session to continue and keep).
+// repeat_penalty, session (a named session to continue and keep),
+// ignore_eos (llama-server's name: generate past the end-of-generation
+// tokens, e.g. to fill a session to a length).
 // presence_penalty, frequency_penalty, logit_bias must be 0/empty
 // (InvalidArgument otherwise), logprobs is refused: not silently ignored.
 //
@@ -60,6 +62,7 @@ struct CompletionParams {
   std::vector<std::string> stop;
   std::string user;
   std::string session;
+  bool ignore_eos = false;
 };
 
 struct ParseLimits {

@@ -353,6 +353,7 @@ void Server::Routes() {
       g.sampling.repeat_penalty = p.repeat_penalty;
       g.sampling.seed = p.seed ? *p.seed : std::random_device{}();
       g.n = p.n;
+      g.stop_at_eog = !p.ignore_eos;
       if (chat) g.stop_tokens = chat_->stop_tokens();
       if (!p.user.empty()) g.tenant_salt = XXH3_64bits(p.user.data(), p.user.size()) | 1;
       if (!p.session.empty()) {

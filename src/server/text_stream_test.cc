@@ -66,8 +66,9 @@ std::optional<ApiError> Parse(const std::string& body, bool chat = false) {
 TEST(OpenAIParseTest, GoodRequestsParse) {
   CompletionParams p;
   ASSERT_FALSE(ParseCompletionRequest(
-      R"({"model":"m","prompt":"hi","max_tokens":5,"temperature":0,"top_p":0.5,"n":2,"stop":["a","b"],"seed":7,"stream":true,"stream_options":{"include_usage":true},"user":"u","session":"s-1"})",
+      R"({"model":"m","prompt":"hi","max_tokens":5,"temperature":0,"top_p":0.5,"n":2,"stop":["a","b"],"seed":7,"stream":true,"stream_options":{"include_usage":true},"user":"u","session":"s-1","ignore_eos":true})",
       false, ParseLimits{}, &p));
+  EXPECT_TRUE(p.ignore_eos);
   EXPECT_EQ(p.prompt, "hi");
   EXPECT_EQ(*p.max_tokens, 5);
   EXPECT_EQ(p.n, 2);
@@ -98,6 +99,7 @@ TEST(OpenAIParseTest, BadFieldsNameTheParameter) {
       {R"({"prompt":"x","logprobs":true})", "logprobs"},
       {R"({"prompt":"x","presence_penalty":1})", "presence_penalty"},
       {R"({"prompt":"x","session":"../etc"})", "session"},
+      {R"({"prompt":"x","ignore_eos":1})", "ignore_eos"},
       {R"({"prompt":["a","b"]})", "prompt"},
       {R"({"prompt":[-1]})", "prompt"},
       {R"({"prompt":{}})", "prompt"},

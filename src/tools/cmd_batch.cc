@@ -189,6 +189,7 @@ Status Batch(const BatchFlags& flags) {
     r.prompt.assign(prompts[g.members[0]].begin(), prompts[g.members[0]].begin() + g.prefix_tokens);
     r.max_tokens = 1;
     r.sampling.temperature = 0;
+    r.compress = false;  // its whole KV is for the prefix cache; the requests compress their own
     warm.Add();
     ++warmups;
     KVX_RETURN_IF_ERROR(sched->Submit(std::move(r), [&warm](const engine::RequestEvent& e) {

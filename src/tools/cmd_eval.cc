@@ -139,6 +139,10 @@ void RegisterEval(CLI::App& app, int* exit_code) {
                   "passkey/needle/niah*/vt: depths in [0,1], comma-separated (default: 0,.25,.5,.75,1)")
       ->delimiter(',')
       ->check(NumberIn(0, 1, false, false, "a fraction of the sequence"));
+  cmd->add_option("--kld-context", o.kld_context,
+                  "ppl/kld with a policy that compresses once (and --compress excluded|included): the context's "
+                  "share of each chunk (prefill, then compress); the rest is scored token by token")
+      ->capture_default_str();
   cmd->add_option("--compress", o.compress,
                   "When KV policies compress once (Session::Compress): excluded = after the context, before the "
                   "question (the cache could serve any question); included = after the whole prompt (query-aware); "

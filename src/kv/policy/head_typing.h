@@ -58,6 +58,7 @@ class HeadTypingPolicy : public KVPolicy {
   std::string_view name() const override { return name_; }
   Status OnStepCommitted(KVManager& manager, SeqId seq) override;
   Status Compress(KVManager& manager, SeqId seq) override;
+  bool compresses_once() const override { return !continuous_; }
   Status CheckSpec(const KVSpec& spec, const KVLayout& layout) const override;
 
   const std::vector<uint8_t>& retrieval() const { return retrieval_; }

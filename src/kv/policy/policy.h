@@ -43,6 +43,11 @@ class KVPolicy {
     (void)seq;
     return Status::Ok();
   }
+  // Whether the policy acts only at that moment (mode=once): then a caller
+  // that serves requests must call Compress itself (the scheduler does,
+  // once a request's prompt is in the KV; kvx eval's ppl/kld split the text
+  // into a context and a scored rest). Continuous policies answer false.
+  virtual bool compresses_once() const { return false; }
   // The sequence ended or was reset: drop any state kept for it.
   virtual void OnSequenceReleased(SeqId seq) { (void)seq; }
   // Checks the policy against the resolved spec (codec, layout) before any

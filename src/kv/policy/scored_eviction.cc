@@ -174,14 +174,21 @@ Status ScoredEvictionPolicy::Evict(KVManager& manager, SeqId seq) {
       for (size_t i = 0; i < slots[h].size(); ++i) (kept[h][i] ? stay : evicted).push_back(slots[h][i]);
       if (evicted.empty()) continue;
       std::sort(stay.begin(), stay.end());
-      KVX_RETURN_IF_ERROR(fate_->Apply(manager, seq, l, h, evicted, stay));
+      if (Status st = fate_->Apply(manager, seq, l, h, evicted, stay); !st.ok()) {
+        // Heads done so far stay evicted: the sequence must say so.
+        if (removed) manager.MarkEntriesRemoved(seq);
+        return st;
+      }
       stats_.evicted += static_cast<int64_t>(evicted.size());
       removed = true;
       const PageTable& t = kv.table(l, h);
       const double fill = t.num_pages() == 0 ? 1.0 : static_cast<double>(t.live()) / (static_cast<double>(t.num_pages()) * T);
       if (fill < config_.compact) {
         const int before = t.num_pages();
-        KVX_RETURN_IF_ERROR(kv.Compact(l, h));
+        if (Status st = kv.Compact(l, h); !st.ok()) {
+          manager.MarkEntriesRemoved(seq);
+          return st;
+        }
         if (kv.table(l, h).num_pages() < before) ++stats_.compactions;
       }
     }

@@ -95,6 +95,7 @@ class ScoredEvictionPolicy : public KVPolicy {
   std::string_view name() const override { return name_; }
   Status OnStepCommitted(KVManager& manager, SeqId seq) override;
   Status Compress(KVManager& manager, SeqId seq) override;
+  bool compresses_once() const override { return !config_.continuous; }
   void OnSequenceReleased(SeqId seq) override;
   Status CheckSpec(const KVSpec& spec, const KVLayout& layout) const override;
   AttentionObserver* observer() override { return recorder_.get(); }
