@@ -108,6 +108,13 @@ METHODS = {
         lambda r, n: "codec=f16;policy=knorm,ratio=%g" % r,
         "Devoto et al. 2024 (kvpress KnormPress): keep the keys with the lowest L2 norm.",
         "Norm of the stored key; no observer (fast kernels stay on); no sinks or window."),
+    "mikv": (
+        lambda r, n: "codec=f16;policy=mikv,ratio=%g,mode=once" % r,
+        "Yang et al. 2024 (MiKV): H2O importance plus a recent window; the evicted are kept at 2-4 bits "
+        "instead of dropped (\"no token left behind\"), the important at high precision.",
+        "fate=demote: the evicted move into int2 pages (group 32) of their own chain and stay attended; the "
+        "ratio is the fraction demoted, so the bytes saved are about 0.8 x ratio of f16, not the ratio; no "
+        "per-channel key balancer (docs/kv-merging.md)."),
     "random": (
         lambda r, n: "codec=f16;policy=random,ratio=%g" % r,
         "The floor: seeded random eviction.",

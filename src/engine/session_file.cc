@@ -198,6 +198,19 @@ Result<std::string> EncodeSession(const Engine& engine, kv::SeqId seq, const Ses
     return Unimplemented("this session's cache was merged across layers (policy=minicache): session files "
                               "cannot store its shared pages and per-layer norms yet; save before compressing");
   }
+  // The file records each page as f16 or packed: a page of another format
+  // (MiKV's demoted pages) could not be read back as it was.
+  for (int l = 0; l < layout.n_layers; ++l) {
+    for (int h = 0; h < layout.n_kv_heads; ++h) {
+      const kv::PageTable& t = kv.table(l, h);
+      for (int p = 0; p < t.num_pages(); ++p) {
+        if (t.format(p) != kv::kPagePacked && t.format(p) != kv::kPageFull) {
+          return InvalidArgument("this sequence holds demoted KV pages (policy mikv / fate=demote), which session "
+                                 "files cannot store yet; save before compressing, or use fate=drop");
+        }
+      }
+    }
+  }
   for (int l = 0; l < layout.n_layers; ++l) {
     for (int h = 0; h < layout.n_kv_heads; ++h) {
       const kv::PageTable& t = kv.table(l, h);

@@ -154,17 +154,14 @@ bool SoftmaxStep(float* s, int ss, int n, int nr, float* mx, float* sum, float* 
   return any;
 }
 
-// s[r*ss + j] = q_r . K_j for the page's m entries, in whatever form the page has.
+// s[r*ss + j] = q_r . K_j for the page's m entries, the page encoded with
+// codec C and `params` (the page's format, page_table.h).
 template <PageCodec C>
-void PageScores(const Job& job, bool full, const uint8_t* page, int m, const float* q, int nr, float* s, int ss) {
-  const CodecParams& params = job.lc->params;
+void PageScores(const Job& job, const CodecParams& params, const uint8_t* page, int m, const float* q, int nr, float* s,
+                int ss) {
   const uint8_t* data = page + PageDataOffset(job.T);
   if (!job.pre_rope) {
-    if (full) {
-      F16Codec::Scores(params, data, m, q, nr, s, ss);
-    } else {
-      C::Scores(params, data, m, q, nr, s, ss);
-    }
+    C::Scores(params, data, m, q, nr, s, ss);
     return;
   }
   // Pre-RoPE keys (KVQuant): decode this page's keys to a one-page tile, undo
@@ -194,11 +191,7 @@ void PageScores(const Job& job, bool full, const uint8_t* page, int m, const flo
   for (int r = 0; r < nr; ++r) rotate(&qrot[static_cast<size_t>(r) * D], p0, /*inverse=*/true);
   std::vector<float>& tile = tls_scratch.tile;
   tile.resize(static_cast<size_t>(m) * D);
-  if (full) {
-    F16Codec::DecodeKeys(params, data, m, tile.data());
-  } else {
-    C::DecodeKeys(params, data, m, tile.data());
-  }
+  C::DecodeKeys(params, data, m, tile.data());
   for (int j = 0; j < m; ++j) {
     float* row = &tile[static_cast<size_t>(j) * D];
     if (pos[j] == kDeadPosition) continue;  // never attended (masked below), has no RoPE angle
@@ -212,6 +205,37 @@ void PageScores(const Job& job, bool full, const uint8_t* page, int m, const flo
   for (int r = 0; r < nr; ++r) {
     F32Codec::ScoresScalar(tile.data(), D, m, &qrot[static_cast<size_t>(r) * D], s + static_cast<size_t>(r) * ss);
   }
+}
+
+// --- Pages in a format of their own (page_table.h: MiKV's demoted pages) ---
+// The layer codec C and f16 are compiled into RunItem; any other format is
+// dispatched here at run time, once per page visit, with the format's codec.
+
+// Whether page p is read as f16 (the fused kernel's runs): full pages, and
+// packed pages of an f16 layer.
+template <PageCodec C>
+bool F16Form(const PageTable& t, int p) {
+  return t.format(p) == kPageFull || (std::is_same_v<C, F16Codec> && t.format(p) == kPagePacked);
+}
+
+// PageScores for a page of `format`, whatever it is.
+template <PageCodec C>
+void FormatPageScores(const Job& job, PageFormat format, const uint8_t* page, int m, const float* q, int nr, float* s,
+                      int ss) {
+  if (format == kPagePacked) return PageScores<C>(job, job.lc->params, page, m, q, nr, s, ss);
+  if (format == kPageFull) return PageScores<F16Codec>(job, job.lc->params, page, m, q, nr, s, ss);
+  const SequenceKV::FormatCodec fc = job.kv->format_codec(job.layer, format);
+  DispatchCodec(fc.id, [&](auto codec) { PageScores<decltype(codec)>(job, *fc.params, page, m, q, nr, s, ss); });
+}
+
+// AccumulateValues for a page of `format`, whatever it is.
+template <PageCodec C>
+void FormatAccumulateValues(const Job& job, PageFormat format, const uint8_t* data, int m, const float* w, int nr,
+                            int ws, float* acc) {
+  if (format == kPagePacked) return C::AccumulateValues(job.lc->params, data, m, w, nr, ws, acc);
+  if (format == kPageFull) return F16Codec::AccumulateValues(job.lc->params, data, m, w, nr, ws, acc);
+  const SequenceKV::FormatCodec fc = job.kv->format_codec(job.layer, format);
+  DispatchCodec(fc.id, [&](auto codec) { decltype(codec)::AccumulateValues(*fc.params, data, m, w, nr, ws, acc); });
 }
 
 // Asks for the whole of the next page of a chain while this one is computed
@@ -330,10 +354,10 @@ void RunItem(Job& job, int h, int block, int chunk, PageId after) {
   const PageId* ids = t.pages().data();
   for (int i = i0; i < i1; ++i) {
     const int p = P(i);
-    if (fused && (std::is_same_v<C, F16Codec> || t.is_full(p))) {  // the run of f16 pages P([i, e))
+    if (fused && F16Form<C>(t, p)) {  // the run of f16 pages P([i, e))
       run.clear();
       int m_last = T, e = i;
-      for (; e < i1 && (std::is_same_v<C, F16Codec> || t.is_full(P(e))); ++e) {
+      for (; e < i1 && F16Form<C>(t, P(e)); ++e) {
         const int pe = P(e);
         const uint8_t* page = pool.PageData(ids[pe]);
         const int m = t.EntriesInPage(pe, T);
@@ -365,7 +389,7 @@ void RunItem(Job& job, int h, int block, int chunk, PageId after) {
     const size_t first_part = next_bytes / 2 / 64 * 64;
     if (next != nullptr) PrefetchPage(next, first_part);
     float* sp = s.scores.data();  // [nr][T]
-    PageScores<C>(job, t.is_full(p), page, m, s.q.data(), nr, sp, T);
+    FormatPageScores<C>(job, t.format(p), page, m, s.q.data(), nr, sp, T);
     if (scaled) ScaleEntries(t.k_scales(p), m, nr, sp, T);  // q.(a k) = a (q.k)
     for (int r = 0; r < nr; ++r) {
       if (pos_max <= qp[r]) continue;  // the whole page is visible to this row (always, in decode)
@@ -390,11 +414,7 @@ void RunItem(Job& job, int h, int block, int chunk, PageId after) {
     if (!any) continue;
     if (scaled) ScaleEntries(t.v_scales(p), m, nr, sp, T);  // weight p on (b v) = weight p b on v, after the sum
     const uint8_t* data = page + PageDataOffset(T);
-    if (t.is_full(p)) {
-      F16Codec::AccumulateValues(job.lc->params, data, m, sp, nr, T, acc);
-    } else {
-      C::AccumulateValues(job.lc->params, data, m, sp, nr, T, acc);
-    }
+    FormatAccumulateValues<C>(job, t.format(p), data, m, sp, nr, T, acc);
   }
   if (writes_outputs) {
     for (int r = 0; r < nr; ++r) {

@@ -14,9 +14,18 @@
 // of partly dead pages into fewer pages. Heads of one sequence may hold
 // different numbers of slots and of live entries.
 //
-// Each page is either packed (the layer codec's encoding) or full (f16: a
-// staging page of a sealed codec that is still being filled or is inside the
-// residual window, or a sink page); see LayerCodec::IsFullPage.
+// Page formats. Each page has a format (PageFormat, one byte beside its id):
+// packed (the layer codec's encoding), full (f16: a staging page of a sealed
+// codec that is still being filled or is inside the residual window, or a
+// sink page; see LayerCodec::IsFullPage), or demoted (MiKV: entries an
+// eviction policy chose, kept in the sequence's low-bit demotion codec
+// instead of dropped; SequenceKV::DemoteEntries). SequenceKV::FormatCodec
+// maps a (layer, format) to the codec and parameters its pages are read and
+// written with, and each format has its own pool size class; attention,
+// compaction and copies dispatch per page on it. Demoted pages always hold
+// page_tokens slots (dead ones padded) and sit after the sink pages, before
+// the rest of the chain, so the layer codec's rules (sealing, staging) never
+// see them.
 //
 // The table only records page ids; it does not own references by itself:
 // SequenceKV takes and drops the pool references for the pages it lists.
@@ -53,6 +62,13 @@ namespace kvx::kv {
 // The stored position of a dead slot: after every query, so never attended.
 inline constexpr int32_t kDeadPosition = std::numeric_limits<int32_t>::max();
 
+// How a page is encoded (see the header comment).
+using PageFormat = uint8_t;
+inline constexpr PageFormat kPagePacked = 0;   // the layer codec
+inline constexpr PageFormat kPageFull = 1;     // f16: staging and sink pages
+inline constexpr PageFormat kPageDemoted = 2;  // the sequence's demotion codec (MiKV)
+inline constexpr int kPageFormats = 3;
+
 class PageTable {
  public:
   PageTable() = default;
@@ -63,7 +79,8 @@ class PageTable {
   int live() const { return live_; }
   const std::vector<PageId>& pages() const { return pages_; }
   // Whether page `index` is stored in f16 rather than the layer codec.
-  bool is_full(int index) const { return full_[index] != 0; }
+  bool is_full(int index) const { return format_[index] == kPageFull; }
+  PageFormat format(int index) const { return format_[index]; }
   // Live entries of page `index`.
   int live_in_page(int index) const { return live_in_page_[index]; }
   int num_pages() const { return static_cast<int>(pages_.size()); }
@@ -78,16 +95,18 @@ class PageTable {
 
   // Mutators, used by SequenceKV. AddPage/ReplacePage/set_length keep the
   // live counts in step for appends: new slots are live.
-  void AddPage(PageId id, bool full = false) {
+  void AddPage(PageId id, bool full = false) { AddPage(id, full ? kPageFull : kPagePacked); }
+  void AddPage(PageId id, PageFormat format) {
     pages_.push_back(id);
-    full_.push_back(full ? 1 : 0);
+    format_.push_back(format);
     live_in_page_.push_back(0);
     if (bounds_dim_ > 0) AppendEmptyBounds(1);
     if (scale_page_tokens_ > 0) AppendUnitScales(1);
   }
-  void ReplacePage(int index, PageId id, bool full) {
+  void ReplacePage(int index, PageId id, bool full) { ReplacePage(index, id, full ? kPageFull : kPagePacked); }
+  void ReplacePage(int index, PageId id, PageFormat format) {
     pages_[index] = id;
-    full_[index] = full ? 1 : 0;
+    format_[index] = format;
   }
   // Grows the chain to `length` slots, the new ones live. REQUIRES: length >=
   // length() and num_pages() covers it.
@@ -110,7 +129,7 @@ class PageTable {
     KVX_DCHECK(live_in_page_[index] == 0);
     const int slots = EntriesInPage(index, page_tokens);
     pages_.erase(pages_.begin() + index);
-    full_.erase(full_.begin() + index);
+    format_.erase(format_.begin() + index);
     live_in_page_.erase(live_in_page_.begin() + index);
     if (bounds_dim_ > 0) {
       const auto b = bounds_.begin() + static_cast<ptrdiff_t>(index) * 2 * bounds_dim_;
@@ -123,22 +142,25 @@ class PageTable {
     }
     length_ -= slots;
   }
-  // Replaces pages [first, last) by `ids` (all packed or all full as
-  // `full`), holding `live` live entries in their first slots and dead ones
-  // after, `ids.size() * page_tokens` slots in all. For compaction.
-  void ReplaceRun(int first, int last, const std::vector<PageId>& ids, bool full, const std::vector<int>& live,
-                  int page_tokens) {
+  // Replaces pages [first, last) by `ids` (all of `format`), holding `live`
+  // live entries in their first slots and dead ones after,
+  // `ids.size() * page_tokens` slots in all. For compaction, and (first ==
+  // last) to insert whole pages (demotion).
+  void ReplaceRun(int first, int last, const std::vector<PageId>& ids, PageFormat format,
+                  const std::vector<int>& live, int page_tokens) {
     int removed_live = 0;
     for (int p = first; p < last; ++p) removed_live += live_in_page_[p];
     int added_live = 0;
     for (int n : live) added_live += n;
-    KVX_CHECK(removed_live == added_live && ids.size() == live.size());
+    // Compaction keeps the live entries; an insertion (first == last) adds them.
+    KVX_CHECK((first == last || removed_live == added_live) && ids.size() == live.size());
+    live_ += added_live - removed_live;
     const int removed_slots = (last - first) * page_tokens;
     pages_.erase(pages_.begin() + first, pages_.begin() + last);
-    full_.erase(full_.begin() + first, full_.begin() + last);
+    format_.erase(format_.begin() + first, format_.begin() + last);
     live_in_page_.erase(live_in_page_.begin() + first, live_in_page_.begin() + last);
     pages_.insert(pages_.begin() + first, ids.begin(), ids.end());
-    full_.insert(full_.begin() + first, ids.size(), full ? 1 : 0);
+    format_.insert(format_.begin() + first, ids.size(), format);
     live_in_page_.insert(live_in_page_.begin() + first, live.begin(), live.end());
     if (bounds_dim_ > 0) {  // the new pages' bounds start empty: the caller fills them
       const size_t w = 2 * static_cast<size_t>(bounds_dim_);
@@ -161,7 +183,7 @@ class PageTable {
   void Truncate(int length, int page_tokens) {
     const int np = (length + page_tokens - 1) / page_tokens;
     pages_.resize(np);
-    full_.resize(np);
+    format_.resize(np);
     live_in_page_.resize(np);
     bounds_.resize(static_cast<size_t>(np) * 2 * bounds_dim_);
     k_scale_.resize(static_cast<size_t>(np) * scale_page_tokens_);
@@ -176,7 +198,7 @@ class PageTable {
   }
   void Reset() {
     pages_.clear();
-    full_.clear();
+    format_.clear();
     live_in_page_.clear();
     bounds_.clear();
     k_scale_.clear();
@@ -236,7 +258,7 @@ class PageTable {
   }
 
   std::vector<PageId> pages_;
-  std::vector<uint8_t> full_;
+  std::vector<PageFormat> format_;
   std::vector<int32_t> live_in_page_;
   std::vector<float> bounds_;  // [num_pages][2][bounds_dim_] when bounds_dim_ > 0
   int bounds_dim_ = 0;

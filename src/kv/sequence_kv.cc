@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "kv/codec/codecs.h"
+#include "kv/sequence_kv_pages.h"
 #include "util/check.h"
 
 namespace kvx::kv {
@@ -132,6 +133,10 @@ std::unique_ptr<SequenceKV> SequenceKV::EmptyCopy() const {
   auto copy = std::make_unique<SequenceKV>(pool_, layout_, codec_);
   copy->size_class_ = size_class_;
   copy->selection_ = selection_;
+  copy->demote_id_ = demote_id_;
+  copy->demote_params_ = demote_params_;
+  copy->demote_page_bytes_ = demote_page_bytes_;
+  copy->demote_class_ = demote_class_;
   copy->rope_ = rope_;
   copy->rope_set_ = rope_set_;
   copy->max_pos_ = max_pos_;
@@ -423,7 +428,6 @@ void SequenceKV::WriteHead(int layer, int h, int n, const int32_t* pos, const fl
 }
 
 void SequenceKV::RefreshBounds(int layer, PageTable& t, int p) const {
-  const LayerCodec& lc = layers_[layer];
   const int T = layout_.page_tokens, D = layout_.head_dim;
   const uint8_t* page = pool_->PageData(t.pages()[p]);
   const uint8_t* data = page + PageDataOffset(T);
@@ -431,14 +435,11 @@ void SequenceKV::RefreshBounds(int layer, PageTable& t, int p) const {
   const int m = t.EntriesInPage(p, T);
   thread_local std::vector<float> keys;
   keys.resize(static_cast<size_t>(T) * D);
-  if (t.is_full(p)) {
-    F16Codec::DecodeKeys(lc.params, data, m, keys.data());
-  } else {
-    DispatchCodec(lc.id, [&](auto codec) {
-      using C = decltype(codec);
-      C::DecodeKeys(lc.params, data, C::kRowWise ? m : T, keys.data());  // page codecs decode whole pages
-    });
-  }
+  const FormatCodec fc = format_codec(layer, t.format(p));
+  DispatchCodec(fc.id, [&](auto codec) {
+    using C = decltype(codec);
+    C::DecodeKeys(*fc.params, data, C::kRowWise ? m : T, keys.data());  // page codecs decode whole pages
+  });
   float* b = t.mutable_bounds(p);
   t.EmptyBounds(b);
   for (int s = 0; s < m; ++s) {
@@ -484,22 +485,17 @@ size_t SequenceKV::PageBoundsBytes() const {
 void SequenceKV::ReadEntry(int layer, int kv_head, int index, float* k, float* v, int32_t* pos) const {
   const PageTable& t = table(layer, kv_head);
   KVX_CHECK(index >= 0 && index < t.length());
-  const LayerCodec& lc = layers_[layer];
   const int T = layout_.page_tokens, D = layout_.head_dim, slot = index % T;
   const uint8_t* page = pool_->PageData(t.pages()[index / T]);
   *pos = PagePositions(page)[slot];
   // Page codecs decode whole pages (per-channel parameters): decode rows 0..slot.
   std::vector<float> kk(static_cast<size_t>(slot + 1) * D), vv(kk.size());
   const uint8_t* data = page + PageDataOffset(T);
-  if (t.is_full(index / T)) {
-    F16Codec::DecodeKeys(lc.params, data, slot + 1, kk.data());
-    F16Codec::DecodeValues(lc.params, data, slot + 1, vv.data());
-  } else {
-    DispatchCodec(lc.id, [&](auto codec) {
-      decltype(codec)::DecodeKeys(lc.params, data, slot + 1, kk.data());
-      decltype(codec)::DecodeValues(lc.params, data, slot + 1, vv.data());
-    });
-  }
+  const FormatCodec fc = format_codec(layer, t.format(index / T));
+  DispatchCodec(fc.id, [&](auto codec) {
+    decltype(codec)::DecodeKeys(*fc.params, data, slot + 1, kk.data());
+    decltype(codec)::DecodeValues(*fc.params, data, slot + 1, vv.data());
+  });
   std::memcpy(k, &kk[static_cast<size_t>(slot) * D], sizeof(float) * D);
   std::memcpy(v, &vv[static_cast<size_t>(slot) * D], sizeof(float) * D);
   if (rotation_ != nullptr) {
@@ -515,69 +511,12 @@ void SequenceKV::ReadEntry(int layer, int kv_head, int index, float* k, float* v
 }  // namespace kvx::kv
 
 namespace kvx::kv {
-namespace {
-
-// A page's decoded entries: keys, values and positions of its slots.
-struct DecodedPage {
-  std::vector<float> k, v;
-  std::vector<int32_t> pos;
-};
-
-void DecodePage(const BlockPool& pool, const LayerCodec& lc, PageId id, bool full, int slots, DecodedPage* out) {
-  const int T = lc.params.page_tokens, D = lc.params.head_dim;
-  const uint8_t* page = pool.PageData(id);
-  out->k.resize(static_cast<size_t>(slots) * D);
-  out->v.resize(out->k.size());
-  out->pos.assign(PagePositions(page), PagePositions(page) + slots);
-  const uint8_t* data = page + PageDataOffset(T);
-  if (full) {
-    F16Codec::DecodeKeys(lc.params, data, slots, out->k.data());
-    F16Codec::DecodeValues(lc.params, data, slots, out->v.data());
-    return;
-  }
-  DispatchCodec(lc.id, [&](auto codec) {
-    // Page codecs decode whole pages (per-channel parameters over all T slots).
-    using C = decltype(codec);
-    if constexpr (!C::kRowWise) KVX_CHECK(slots == T);
-    C::DecodeKeys(lc.params, data, slots, out->k.data());
-    C::DecodeValues(lc.params, data, slots, out->v.data());
-  });
-}
-
-// Writes `n` rows into a fresh page of `full` form: positions, then the
-// codec's encoding (EncodePage for sealed packed pages, which need all T
-// rows: the caller pads dead slots with copies of a live row).
-void EncodeInto(BlockPool* pool, const LayerCodec& lc, PageId id, bool full, int n, const float* k, const float* v,
-                const int32_t* pos) {
-  const int T = lc.params.page_tokens, D = lc.params.head_dim;
-  uint8_t* page = pool->PageData(id);
-  std::copy(pos, pos + n, PagePositions(page));
-  uint8_t* data = page + PageDataOffset(T);
-  if (full) {
-    for (int s = 0; s < n; ++s) F16Codec::EncodeRow(lc.params, data, s, k + static_cast<size_t>(s) * D, v + static_cast<size_t>(s) * D);
-    return;
-  }
-  DispatchCodec(lc.id, [&](auto codec) {
-    using C = decltype(codec);
-    if (lc.sealed) {
-      KVX_CHECK(n == T);
-      C::EncodePage(lc.params, data, T, k, v);
-    } else if constexpr (C::kRowWise) {
-      for (int s = 0; s < n; ++s) C::EncodeRow(lc.params, data, s, k + static_cast<size_t>(s) * D, v + static_cast<size_t>(s) * D);
-    } else {
-      KVX_CHECK_MSG(false, "page codec without sealing");
-    }
-  });
-}
-
-}  // namespace
 
 int SequenceKV::LiveEntries(int layer, int kv_head) const { return table(layer, kv_head).live(); }
 
 void SequenceKV::ReadChain(int layer, int kv_head, std::vector<float>* k, std::vector<float>* v,
                            std::vector<int32_t>* pos) const {
   const PageTable& t = table(layer, kv_head);
-  const LayerCodec& lc = layers_[layer];
   const int T = layout_.page_tokens, D = layout_.head_dim;
   k->resize(static_cast<size_t>(t.length()) * D);
   v->resize(k->size());
@@ -587,7 +526,7 @@ void SequenceKV::ReadChain(int layer, int kv_head, std::vector<float>* k, std::v
     const int n = t.EntriesInPage(p, T);
     // Packed pages of page codecs are always whole (a partial page is f16
     // staging or row-wise), so decoding n slots is valid for every page.
-    DecodePage(*pool_, lc, t.pages()[p], t.is_full(p), n, &dp);
+    DecodePage(*pool_, format_codec(layer, t.format(p)), t.pages()[p], n, &dp);
     const size_t off = static_cast<size_t>(p) * T;
     std::copy(dp.k.begin(), dp.k.begin() + static_cast<size_t>(n) * D, k->begin() + off * D);
     std::copy(dp.v.begin(), dp.v.begin() + static_cast<size_t>(n) * D, v->begin() + off * D);
@@ -622,7 +561,7 @@ Status SequenceKV::MakePagesPrivate(PageTable& t, const std::vector<int>& pages)
   for (auto& [p, copy] : copies) {
     const PageId cur = t.pages()[p];
     std::memcpy(pool_->PageData(copy), pool_->PageData(cur), pool_->PageBytesOf(cur));
-    t.ReplacePage(p, copy, t.is_full(p));
+    t.ReplacePage(p, copy, t.format(p));
     pool_->Unref(cur);
   }
   return Status::Ok();
@@ -735,7 +674,10 @@ Status SequenceKV::Compact(int layer, int kv_head) {
   while (first < end) {
     while (first < end && t.live_in_page(first) == T) ++first;  // already dense
     int last = first, live = 0;
-    while (last < end && live + t.live_in_page(last) <= kCompactRunPages * T) live += t.live_in_page(last++);
+    // A run holds pages of one format (demoted pages pack among themselves).
+    while (last < end && t.format(last) == t.format(first) && live + t.live_in_page(last) <= kCompactRunPages * T) {
+      live += t.live_in_page(last++);
+    }
     if (last - first < 2) {
       first = last;
       continue;
@@ -745,7 +687,8 @@ Status SequenceKV::Compact(int layer, int kv_head) {
       first = last;
       continue;
     }
-    const bool full = t.is_full(first);
+    const PageFormat format = t.format(first);
+    const FormatCodec fc = format_codec(layer, format);
     std::vector<PageId> ids;
     PageId before = first > 0 ? t.pages()[first - 1] : kNoPage;
     for (int i = 0; i < n_new; ++i) {
@@ -763,7 +706,7 @@ Status SequenceKV::Compact(int layer, int kv_head) {
     v.clear();
     pos.clear();
     for (int p = first; p < last; ++p) {
-      DecodePage(*pool_, lc, t.pages()[p], t.is_full(p), T, &dp);
+      DecodePage(*pool_, fc, t.pages()[p], T, &dp);
       for (int s = 0; s < T; ++s) {
         if (dp.pos[s] == kDeadPosition) continue;
         pos.push_back(dp.pos[s]);
@@ -783,10 +726,10 @@ Status SequenceKV::Compact(int layer, int kv_head) {
     }
     for (int i = 0; i < n_new; ++i) {
       const size_t off = static_cast<size_t>(i) * T;
-      EncodeInto(pool_, lc, ids[i], full, T, &k[off * D], &v[off * D], &pos[off]);
+      EncodeInto(pool_, fc, ids[i], T, &k[off * D], &v[off * D], &pos[off]);
     }
     std::vector<PageId> old(t.pages().begin() + first, t.pages().begin() + last);
-    t.ReplaceRun(first, last, ids, full, lives, T);
+    t.ReplaceRun(first, last, ids, format, lives, T);
     for (PageId id : old) pool_->Unref(id);
     if (t.bounds_dim() > 0) {
       for (int i = 0; i < n_new; ++i) RefreshBounds(layer, t, first + i);
@@ -828,13 +771,18 @@ Result<std::unique_ptr<SequenceKV>> SequenceKV::ForkPrefix(int n_slots) const {
       t.SetPageLive(p, live);
       // The page's bounds covered all its slots; the fork's, only the first `rest`.
       if (t.bounds_dim() > 0) copy->RefreshBounds(l, t, p);
-      if (t.is_full(p) || !lc.sealed) continue;
-      Result<PageId> staged = pool_->AllocateAfter(copy->SizeClass(l, true), p > 0 ? t.pages()[p - 1] : kNoPage);
+      // A demoted page (whole, in its own codec) is re-encoded the same way,
+      // into the format the layer's appends write (f16 staging when sealed).
+      const PageFormat format = t.format(p);
+      if (format == kPageFull || (format == kPagePacked && !lc.sealed)) continue;
+      const PageFormat target = lc.sealed ? kPageFull : kPagePacked;
+      Result<PageId> staged =
+          pool_->AllocateAfter(copy->FormatSizeClass(l, target), p > 0 ? t.pages()[p - 1] : kNoPage);
       if (!staged.ok()) return staged.status();  // ~SequenceKV drops every reference taken so far
       DecodedPage dp;
-      DecodePage(*pool_, lc, id, false, T, &dp);
-      EncodeInto(pool_, lc, *staged, true, rest, dp.k.data(), dp.v.data(), dp.pos.data());
-      t.ReplacePage(p, *staged, true);
+      DecodePage(*pool_, format_codec(l, format), id, T, &dp);
+      EncodeInto(pool_, format_codec(l, target), *staged, rest, dp.k.data(), dp.v.data(), dp.pos.data());
+      t.ReplacePage(p, *staged, target);
       pool_->Unref(id);
       if (t.bounds_dim() > 0) copy->RefreshBounds(l, t, p);
     }
@@ -854,7 +802,7 @@ Status SequenceKV::CheckTables() const {
       for (int p = 0; p < t.num_pages(); ++p) {
         const PageId id = t.pages()[p];
         if (pool_->RefCount(id) <= 0) return Internal(where + ": page " + std::to_string(id) + " is free");
-        const int cls = SizeClass(l, t.is_full(p));
+        const int cls = FormatSizeClass(l, t.format(p));
         if (cls >= 0 && pool_->SizeClassOf(id) != cls) return Internal(where + ": page of the wrong size class");
         const int32_t* pos = PagePositions(pool_->PageData(id));
         int n = 0;
@@ -890,7 +838,6 @@ Status SequenceKV::RewriteEntries(int layer, int kv_head, const std::vector<int>
   KVX_CHECK_MSG(ReservedPages() == 0, "tables change only between steps");
   KVX_CHECK(layer >= 0 && layer < layout_.n_layers && kv_head >= 0 && kv_head < layout_.n_kv_heads);
   PageTable& t = mutable_table(layer, kv_head);
-  const LayerCodec& lc = layers_[layer];
   const int T = layout_.page_tokens, D = layout_.head_dim;
   std::vector<int> pages;  // touched, ascending
   for (int slot : slots) {
@@ -910,9 +857,9 @@ Status SequenceKV::RewriteEntries(int layer, int kv_head, const std::vector<int>
   std::vector<float> row_k(D), row_v(D);
   DecodedPage dp;
   for (int p : pages) {
-    const bool full = t.is_full(p);
-    const int n = (!full && lc.sealed) ? T : t.EntriesInPage(p, T);
-    DecodePage(*pool_, lc, t.pages()[p], full, n, &dp);
+    const FormatCodec fc = format_codec(layer, t.format(p));
+    const int n = fc.whole_pages ? T : t.EntriesInPage(p, T);
+    DecodePage(*pool_, fc, t.pages()[p], n, &dp);
     for (size_t i = 0; i < slots.size(); ++i) {
       if (slots[i] / T != p) continue;
       std::memcpy(row_k.data(), k + i * D, sizeof(float) * D);
@@ -925,7 +872,7 @@ Status SequenceKV::RewriteEntries(int layer, int kv_head, const std::vector<int>
       std::copy(row_k.begin(), row_k.end(), dp.k.begin() + s * D);
       std::copy(row_v.begin(), row_v.end(), dp.v.begin() + s * D);
     }
-    EncodeInto(pool_, lc, t.pages()[p], full, n, dp.k.data(), dp.v.data(), dp.pos.data());
+    EncodeInto(pool_, fc, t.pages()[p], n, dp.k.data(), dp.v.data(), dp.pos.data());
     if (t.bounds_dim() > 0) RefreshBounds(layer, t, p);
   }
   if (t.has_entry_scales()) {  // the rows given are what attention reads: stored as they are

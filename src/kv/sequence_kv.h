@@ -226,6 +226,42 @@ class SequenceKV {
   // REQUIRES: no reservation pending.
   Status RewriteEntries(int layer, int kv_head, const std::vector<int>& slots, const float* k, const float* v);
 
+  // Page formats (page_table.h): the codec a page of `format` in `layer` is
+  // read and written with. Packed: the layer codec; full: f16 with the
+  // layer's parameters; demoted: the demotion codec (SetDemotionCodec).
+  struct FormatCodec {
+    CodecId id = CodecId::kF16;
+    const CodecParams* params = nullptr;
+    bool whole_pages = false;  // encoded at once (EncodePage of page_tokens rows) and decoded whole
+  };
+  FormatCodec format_codec(int layer, PageFormat format) const;
+
+  // MiKV demotion (the `demote` eviction fate, kv/policy/demote_fate.h).
+  // SetDemotionCodec picks the low-bit codec of demoted pages (a quantized
+  // codec: int8/int4/int2/kivi4/kivi2 with its default bits and group; one
+  // per sequence, fixed once a page is demoted). InvalidArgument naming the
+  // fix for an unquantized codec, a head_dim the codec cannot quantize, or
+  // a different codec after pages were demoted.
+  Status SetDemotionCodec(CodecId id);
+  // kF16 when no demotion codec is set.
+  CodecId demotion_codec() const { return demote_id_; }
+  // Bytes of one demoted page (0 when no demotion codec is set).
+  size_t DemotedPageBytes() const { return demote_page_bytes_; }
+  // Moves live entries (slots of (layer, kv_head), any order) into demoted
+  // pages: their K and V as stored are decoded, re-encoded with the
+  // demotion codec into ceil(n / page_tokens) new whole pages (dead slots
+  // padded) inserted after the sink pages and any earlier demoted pages,
+  // and the originals removed as RemoveEntries does (their pages return to
+  // the pool once empty or compacted). Entries already in demoted pages
+  // and dead or repeated slots are ignored. Demoted entries keep their
+  // positions and stay attended, at the demotion codec's precision. Slot
+  // indices change (pages are inserted). InvalidArgument for a slot outside
+  // the chain or no demotion codec; ResourceExhausted when the pool cannot
+  // hold the new pages (nothing changed). REQUIRES: no reservation pending.
+  Status DemoteEntries(int layer, int kv_head, const std::vector<int>& slots);
+  // Live entries of (layer, kv_head) in pages of `format`.
+  int LiveEntriesIn(int layer, int kv_head, PageFormat format) const;
+
   // Quest page selection (kv/page_selection.h): from now on every page of
   // every table keeps the per-channel min/max of its keys as stored (the
   // pages already written are decoded once here; later writes update them),
@@ -307,6 +343,9 @@ class SequenceKV {
   // Registers the pool size classes of every layer's page formats.
   Status EnsureSizeClasses();
   int SizeClass(int layer, bool full) const { return size_class_[2 * static_cast<size_t>(layer) + (full ? 1 : 0)]; }
+  int FormatSizeClass(int layer, PageFormat format) const {
+    return format == kPageDemoted ? demote_class_ : SizeClass(layer, format == kPageFull);
+  }
   void ExtendRopeTable(int32_t max_pos);
   // The pages one layer's Append of n tokens takes, in WriteHead's order.
   struct Reservation {
@@ -335,6 +374,11 @@ class SequenceKV {
   std::vector<float> rot_k_, rot_v_;    // rotated copies of the appended rows
   std::unique_ptr<HadamardRotation> rotation_;
   PageSelection selection_;
+  // Demotion codec (MiKV): kF16 = none; its pool size class once registered.
+  CodecId demote_id_ = CodecId::kF16;
+  CodecParams demote_params_;
+  size_t demote_page_bytes_ = 0;
+  int demote_class_ = -1;
   ops::RopeParams rope_{};
   bool rope_set_ = false;
   int32_t max_pos_ = -1;            // largest position appended

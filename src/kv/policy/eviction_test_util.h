@@ -40,11 +40,13 @@ class EvictionRig {
   ScoredEvictionPolicy& scored() { return dynamic_cast<ScoredEvictionPolicy&>(policy()); }
   const KVLayout& layout() const { return m_->spec().layout; }
 
-  // Appends n tokens (keys from `key`, default constant; values 0.5) in one
+  // Appends n tokens (keys from `key`, default constant; values from
+  // `value`, default 0.5) in one
   // step; the last `observed` queries of the step "attend" by `pattern`
   // (normalised over the visible live entries), given to the policy's
   // observer. Returns the step's status (the policies' result).
-  Status Step(int n, const AttentionPattern& pattern, int observed, const KeyFn& key = nullptr) {
+  Status Step(int n, const AttentionPattern& pattern, int observed, const KeyFn& key = nullptr,
+              const KeyFn& value = nullptr) {
     const KVLayout& L = layout();
     std::vector<int32_t> toks(n, 1), pos(n);
     for (int i = 0; i < n; ++i) pos[i] = m_->length(seq_) + i;
@@ -55,7 +57,9 @@ class EvictionRig {
       for (int i = 0; i < n; ++i) {
         for (int h = 0; h < L.n_kv_heads; ++h) {
           for (int c = 0; c < L.head_dim; ++c) {
-            k[(static_cast<size_t>(i) * L.n_kv_heads + h) * L.head_dim + c] = key ? key(l, h, pos[i], c) : 0.25f;
+            const size_t at = (static_cast<size_t>(i) * L.n_kv_heads + h) * L.head_dim + c;
+            k[at] = key ? key(l, h, pos[i], c) : 0.25f;
+            if (value) v[at] = value(l, h, pos[i], c);
           }
         }
       }

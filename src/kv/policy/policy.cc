@@ -1,5 +1,6 @@
 #include "kv/policy/policy.h"
 
+#include "kv/policy/demote_fate.h"
 #include "kv/policy/head_typing.h"
 #include "kv/policy/merge_fate.h"
 #include "kv/policy/minicache.h"
@@ -20,6 +21,7 @@ PolicyRegistry& PolicyRegistry::Global() {
     r->Register("razor", HeadTypingPolicy::CreateRazor);
     r->Register("minicache", MiniCachePolicy::Create);
     RegisterMergePolicies(*r);  // fate=merge, kvmerger (merge_fate.h)
+    RegisterDemotePolicies(*r);  // fate=demote, mikv (demote_fate.h)
     RegisterEvictionPolicies(*r);  // h2o, snapkv, ... (eviction_policies.h)
     return r;
   }();

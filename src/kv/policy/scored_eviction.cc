@@ -6,6 +6,16 @@
 #include "kv/policy/budget.h"
 
 namespace kvx::kv {
+namespace {
+
+// Live entries of (l, h) a pass may select from: demoted entries (fate=demote,
+// page_table.h) were evicted already; they are neither scored nor counted
+// against the budget again.
+int Selectable(const SequenceKV& kv, int l, int h) {
+  return kv.LiveEntries(l, h) - kv.LiveEntriesIn(l, h, kPageDemoted);
+}
+
+}  // namespace
 
 Status ReadEvictionConfig(PolicyParamReader& r, EvictionConfig* c) {
   const bool has_ratio = r.Has("ratio"), has_budget = r.Has("budget");
@@ -112,7 +122,7 @@ Status ScoredEvictionPolicy::Evict(KVManager& manager, SeqId seq) {
   stats_ = EvictionStats{};
   int most_live = 0;
   for (int l = 0; l < L.n_layers; ++l) {
-    for (int h = 0; h < H; ++h) most_live = std::max(most_live, kv.LiveEntries(l, h));
+    for (int h = 0; h < H; ++h) most_live = std::max(most_live, Selectable(kv, l, h));
   }
   const int cap = std::max(capacity, std::min(w, most_live));
   if (config_.layers == "pyramid") {
@@ -130,8 +140,8 @@ Status ScoredEvictionPolicy::Evict(KVManager& manager, SeqId seq) {
     int layer_live = 0;
     bool over = false;
     for (int h = 0; h < H; ++h) {
-      layer_live += kv.LiveEntries(l, h);
-      over = over || kv.LiveEntries(l, h) > budget;
+      layer_live += Selectable(kv, l, h);
+      over = over || Selectable(kv, l, h) > budget;
     }
     if (adaptive ? layer_live <= budget * H : !over) continue;
     // Live slots per head, chain order, split into protected and candidates.
@@ -144,6 +154,7 @@ Status ScoredEvictionPolicy::Evict(KVManager& manager, SeqId seq) {
       std::vector<int> live;
       std::vector<int32_t> live_pos;
       for (int p = 0; p < t.num_pages(); ++p) {
+        if (t.format(p) == kPageDemoted) continue;
         const int32_t* pp = PagePositions(kv.pool().PageData(t.pages()[p]));
         for (int s = 0; s < t.EntriesInPage(p, T); ++s) {
           if (pp[s] == kDeadPosition) continue;
@@ -196,7 +207,7 @@ Status ScoredEvictionPolicy::Evict(KVManager& manager, SeqId seq) {
   if (removed) manager.MarkEntriesRemoved(seq);
   stats_.kept.resize(static_cast<size_t>(L.n_layers) * H);
   for (int l = 0; l < L.n_layers; ++l) {
-    for (int h = 0; h < H; ++h) stats_.kept[static_cast<size_t>(l) * H + h] = kv.LiveEntries(l, h);
+    for (int h = 0; h < H; ++h) stats_.kept[static_cast<size_t>(l) * H + h] = Selectable(kv, l, h);
   }
   return Status::Ok();
 }

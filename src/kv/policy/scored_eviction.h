@@ -79,7 +79,7 @@ Status ReadEvictionConfig(PolicyParamReader& params, EvictionConfig* config);
 // What one eviction pass decided, for tests and reports.
 struct EvictionStats {
   std::vector<int> layer_budget;  // per layer: entries kept per kv head on average (window included)
-  std::vector<int> kept;          // per (layer * n_kv_heads + head): live entries after the pass
+  std::vector<int> kept;          // per (layer * n_kv_heads + head): live entries after the pass, demoted ones not counted
   int64_t evicted = 0;
   int compactions = 0;
 };
