@@ -20,8 +20,16 @@ class ObserverFanOut : public kv::AttentionObserver {
     }
     return w;
   }
+  bool Observes(int seq, int n_q) const override {
+    for (const auto* o : to_) {
+      if (o->Observes(seq, n_q)) return true;
+    }
+    return false;
+  }
   void OnProbabilities(int seq, int layer, int query_index, int head, int kv_head, const float* probs,
                        const int32_t* positions, int n) override {
+    // Every observer sees what any of them asked for (a once-mode one then
+    // also records the decode queries a continuous one needs: harmless).
     for (auto* o : to_) o->OnProbabilities(seq, layer, query_index, head, kv_head, probs, positions, n);
   }
 

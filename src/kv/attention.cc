@@ -569,8 +569,8 @@ void AttentionBatch(const AttentionSeq* seqs, int n_seqs, int layer, int n_heads
     job.rot = kv.rotation();
     job.keys_rotated = kv.keys_rotated();
     job.pre_rope = kv.keys_pre_rope();
-    job.observer = observer;
-    job.obs_first_row = observer == nullptr ? 0 : (window > 0 ? std::max(0, sq.n_q - window) : 0) * job.G;
+    job.observer = observer != nullptr && observer->Observes(si, sq.n_q) ? observer : nullptr;
+    job.obs_first_row = job.observer == nullptr ? 0 : (window > 0 ? std::max(0, sq.n_q - window) : 0) * job.G;
     job.out = sq.out;
     // Decode's query comes after every entry; a prompt's row blocks skip the
     // pages after all of their rows (half the pages of a causal prompt).
@@ -602,7 +602,7 @@ void AttentionBatch(const AttentionSeq* seqs, int n_seqs, int layer, int n_heads
     }
     part_base[si] = n_parts;
     n_parts += seq_items * job.part_stride;
-    if (observer != nullptr) {
+    if (job.observer != nullptr) {
       const int obs_rows = job.rows_per_head - job.obs_first_row;
       job.obs_scores.resize(H);
       job.obs_pos.resize(H);

@@ -83,6 +83,15 @@ class AttentionObserver {
   // probabilities: the unobserved rows keep the fast kernels and the
   // observer's score buffers hold only the window.
   virtual int QueryWindow() const { return 0; }
+  // Whether this call's `n_q` queries of batch sequence `seq` are observed
+  // at all. An unobserved sequence keeps the fast kernels: a policy that
+  // compresses only once, after a prompt, has no use for decode queries,
+  // and observing them made decode slower than with the whole cache.
+  virtual bool Observes(int seq, int n_q) const {
+    (void)seq;
+    (void)n_q;
+    return true;
+  }
   // Called once per observed (query, query head) with the normalised
   // probabilities over the slots of (layer, kv_head) in chain order:
   // probs[j] belongs to slot j (its position is positions[j]); masked and

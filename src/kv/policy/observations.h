@@ -44,6 +44,11 @@ struct ObservationNeeds {
   bool squares = false;        // sum of p^2 per entry (variance over the window)
   bool low_hits = false;       // queries that gave the entry less than 1/visible
   bool entropy = false;        // per head: sum over queries of -sum_j p log p
+  // false: a call's single query of a sequence (a decode step) is not
+  // observed. Once-mode policies compress after a prompt, so decode queries
+  // would only cost them the fast attention kernels; continuous ones need
+  // every step.
+  bool single_queries = true;
 };
 
 // Statistics of one (layer, query head), indexed by position.
@@ -81,6 +86,10 @@ class ProbabilityRecorder : public AttentionObserver {
  public:
   explicit ProbabilityRecorder(const ObservationNeeds& needs) : needs_(needs) {}
   int QueryWindow() const override { return needs_.query_window; }
+  bool Observes(int seq, int n_q) const override {
+    (void)seq;
+    return needs_.single_queries || n_q > 1;
+  }
   void OnProbabilities(int seq, int layer, int query_index, int head, int kv_head, const float* probs,
                        const int32_t* positions, int n) override;
 

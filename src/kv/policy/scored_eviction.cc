@@ -66,7 +66,8 @@ Result<std::unique_ptr<KVPolicy>> ScoredEvictionPolicy::Create(std::string name,
   KVX_RETURN_IF_ERROR(ReadEvictionConfig(r, &p->config_));
   KVX_ASSIGN_OR_RETURN(p->fate_, EvictionFateRegistry::Global().Create(p->config_.fate, r));
   KVX_RETURN_IF_ERROR(r.Finish());
-  const ObservationNeeds needs = p->scorer_->needs();
+  ObservationNeeds needs = p->scorer_->needs();
+  needs.single_queries = p->config_.continuous;
   if (needs.probabilities) p->recorder_ = std::make_unique<ProbabilityRecorder>(needs);
   return std::unique_ptr<KVPolicy>(std::move(p));
 }
