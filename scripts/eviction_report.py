@@ -28,6 +28,13 @@ LENGTHS = [2048, 4096, 8192]
 MODES = ["excluded", "included"]
 TASKS = ["passkey", "needle", "niah_multikey"]
 DEPTHS = "0,0.5,1"
+# The "kld" mode: perplexity and KLD against the full f16 cache on the model's held-out text. Each chunk's
+# first KLD_CONTEXT is prefilled and compressed once, the rest is scored token by token (kvx eval
+# --kld-context), so the scored tokens read the compressed cache; the spec is sized for that context.
+KLD_MODE = "kld"
+KLD_TEXT = "golden/recall_val.txt"
+KLD_CONTEXT = 0.75
+KLD_CHUNKS = 2
 
 # key -> (policy spec at ratio r, what the paper does, what kvx implements / where it differs)
 METHODS = {
@@ -258,12 +265,19 @@ def run(args):
                             continue
                     except ValueError:
                         pass
-                specs = [METHODS[m][0](r, length) for r in method_ratios(m)]
-                cmd = [kvx, "eval", "-m", model, "--baseline", "codec=f16", "--tasks", ",".join(TASKS),
-                       "-c", str(length), "--lengths", str(length), "--depths", DEPTHS,
-                       "--passkey-trials", str(args.trials), "--ruler-trials", str(args.trials),
-                       "--compress", mode, "-t", args.threads, "--data", os.path.join(args.shared, "data"),
-                       "--json", out]
+                if mode == KLD_MODE:
+                    specs = [METHODS[m][0](r, round(KLD_CONTEXT * length)) for r in method_ratios(m)]
+                    cmd = [kvx, "eval", "-m", model, "--baseline", "codec=f16", "--tasks", "ppl,kld",
+                           "-f", os.path.join(args.shared, KLD_TEXT), "-c", str(length), "--chunk", str(length),
+                           "--chunks", str(KLD_CHUNKS), "--kld-context", str(KLD_CONTEXT), "--compress", "excluded",
+                           "-t", args.threads, "--json", out]
+                else:
+                    specs = [METHODS[m][0](r, length) for r in method_ratios(m)]
+                    cmd = [kvx, "eval", "-m", model, "--baseline", "codec=f16", "--tasks", ",".join(TASKS),
+                           "-c", str(length), "--lengths", str(length), "--depths", DEPTHS,
+                           "--passkey-trials", str(args.trials), "--ruler-trials", str(args.trials),
+                           "--compress", mode, "-t", args.threads, "--data", os.path.join(args.shared, "data"),
+                           "--json", out]
                 for s in specs:
                     cmd += ["--kv", s]
                 print(time.strftime("%H:%M:%S"), m, length, mode, flush=True)
@@ -313,6 +327,42 @@ def cell_scores(report, method):
             ratio = ratios[i - 1] if i - 1 < len(ratios) else None
         rows.append((s.get("spec", ""), ratio, scores, b / base_bytes if base_bytes else None))
     return rows
+
+
+def live_fractions(report):
+    """Per spec of a run: live entries over the slots of the pages held (kvx eval's kv.live_fraction, at the
+    peak-bytes sequence), None in reports written before it was measured."""
+    out = []
+    for s in report.get("results", []):
+        kvs = [t["kv"] for t in (s.get(x) for x in TASKS + ["kld"]) if t and "kv" in t]
+        kv = max(kvs, key=lambda k: k.get("peak_bytes", 0)) if kvs else s.get("kv", {})
+        out.append(kv.get("live_fraction"))
+    return out
+
+
+def kld_cells(report, method):
+    """[(ratio, mean KLD, perplexity, bytes fraction vs the baseline)] of one kld-mode run; the first row
+    is the baseline (the full f16 cache: KLD 0)."""
+    ratios = method_ratios(method)
+    res = report.get("results", [])
+    if not res:
+        return []
+    base_bytes = (res[0].get("kld") or {}).get("kv", {}).get("peak_bytes", 0)
+    rows = []
+    for i, s in enumerate(res):
+        k, p = s.get("kld") or {}, s.get("ppl") or {}
+        if i == 0:
+            ratio = None if ratios[0] == 0 else 0.0
+        else:
+            ratio = ratios[i - 1] if i - 1 < len(ratios) else None
+        b = k.get("kv", {}).get("peak_bytes", 0)
+        rows.append((ratio, k.get("mean") if k.get("ok") else None, p.get("ppl") if p.get("ok") else None,
+                     b / base_bytes if base_bytes else None))
+    return rows
+
+
+def fmt_kld(x):
+    return "–" if x is None else "%.4f" % x
 
 
 def fmt(x, pct=True):
@@ -407,6 +457,31 @@ def svg_pareto(title, pts):
     return "\n".join(out) + "\n"
 
 
+def kld_section(data):
+    """One table per chunk length: mean KLD against the full f16 cache by method and ratio (bytes held)."""
+    lines = []
+    for n in LENGTHS:
+        runs = sorted((m, rep) for (m, nn, md), rep in data.items() if nn == n and md == KLD_MODE)
+        if not runs:
+            continue
+        if not lines:
+            lines = ["## Perplexity and KLD", "",
+                     "`kvx eval --tasks ppl,kld` on the recall model's held-out text (`../shared/%s`), %d chunks; "
+                     "each chunk's first %d%% is prefilled and compressed once (question excluded: there is no "
+                     "question), the rest is scored token by token against the full f16 cache, so every scored "
+                     "token reads the compressed cache. Cells: mean KLD (bytes held vs f16)." % (
+                         KLD_TEXT, KLD_CHUNKS, round(100 * KLD_CONTEXT)), ""]
+        lines += ["### chunks of %d tokens (%d compressed, %d scored)" % (
+                      n, round(KLD_CONTEXT * n), n - round(KLD_CONTEXT * n) - 1), "",
+                  "| method | " + " | ".join("r=%g" % r for r in [0] + RATIOS) + " |",
+                  "|---|" + "---:|" * (1 + len(RATIOS))]
+        for m, rep in runs:
+            lines.append("| %s | %s |" % (m, " | ".join("%s (%s)" % (fmt_kld(k), fmt(f))
+                                                         for _, k, _, f in kld_cells(rep, m))))
+        lines.append("")
+    return lines
+
+
 def render(out):
     data = load()
     lines = ["# KV eviction: score-based policies on the recall model", "",
@@ -415,7 +490,9 @@ def render(out):
              "%s at depths %s, the cache compressed once with the question **excluded** (after the context: the "
              "cache could serve any question) or **included** (after the whole prompt). `bytes` is the pool's "
              "bytes at the end of a sequence over the baseline's (what the pool really holds, compaction "
-             "included). Scores: passkey and niah_multikey exact, needle ROUGE-1 F1." % (", ".join(TASKS), DEPTHS),
+             "included). `live slots`: the live entries over the slots of the pages held, at that sequence (fragmentation: "
+             "a policy's `compact` threshold packs tables whose live fraction falls under it; – in runs measured "
+             "before kvx eval reported it). Scores: passkey and niah_multikey exact, needle ROUGE-1 F1." % (", ".join(TASKS), DEPTHS),
              "", "Reproduce / extend: `nohup scripts/eviction_report.py --run > /tmp/eviction.log 2>&1 &` "
              "(hours on 2 cores), then commit `docs/results/eviction/` and the rendered files.", ""]
     measured = sorted({(m, n, mode) for (m, n, mode) in data})
@@ -428,20 +505,33 @@ def render(out):
     for m, (spec_fn, paper, kvx) in METHODS.items():
         lines += ["## %s" % m, "", "**Paper.** " + paper, "", "**kvx.** " + kvx, "",
                   "**Spec at ratio r, length n** (e.g. r = 0.5, n = 4096): `%s`" % spec_fn(0.5, 4096), ""]
-        rows = [(n, mode) for (mm, n, mode) in measured if mm == m]
-        if not rows:
+        rows = [(n, mode) for (mm, n, mode) in measured if mm == m and mode != KLD_MODE]
+        kld_rows = [n for (mm, n, mode) in measured if mm == m and mode == KLD_MODE]
+        if not rows and not kld_rows:
             lines += ["Not measured yet.", ""]
             continue
-        lines += ["| length | question | ratio | " + " | ".join(TASKS) + " | bytes vs f16 |",
-                  "|---:|---|---:|" + "---:|" * len(TASKS) + "---:|"]
+        if rows:
+            lines += ["| length | question | ratio | " + " | ".join(TASKS) + " | bytes vs f16 | live slots |",
+                      "|---:|---|---:|" + "---:|" * len(TASKS) + "---:|---:|"]
         for n, mode in rows:
-            for spec, ratio, scores, frac in cell_scores(data[(m, n, mode)], m):
-                lines.append("| %d | %s | %s | %s | %s |" % (n, mode, "–" if ratio is None else "%g" % ratio,
-                             " | ".join(fmt(scores.get(t)) for t in TASKS), fmt(frac)))
+            live = live_fractions(data[(m, n, mode)])
+            for i, (spec, ratio, scores, frac) in enumerate(cell_scores(data[(m, n, mode)], m)):
+                lines.append("| %d | %s | %s | %s | %s | %s |" % (n, mode, "–" if ratio is None else "%g" % ratio,
+                             " | ".join(fmt(scores.get(t)) for t in TASKS), fmt(frac),
+                             fmt(live[i] if i < len(live) else None)))
             cs = cell_scores(data[(m, n, mode)], m)
             readme.append("| %s | %d | %s | %s |" % (m, n, mode, " | ".join(
                 "%s (%s)" % (fmt(s.get("passkey")), fmt(f)) for _, _, s, f in cs)))
         lines.append("")
+        if kld_rows:
+            lines += ["| chunk | ratio | perplexity | mean KLD | bytes vs f16 | live slots |",
+                      "|---:|---:|---:|---:|---:|---:|"]
+            for n in kld_rows:
+                live = live_fractions(data[(m, n, KLD_MODE)])
+                for i, (ratio, kld, ppl, frac) in enumerate(kld_cells(data[(m, n, KLD_MODE)], m)):
+                    lines.append("| %d | %s | %s | %s | %s | %s |" % (n, "–" if ratio is None else "%g" % ratio,
+                                 fmt(ppl, False), fmt_kld(kld), fmt(frac), fmt(live[i] if i < len(live) else None)))
+            lines.append("")
     # Curves: passkey score vs ratio, per (length, mode).
     plots = []
     for n in LENGTHS:
@@ -474,6 +564,7 @@ def render(out):
                   "One dot per measured spec; bytes are the pool's own count against the full f16 cache, so a "
                   "codec and a policy multiply. Combinations (`kivi2+snapkv-maxpool` ...) are eviction on "
                   "quantized pages.", ""] + pareto
+    lines += kld_section(data)
     lines += speed_section()
     out.write(DOC, "\n".join(lines).rstrip("\n") + "\n")
     if not measured:
@@ -491,7 +582,8 @@ def main():
     ap.add_argument("--force", action="store_true", help="re-run complete runs too")
     ap.add_argument("--only", default="", help="comma-separated methods (default: all)")
     ap.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
-    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--modes", default=",".join(MODES + [KLD_MODE]),
+                    help="excluded, included (the retrieval tasks) and kld (perplexity and KLD)")
     ap.add_argument("--trials", type=int, default=1, help="prompts per (length, depth) cell")
     ap.add_argument("--speed", action="store_true", help="measure decode speed with each policy at 8k (kvx bench)")
     ap.add_argument("--speed-model", default="/tmp/kvx-bench-models/smollm2-135m-q8_0.gguf")

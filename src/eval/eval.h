@@ -153,11 +153,16 @@ struct KvMeasure {
   uint64_t peak_bytes = 0;  // max BlockPool::bytes_in_use() at the end of a sequence
   int64_t peak_tokens = 0;  // that sequence's length
   uint64_t f16_bytes = 0;   // dense f16 K+V bytes for peak_tokens tokens
+  // Live entries over the slots of the pages that sequence's tables list:
+  // what eviction leaves in half-empty pages before compaction packs them
+  // (1 without removals, but for the last partly written page of a table).
+  // Unset in reports written before it was measured.
+  std::optional<double> live_fraction;
   double CompressionVsF16() const {
     return peak_bytes > 0 ? static_cast<double>(f16_bytes) / static_cast<double>(peak_bytes) : 0.0;
   }
   // Keeps the larger measurement.
-  void Observe(uint64_t bytes, int64_t tokens, uint64_t f16_bytes_per_token);
+  void Observe(uint64_t bytes, int64_t tokens, uint64_t f16_bytes_per_token, std::optional<double> live_fraction = std::nullopt);
   void Merge(const KvMeasure& other);
 };
 

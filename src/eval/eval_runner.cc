@@ -424,17 +424,34 @@ class Runner {
     Notify();
   }
   static std::string SummaryLine(const SpecResult& s) {
-    char buf[128];
-    std::snprintf(buf, sizeof(buf), "done: %s%s  (%.1f s, KV peak %.1f KiB, %.2fx vs f16)", s.spec.c_str(),
-                  s.is_baseline ? " [baseline]" : "", s.seconds, s.kv.peak_bytes / 1024.0, s.kv.CompressionVsF16());
+    char buf[160];
+    std::snprintf(buf, sizeof(buf), "done: %s%s  (%.1f s, KV peak %.1f KiB, %.2fx vs f16, %.0f%% of slots live)",
+                  s.spec.c_str(), s.is_baseline ? " [baseline]" : "", s.seconds, s.kv.peak_bytes / 1024.0,
+                  s.kv.CompressionVsF16(), 100.0 * s.kv.live_fraction.value_or(1.0));
     return buf;
   }
 
   void Observe(size_t r, KvMeasure* kv) {
     // The pool's pages, plus the per-entry scales a cross-layer merged cache
     // keeps beside its tables (policy=minicache's per-layer norms; 0 otherwise).
-    const uint64_t side = sessions_[r]->kv().EntryScaleBytes();
-    kv->Observe(rts_[r]->pool().bytes_in_use() + side, sessions_[r]->n_past(), report_.model.f16_bytes_per_token);
+    const kv::SequenceKV& seq = sessions_[r]->kv();
+    const uint64_t side = seq.EntryScaleBytes();
+    kv->Observe(rts_[r]->pool().bytes_in_use() + side, sessions_[r]->n_past(), report_.model.f16_bytes_per_token,
+                LiveSlotFraction(seq));
+  }
+
+  // Live entries over the slots of the pages listed (fragmentation after
+  // eviction; a page listed by two tables, MiniCache's, counts in both).
+  static double LiveSlotFraction(const kv::SequenceKV& seq) {
+    const kv::KVLayout& l = seq.layout();
+    int64_t live = 0, slots = 0;
+    for (int layer = 0; layer < l.n_layers; ++layer) {
+      for (int h = 0; h < l.n_kv_heads; ++h) {
+        live += seq.LiveEntries(layer, h);
+        slots += static_cast<int64_t>(seq.table(layer, h).num_pages()) * l.page_tokens;
+      }
+    }
+    return slots > 0 ? static_cast<double>(live) / static_cast<double>(slots) : 1.0;
   }
 
   // ---- ppl + kld: chunk by chunk over every spec ----

@@ -17,10 +17,12 @@ using nlohmann::json;
 namespace {
 
 json KvJson(const KvMeasure& kv) {
-  return json{{"peak_bytes", kv.peak_bytes},
-              {"peak_tokens", kv.peak_tokens},
-              {"f16_bytes", kv.f16_bytes},
-              {"compression_vs_f16", kv.CompressionVsF16()}};
+  json j{{"peak_bytes", kv.peak_bytes},
+         {"peak_tokens", kv.peak_tokens},
+         {"f16_bytes", kv.f16_bytes},
+         {"compression_vs_f16", kv.CompressionVsF16()}};
+  if (kv.live_fraction) j["live_fraction"] = *kv.live_fraction;
+  return j;
 }
 
 json OutcomeJson(const TaskOutcome& t) {
@@ -79,6 +81,7 @@ KvMeasure ReadKv(const json& j) {
   kv.peak_bytes = j.at("peak_bytes").get<uint64_t>();
   kv.peak_tokens = j.at("peak_tokens").get<int64_t>();
   kv.f16_bytes = j.at("f16_bytes").get<uint64_t>();
+  if (j.contains("live_fraction")) kv.live_fraction = j.at("live_fraction").get<double>();
   return kv;
 }
 

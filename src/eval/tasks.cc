@@ -96,11 +96,13 @@ Result<std::vector<Task>> ParseTasks(std::string_view list) {
   return std::vector<Task>(chosen.begin(), chosen.end());
 }
 
-void KvMeasure::Observe(uint64_t bytes, int64_t tokens, uint64_t f16_bytes_per_token) {
+void KvMeasure::Observe(uint64_t bytes, int64_t tokens, uint64_t f16_bytes_per_token,
+                        std::optional<double> live) {
   if (bytes > peak_bytes || (bytes == peak_bytes && tokens > peak_tokens)) {
     peak_bytes = bytes;
     peak_tokens = tokens;
     f16_bytes = static_cast<uint64_t>(tokens) * f16_bytes_per_token;
+    live_fraction = live;
   }
 }
 
