@@ -141,6 +141,15 @@ METHODS = {
         lambda r, n: "codec=int8" + ("" if r == 0 else ";policy=snapkv,ratio=%g,kernel=15,pool=max" % r),
         "Per-token int8 KV, then SnapKV.",
         "kvx's int8 codec with snapkv-maxpool."),
+    "int4+mikv": (
+        lambda r, n: "codec=int4" + ("" if r == 0 else ";policy=mikv,ratio=%g,mode=once" % r),
+        "Per-token int4 KV (llama.cpp q4_0's counterpart), then MiKV: the important entries stay at 4 bits, "
+        "the evicted are demoted to 2 bits.",
+        "kvx's int4 codec with mikv above (demotion codec int2)."),
+    "kivi4+mikv": (
+        lambda r, n: "codec=kivi4,page=32" + ("" if r == 0 else ";policy=mikv,ratio=%g,mode=once,demote=kivi2" % r),
+        "KIVI-4, then MiKV demoting the evicted to KIVI-2.",
+        "The kivi4 codec with mikv, demotion codec kivi2 (keys per channel, values per token at 2 bits)."),
 }
 
 
