@@ -52,7 +52,12 @@ CAPACITY_TOKENS = 4096
 KVX_SPECS = ["codec=f16", "codec=int8", "codec=kivi4,page=32", "codec=kivi2,page=32",
              "codec=f16;policy=snapkv,ratio=0.875", "codec=int8;policy=snapkv,ratio=0.75",
              "codec=kivi4,page=32;policy=snapkv,ratio=0.5", "codec=kivi4,page=32;policy=snapkv,ratio=0.75",
-             "codec=kivi2,page=32;policy=snapkv,ratio=0.5"]
+             "codec=kivi2,page=32;policy=snapkv,ratio=0.5",
+             # SnapKV with max pooling over a wider kernel (KVCache-Factory's choice: the neighbours of every
+             # voted entry survive) and KIVI-4 with pre-RoPE keys in 64-token pages.
+             "codec=kivi4,page=32;policy=snapkv,ratio=0.75,kernel=15,pool=max",
+             "codec=kivi4,page=64,group=64,prerope=1;policy=snapkv,ratio=0.75,kernel=15,pool=max",
+             "codec=kivi4,page=64,group=64,prerope=1;policy=snapkv,ratio=0.8,kernel=15,pool=max"]
 LLAMA_CACHE_TYPES = ["f16", "q8_0", "q4_0"]
 SECTIONS = ["load", "capacity", "kld"]
 GOAL_RATIO = 6.0  # sessions per GiB against llama.cpp's f16
