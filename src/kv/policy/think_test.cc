@@ -10,6 +10,7 @@
 
 #include "kv/attention.h"
 #include "kv/codec/f16_codec.h"
+#include "kv/codec/f32_codec.h"
 #include "kv/kv_manager.h"
 #include "kv/pruned_keys.h"
 
@@ -178,6 +179,26 @@ TEST(ThinKTest, PrunesThePlantedChannelsAndFreesTheirBytes) {
   EXPECT_GT(wrong, 1e-2);
   const double unpruned = MaxAbsDiff(got, ZeroedReference(x, 0, Planted));
   EXPECT_GT(unpruned, 1e-2);
+}
+
+TEST(ThinKTest, F32LayersPruneIntoF16Pages) {
+  const Data x(4);
+  SeqId seq;
+  auto m = Filled("codec=f32,page=8;policy=think,keep=8,recent=16,window=4", x, &seq);
+  ASSERT_NE(m, nullptr);
+  const uint64_t before = m->pool().bytes_in_use();
+  ASSERT_TRUE(m->Compress(seq).ok());
+  const SequenceKV& kv = m->kv(seq);
+  EXPECT_TRUE(kv.CheckTables().ok()) << kv.CheckTables().ToString();
+  EXPECT_EQ(kv.kept_channels(1, 0), Planted(0));
+  CodecParams p;
+  p.page_tokens = kLayout.page_tokens;
+  p.head_dim = kLayout.head_dim;
+  const uint64_t saved_per_page = PageBytesFor<F32Codec>(p) - pruned::PageBytes(p.page_tokens, p.head_dim, kKeep);
+  EXPECT_EQ(before - m->pool().bytes_in_use(),
+            saved_per_page * kPrunedPages * kLayout.n_layers * kLayout.n_kv_heads);
+  // f16 rounding of the aged entries only: close to the f32 cache with the channels zeroed.
+  EXPECT_LT(MaxAbsDiff(Outputs(kv, 7), ZeroedReference(x, kPrunedPages * kLayout.page_tokens, Planted)), 1e-2);
 }
 
 TEST(ThinKTest, ForksCompactionAndNewTokensKeepWorking) {
