@@ -122,6 +122,19 @@ METHODS = {
         "fate=demote: the evicted move into int2 pages (group 32) of their own chain and stay attended; the "
         "ratio is the fraction demoted, so the bytes saved are about 0.8 x ratio of f16, not the ratio; no "
         "per-channel key balancer (docs/kv-merging.md)."),
+    "think": (
+        lambda r, n: "codec=f16;policy=think,lambda=%g" % r,
+        "Xu et al. 2024 (ThinK): per head, keep the key channels with the largest |Qw[:,c]| |K[:,c]| over the "
+        "last 32 prompt queries; older keys lose the rest, recent and new tokens keep every channel.",
+        "The ratio is lambda, the fraction of key CHANNELS pruned (every token stays): pages older than the last "
+        "32 entries are rewritten with the kept channels only (values whole), so the bytes saved are about "
+        "ratio / 2 of f16, not the ratio; GQA mean of the query term; single channels (keys are post-RoPE) "
+        "(docs/kv-think.md)."),
+    "snapkv+think": (
+        lambda r, n: "codec=f16" + (";policy=snapkv,ratio=%g" % r if r > 0 else "") + ";policy=think,lambda=0.4",
+        "kvpress ComposedPress: SnapKV evicts tokens, then ThinK prunes 40% of the key channels of what is kept.",
+        "snapkv above at the ratio, then think lambda=0.4 on the kept entries; ratio 0 is think alone "
+        "(docs/kv-think.md)."),
     "random": (
         lambda r, n: "codec=f16;policy=random,ratio=%g" % r,
         "The floor: seeded random eviction.",

@@ -26,11 +26,25 @@ class ObserverFanOut : public kv::AttentionObserver {
     }
     return false;
   }
+  bool WantsProbabilities() const override {
+    for (const auto* o : to_) {
+      if (o->WantsProbabilities()) return true;
+    }
+    return false;
+  }
+  void OnQueries(int seq, int layer, const float* q, int n_q, int n_heads, int head_dim) override {
+    for (auto* o : to_) {
+      if (o->Observes(seq, n_q)) o->OnQueries(seq, layer, q, n_q, n_heads, head_dim);
+    }
+  }
   void OnProbabilities(int seq, int layer, int query_index, int head, int kv_head, const float* probs,
                        const int32_t* positions, int n) override {
-    // Every observer sees what any of them asked for (a once-mode one then
-    // also records the decode queries a continuous one needs: harmless).
-    for (auto* o : to_) o->OnProbabilities(seq, layer, query_index, head, kv_head, probs, positions, n);
+    // Every observer that wants them sees what any of them asked for (a
+    // once-mode one then also records the decode queries a continuous one
+    // needs: harmless).
+    for (auto* o : to_) {
+      if (o->WantsProbabilities()) o->OnProbabilities(seq, layer, query_index, head, kv_head, probs, positions, n);
+    }
   }
 
  private:

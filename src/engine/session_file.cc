@@ -204,6 +204,10 @@ Result<std::string> EncodeSession(const Engine& engine, kv::SeqId seq, const Ses
     for (int h = 0; h < layout.n_kv_heads; ++h) {
       const kv::PageTable& t = kv.table(l, h);
       for (int p = 0; p < t.num_pages(); ++p) {
+        if (t.format(p) == kv::kPagePruned) {
+          return InvalidArgument("this sequence holds key-channel-pruned KV pages (policy think), which session "
+                                 "files cannot store yet (nor their channel masks); save before compressing");
+        }
         if (t.format(p) != kv::kPagePacked && t.format(p) != kv::kPageFull) {
           return InvalidArgument("this sequence holds demoted KV pages (policy mikv / fate=demote), which session "
                                  "files cannot store yet; save before compressing, or use fate=drop");

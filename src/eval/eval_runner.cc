@@ -432,10 +432,12 @@ class Runner {
   }
 
   void Observe(size_t r, KvMeasure* kv) {
-    // The pool's pages, plus the per-entry scales a cross-layer merged cache
-    // keeps beside its tables (policy=minicache's per-layer norms; 0 otherwise).
+    // The pool's pages, plus what a cache keeps beside its tables: the
+    // per-entry scales of a cross-layer merged cache (policy=minicache's
+    // per-layer norms) and the key-channel masks of a pruned one (policy
+    // think); 0 otherwise.
     const kv::SequenceKV& seq = sessions_[r]->kv();
-    const uint64_t side = seq.EntryScaleBytes();
+    const uint64_t side = seq.EntryScaleBytes() + seq.KeyChannelBytes();
     kv->Observe(rts_[r]->pool().bytes_in_use() + side, sessions_[r]->n_past(), report_.model.f16_bytes_per_token,
                 LiveSlotFraction(seq));
   }

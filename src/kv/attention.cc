@@ -9,6 +9,7 @@
 
 #include "kv/codec/codecs.h"
 #include "kv/page_selection.h"
+#include "kv/pruned_keys.h"
 #include "util/check.h"
 
 namespace kvx::kv {
@@ -23,6 +24,7 @@ struct Scratch {
   std::vector<float> tile;    // [T][D] decoded keys (pre-RoPE path)
   std::vector<float> qrot;    // [rows][D] queries rotated back to a page's first position
   std::vector<float> acc;     // [kMaxQueryRows][D] an item's accumulators when it writes the outputs itself
+  std::vector<float> qk;      // [rows][KeyRows] the queries at the table's kept key channels (pruned pages)
 };
 thread_local Scratch tls_scratch;
 
@@ -218,22 +220,32 @@ bool F16Form(const PageTable& t, int p) {
   return t.format(p) == kPageFull || (std::is_same_v<C, F16Codec> && t.format(p) == kPagePacked);
 }
 
-// PageScores for a page of `format`, whatever it is.
+// PageScores for a page of `format`, whatever it is. Pruned pages (ThinK,
+// pruned_keys.h) dot the queries gathered to the table's kept channels
+// (tls_scratch.qk, filled once per item by RunItem) with their short keys.
 template <PageCodec C>
-void FormatPageScores(const Job& job, PageFormat format, const uint8_t* page, int m, const float* q, int nr, float* s,
-                      int ss) {
+void FormatPageScores(const Job& job, int h, PageFormat format, const uint8_t* page, int m, const float* q, int nr,
+                      float* s, int ss) {
   if (format == kPagePacked) return PageScores<C>(job, job.lc->params, page, m, q, nr, s, ss);
   if (format == kPageFull) return PageScores<F16Codec>(job, job.lc->params, page, m, q, nr, s, ss);
+  if (format == kPagePruned) {
+    const int nk = static_cast<int>(job.kv->kept_channels(job.layer, h).size());
+    return pruned::Scores(nk, job.T, page + PageDataOffset(job.T), m, tls_scratch.qk.data(), nr, s, ss);
+  }
   const SequenceKV::FormatCodec fc = job.kv->format_codec(job.layer, format);
   DispatchCodec(fc.id, [&](auto codec) { PageScores<decltype(codec)>(job, *fc.params, page, m, q, nr, s, ss); });
 }
 
 // AccumulateValues for a page of `format`, whatever it is.
 template <PageCodec C>
-void FormatAccumulateValues(const Job& job, PageFormat format, const uint8_t* data, int m, const float* w, int nr,
-                            int ws, float* acc) {
+void FormatAccumulateValues(const Job& job, int h, PageFormat format, const uint8_t* data, int m, const float* w,
+                            int nr, int ws, float* acc) {
   if (format == kPagePacked) return C::AccumulateValues(job.lc->params, data, m, w, nr, ws, acc);
   if (format == kPageFull) return F16Codec::AccumulateValues(job.lc->params, data, m, w, nr, ws, acc);
+  if (format == kPagePruned) {
+    const int nk = static_cast<int>(job.kv->kept_channels(job.layer, h).size());
+    return pruned::AccumulateValues(nk, job.T, job.D, data, m, w, nr, ws, acc);
+  }
   const SequenceKV::FormatCodec fc = job.kv->format_codec(job.layer, format);
   DispatchCodec(fc.id, [&](auto codec) { decltype(codec)::AccumulateValues(*fc.params, data, m, w, nr, ws, acc); });
 }
@@ -326,6 +338,10 @@ void RunItem(Job& job, int h, int block, int chunk, PageId after) {
     qp[r] = job.q_pos[i];
     q_max = std::max(q_max, qp[r]);
   }
+  // A key-channel-pruned table (ThinK): its pruned pages dot the queries'
+  // kept channels, gathered once here for every such page of the item.
+  const std::vector<int>& kept = kv.kept_channels(job.layer, h);
+  if (!kept.empty()) pruned::GatherQueries(kept, D, s.q.data(), nr, &s.qk);
   // Runs of pages in f16 form go through the fused kernel when it runs here
   // (F16Codec::AttendRun, which masks what a row must not see itself).
   // Rows the observer watches in this block (its query window), if any.
@@ -389,7 +405,7 @@ void RunItem(Job& job, int h, int block, int chunk, PageId after) {
     const size_t first_part = next_bytes / 2 / 64 * 64;
     if (next != nullptr) PrefetchPage(next, first_part);
     float* sp = s.scores.data();  // [nr][T]
-    FormatPageScores<C>(job, t.format(p), page, m, s.q.data(), nr, sp, T);
+    FormatPageScores<C>(job, h, t.format(p), page, m, s.q.data(), nr, sp, T);
     if (scaled) ScaleEntries(t.k_scales(p), m, nr, sp, T);  // q.(a k) = a (q.k)
     for (int r = 0; r < nr; ++r) {
       if (pos_max <= qp[r]) continue;  // the whole page is visible to this row (always, in decode)
@@ -414,7 +430,7 @@ void RunItem(Job& job, int h, int block, int chunk, PageId after) {
     if (!any) continue;
     if (scaled) ScaleEntries(t.v_scales(p), m, nr, sp, T);  // weight p on (b v) = weight p b on v, after the sum
     const uint8_t* data = page + PageDataOffset(T);
-    FormatAccumulateValues<C>(job, t.format(p), data, m, sp, nr, T, acc);
+    FormatAccumulateValues<C>(job, h, t.format(p), data, m, sp, nr, T, acc);
   }
   if (writes_outputs) {
     for (int r = 0; r < nr; ++r) {
@@ -569,7 +585,9 @@ void AttentionBatch(const AttentionSeq* seqs, int n_seqs, int layer, int n_heads
     job.rot = kv.rotation();
     job.keys_rotated = kv.keys_rotated();
     job.pre_rope = kv.keys_pre_rope();
-    job.observer = observer != nullptr && observer->Observes(si, sq.n_q) ? observer : nullptr;
+    const bool observed = observer != nullptr && observer->Observes(si, sq.n_q);
+    if (observed) observer->OnQueries(si, layer, sq.q, sq.n_q, n_heads, L.head_dim);
+    job.observer = observed && observer->WantsProbabilities() ? observer : nullptr;
     job.obs_first_row = job.observer == nullptr ? 0 : (window > 0 ? std::max(0, sq.n_q - window) : 0) * job.G;
     job.out = sq.out;
     // Decode's query comes after every entry; a prompt's row blocks skip the

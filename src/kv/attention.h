@@ -92,6 +92,21 @@ class AttentionObserver {
     (void)n_q;
     return true;
   }
+  // Whether OnProbabilities is wanted at all. An observer that needs only
+  // the queries (ThinK's channel scores) answers false, and its sequences
+  // keep the fast kernels.
+  virtual bool WantsProbabilities() const { return true; }
+  // Called once per (observed sequence, layer) of a call, on the calling
+  // thread before the attention runs: the sequence's queries as given (q
+  // [n_q][n_heads][head_dim], roped, unscaled, in the model's basis).
+  virtual void OnQueries(int seq, int layer, const float* q, int n_q, int n_heads, int head_dim) {
+    (void)seq;
+    (void)layer;
+    (void)q;
+    (void)n_q;
+    (void)n_heads;
+    (void)head_dim;
+  }
   // Called once per observed (query, query head) with the normalised
   // probabilities over the slots of (layer, kv_head) in chain order:
   // probs[j] belongs to slot j (its position is positions[j]); masked and

@@ -25,7 +25,10 @@
 // compaction and copies dispatch per page on it. Demoted pages always hold
 // page_tokens slots (dead ones padded) and sit after the sink pages, before
 // the rest of the chain, so the layer codec's rules (sealing, staging) never
-// see them.
+// see them. Pruned pages (ThinK, kv/policy/think.h) hold their keys' kept
+// channels only (f16, the table's channel mask: SequenceKV::PruneKeyChannels)
+// and full f16 values; they replace packed pages in place (same slots), so
+// the chain's geometry is unchanged, and their size class is smaller.
 //
 // The table only records page ids; it does not own references by itself:
 // SequenceKV takes and drops the pool references for the pages it lists.
@@ -67,7 +70,8 @@ using PageFormat = uint8_t;
 inline constexpr PageFormat kPagePacked = 0;   // the layer codec
 inline constexpr PageFormat kPageFull = 1;     // f16: staging and sink pages
 inline constexpr PageFormat kPageDemoted = 2;  // the sequence's demotion codec (MiKV)
-inline constexpr int kPageFormats = 3;
+inline constexpr PageFormat kPagePruned = 3;   // keys' kept channels only (ThinK)
+inline constexpr int kPageFormats = 4;
 
 class PageTable {
  public:

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "kv/codec/codecs.h"
+#include "kv/pruned_keys.h"
 #include "kv/sequence_kv_pages.h"
 #include "util/check.h"
 
@@ -93,6 +94,7 @@ SequenceKV::SequenceKV(BlockPool* pool, const KVLayout& layout, const CodecConfi
   layers_ = ResolveLayers(layout_, codec_);
   size_class_.assign(2 * static_cast<size_t>(layout_.n_layers), -1);
   tables_.resize(static_cast<size_t>(layout_.n_layers) * layout_.n_kv_heads);
+  kept_channels_.resize(tables_.size());
   reserved_.resize(layout_.n_layers);
   if (codec_.rotation != Rotation::kNone) rotation_ = std::make_unique<HadamardRotation>(layout_.head_dim);
 }
@@ -105,6 +107,7 @@ void SequenceKV::Clear() {
     for (PageId id : t.pages()) pool_->Unref(id);
     t.Reset();
   }
+  for (std::vector<int>& kept : kept_channels_) kept.clear();  // no pruned page is left
 }
 
 size_t SequenceKV::BytesInUse() const {
@@ -137,6 +140,8 @@ std::unique_ptr<SequenceKV> SequenceKV::EmptyCopy() const {
   copy->demote_params_ = demote_params_;
   copy->demote_page_bytes_ = demote_page_bytes_;
   copy->demote_class_ = demote_class_;
+  copy->kept_channels_ = kept_channels_;
+  copy->pruned_classes_ = pruned_classes_;
   copy->rope_ = rope_;
   copy->rope_set_ = rope_set_;
   copy->max_pos_ = max_pos_;
@@ -461,6 +466,10 @@ Status SequenceKV::SetPageSelection(const PageSelection& selection) {
     return InvalidArgument("Quest selection " + selection.ToString() + " reads fewer pages than it forces (" +
                            "sink_pages + recent_pages); raise the budget");
   }
+  if (selection.enabled && KeyChannelBytes() > 0) {
+    return InvalidArgument("Quest page selection does not combine with key-channel pruning (policy think): page "
+                           "bounds over pruned keys are not kept; use one of the two");
+  }
   const bool had = selection_.enabled;
   selection_ = selection;
   if (selection.enabled == had) return Status::Ok();
@@ -491,11 +500,15 @@ void SequenceKV::ReadEntry(int layer, int kv_head, int index, float* k, float* v
   // Page codecs decode whole pages (per-channel parameters): decode rows 0..slot.
   std::vector<float> kk(static_cast<size_t>(slot + 1) * D), vv(kk.size());
   const uint8_t* data = page + PageDataOffset(T);
-  const FormatCodec fc = format_codec(layer, t.format(index / T));
-  DispatchCodec(fc.id, [&](auto codec) {
-    decltype(codec)::DecodeKeys(*fc.params, data, slot + 1, kk.data());
-    decltype(codec)::DecodeValues(*fc.params, data, slot + 1, vv.data());
-  });
+  const FormatCodec fc = format_codec(layer, t.format(index / T), kv_head);
+  if (fc.kept != nullptr) {
+    pruned::Decode(*fc.kept, T, D, data, slot + 1, kk.data(), vv.data());
+  } else {
+    DispatchCodec(fc.id, [&](auto codec) {
+      decltype(codec)::DecodeKeys(*fc.params, data, slot + 1, kk.data());
+      decltype(codec)::DecodeValues(*fc.params, data, slot + 1, vv.data());
+    });
+  }
   std::memcpy(k, &kk[static_cast<size_t>(slot) * D], sizeof(float) * D);
   std::memcpy(v, &vv[static_cast<size_t>(slot) * D], sizeof(float) * D);
   if (rotation_ != nullptr) {
@@ -526,7 +539,7 @@ void SequenceKV::ReadChain(int layer, int kv_head, std::vector<float>* k, std::v
     const int n = t.EntriesInPage(p, T);
     // Packed pages of page codecs are always whole (a partial page is f16
     // staging or row-wise), so decoding n slots is valid for every page.
-    DecodePage(*pool_, format_codec(layer, t.format(p)), t.pages()[p], n, &dp);
+    DecodePage(*pool_, format_codec(layer, t.format(p), kv_head), t.pages()[p], n, &dp);
     const size_t off = static_cast<size_t>(p) * T;
     std::copy(dp.k.begin(), dp.k.begin() + static_cast<size_t>(n) * D, k->begin() + off * D);
     std::copy(dp.v.begin(), dp.v.begin() + static_cast<size_t>(n) * D, v->begin() + off * D);
@@ -688,7 +701,7 @@ Status SequenceKV::Compact(int layer, int kv_head) {
       continue;
     }
     const PageFormat format = t.format(first);
-    const FormatCodec fc = format_codec(layer, format);
+    const FormatCodec fc = format_codec(layer, format, kv_head);
     std::vector<PageId> ids;
     PageId before = first > 0 ? t.pages()[first - 1] : kNoPage;
     for (int i = 0; i < n_new; ++i) {
@@ -780,7 +793,7 @@ Result<std::unique_ptr<SequenceKV>> SequenceKV::ForkPrefix(int n_slots) const {
           pool_->AllocateAfter(copy->FormatSizeClass(l, target), p > 0 ? t.pages()[p - 1] : kNoPage);
       if (!staged.ok()) return staged.status();  // ~SequenceKV drops every reference taken so far
       DecodedPage dp;
-      DecodePage(*pool_, format_codec(l, format), id, T, &dp);
+      DecodePage(*pool_, format_codec(l, format, h), id, T, &dp);
       EncodeInto(pool_, format_codec(l, target), *staged, rest, dp.k.data(), dp.v.data(), dp.pos.data());
       t.ReplacePage(p, *staged, target);
       pool_->Unref(id);
@@ -802,7 +815,7 @@ Status SequenceKV::CheckTables() const {
       for (int p = 0; p < t.num_pages(); ++p) {
         const PageId id = t.pages()[p];
         if (pool_->RefCount(id) <= 0) return Internal(where + ": page " + std::to_string(id) + " is free");
-        const int cls = FormatSizeClass(l, t.format(p));
+        const int cls = FormatSizeClass(l, t.format(p), h);
         if (cls >= 0 && pool_->SizeClassOf(id) != cls) return Internal(where + ": page of the wrong size class");
         const int32_t* pos = PagePositions(pool_->PageData(id));
         int n = 0;
@@ -857,7 +870,7 @@ Status SequenceKV::RewriteEntries(int layer, int kv_head, const std::vector<int>
   std::vector<float> row_k(D), row_v(D);
   DecodedPage dp;
   for (int p : pages) {
-    const FormatCodec fc = format_codec(layer, t.format(p));
+    const FormatCodec fc = format_codec(layer, t.format(p), kv_head);
     const int n = fc.whole_pages ? T : t.EntriesInPage(p, T);
     DecodePage(*pool_, fc, t.pages()[p], n, &dp);
     for (size_t i = 0; i < slots.size(); ++i) {

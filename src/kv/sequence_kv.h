@@ -38,6 +38,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "kv/block_pool.h"
@@ -229,12 +230,41 @@ class SequenceKV {
   // Page formats (page_table.h): the codec a page of `format` in `layer` is
   // read and written with. Packed: the layer codec; full: f16 with the
   // layer's parameters; demoted: the demotion codec (SetDemotionCodec).
+  // Pruned pages (ThinK) are laid out by kv/pruned_keys.h with the table's
+  // channel mask `kept` (id f16 and the layer's parameters otherwise), so
+  // their codec depends on the kv head: pass it for any page that may be
+  // pruned.
   struct FormatCodec {
     CodecId id = CodecId::kF16;
     const CodecParams* params = nullptr;
     bool whole_pages = false;  // encoded at once (EncodePage of page_tokens rows) and decoded whole
+    const std::vector<int>* kept = nullptr;  // pruned pages: the kept key channels
   };
-  FormatCodec format_codec(int layer, PageFormat format) const;
+  FormatCodec format_codec(int layer, PageFormat format, int kv_head = -1) const;
+
+  // ThinK key-channel pruning (kv/policy/think.h; pages kPagePruned,
+  // kv/pruned_keys.h). Sets the channel mask of (layer, kv_head) to `kept`
+  // (ascending channel indices, 1 <= size < head_dim) and rewrites every
+  // packed page of the chain that lies wholly before its last `recent` live
+  // entries into a pruned page: keys hold the kept channels only (the others
+  // read as zero in q.k from now on), values stay whole, all in f16; slots,
+  // positions and live counts stay, and each old page returns to the pool
+  // (its new page is allocated first). Pages written later (recent and new
+  // tokens) keep every channel; a later call with the same mask prunes the
+  // pages that have aged since. Sink, staging and demoted pages are left.
+  // InvalidArgument for a bad mask, a mask different from the one the
+  // table already has, a quantized layer codec, pre-RoPE or Hadamard-rotated
+  // keys, Quest bounds or cross-layer shared pages (entry scales), naming
+  // what works; ResourceExhausted when no page can be allocated (the pages
+  // rewritten so far stay rewritten, the table consistent).
+  // REQUIRES: no reservation pending.
+  Status PruneKeyChannels(int layer, int kv_head, const std::vector<int>& kept, int recent);
+  // The channel mask of (layer, kv_head): empty when never pruned.
+  const std::vector<int>& kept_channels(int layer, int kv_head) const {
+    return kept_channels_[static_cast<size_t>(layer) * layout_.n_kv_heads + kv_head];
+  }
+  // Bytes the channel masks take (heap, beside the tables; not pool pages).
+  size_t KeyChannelBytes() const;
 
   // MiKV demotion (the `demote` eviction fate, kv/policy/demote_fate.h).
   // SetDemotionCodec picks the low-bit codec of demoted pages (a quantized
@@ -343,8 +373,16 @@ class SequenceKV {
   // Registers the pool size classes of every layer's page formats.
   Status EnsureSizeClasses();
   int SizeClass(int layer, bool full) const { return size_class_[2 * static_cast<size_t>(layer) + (full ? 1 : 0)]; }
-  int FormatSizeClass(int layer, PageFormat format) const {
+  int FormatSizeClass(int layer, PageFormat format, int kv_head = -1) const {
+    if (format == kPagePruned) return PrunedSizeClass(static_cast<int>(kept_channels(layer, kv_head).size()));
     return format == kPageDemoted ? demote_class_ : SizeClass(layer, format == kPageFull);
+  }
+  // The size class of pruned pages keeping `kept` channels (-1: none yet).
+  int PrunedSizeClass(int kept) const {
+    for (const auto& [n, cls] : pruned_classes_) {
+      if (n == kept) return cls;
+    }
+    return -1;
   }
   void ExtendRopeTable(int32_t max_pos);
   // The pages one layer's Append of n tokens takes, in WriteHead's order.
@@ -379,6 +417,10 @@ class SequenceKV {
   CodecParams demote_params_;
   size_t demote_page_bytes_ = 0;
   int demote_class_ = -1;
+  // ThinK: [n_layers * n_kv_heads] kept key channels (empty: not pruned),
+  // and the pool size class of pruned pages per kept-channel count.
+  std::vector<std::vector<int>> kept_channels_;
+  std::vector<std::pair<int, int>> pruned_classes_;
   ops::RopeParams rope_{};
   bool rope_set_ = false;
   int32_t max_pos_ = -1;            // largest position appended

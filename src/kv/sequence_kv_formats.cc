@@ -4,6 +4,7 @@
 #include <string>
 
 #include "kv/codec/codecs.h"
+#include "kv/pruned_keys.h"
 #include "kv/sequence_kv.h"
 #include "kv/sequence_kv_pages.h"
 #include "util/check.h"
@@ -18,6 +19,7 @@ void DecodePage(const BlockPool& pool, const SequenceKV::FormatCodec& fc, PageId
   out->v.resize(out->k.size());
   out->pos.assign(PagePositions(page), PagePositions(page) + slots);
   const uint8_t* data = page + PageDataOffset(T);
+  if (fc.kept != nullptr) return pruned::Decode(*fc.kept, T, D, data, slots, out->k.data(), out->v.data());
   DispatchCodec(fc.id, [&](auto codec) {
     // Page codecs decode whole pages (per-channel parameters over all T slots).
     using C = decltype(codec);
@@ -34,6 +36,7 @@ void EncodeInto(BlockPool* pool, const SequenceKV::FormatCodec& fc, PageId id, i
   uint8_t* page = pool->PageData(id);
   std::copy(pos, pos + n, PagePositions(page));
   uint8_t* data = page + PageDataOffset(T);
+  if (fc.kept != nullptr) return pruned::Encode(*fc.kept, T, D, data, n, k, v);
   DispatchCodec(fc.id, [&](auto codec) {
     using C = decltype(codec);
     if (fc.whole_pages) {
@@ -49,9 +52,15 @@ void EncodeInto(BlockPool* pool, const SequenceKV::FormatCodec& fc, PageId id, i
   });
 }
 
-SequenceKV::FormatCodec SequenceKV::format_codec(int layer, PageFormat format) const {
+SequenceKV::FormatCodec SequenceKV::format_codec(int layer, PageFormat format, int kv_head) const {
   const LayerCodec& lc = layers_[layer];
   switch (format) {
+    case kPagePruned: {
+      KVX_CHECK_MSG(kv_head >= 0, "a pruned page's codec needs its kv head (its channel mask)");
+      const std::vector<int>& kept = kept_channels_[static_cast<size_t>(layer) * layout_.n_kv_heads + kv_head];
+      KVX_CHECK_MSG(!kept.empty(), "a pruned page in a table without a channel mask");
+      return {CodecId::kF16, &lc.params, false, &kept};
+    }
     case kPagePacked: return {lc.id, &lc.params, lc.sealed};
     case kPageFull: return {CodecId::kF16, &lc.params, false};
     case kPageDemoted:
@@ -133,7 +142,7 @@ Status SequenceKV::DemoteEntries(int layer, int kv_head, const std::vector<int>&
   DecodedPage dp;
   for (size_t i = 0; i < todo.size();) {
     const int p = todo[i] / T;
-    const FormatCodec fc = format_codec(layer, t.format(p));
+    const FormatCodec fc = format_codec(layer, t.format(p), kv_head);
     DecodePage(*pool_, fc, t.pages()[p], fc.whole_pages ? T : t.EntriesInPage(p, T), &dp);
     for (; i < todo.size() && todo[i] / T == p; ++i) {
       const size_t s = static_cast<size_t>(todo[i] % T);

@@ -48,6 +48,10 @@ Status SequenceKV::ShareEntries(int layer_a, int layer_b, int kv_head, const Sha
     return InvalidArgument("cross-layer sharing with Quest page selection: the page bounds would bound the stored "
                            "directions, not the scaled keys; drop one of the two policies");
   }
+  if (!kept_channels(layer_a, kv_head).empty() || !kept_channels(layer_b, kv_head).empty()) {
+    return InvalidArgument("cross-layer sharing of key-channel-pruned tables (policy think): the shared pages "
+                           "would need one channel mask for two layers; run minicache without think");
+  }
   const int T = layout_.page_tokens, D = layout_.head_dim;
   const size_t n = shared.pos.size();
   if (shared.k.size() != n * D || shared.v.size() != n * D) {

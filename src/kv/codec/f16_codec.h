@@ -138,13 +138,17 @@ struct F16Codec {
   }
   static void AccumulateValues(const CodecParams& p, const uint8_t* data, int n, const float* w, int nq, int ws,
                                float* acc) {
-    const int d = p.head_dim;
+    AccumulateValueRows(Values(p, data), p.head_dim, n, w, nq, ws, acc);
+  }
+  // AccumulateValues over f16 value rows [n][d] wherever they are (ThinK's
+  // pruned pages keep their values in this layout after shorter keys).
+  static void AccumulateValueRows(const uint16_t* values, int d, int n, const float* w, int nq, int ws, float* acc) {
     if (simd::UseSimd(d)) {
-      simd::AxpyRowsQN(simd::F16Rows{Values(p, data), d}, n, d, w, nq, ws, acc);
+      simd::AxpyRowsQN(simd::F16Rows{values, d}, n, d, w, nq, ws, acc);
       return;
     }
     for (int r = 0; r < nq; ++r) {
-      AccumulateValuesScalar(Values(p, data), d, n, w + static_cast<size_t>(r) * ws, acc + static_cast<size_t>(r) * d);
+      AccumulateValuesScalar(values, d, n, w + static_cast<size_t>(r) * ws, acc + static_cast<size_t>(r) * d);
     }
   }
 };

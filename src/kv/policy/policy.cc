@@ -7,6 +7,7 @@
 #include "kv/policy/quest.h"
 #include "kv/policy/eviction_policies.h"
 #include "kv/policy/streaming_llm.h"
+#include "kv/policy/think.h"
 
 namespace kvx::kv {
 
@@ -20,6 +21,7 @@ PolicyRegistry& PolicyRegistry::Global() {
     r->Register("duo", HeadTypingPolicy::CreateDuo);
     r->Register("razor", HeadTypingPolicy::CreateRazor);
     r->Register("minicache", MiniCachePolicy::Create);
+    r->Register("think", ThinKPolicy::Create);
     RegisterMergePolicies(*r);  // fate=merge, kvmerger (merge_fate.h)
     RegisterDemotePolicies(*r);  // fate=demote, mikv (demote_fate.h)
     RegisterEvictionPolicies(*r);  // h2o, snapkv, ... (eviction_policies.h)
