@@ -369,7 +369,8 @@ def kld_cells(report, method):
     res = report.get("results", [])
     if not res:
         return []
-    base_bytes = (res[0].get("kld") or {}).get("kv", {}).get("peak_bytes", 0)
+    # bytes from ppl's measure: the baseline has no kld result (KLD 0 against itself)
+    base_bytes = (res[0].get("ppl") or {}).get("kv", {}).get("peak_bytes", 0)
     rows = []
     for i, s in enumerate(res):
         k, p = s.get("kld") or {}, s.get("ppl") or {}
@@ -377,8 +378,9 @@ def kld_cells(report, method):
             ratio = None if ratios[0] == 0 else 0.0
         else:
             ratio = ratios[i - 1] if i - 1 < len(ratios) else None
-        b = k.get("kv", {}).get("peak_bytes", 0)
-        rows.append((ratio, k.get("mean") if k.get("ok") else None, p.get("ppl") if p.get("ok") else None,
+        b = p.get("kv", {}).get("peak_bytes", 0)
+        kld = 0.0 if i == 0 else (k.get("mean") if k.get("ok") else None)
+        rows.append((ratio, kld, p.get("ppl") if p.get("ok") else None,
                      b / base_bytes if base_bytes else None))
     return rows
 
@@ -498,8 +500,10 @@ def kld_section(data):
                   "| method | " + " | ".join("r=%g" % r for r in [0] + RATIOS) + " |",
                   "|---|" + "---:|" * (1 + len(RATIOS))]
         for m, rep in runs:
+            # one cell per ratio column: a codec combination's r=0 is the codec alone (its f16 baseline,
+            # KLD 0, is left out), a policy's r=0 is the f16 baseline
             lines.append("| %s | %s |" % (m, " | ".join("%s (%s)" % (fmt_kld(k), fmt(f))
-                                                         for _, k, _, f in kld_cells(rep, m))))
+                                                         for r, k, _, f in kld_cells(rep, m) if r is not None)))
         lines.append("")
     return lines
 

@@ -220,6 +220,31 @@ TEST(EvalTest, OnceCompressionSplitsPplAndKldChunks) {
   EXPECT_EQ(eval::RunEval(**model, &threads, o, {}).status().code(), StatusCode::kInvalidArgument);
 }
 
+// A policy that acts between steps (a StreamingLLM window) changes no logit
+// over one whole-chunk prefill; the split feeds the tail step by step, so
+// the window's evictions show in the KLD.
+TEST(EvalTest, ContinuousPoliciesSplitTheChunksToo) {
+  auto model = model::Model::Load(SyntheticModel());
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  ThreadPool threads(2);
+  eval::EvalOptions o;
+  o.tasks = {eval::Task::kPpl, eval::Task::kKld};
+  o.baseline = "codec=f32";
+  o.specs = {"codec=f32;policy=streamingllm,sinks=2,window=8"};
+  o.n_ctx = 128;
+  o.chunk = 64;
+  o.max_chunks = 2;
+  o.text = SomeText();
+  o.text_name = "synthetic";
+  auto report = eval::RunEval(**model, &threads, o, {});
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  const eval::SpecResult& window = report->specs[1];
+  ASSERT_TRUE(window.kld && window.kld->ok);
+  EXPECT_EQ(window.kld->context, 48);
+  EXPECT_GT(window.kld->mean, 1e-4);
+  EXPECT_LT(window.kld->kv.peak_bytes, report->specs[0].ppl->kv.peak_bytes);
+}
+
 TEST(EvalTest, BudgetExhaustionIsReportedPerSpecAndTheRunGoesOn) {
   auto model = model::Model::Load(SyntheticModel());
   ASSERT_TRUE(model.ok());

@@ -133,12 +133,13 @@ struct EvalOptions {
   // "included" after the whole prompt (query-aware), "none" never (only
   // continuous policies act). Retrieval prompts are split at
   // GenItem::question_start; copy compresses before the repeat in both
-  // modes. ppl and kld have no question: when some spec has a policy that
-  // compresses once and compress is not "none", every run (baseline too)
+  // modes. ppl and kld have no question: when some spec has a KV policy
+  // (once, continuous or a selection) and compress is not "none", every run (baseline too)
   // splits each chunk: its first kld_context fraction is the context
   // (prefill, then Compress), the rest is scored token by token (teacher
-  // forced; both modes mean the same there). Otherwise ppl and kld keep
-  // llama.cpp's protocol and only continuous policies act.
+  // forced; both modes mean the same there; a continuous policy acts after
+  // the prefill and after every tail step). Otherwise ppl and kld keep
+  // llama.cpp's protocol.
   std::string compress = "excluded";
   double kld_context = 0.75;  // (0, 1): the context's share of a ppl/kld chunk in the split protocol
 };

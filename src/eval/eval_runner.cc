@@ -460,10 +460,14 @@ class Runner {
 
   // Whether ppl/kld use the split protocol (EvalOptions::compress): some
   // spec has a policy that compresses once, and compression is on.
+  // Any policy, not only once ones: a continuous policy (a StreamingLLM
+  // window, H2O under a budget) or Quest's selection acts between steps or
+  // in decode steps only, so over one whole-chunk prefill it changes no
+  // logit (the sweep saw KLD exactly 0 at every ratio).
   bool SplitTextChunks() const {
     if (opt_.compress == "none") return false;
     for (const auto& rt : rts_) {
-      if (rt->kv_manager().HasOncePolicy()) return true;
+      if (!rt->kv_manager().policies().empty()) return true;
     }
     return false;
   }

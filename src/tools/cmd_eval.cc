@@ -140,7 +140,7 @@ void RegisterEval(CLI::App& app, int* exit_code) {
       ->delimiter(',')
       ->check(NumberIn(0, 1, false, false, "a fraction of the sequence"));
   cmd->add_option("--kld-context", o.kld_context,
-                  "ppl/kld with a policy that compresses once (and --compress excluded|included): the context's "
+                  "ppl/kld with a KV policy (and --compress excluded|included): the context's "
                   "share of each chunk (prefill, then compress); the rest is scored token by token")
       ->capture_default_str();
   cmd->add_option("--compress", o.compress,
