@@ -1,9 +1,12 @@
 #include "kv/attention.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -53,9 +56,14 @@ struct Job {
   std::vector<std::vector<int32_t>> page_min;
   // Quest (page_selection.h): sel[h] lists the pages kv head h reads, in
   // chain order; empty (or no sel) = every page. Items walk "visit
-  // indices" i, page VisitPage(job, h, i), so the paths without a selection
-  // run exactly as before.
+  // indices" i, page P(i), so the paths without a selection run exactly as
+  // before. The first item of a head to run picks its pages (SelectHeadPages,
+  // sel_state[h]: 0 to pick, 1 being picked, 2 picked), so the heads pick
+  // in parallel; visits[h], their count, is known before (item layout).
+  bool selecting = false;
   std::vector<std::vector<int>> sel;
+  std::vector<int> visits;
+  std::unique_ptr<std::atomic<int>[]> sel_state;
   // Items (h, block, chunk) are numbered item_base[h] + block * chunks[h] + chunk.
   std::vector<int> chunks;
   std::vector<size_t> item_base;
@@ -268,15 +276,16 @@ inline void PrefetchPage(const uint8_t* p, size_t bytes) {
 
 // Pages kv head h reads (all of its chain without a Quest selection).
 int VisitCount(const Job& job, int h) {
-  return job.sel.empty() || job.sel[h].empty() ? job.kv->table(job.layer, h).num_pages()
-                                                : static_cast<int>(job.sel[h].size());
+  return job.selecting ? job.visits[h] : job.kv->table(job.layer, h).num_pages();
 }
 
-// The first page of kv head h's context chunk `chunk` (kNoPage past the end).
+// The first page of kv head h's context chunk `chunk` (kNoPage past the end,
+// or when the head's pages are not picked yet).
 PageId ChunkFirstPage(const Job& job, int h, int chunk) {
   const PageTable& t = job.kv->table(job.layer, h);
   const int first = chunk * job.chunk_pages;
   if (first >= VisitCount(job, h)) return kNoPage;
+  if (job.selecting && job.sel_state[h].load(std::memory_order_acquire) != 2) return kNoPage;
   return t.pages()[job.sel.empty() || job.sel[h].empty() ? first : job.sel[h][first]];
 }
 
@@ -507,21 +516,56 @@ void RunAll(size_t n, ThreadPool* pool, const Fn& fn) {
   });
 }
 
-// Quest: the pages each kv head of `job` reads for its one decode query
-// (page_selection.h), in the keys' basis (the query rotated like them).
-void SelectJobPages(Job& job, const float* q, int n_heads) {
+// Quest: sets `job` up to select the pages of each kv head for its one
+// decode query (page_selection.h): how many each head reads; which, the
+// heads' first items pick (SelectHeadPages). A head whose budget covers its
+// chain reads it all, unselected.
+void SelectJobPages(Job& job) {
   const SequenceKV& kv = *job.kv;
   const KVLayout& L = kv.layout();
-  const int H = L.n_kv_heads, G = n_heads / H, D = L.head_dim;
-  std::vector<float> qg(static_cast<size_t>(G) * D);
+  const int H = L.n_kv_heads;
+  job.selecting = true;
   job.sel.assign(H, {});
+  job.visits.resize(H);
+  job.sel_state = std::make_unique<std::atomic<int>[]>(H);
   for (int h = 0; h < H; ++h) {
-    std::copy(q + static_cast<size_t>(h) * G * D, q + static_cast<size_t>(h + 1) * G * D, qg.begin());
-    if (kv.keys_rotated()) {
-      for (int g = 0; g < G; ++g) kv.rotation()->Forward(&qg[static_cast<size_t>(g) * D]);
-    }
-    SelectPages(kv.table(job.layer, h), kv.page_selection(), L.page_tokens, qg.data(), G, D, &job.sel[h]);
+    const int n = kv.table(job.layer, h).num_pages();
+    job.visits[h] = SelectedPageCount(n, kv.page_selection(), L.page_tokens);
+    job.sel_state[h].store(job.visits[h] < n ? 0 : 2, std::memory_order_relaxed);
   }
+}
+
+// Picks kv head h's pages (once per head and call, by whichever of its
+// items runs first; the others wait for it), in the keys' basis (the query
+// rotated like them).
+void SelectHeadPages(Job& job, int h) {
+  std::atomic<int>& state = job.sel_state[h];
+  if (state.load(std::memory_order_acquire) == 2) return;
+  int expected = 0;
+  if (!state.compare_exchange_strong(expected, 1, std::memory_order_acquire)) {
+    // Another thread picks them now (tens of microseconds): spin, then
+    // yield, since on a loaded machine that thread may need this CPU.
+    for (int spins = 0; state.load(std::memory_order_acquire) != 2; ++spins) {
+      if (spins < 4096) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+      } else {
+        std::this_thread::yield();
+      }
+    }
+    return;
+  }
+  const SequenceKV& kv = *job.kv;
+  const int G = job.G, D = job.D;
+  thread_local std::vector<float> qg;
+  qg.assign(job.q + static_cast<size_t>(h) * G * D, job.q + static_cast<size_t>(h + 1) * G * D);
+  if (kv.keys_rotated()) {
+    for (int g = 0; g < G; ++g) kv.rotation()->Forward(&qg[static_cast<size_t>(g) * D]);
+  }
+  SelectPages(kv.table(job.layer, h), kv.page_selection(), job.T, qg.data(), G, D, &job.sel[h]);
+  KVX_CHECK(static_cast<int>(job.sel[h].size()) == job.visits[h]);
+  state.store(2, std::memory_order_release);
 }
 
 }  // namespace
@@ -577,7 +621,7 @@ void AttentionBatch(const AttentionSeq* seqs, int n_seqs, int layer, int n_heads
     job.rows_per_head = sq.n_q * job.G;
     job.blocks_per_head = (job.rows_per_head + kMaxQueryRows - 1) / kMaxQueryRows;
     const PageSelection& ps = kv.page_selection();
-    if (ps.enabled && sq.n_q == 1 && layer >= ps.dense_layers) SelectJobPages(job, sq.q, n_heads);
+    if (ps.enabled && sq.n_q == 1 && layer >= ps.dense_layers) SelectJobPages(job);
     int max_pages = 0;
     for (int h = 0; h < H; ++h) max_pages = std::max(max_pages, VisitCount(job, h));
     job.chunk_pages = std::max({1, kAttentionChunkTokens / L.page_tokens,
@@ -645,6 +689,7 @@ void AttentionBatch(const AttentionSeq* seqs, int n_seqs, int layer, int n_heads
   RunAll(items.size(), pool, [&](size_t it, size_t next) {
     const Item& item = items[it];
     Job& job = jobs[item.seq];
+    if (job.selecting) SelectHeadPages(job, item.h);
     PageId after = kNoPage;
     if (next < items.size() && items[next].seq == item.seq) after = ChunkFirstPage(job, items[next].h, items[next].chunk);
     DispatchCodec(job.lc->id, [&](auto codec) { RunItem<decltype(codec)>(job, item.h, item.block, item.chunk, after); });

@@ -4,7 +4,70 @@
 #include <limits>
 #include <numeric>
 
+#include "kv/codec/simd_x86.h"
+
 namespace kvx::kv {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// A page with empty bounds (no live key was ever in it) bounds nothing.
+bool EmptyBounds(const float* bounds, int D) { return bounds[0] > bounds[D]; }
+
+#ifdef KVX_KV_HAVE_X86_SIMD
+// simd_x86.h's macros end with it: the same target, spelled here.
+#define KVX_BOUNDS_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+// max over R rows of sum_c qpos[r][c] mx[c] + qneg[r][c] mn[c]: the page's
+// mn and mx are loaded once for the R rows (the bounds are what streams from
+// memory), two accumulators per row so the FMAs of a row overlap.
+template <int R>
+KVX_BOUNDS_AVX2 float MaxBoundOfRows(const float* mn, const float* mx, const float* qpos, const float* qneg, int D) {
+  __m256 a[R], b[R];
+  for (int r = 0; r < R; ++r) a[r] = b[r] = _mm256_setzero_ps();
+  for (int c = 0; c < D; c += 8) {
+    const __m256 lo = _mm256_loadu_ps(mn + c), hi = _mm256_loadu_ps(mx + c);
+    _Pragma("GCC unroll 4")
+    for (int r = 0; r < R; ++r) {
+      a[r] = _mm256_fmadd_ps(_mm256_loadu_ps(qpos + static_cast<size_t>(r) * D + c), hi, a[r]);
+      b[r] = _mm256_fmadd_ps(_mm256_loadu_ps(qneg + static_cast<size_t>(r) * D + c), lo, b[r]);
+    }
+  }
+  float best = kNegInf;
+  for (int r = 0; r < R; ++r) best = std::max(best, simd::HorizontalSum(_mm256_add_ps(a[r], b[r])));
+  return best;
+}
+
+// PageUpperBounds on AVX2/FMA, the queries split by sign (qpos, qneg: [n_rows][D]).
+KVX_BOUNDS_AVX2 void PageUpperBoundsAvx2(const float* bounds, int n_pages, int D, const float* qpos, const float* qneg,
+                                         int n_rows, float* out) {
+  for (int i = 0; i < n_pages; ++i) {
+    const float* mn = bounds + static_cast<size_t>(i) * 2 * D;
+    const float* mx = mn + D;
+    if (EmptyBounds(mn, D)) {
+      out[i] = kNegInf;
+      continue;
+    }
+    float best = kNegInf;
+    for (int r0 = 0; r0 < n_rows; r0 += 4) {
+      const float* qp = qpos + static_cast<size_t>(r0) * D;
+      const float* qn = qneg + static_cast<size_t>(r0) * D;
+      float u;
+      switch (std::min(4, n_rows - r0)) {
+        case 1: u = MaxBoundOfRows<1>(mn, mx, qp, qn, D); break;
+        case 2: u = MaxBoundOfRows<2>(mn, mx, qp, qn, D); break;
+        case 3: u = MaxBoundOfRows<3>(mn, mx, qp, qn, D); break;
+        default: u = MaxBoundOfRows<4>(mn, mx, qp, qn, D); break;
+      }
+      best = std::max(best, u);
+    }
+    out[i] = best;
+  }
+}
+#undef KVX_BOUNDS_AVX2
+#endif
+
+}  // namespace
 
 std::string PageSelection::ToString() const {
   return "quest(" + (pages > 0 ? "pages=" + std::to_string(pages) : "budget=" + std::to_string(budget_tokens)) +
@@ -15,8 +78,8 @@ std::string PageSelection::ToString() const {
 float PageUpperBound(const float* bounds, int D, const float* q, int n_rows) {
   const float* mn = bounds;
   const float* mx = bounds + D;
-  if (mn[0] > mx[0]) return -std::numeric_limits<float>::infinity();  // empty
-  float best = -std::numeric_limits<float>::infinity();
+  if (EmptyBounds(bounds, D)) return kNegInf;
+  float best = kNegInf;
   for (int r = 0; r < n_rows; ++r) {
     const float* qr = q + static_cast<size_t>(r) * D;
     float u = 0.0f;
@@ -24,6 +87,31 @@ float PageUpperBound(const float* bounds, int D, const float* q, int n_rows) {
     best = std::max(best, u);
   }
   return best;
+}
+
+void PageUpperBounds(const float* bounds, int n_pages, int D, const float* q, int n_rows, float* out) {
+#ifdef KVX_KV_HAVE_X86_SIMD
+  if (simd::UseSimd(D)) {
+    // q[c] k[c] <= max(q mn, q mx) = max(q, 0) mx[c] + min(q, 0) mn[c] (one term is 0).
+    thread_local std::vector<float> split;
+    const size_t n = static_cast<size_t>(n_rows) * D;
+    split.resize(2 * n);
+    for (size_t i = 0; i < n; ++i) {
+      split[i] = std::max(q[i], 0.0f);
+      split[n + i] = std::min(q[i], 0.0f);
+    }
+    return PageUpperBoundsAvx2(bounds, n_pages, D, split.data(), split.data() + n, n_rows, out);
+  }
+#endif
+  for (int i = 0; i < n_pages; ++i) out[i] = PageUpperBound(bounds + static_cast<size_t>(i) * 2 * D, D, q, n_rows);
+}
+
+int SelectedPageCount(int n_pages, const PageSelection& sel, int page_tokens) {
+  const int budget = sel.PagesFor(page_tokens);
+  if (budget >= n_pages) return n_pages;
+  // Forced pages, as SelectPages counts them; the budget fills up the rest.
+  const int sinks = std::min(sel.sink_pages, n_pages), recent_from = std::max(sinks, n_pages - sel.recent_pages);
+  return std::max(budget, sinks + (n_pages - recent_from));
 }
 
 void SelectPages(const PageTable& t, const PageSelection& sel, int page_tokens, const float* q, int n_rows, int D,
@@ -38,11 +126,15 @@ void SelectPages(const PageTable& t, const PageSelection& sel, int page_tokens, 
   }
   // Forced pages first: [0, sinks) and [n - recent, n).
   const int sinks = std::min(sel.sink_pages, n), recent_from = std::max(sinks, n - sel.recent_pages);
+  const int n_ranked = recent_from - sinks;
+  thread_local std::vector<float> scores;
   thread_local std::vector<std::pair<float, int>> ranked;
-  ranked.clear();
-  for (int p = sinks; p < recent_from; ++p) ranked.emplace_back(PageUpperBound(t.bounds(p), D, q, n_rows), p);
+  scores.resize(n_ranked);
+  if (n_ranked > 0) PageUpperBounds(t.bounds(sinks), n_ranked, D, q, n_rows, scores.data());
+  ranked.resize(n_ranked);
+  for (int i = 0; i < n_ranked; ++i) ranked[i] = {scores[i], sinks + i};
   const int forced = sinks + (n - recent_from);
-  const int take = std::clamp(budget - forced, 0, static_cast<int>(ranked.size()));
+  const int take = std::clamp(budget - forced, 0, n_ranked);
   // Highest bound first, ties by the lower page index (deterministic).
   auto better = [](const std::pair<float, int>& a, const std::pair<float, int>& b) {
     return a.first != b.first ? a.first > b.first : a.second < b.second;

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -303,6 +304,156 @@ TEST(PageSelectionTest, AllPagesSelectedEqualsFullAttentionExactly) {
         EXPECT_EQ(few, full);
       }
     }
+  }
+}
+
+// The vectorized scorer equals the scalar PageUpperBound bit for bit when
+// every product and partial sum is exact (small multiples of 1/8: any
+// summation order gives the same float), close otherwise; for 1..9 query
+// rows (groups of 4 and their remainders), page runs with empty pages.
+TEST(PageSelectionTest, VectorizedBoundsEqualTheScalarOnes) {
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> small(-16, 16);
+  std::normal_distribution<float> nd;
+  for (int D : {8, 32, 64, 128}) {
+    for (int rows = 1; rows <= 9; ++rows) {
+      const int n_pages = 37;
+      std::vector<float> bounds(static_cast<size_t>(n_pages) * 2 * D), q(static_cast<size_t>(rows) * D);
+      for (int exact = 1; exact >= 0; --exact) {
+        auto value = [&] { return exact ? small(rng) / 8.0f : nd(rng); };
+        for (int p = 0; p < n_pages; ++p) {
+          float* b = &bounds[static_cast<size_t>(p) * 2 * D];
+          for (int c = 0; c < D; ++c) {
+            const float x = value(), y = value();
+            b[c] = std::min(x, y);
+            b[D + c] = std::max(x, y);
+          }
+          if (p % 11 == 5) {  // empty bounds
+            std::fill(b, b + D, INFINITY);
+            std::fill(b + D, b + 2 * D, -INFINITY);
+          }
+        }
+        for (auto& x : q) x = value();
+        std::vector<float> fast(n_pages);
+        PageUpperBounds(bounds.data(), n_pages, D, q.data(), rows, fast.data());
+        for (int p = 0; p < n_pages; ++p) {
+          const float ref = PageUpperBound(&bounds[static_cast<size_t>(p) * 2 * D], D, q.data(), rows);
+          if (exact || std::isinf(ref)) {
+            ASSERT_EQ(fast[p], ref) << "D " << D << " rows " << rows << " page " << p;
+          } else {
+            ASSERT_NEAR(fast[p], ref, 1e-4f * (1.0f + std::abs(ref))) << "D " << D << " rows " << rows << " page " << p;
+          }
+        }
+      }
+    }
+  }
+}
+
+// SelectedPageCount, which lays out the attention items before any page is
+// picked, is the number of pages SelectPages picks.
+TEST(PageSelectionTest, SelectedPageCountIsWhatSelectPagesPicks) {
+  const KVLayout layout{1, 1, kDim, 16};
+  const CodecConfig codec = Codec("codec=f16,page=16");
+  auto pool = testing::PoolFor(layout, codec, 50 * 16);
+  SequenceKV kv(pool.get(), layout, codec);
+  PageSelection on;
+  on.enabled = true;
+  on.pages = 1;
+  on.sink_pages = 0;
+  ASSERT_TRUE(kv.SetPageSelection(on).ok());
+  std::mt19937 rng(2);
+  std::normal_distribution<float> nd;
+  std::vector<float> q(2 * kDim);
+  for (auto& x : q) x = nd(rng);
+  std::vector<int> chosen;
+  for (int n = 1; n <= 50; n += 7) {
+    AppendRandom(kv, n * 16 - kv.table(0, 0).length(), kv.table(0, 0).length(), rng);
+    for (int pages : {1, 2, 3, 5, 8, 49, 60}) {
+      for (int sinks : {0, 1, 4}) {
+        for (int recent : {1, 2, 6}) {
+          PageSelection sel = on;
+          sel.pages = pages;
+          sel.sink_pages = sinks;
+          sel.recent_pages = recent;
+          SelectPages(kv.table(0, 0), sel, 16, q.data(), 2, kDim, &chosen);
+          ASSERT_EQ(SelectedPageCount(n, sel, 16), static_cast<int>(chosen.size()))
+              << "pages " << n << " budget " << pages << " sinks " << sinks << " recent " << recent;
+        }
+      }
+    }
+  }
+}
+
+// Each kv head picks its own pages inside the attention items (in
+// parallel): with three heads, each with its needle page elsewhere, and
+// enough pages for several chunks per head, a head's outputs equal, bit
+// for bit, attention over a one-head cache holding only the pages
+// SelectPages picks for that head, on 1 and 2 threads (and repeated calls
+// on 2 threads, where the heads' first items race to pick).
+TEST(PageSelectionTest, EachHeadReadsItsOwnSelectedPagesOnAnyThreads) {
+  ThreadPool threads(2);
+  for (const std::string spec : {"codec=f16,page=16", "codec=int8,page=16", "codec=f16,page=16,rotate=hadamard"}) {
+    SCOPED_TRACE(spec);
+    const int H = 3, G = 3, T = 16, n_pages = 130, n = n_pages * T, n_heads = H * G;
+    const KVLayout layout{1, H, kDim, T};
+    const CodecConfig codec = Codec(spec);
+    auto pool = testing::PoolFor(layout, codec, n + T);
+    SequenceKV kv(pool.get(), layout, codec);
+    std::mt19937 rng(9);
+    std::normal_distribution<float> nd(0.0f, 0.3f);
+    std::vector<float> q(static_cast<size_t>(n_heads) * kDim), k(static_cast<size_t>(n) * H * kDim), v(k.size());
+    for (auto& x : q) x = nd(rng) * 3;
+    for (auto& x : k) x = nd(rng);
+    for (auto& x : v) x = nd(rng);
+    for (int h = 0; h < H; ++h) {  // head h's needle in page 20 + 40 h, along its first query head
+      const size_t at = (static_cast<size_t>((20 + 40 * h) * T + 3) * H + h) * kDim;
+      for (int c = 0; c < kDim; ++c) k[at + c] = 2 * q[static_cast<size_t>(h) * G * kDim + c];
+    }
+    std::vector<int32_t> pos(n);
+    std::iota(pos.begin(), pos.end(), 0);
+    ASSERT_TRUE(kv.Append(0, n, pos.data(), k.data(), v.data()).ok());
+    PageSelection sel;
+    sel.enabled = true;
+    sel.pages = 70;  // more than two 32-page chunks per head: partials and a merge
+    sel.dense_layers = 0;
+    ASSERT_TRUE(kv.SetPageSelection(sel).ok());
+    const int32_t q_pos = n;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(kDim));
+    std::vector<float> out1(q.size()), out2(q.size());
+    Attention(kv, 0, q.data(), &q_pos, 1, n_heads, scale, out1.data(), nullptr);
+    for (int rep = 0; rep < 20; ++rep) {
+      Attention(kv, 0, q.data(), &q_pos, 1, n_heads, scale, out2.data(), &threads);
+      ASSERT_EQ(out1, out2) << "rep " << rep;
+    }
+    std::vector<std::vector<int>> chosen(H);
+    for (int h = 0; h < H; ++h) {
+      std::vector<float> qg(q.begin() + static_cast<ptrdiff_t>(h) * G * kDim,
+                            q.begin() + static_cast<ptrdiff_t>(h + 1) * G * kDim);
+      if (kv.keys_rotated()) {
+        for (int g = 0; g < G; ++g) kv.rotation()->Forward(&qg[static_cast<size_t>(g) * kDim]);
+      }
+      SelectPages(kv.table(0, h), sel, T, qg.data(), G, kDim, &chosen[h]);
+      ASSERT_EQ(chosen[h].size(), 70u);
+      EXPECT_NE(std::find(chosen[h].begin(), chosen[h].end(), 20 + 40 * h), chosen[h].end()) << "head " << h;
+      // Head h's entries of its chosen pages, in a one-head cache.
+      const KVLayout one_layout{1, 1, kDim, T};
+      auto pool1 = testing::PoolFor(one_layout, codec, n);
+      SequenceKV only(pool1.get(), one_layout, codec);
+      std::vector<float> kh(static_cast<size_t>(T) * kDim), vh(kh.size());
+      for (int p : chosen[h]) {
+        for (int s = 0; s < T; ++s) {
+          const size_t from = (static_cast<size_t>(p * T + s) * H + h) * kDim;
+          std::copy(&k[from], &k[from] + kDim, &kh[static_cast<size_t>(s) * kDim]);
+          std::copy(&v[from], &v[from] + kDim, &vh[static_cast<size_t>(s) * kDim]);
+        }
+        ASSERT_TRUE(only.Append(0, T, &pos[static_cast<size_t>(p) * T], kh.data(), vh.data()).ok());
+      }
+      std::vector<float> out_only(static_cast<size_t>(G) * kDim);
+      Attention(only, 0, &q[static_cast<size_t>(h) * G * kDim], &q_pos, 1, G, scale, out_only.data(), nullptr);
+      EXPECT_TRUE(std::equal(out_only.begin(), out_only.end(), out1.begin() + static_cast<ptrdiff_t>(h) * G * kDim))
+          << "head " << h;
+    }
+    EXPECT_NE(chosen[0], chosen[1]);
   }
 }
 
