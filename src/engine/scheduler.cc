@@ -30,6 +30,9 @@ struct Scheduler::Sample {
   // prompt is done; until then they have no history of their own.
   bool forked = false;
   double last_token_time = 0;
+  // In-flight prefix sharing: full blocks of its KV known to be in the
+  // prefix cache (its path locked by `locked` while it runs).
+  int published_blocks = 0;
 };
 
 struct Scheduler::Request {
@@ -38,6 +41,7 @@ struct Scheduler::Request {
   EventCallback on_event;
   std::vector<int32_t> base;  // session tokens + session pending + prompt (set at first admission)
   bool started = false;       // admitted at least once
+  bool waited_for_prefix = false;  // counted in prefix_waits
   std::vector<Sample> samples;
   int finished = 0;
   double submit_time = 0;
@@ -115,7 +119,8 @@ Result<std::unique_ptr<Scheduler>> Scheduler::Create(Engine& engine, SchedulerOp
 Scheduler::Scheduler(Engine& engine, SchedulerOptions options) : engine_(engine), options_(std::move(options)) {
   n_vocab_ = engine_.model().config().n_vocab;
   const kv::ResolvedKVSpec& spec = engine_.kv_manager().spec();
-  block_bytes_ = KvBytesFor(spec.layout.page_tokens);
+  page_tokens_ = spec.layout.page_tokens;
+  block_bytes_ = KvBytesFor(page_tokens_);
   compress_once_ = engine_.kv_manager().HasOncePolicy();
   if (options_.prefix_cache) cache_ = std::make_unique<kv::RadixCache>(&engine_.kv_manager());
   start_time_ = Now();
@@ -265,6 +270,21 @@ std::vector<std::string> Scheduler::SessionNames() const {
   return names;
 }
 
+Status Scheduler::CheckInvariants() const {
+  KVX_RETURN_IF_ERROR(engine_.kv_manager().CheckInvariants());
+  if (!cache_) return Status::Ok();
+  KVX_RETURN_IF_ERROR(cache_->CheckInvariants());
+  for (const auto& r : running_) {
+    for (const Sample& s : r->samples) {
+      if (s.locked != kv::RadixCache::kNoNode && (s.session == nullptr || cache_->lock_count(s.locked) < 1)) {
+        return Internal("request " + std::to_string(r->id) + " sample " + std::to_string(s.index) +
+                        ": a cache lock without a running sequence or a lock count");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 void Scheduler::DropLruSessions() {
   while (static_cast<int>(sessions_.size()) > options_.max_sessions) {
     auto oldest = sessions_.begin();
@@ -364,8 +384,13 @@ void Scheduler::Admit() {
   const uint64_t budget = m.pool().budget_bytes(), used = m.BytesInUse();
   uint64_t free_bytes = budget > used ? budget - used : 0;
   bool evictable_added = false;
-  while (!queue_.empty()) {
-    Request& r = *queue_.front();
+  size_t i = 0;  // waiters for an in-flight prefix stay queued and are passed
+  while (i < queue_.size()) {
+    Request& r = *queue_[i];
+    if (WaitsForPrefix(r)) {
+      ++i;
+      continue;
+    }
     if (!running_.empty() && RunningSequences() + (r.req.n - r.finished) > options_.max_running) return;
     uint64_t available = free_bytes > growth ? free_bytes - growth : 0;
     bool admitted = false;
@@ -377,8 +402,8 @@ void Scheduler::Admit() {
       s = TryAdmit(r, &available, &admitted);
     }
     if (!s.ok()) {
-      std::unique_ptr<Request> dead = std::move(queue_.front());
-      queue_.erase(queue_.begin());
+      std::unique_ptr<Request> dead = std::move(queue_[i]);
+      queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(i));
       running_.push_back(std::move(dead));  // FailRequest finishes running requests
       FailRequest(*running_.back(), FinishReason::kError, s);
       continue;
@@ -386,8 +411,8 @@ void Scheduler::Admit() {
     if (!admitted) {
       if (running_.empty()) {
         // Nothing runs and it still does not fit: it never will.
-        std::unique_ptr<Request> dead = std::move(queue_.front());
-        queue_.erase(queue_.begin());
+        std::unique_ptr<Request> dead = std::move(queue_[i]);
+        queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(i));
         running_.push_back(std::move(dead));
         FailRequest(*running_.back(), FinishReason::kError,
                     ResourceExhausted("the request's KV does not fit the pool (budget " + std::to_string(budget) +
@@ -400,12 +425,74 @@ void Scheduler::Admit() {
     }
     free_bytes = available + growth;
     growth += block_bytes_ * static_cast<uint64_t>(r.req.n - r.finished);
-    std::unique_ptr<Request> moved = std::move(queue_.front());
-    queue_.erase(queue_.begin());
+    std::unique_ptr<Request> moved = std::move(queue_[i]);
+    queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(i));
     auto pos = std::upper_bound(running_.begin(), running_.end(), moved,
                                 [](const auto& a, const auto& b) { return a->id < b->id; });
     running_.insert(pos, std::move(moved));
   }
+}
+
+// In-flight prefix sharing. A new request whose prompt shares full blocks
+// with a running sequence of the same tenant (its LEADER) starts from the
+// leader's blocks rather than computing them too: the ones the leader has
+// committed enter the cache now (PublishPrefix: pages shared, locked while
+// the leader runs), so they are reachable before it finishes; while the
+// leader is still prefilling shared blocks, the request waits (stays
+// queued, passed by admission) and the next rounds publish what it
+// committed meanwhile. A burst of requests with one long system prompt
+// computes it once. Nobody sharing, nothing published: a leader's cache
+// entries then come at its end, as for any request. A waiter never waits
+// for a request that is not running (preempted, cancelled, finished): it is
+// then admitted on its own, from whatever the leader left in the cache.
+bool Scheduler::WaitsForPrefix(Request& r) {
+  if (!cache_ || r.started || !r.req.resume_session.empty() || r.req.prompt.size() < 2) return false;
+  // What the lookup at admission may match: all but the prompt's last token.
+  const std::vector<int32_t>& want = r.req.prompt;
+  const size_t limit = want.size() - 1;
+  Sample* leader = nullptr;
+  int leader_blocks = 0, leader_committed = 0;
+  for (const auto& other : running_) {
+    if (other->req.tenant_salt != r.req.tenant_salt || CompressesAtBase(*other)) continue;
+    const std::vector<int32_t>& base = other->base;
+    for (Sample& s : other->samples) {
+      if (s.session == nullptr || s.finished || engine_.kv_manager().entries_removed(s.session->id())) continue;
+      // Tokens in common with the sample's base + generated (what its KV holds once prefilled).
+      const size_t n = std::min(limit, base.size() + s.generated.size());
+      size_t same = 0;
+      while (same < n && want[same] == (same < base.size() ? base[same] : s.generated[same - base.size()])) ++same;
+      const int blocks = static_cast<int>(same) / page_tokens_;
+      const int committed = std::min(blocks, s.session->n_past() / page_tokens_);
+      if (blocks > leader_blocks || (blocks == leader_blocks && committed > leader_committed)) {
+        leader = &s;
+        leader_blocks = blocks;
+        leader_committed = committed;
+      }
+    }
+  }
+  if (leader == nullptr) return false;
+  PublishPrefix(*leader, leader_committed);
+  if (leader_committed >= leader_blocks) return false;  // all committed: a plain hit
+  const kv::RadixCache::Match m = cache_->Lookup(r.req.tenant_salt, want, static_cast<int>(limit));
+  if (m.blocks >= leader_blocks) return false;  // cached already (e.g. by another request)
+  if (!r.waited_for_prefix) {
+    r.waited_for_prefix = true;
+    work_.prefix_waits++;
+  }
+  return true;
+}
+
+// Puts the first `blocks` full blocks sample `s` has committed into the
+// prefix cache and moves its lock to their deepest node (so they stay while
+// it runs).
+void Scheduler::PublishPrefix(Sample& s, int blocks) {
+  if (blocks <= s.published_blocks) return;
+  s.published_blocks = blocks;
+  const kv::RadixCache::NodeId deepest = cache_->InsertPrefix(s.session->id(), blocks);
+  if (deepest == kv::RadixCache::kNoNode || deepest == s.locked) return;
+  cache_->Lock(deepest);
+  if (s.locked != kv::RadixCache::kNoNode) cache_->Unlock(s.locked);
+  s.locked = deepest;
 }
 
 Status Scheduler::TryAdmit(Request& r, uint64_t* available, bool* admitted) {
@@ -488,6 +575,7 @@ Status Scheduler::TryAdmit(Request& r, uint64_t* available, bool* admitted) {
     Sample& s = *p.s;
     s.session = engine_.AdoptSequence(*seq);
     s.locked = !p.from_session && p.match.blocks > 0 ? p.match.deepest : kv::RadixCache::kNoNode;
+    s.published_blocks = p.from_session ? 0 : p.match.blocks;
     const std::vector<int32_t> full = r.Full(s);
     s.pending.assign(full.begin() + p.match.tokens, full.end());
     if (cache_ && !p.from_session) {

@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -121,7 +123,7 @@ std::vector<int32_t> Alone(Engine& e, const std::vector<int32_t>& prompt, int ma
 }
 
 void ExpectInvariants(Scheduler& s) {
-  const Status st = s.RunBetweenSteps([](Engine& e) { return e.kv_manager().CheckInvariants(); });
+  const Status st = s.RunBetweenSteps([&s](Engine&) { return s.CheckInvariants(); });
   EXPECT_TRUE(st.ok()) << st.ToString();
 }
 
@@ -431,6 +433,122 @@ TEST(SchedulerTest, CompressionUnderPreemption) {
   const SchedulerStats st = (*sched)->Stats();
   EXPECT_GT(st.preemptions, 0u);
   EXPECT_LE(st.pool_bytes_used, st.pool_budget_bytes);
+}
+
+// In-flight prefix sharing: N identical prompts arriving together compute
+// the prompt once: the first (the leader) prefills it, the others wait for
+// its blocks and start from them as soon as they are committed, before the
+// leader finishes; every request gives what it gives alone.
+TEST(SchedulerTest, IdenticalPromptsInOneRoundComputeThePrefixOnce) {
+  auto engine = MakeEngine("codec=f16,page=16");
+  auto alone_engine = MakeEngine("codec=f16,page=16", 256, 1);
+  ASSERT_TRUE(engine && alone_engine);
+  SchedulerOptions so;
+  so.max_step_tokens = 16;  // the 100-token prompt takes 7 steps
+  so.max_running = 8;
+  auto sched = Scheduler::Create(*engine, so);
+  ASSERT_TRUE(sched.ok());
+  Scheduler* s = sched->get();
+  const auto prompt = Tokens(100, 31);
+  const int n = 4, leader_tokens = 30, follower_tokens = 8;
+  std::mutex mu;
+  std::vector<std::pair<int, bool>> order;  // (request, is a finish) as events arrive
+  Collector c;
+  auto logged = [&](int key) {
+    return [&, key, inner = c.Callback(key)](const RequestEvent& e) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        order.push_back({key, e.kind == RequestEvent::Kind::kFinish});
+      }
+      inner(e);
+    };
+  };
+  // Submitted between two steps: they arrive in one admission round.
+  ASSERT_TRUE(s->RunBetweenSteps([&](Engine&) -> Status {
+                 for (int i = 0; i < n; ++i) {
+                   GenerationRequest r;
+                   r.prompt = prompt;
+                   r.max_tokens = i == 0 ? leader_tokens : follower_tokens;
+                   r.stop_at_eog = false;
+                   r.sampling = Sampling(70 + i);
+                   KVX_RETURN_IF_ERROR(s->Submit(r, logged(i)).status());
+                 }
+                 return Status::Ok();
+               }).ok());
+  for (int i = 0; i < n; ++i) {
+    const Outcome o = c.Wait(i);
+    ASSERT_TRUE(o.finish.at(0).status.ok()) << o.finish.at(0).status.ToString();
+    EXPECT_EQ(o.finish.at(0).tokens, Alone(*alone_engine, prompt, i == 0 ? leader_tokens : follower_tokens, 70 + i))
+        << "request " << i;
+    EXPECT_EQ(o.timing.cached_tokens, i == 0 ? 0 : 96) << "request " << i;
+  }
+  ExpectInvariants(*s);
+  const SchedulerStats st = s->Stats();
+  // The leader computes 100 tokens; each follower only what follows the
+  // 6 cached blocks (the lookup leaves at least the last token: 4 tokens).
+  EXPECT_EQ(st.prompt_tokens_computed, 100u + (n - 1) * 4u);
+  EXPECT_EQ(st.prefix_waits, static_cast<uint64_t>(n - 1));
+  // The followers did not wait for the leader's end: its blocks were
+  // reachable once committed.
+  std::lock_guard<std::mutex> lock(mu);
+  auto at = [&](int key, bool finish) {
+    return std::find(order.begin(), order.end(), std::pair<int, bool>{key, finish}) - order.begin();
+  };
+  for (int i = 1; i < n; ++i) EXPECT_LT(at(i, false), at(0, true)) << "request " << i;
+}
+
+// A leader cancelled in the middle of its prefill: the requests waiting for
+// it are admitted on their own (the first from the blocks the leader
+// committed, the next one waiting for the first) and give what they give
+// alone. A short request started before them cancels the leader from its
+// token callback, so the cancel lands after a fixed number of steps.
+TEST(SchedulerTest, LeaderCancelledMidPrefillLeavesFollowersCorrect) {
+  auto engine = MakeEngine("codec=f16,page=16");
+  auto alone_engine = MakeEngine("codec=f16,page=16", 256, 1);
+  ASSERT_TRUE(engine && alone_engine);
+  SchedulerOptions so;
+  so.max_step_tokens = 16;  // the 120-token prompt takes 8 steps alone
+  so.max_running = 8;
+  auto sched = Scheduler::Create(*engine, so);
+  ASSERT_TRUE(sched.ok());
+  Scheduler* s = sched->get();
+  const auto prompt = Tokens(120, 41);
+  Collector c;
+  std::atomic<RequestId> leader{0};
+  ASSERT_TRUE(s->RunBetweenSteps([&](Engine&) -> Status {
+                 GenerationRequest pacer;
+                 pacer.prompt = Tokens(4, 40);
+                 pacer.max_tokens = 12;
+                 pacer.sampling = Sampling(80);
+                 auto inner = c.Callback(9);
+                 KVX_RETURN_IF_ERROR(s->Submit(pacer, [&, inner](const RequestEvent& e) {
+                                        if (e.kind == RequestEvent::Kind::kToken && e.index == 3) s->Cancel(leader.load());
+                                        inner(e);
+                                      }).status());
+                 for (int i = 0; i < 3; ++i) {
+                   GenerationRequest r;
+                   r.prompt = prompt;
+                   r.max_tokens = 6;
+                   r.stop_at_eog = false;
+                   r.sampling = Sampling(90 + i);
+                   KVX_ASSIGN_OR_RETURN(RequestId id, s->Submit(r, c.Callback(i)));
+                   if (i == 0) leader.store(id);
+                 }
+                 return Status::Ok();
+               }).ok());
+  const Outcome ol = c.Wait(0);
+  EXPECT_EQ(ol.finish.at(0).reason, FinishReason::kCancelled);
+  EXPECT_TRUE(ol.finish.at(0).tokens.empty());  // cancelled in its prefill
+  for (int i = 1; i < 3; ++i) {
+    const Outcome o = c.Wait(i);
+    ASSERT_TRUE(o.finish.at(0).status.ok()) << o.finish.at(0).status.ToString();
+    EXPECT_EQ(o.finish.at(0).tokens, Alone(*alone_engine, prompt, 6, 90 + i)) << "request " << i;
+  }
+  EXPECT_GT(c.Wait(1).timing.cached_tokens, 0);     // the leader's committed blocks
+  EXPECT_EQ(c.Wait(2).timing.cached_tokens, 112);   // the first follower's
+  EXPECT_EQ(c.Wait(9).finish.at(0).tokens, Alone(*alone_engine, Tokens(4, 40), 12, 80));
+  ExpectInvariants(*s);
+  EXPECT_EQ(s->Stats().prefix_waits, 2u);
 }
 
 // Admission order: priority first, then arrival; with one sequence at a
