@@ -323,12 +323,14 @@ class Scheduler {
   Scheduler(Engine& engine, SchedulerOptions options);
   void Loop();
   double Now() const { return options_.clock(); }
-  // The loop's parts (scheduler.cc says what each does).
+  // The loop's parts (scheduler.cc: the loop; scheduler_admit.cc: admission,
+  // in-flight prefix sharing, preemption; scheduler_step.cc: a step and what
+  // follows it; each says what its functions do).
   void TakeInbox(std::vector<std::unique_ptr<Request>>* incoming, std::vector<RequestId>* cancels,
                  std::vector<std::shared_ptr<Task>>* tasks);
   void Enqueue(std::unique_ptr<Request> r);
   void Admit();
-  // In-flight prefix sharing (scheduler.cc says how).
+  // In-flight prefix sharing (scheduler_admit.cc says how).
   bool WaitsForPrefix(Request& r);
   void PublishPrefix(Sample& s, int blocks);
   // Whether `r` fits now; if so gives its samples their sequences.
