@@ -212,6 +212,9 @@ struct SchedulerStats {
   uint64_t prefix_lookup_tokens = 0;  // prompt tokens they looked up
   uint64_t prefix_hit_tokens = 0;     // of those, found cached
   uint64_t cache_evicted_blocks = 0;
+  // Requests that waited for another request still prefilling a prefix they
+  // share, to start from its blocks rather than compute them too.
+  uint64_t prefix_waits = 0;
   // Work.
   uint64_t steps = 0;
   uint64_t prompt_tokens_computed = 0;  // prefill rows run (cache hits excluded)
@@ -299,6 +302,10 @@ class Scheduler {
   Status DropSession(const std::string& name);
   std::vector<std::string> SessionNames() const;
 
+  // (scheduler thread) The KV manager's and the prefix cache's invariants,
+  // and every running sequence's cache lock held (tests).
+  Status CheckInvariants() const;
+
   Engine& engine() { return engine_; }
   const SchedulerOptions& options() const { return options_; }
 
@@ -316,11 +323,16 @@ class Scheduler {
   Scheduler(Engine& engine, SchedulerOptions options);
   void Loop();
   double Now() const { return options_.clock(); }
-  // The loop's parts (scheduler.cc says what each does).
+  // The loop's parts (scheduler.cc: the loop; scheduler_admit.cc: admission,
+  // in-flight prefix sharing, preemption; scheduler_step.cc: a step and what
+  // follows it; each says what its functions do).
   void TakeInbox(std::vector<std::unique_ptr<Request>>* incoming, std::vector<RequestId>* cancels,
                  std::vector<std::shared_ptr<Task>>* tasks);
   void Enqueue(std::unique_ptr<Request> r);
   void Admit();
+  // In-flight prefix sharing (scheduler_admit.cc says how).
+  bool WaitsForPrefix(Request& r);
+  void PublishPrefix(Sample& s, int blocks);
   // Whether `r` fits now; if so gives its samples their sequences.
   Status TryAdmit(Request& r, uint64_t* available, bool* admitted);
   bool RunStep();  // false: nothing to run
@@ -345,6 +357,7 @@ class Scheduler {
   SchedulerOptions options_;
   std::unique_ptr<kv::RadixCache> cache_;
   int n_vocab_ = 0;
+  int page_tokens_ = 0;
   uint64_t block_bytes_ = 0;  // KV bytes of one page_tokens block
   bool compress_once_ = false;  // the spec has policies that compress once
   bool CompressesAtBase(const Request& r) const;

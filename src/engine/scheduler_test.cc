@@ -7,137 +7,19 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <condition_variable>
-#include <map>
 #include <mutex>
 #include <thread>
 
-#include "engine/generate.h"
-#include "engine/session.h"
-#include "model/synthetic_model.h"
+#include "engine/scheduler_test_util.h"
 
 namespace kvx::engine {
 namespace {
 
-const std::string& ModelPath() {
-  static const std::string path = [] {
-    model::SyntheticModelOptions o;
-    o.shape = "tiny";
-    o.init_std = 0.1f;
-    const std::string p = ::testing::TempDir() + "/scheduler_tiny.gguf";
-    EXPECT_TRUE(model::WriteSyntheticModel(o, p).ok());
-    return p;
-  }();
-  return path;
-}
+using namespace scheduler_test;  // NOLINT: the shared test helpers
 
-std::unique_ptr<Engine> MakeEngine(const std::string& kv, int n_ctx = 256, int n_seqs = 8) {
-  EngineOptions eo;
-  eo.model_path = ModelPath();
-  eo.kv_spec = kv;
-  eo.n_ctx = n_ctx;
-  eo.n_seqs = n_seqs;
-  eo.n_threads = 2;
-  auto e = Engine::Load(eo);
-  EXPECT_TRUE(e.ok()) << e.status().ToString();
-  return e.ok() ? std::move(e).value() : nullptr;
-}
-
-std::vector<int32_t> Tokens(int n, int seed) {
-  std::vector<int32_t> t;
-  for (int i = 0; i < n; ++i) t.push_back((i * 37 + seed * 101 + 5) % 500);
-  return t;
-}
-
-std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
-// What one request produced, filled by its callback.
-struct Outcome {
-  std::map<int, std::vector<int32_t>> streamed;  // per sample, from token events
-  std::map<int, RequestEvent> finish;            // per sample
-  RequestTiming timing;
-  bool done = false;
-};
-
-class Collector {
- public:
-  EventCallback Callback(int key) {
-    return [this, key](const RequestEvent& e) {
-      std::lock_guard<std::mutex> lock(mu_);
-      Outcome& o = out_[key];
-      EXPECT_FALSE(o.done) << "event after done";
-      if (e.kind == RequestEvent::Kind::kToken) {
-        EXPECT_EQ(e.index, static_cast<int>(o.streamed[e.sample].size()));
-        o.streamed[e.sample].push_back(e.token);
-      } else {
-        o.finish[e.sample] = e;
-        if (e.done) {
-          o.done = true;
-          o.timing = e.timing;
-          cv_.notify_all();
-        }
-      }
-    };
-  }
-  Outcome Wait(int key) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return out_[key].done; });
-    return out_[key];
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<int, Outcome> out_;
-};
-
-model::SamplerOptions Sampling(uint64_t seed) {
-  model::SamplerOptions o;
-  o.temperature = 0.9f;
-  o.top_k = 0;
-  o.top_p = 1.0f;
-  o.min_p = 0.0f;
-  o.seed = seed;
-  return o;
-}
-
-// The tokens `prompt` gives alone, through engine::Generate on its own engine
-// (`compress`: the KV policies compress once the prompt is in, as `kvx run`).
-std::vector<int32_t> Alone(Engine& e, const std::vector<int32_t>& prompt, int max_tokens, uint64_t seed,
-                           bool compress = false) {
-  auto s = e.NewSession();
-  EXPECT_TRUE(s.ok());
-  GenerateOptions go;
-  go.n_predict = max_tokens;
-  go.sampler = Sampling(seed);
-  if (compress) go.compress_at = static_cast<int>(prompt.size());
-  std::vector<int32_t> out;
-  GenerateStats st;
-  EXPECT_TRUE(Generate(s->get(), prompt, go, nullptr, &out, &st).ok());
-  return out;
-}
-
-void ExpectInvariants(Scheduler& s) {
-  const Status st = s.RunBetweenSteps([](Engine& e) { return e.kv_manager().CheckInvariants(); });
-  EXPECT_TRUE(st.ok()) << st.ToString();
-}
-
-struct Job {
-  std::vector<int32_t> prompt;
-  int max_tokens;
-  uint64_t seed;
-};
-
-std::vector<Job> MixedJobs() {
-  const auto system = Tokens(40, 1);  // shared by several
-  return {{Concat(system, Tokens(9, 2)), 12, 1},  {Tokens(3, 3), 20, 2},
-          {Concat(system, Tokens(30, 4)), 8, 3},  {Tokens(70, 5), 15, 4},
-          {Concat(system, Tokens(1, 6)), 10, 5},  {Tokens(1, 7), 25, 6},
-          {Concat(system, Tokens(17, 8)), 14, 7}, {Tokens(33, 9), 5, 8}};
-}
 
 // Runs `jobs` concurrently (two rounds: the second hits the prefix cache)
 // and checks every request's tokens against generating alone.
@@ -322,115 +204,6 @@ TEST(SchedulerTest, SessionContinuesExactly) {
                  return s->SessionNames().empty() ? Status::Ok() : Internal("session not dropped");
                }).ok());
   ExpectInvariants(*s);
-}
-
-// Policies that compress once (mode=once, SnapKV here) are compressed when
-// the prompt is in, before the first token is sampled: each sample gives
-// what `kvx run` gives (Generate with compress_at = the prompt's length);
-// samples 1..n-1 fork the compressed sequence; the kept session is the
-// compressed one, and its next turn is compressed again after its prompt.
-TEST(SchedulerTest, CompressesOnceThePromptIsIn) {
-  const std::string kv = "codec=f16,page=16;policy=snapkv,ratio=0.5,window=8,sinks=2";
-  auto engine = MakeEngine(kv);
-  auto alone_engine = MakeEngine(kv, 256, 1);
-  ASSERT_TRUE(engine && alone_engine);
-  auto sched = Scheduler::Create(*engine, {});
-  ASSERT_TRUE(sched.ok());
-  Scheduler* s = sched->get();
-  Collector c;
-  GenerationRequest a;
-  a.prompt = Tokens(90, 21);
-  a.max_tokens = 10;
-  a.n = 2;
-  a.stop_at_eog = false;
-  a.sampling = Sampling(50);
-  a.save_session = "chat";
-  ASSERT_TRUE(s->Submit(a, c.Callback(0)).ok());
-  const Outcome oa = c.Wait(0);
-  for (int i = 0; i < 2; ++i) {
-    ASSERT_TRUE(oa.finish.at(i).status.ok()) << oa.finish.at(i).status.ToString();
-    EXPECT_EQ(oa.finish.at(i).tokens, Alone(*alone_engine, a.prompt, 10, 50 + i, true)) << "sample " << i;
-  }
-  // The kept session: 99 tokens, about half of them in the KV.
-  EXPECT_TRUE(s->RunBetweenSteps([s](Engine& e) -> Status {
-                 KVX_ASSIGN_OR_RETURN(kv::SeqId seq, s->SessionSequence("chat"));
-                 const kv::KVManager& m = e.kv_manager();
-                 if (!m.entries_removed(seq)) return Internal("the session was not compressed");
-                 const int live = m.kv(seq).LiveEntries(0, 0);
-                 if (live >= 70) return Internal("the session keeps " + std::to_string(live) + " of 99 entries");
-                 return Status::Ok();
-               }).ok());
-  // The next turn: pending token + prompt, compressed again after it.
-  GenerationRequest b;
-  b.prompt = Tokens(40, 22);
-  b.max_tokens = 6;
-  b.stop_at_eog = false;
-  b.sampling = Sampling(60);
-  b.resume_session = "chat";
-  ASSERT_TRUE(s->Submit(b, c.Callback(1)).ok());
-  const Outcome ob = c.Wait(1);
-  ASSERT_TRUE(ob.finish.at(0).status.ok()) << ob.finish.at(0).status.ToString();
-  {
-    auto session = alone_engine->NewSession();
-    ASSERT_TRUE(session.ok());
-    GenerateOptions go;
-    go.n_predict = 10;
-    go.sampler = Sampling(50);
-    go.compress_at = static_cast<int>(a.prompt.size());
-    std::vector<int32_t> first;
-    GenerateStats st;
-    ASSERT_TRUE(Generate(session->get(), a.prompt, go, nullptr, &first, &st).ok());
-    ASSERT_EQ(first, oa.finish.at(0).tokens);
-    const std::vector<int32_t> turn = Concat({first.back()}, b.prompt);
-    go.n_predict = 6;
-    go.sampler = Sampling(60);
-    go.compress_at = static_cast<int>(turn.size());
-    std::vector<int32_t> second;
-    ASSERT_TRUE(Generate(session->get(), turn, go, nullptr, &second, &st).ok());
-    EXPECT_EQ(ob.finish.at(0).tokens, second);
-  }
-  ExpectInvariants(*s);
-  // Nothing compressed went into the prefix cache.
-  EXPECT_EQ(s->Stats().cache_blocks, 0);
-}
-
-// Under preemption (recompute: prefill stops at the prompt's end, compresses
-// there, then feeds the generated tokens) a compressed request gives the
-// same tokens, and the pool stays within its budget.
-TEST(SchedulerTest, CompressionUnderPreemption) {
-  SchedulerOptions so;
-  so.max_step_tokens = 32;
-  so.max_running = 8;
-  auto engine = MakeEngine("codec=f16,page=16,budget=40000;policy=snapkv,ratio=0.5,window=8,sinks=2", 256, 1);
-  ASSERT_TRUE(engine);
-  auto sched = Scheduler::Create(*engine, so);
-  ASSERT_TRUE(sched.ok());
-  Collector c;
-  const std::vector<Job> jobs = MixedJobs();
-  // All submitted between two steps, so they arrive together whatever the
-  // machine's load (the pool then cannot hold them all: preemption).
-  ASSERT_TRUE((*sched)->RunBetweenSteps([&](Engine&) -> Status {
-                for (size_t i = 0; i < jobs.size(); ++i) {
-                  GenerationRequest r;
-                  r.prompt = jobs[i].prompt;
-                  r.max_tokens = jobs[i].max_tokens;
-                  r.sampling = Sampling(jobs[i].seed);
-                  KVX_RETURN_IF_ERROR((*sched)->Submit(r, c.Callback(static_cast<int>(i))).status());
-                }
-                return Status::Ok();
-              }).ok());
-  auto alone_engine = MakeEngine("codec=f16,page=16;policy=snapkv,ratio=0.5,window=8,sinks=2", 256, 1);
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    const Outcome o = c.Wait(static_cast<int>(i));
-    EXPECT_TRUE(o.finish.at(0).status.ok()) << i << ": " << o.finish.at(0).status.ToString();
-    // Recomputed up to the prompt's end, compressed there: the same tokens.
-    EXPECT_EQ(o.finish.at(0).tokens, Alone(*alone_engine, jobs[i].prompt, jobs[i].max_tokens, jobs[i].seed, true))
-        << "request " << i;
-  }
-  ExpectInvariants(**sched);
-  const SchedulerStats st = (*sched)->Stats();
-  EXPECT_GT(st.preemptions, 0u);
-  EXPECT_LE(st.pool_bytes_used, st.pool_budget_bytes);
 }
 
 // Admission order: priority first, then arrival; with one sequence at a

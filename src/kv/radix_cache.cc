@@ -125,50 +125,41 @@ void RadixCache::Unlock(NodeId node) {
   }
 }
 
-int RadixCache::Insert(SeqId seq) {
-  if (kv_->entries_removed(seq)) {  // its pages no longer hold its tokens
-    kv_->ReleaseSequence(seq);
-    return 0;
-  }
-  const std::vector<uint64_t> hashes = kv_->block_hashes(seq);
+// Walks seq's first n_blocks blocks down the tree: the matched nodes go to
+// *path (touched root-first). False when a block's hash names another
+// prefix (a 64-bit collision): the path then stops before it and nothing
+// more of seq may be cached.
+bool RadixCache::WalkCached(SeqId seq, int n_blocks, std::vector<NodeId>* path) {
+  const std::vector<uint64_t>& hashes = kv_->block_hashes(seq);
   const std::vector<int32_t>& tokens = kv_->tokens(seq);
-  const int n_blocks = static_cast<int>(hashes.size());
-  // Walk the cached part.
   NodeId parent = kNoNode;
-  int b = 0;
-  std::vector<NodeId> path;
-  for (; b < n_blocks; ++b) {
+  bool ok = true;
+  for (int b = 0; b < n_blocks; ++b) {
     auto it = by_hash_.find(hashes[b]);
     if (it == by_hash_.end()) break;
     const Node& n = nodes_[it->second];
     const auto cached = BlockTokens(n);
-    if (n.parent != parent || !std::equal(cached.begin(), cached.end(), tokens.begin() + static_cast<size_t>(b) * page_tokens_)) {
-      // A 64-bit collision with another prefix: cache nothing more.
-      for (NodeId id : path) Touch(id);
-      kv_->ReleaseSequence(seq);
-      return 0;
+    if (n.parent != parent ||
+        !std::equal(cached.begin(), cached.end(), tokens.begin() + static_cast<size_t>(b) * page_tokens_)) {
+      ok = false;
+      break;
     }
     parent = it->second;
-    path.push_back(parent);
+    path->push_back(parent);
   }
-  for (NodeId id : path) Touch(id);
-  if (b == n_blocks) {  // nothing new
-    kv_->ReleaseSequence(seq);
-    return 0;
-  }
-  // Keep only the full blocks (at a page boundary ForkPrefix copies nothing).
-  SeqId holder_seq = seq;
-  if (kv_->length(seq) != n_blocks * page_tokens_) {
-    Result<SeqId> cut = kv_->ForkPrefix(seq, n_blocks * page_tokens_);
-    kv_->ReleaseSequence(seq);
-    if (!cut.ok()) return 0;  // cannot happen at a page boundary; caching is optional anyway
-    holder_seq = *cut;
-  }
+  for (NodeId id : *path) Touch(id);
+  return ok;
+}
+
+// Makes blocks [first, end) nodes owned by a new holder `holder_seq` (which
+// holds exactly `end` full blocks), below `parent`. Returns the deepest.
+RadixCache::NodeId RadixCache::AddRun(SeqId holder_seq, int first, int end, NodeId parent) {
+  const std::vector<uint64_t>& hashes = kv_->block_hashes(holder_seq);
   const int h = NewHolder();
   holders_[h].seq = holder_seq;
-  holders_[h].start = b;
-  holders_[h].end = n_blocks;
-  for (; b < n_blocks; ++b) {
+  holders_[h].start = first;
+  holders_[h].end = end;
+  for (int b = first; b < end; ++b) {
     const NodeId id = NewNode();
     Node& n = nodes_[id];
     n.hash = hashes[b];
@@ -183,7 +174,45 @@ int RadixCache::Insert(SeqId seq) {
     Touch(id);
     parent = id;
   }
-  return holders_[h].end - holders_[h].start;
+  return parent;
+}
+
+int RadixCache::Insert(SeqId seq) {
+  if (kv_->entries_removed(seq)) {  // its pages no longer hold its tokens
+    kv_->ReleaseSequence(seq);
+    return 0;
+  }
+  const int n_blocks = static_cast<int>(kv_->block_hashes(seq).size());
+  std::vector<NodeId> path;
+  const int b = WalkCached(seq, n_blocks, &path) ? static_cast<int>(path.size()) : n_blocks;
+  if (b == n_blocks) {  // nothing new (or a collision: cache nothing more)
+    kv_->ReleaseSequence(seq);
+    return 0;
+  }
+  // Keep only the full blocks (at a page boundary ForkPrefix copies nothing).
+  SeqId holder_seq = seq;
+  if (kv_->length(seq) != n_blocks * page_tokens_) {
+    Result<SeqId> cut = kv_->ForkPrefix(seq, n_blocks * page_tokens_);
+    kv_->ReleaseSequence(seq);
+    if (!cut.ok()) return 0;  // cannot happen at a page boundary; caching is optional anyway
+    holder_seq = *cut;
+  }
+  AddRun(holder_seq, b, n_blocks, path.empty() ? kNoNode : path.back());
+  return n_blocks - b;
+}
+
+RadixCache::NodeId RadixCache::InsertPrefix(SeqId seq, int blocks) {
+  if (kv_->entries_removed(seq)) return kNoNode;  // its pages no longer hold its tokens
+  const int n_blocks = std::min<int>(blocks, static_cast<int>(kv_->block_hashes(seq).size()));
+  std::vector<NodeId> path;
+  const bool ok = WalkCached(seq, n_blocks, &path);
+  const NodeId cached = path.empty() ? kNoNode : path.back();
+  const int b = static_cast<int>(path.size());
+  if (!ok || b == n_blocks) return cached;
+  // A holder of its own: seq keeps growing (and is released by its owner).
+  Result<SeqId> cut = kv_->ForkPrefix(seq, n_blocks * page_tokens_);
+  if (!cut.ok()) return cached;  // cannot happen at a page boundary; caching is optional anyway
+  return AddRun(*cut, b, n_blocks, cached);
 }
 
 void RadixCache::RemoveLeaf(NodeId id) {

@@ -16,7 +16,8 @@
 // a finished (or preempted) sequence is inserted, its blocks not yet cached
 // become nodes owned by that sequence, truncated to its full blocks; the
 // blocks it shares with the tree were forked from it and are the same pages
-// (refcount). A holder owns a contiguous run of depths [start, end) on its
+// (refcount). A sequence still running can share its committed blocks
+// (InsertPrefix): a fork of it at that block boundary becomes their holder. A holder owns a contiguous run of depths [start, end) on its
 // path. Reusing a prefix is KVManager::ForkPrefix(holder of the deepest
 // matched node, depth * page_tokens): pages shared, nothing copied.
 //
@@ -89,6 +90,16 @@ class RadixCache {
   // Returns the number of new blocks. REQUIRES: seq is not used afterwards.
   int Insert(SeqId seq);
 
+  // In-flight sharing: caches the first `blocks` full blocks of sequence
+  // `seq`, which stays the caller's and may keep growing (a prompt still
+  // prefilling, so that identical prompts waiting for it can start from its
+  // blocks before it finishes). The blocks the tree lacks get a holder of
+  // their own, forked from seq at that block boundary (pages shared, nothing
+  // allocated). Returns the deepest node of seq's cached path, or kNoNode
+  // (none, or a policy removed seq's entries); the caller locks it while
+  // seq runs, so those blocks are not evicted under it.
+  NodeId InsertPrefix(SeqId seq, int blocks);
+
   // Evicts unlocked leaves, least recently used first, until the pool's
   // bytes in use fell by `bytes` or no unlocked leaf is left. Returns the
   // bytes the pool freed (0 when the evicted pages are still held by other
@@ -139,6 +150,8 @@ class RadixCache {
   void Touch(NodeId node);
   void UpdateLeaf(NodeId node);
   void RemoveLeaf(NodeId node);
+  bool WalkCached(SeqId seq, int n_blocks, std::vector<NodeId>* path);
+  NodeId AddRun(SeqId holder_seq, int first, int end, NodeId parent);
   // Tokens of block `depth` of node's path (from its holder).
   std::span<const int32_t> BlockTokens(const Node& n) const;
 

@@ -104,6 +104,64 @@ TEST(RadixCacheTest, SharedPrefixHitsAndSharesPages) {
   }
 }
 
+// In-flight sharing: a sequence still prefilling puts its committed blocks
+// into the cache (InsertPrefix) and keeps them locked; another sequence
+// starts from them while the first one keeps growing; the first one's end
+// (Insert) then adds only its later blocks.
+TEST(RadixCacheTest, RunningSequenceSharesItsCommittedBlocks) {
+  for (const std::string spec : {"codec=f16,page=16", "codec=kivi2,page=16,residual=16"}) {
+    SCOPED_TRACE(spec);
+    auto m = MakeManager(spec);
+    RadixCache cache(m.get());
+    const auto prompt = Tokens(5 * T + 7, 12);
+    const SeqId leader = NewSeq(*m, std::vector<int32_t>(prompt.begin(), prompt.begin() + 2 * T + 3));
+    const uint64_t before = m->BytesInUse();
+    RadixCache::NodeId locked = cache.InsertPrefix(leader, 2);
+    ASSERT_NE(locked, RadixCache::kNoNode);
+    cache.Lock(locked);
+    EXPECT_EQ(m->BytesInUse(), before);  // the holder shares the leader's pages
+    EXPECT_TRUE(m->HasSequence(leader));
+    EXPECT_EQ(cache.num_blocks(), 2);
+    EXPECT_OK_INVARIANTS(*m, cache);
+    // Locked while the leader runs: eviction leaves them.
+    cache.Clear();
+    EXPECT_EQ(cache.num_blocks(), 2);
+    // A follower starts from them.
+    auto match = cache.Lookup(0, prompt, static_cast<int>(prompt.size()) - 1);
+    ASSERT_EQ(match.blocks, 2);
+    auto follower = cache.ForkMatch(match);
+    ASSERT_TRUE(follower.ok()) << follower.status().ToString();
+    // The leader goes on; its next blocks are shared too (the lock moves down).
+    ASSERT_TRUE(Feed(*m, leader, std::vector<int32_t>(prompt.begin() + 2 * T + 3, prompt.begin() + 4 * T + 1)).ok());
+    const RadixCache::NodeId deeper = cache.InsertPrefix(leader, m->length(leader) / T);
+    ASSERT_NE(deeper, RadixCache::kNoNode);
+    cache.Lock(deeper);
+    cache.Unlock(locked);
+    EXPECT_EQ(cache.num_blocks(), 4);
+    EXPECT_EQ(cache.num_holders(), 2);
+    EXPECT_EQ(cache.InsertPrefix(leader, 4), deeper);  // nothing new: the same path
+    EXPECT_OK_INVARIANTS(*m, cache);
+    // The follower goes on from its fork; both end: only new blocks are added.
+    ASSERT_TRUE(Feed(*m, *follower, std::vector<int32_t>(prompt.begin() + 2 * T, prompt.end())).ok());
+    EXPECT_EQ(m->tokens(*follower), prompt);
+    cache.Unlock(match.deepest);
+    EXPECT_EQ(cache.Insert(*follower), 1);  // block 4
+    cache.Unlock(deeper);
+    EXPECT_EQ(cache.Insert(leader), 0);
+    EXPECT_EQ(cache.num_blocks(), 5);
+    EXPECT_OK_INVARIANTS(*m, cache);
+    // A sequence a policy removed entries from shares nothing.
+    const SeqId removed = NewSeq(*m, Tokens(2 * T, 13));
+    m->MarkEntriesRemoved(removed);
+    EXPECT_EQ(cache.InsertPrefix(removed, 2), RadixCache::kNoNode);
+    m->ReleaseSequence(removed);
+    cache.Clear();
+    EXPECT_EQ(m->num_sequences(), 0);
+    EXPECT_EQ(m->BytesInUse(), 0u);
+    EXPECT_OK_INVARIANTS(*m, cache);
+  }
+}
+
 TEST(RadixCacheTest, TenantsNeverShare) {
   auto m = MakeManager("codec=f16,page=16");
   RadixCache cache(m.get());
@@ -213,7 +271,7 @@ TEST(RadixCacheTest, RandomOperationsKeepInvariants) {
       std::vector<int32_t> want;  // its full token list
     };
     std::vector<Live> live;
-    int hits = 0;
+    int hits = 0, published = 0;
     for (int op = 0; op < 600; ++op) {
       const int kind = static_cast<int>(rng() % 8);
       if (kind <= 2 && live.size() < 4) {  // a new request: prefix choice x suffix
@@ -241,6 +299,15 @@ TEST(RadixCacheTest, RandomOperationsKeepInvariants) {
           const int n = std::min<int>(static_cast<int>(l.want.size()) - have, 1 + static_cast<int>(rng() % 20));
           Status s = Feed(*m, l.seq, std::vector<int32_t>(l.want.begin() + have, l.want.begin() + have + n));
           if (s.code() == StatusCode::kResourceExhausted) cache.Evict(1 << 16);
+          if (s.ok() && rng() % 2 == 0) {  // shares its committed blocks while it runs
+            const RadixCache::NodeId deepest = cache.InsertPrefix(l.seq, m->length(l.seq) / T);
+            if (deepest != RadixCache::kNoNode && deepest != l.locked) {
+              cache.Lock(deepest);
+              if (l.locked != RadixCache::kNoNode) cache.Unlock(l.locked);
+              l.locked = deepest;
+              ++published;
+            }
+          }
         }
       } else if (kind == 3 && !live.empty()) {  // a sequence ends: into the cache
         const size_t i = rng() % live.size();
@@ -254,6 +321,7 @@ TEST(RadixCacheTest, RandomOperationsKeepInvariants) {
       ASSERT_TRUE(cache.CheckInvariants().ok()) << "op " << op << ": " << cache.CheckInvariants().ToString();
     }
     EXPECT_GT(hits, 10);
+    EXPECT_GT(published, 10);
     for (Live& l : live) {
       if (l.locked != RadixCache::kNoNode) cache.Unlock(l.locked);
       m->ReleaseSequence(l.seq);

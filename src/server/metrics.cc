@@ -83,6 +83,9 @@ std::string RenderMetrics(const engine::SchedulerStats& s, const HttpCounters& h
           s.prefix_lookup_tokens > 0 ? static_cast<double>(s.prefix_hit_tokens) / s.prefix_lookup_tokens : 0.0);
   o.Counter("kvx_prefix_cache_evicted_blocks_total", "Blocks evicted from the prefix cache",
             static_cast<double>(s.cache_evicted_blocks));
+  o.Counter("kvx_prefix_cache_inflight_waits_total",
+            "Requests that waited for another request still prefilling their shared prefix, to start from its blocks",
+            static_cast<double>(s.prefix_waits));
   o.Counter("kvx_steps_total", "Forward steps run", static_cast<double>(s.steps));
   o.Counter("kvx_prompt_tokens_total", "Prompt tokens computed (cache hits excluded)",
             static_cast<double>(s.prompt_tokens_computed));
@@ -115,7 +118,7 @@ std::string RenderMetrics(const engine::SchedulerStats& s, const HttpCounters& h
   for (const auto& [code, n] : http.responses_by_status) {
     o.Sample("kvx_http_responses_total", static_cast<double>(n), "code=\"" + std::to_string(code) + "\"");
   }
-  o.Counter("kvx_client_disconnects_total", "Streams whose client left before the end (request cancelled)",
+  o.Counter("kvx_client_disconnects_total", "Requests whose client left before the end (request cancelled)",
             static_cast<double>(http.client_disconnects));
   return std::move(o.text());
 }

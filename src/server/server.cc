@@ -12,6 +12,7 @@
 #include <xxhash.h>
 
 #include "engine/session_file.h"
+#include "server/client_socket.h"
 #include "server/openai.h"
 #include "server/text_stream.h"
 
@@ -414,14 +415,34 @@ void Server::Routes() {
       if (!p.stream) {
         OpenCall open(mu_, idle_, open_calls_);
         std::vector<std::string> texts(p.n, call->echo);
-        bool done = false;
+        bool done = false, client_gone = false;
+        // A client that hangs up while it waits frees its sequences at once,
+        // as a stream's does: every 100 ms the connection's socket is
+        // checked (found once the request has waited that long).
+        int fd = -1;
+        bool looked_up = false;
         while (!done) {
           std::deque<engine::RequestEvent> events;
-          done = take(&events, std::chrono::milliseconds(1000));
+          done = take(&events, std::chrono::milliseconds(100));
           for (const auto& e : events) texts[e.sample] += Apply(*call, tok, e);
           maybe_cancel();
+          if (done || client_gone) continue;
+          if (!looked_up) {
+            looked_up = true;
+            fd = FindConnectionSocket(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
+          }
+          if (fd >= 0 && PeerClosed(fd)) {
+            client_gone = true;
+            scheduler_.Cancel(call->id);  // then wait for it to land, as streams do
+            std::lock_guard<std::mutex> lock(mu_);
+            counters_.client_disconnects++;
+          }
         }
         Track(call->id, false);
+        if (client_gone) {
+          // Nobody reads it; 499 (nginx's "client closed request") counts it in kvx_http_responses_total.
+          return SendError(res, ApiError{499, "the client closed the connection", "invalid_request_error", "", ""});
+        }
         if (!call->failure.ok()) return SendError(res, FromStatus(call->failure));
         if (call->cancelled) return SendError(res, ApiError{503, "the server is shutting down", "server_error", "", ""});
         json choices = json::array();

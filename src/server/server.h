@@ -14,11 +14,12 @@
 //   GET  /v1/sessions, DELETE /v1/sessions/{name}
 // With an API key, /v1/* needs "Authorization: Bearer KEY" (401 otherwise).
 //
-// Streams: a client that goes away mid-stream is noticed at the next write
-// (a token, or a ": keep-alive" comment sent every 100 ms while the request
-// waits or prefills) and its request is cancelled at once
-// (Scheduler::Cancel frees its sequences before the next step). A
-// non-streaming request runs to its end (max_tokens bounds it).
+// Clients that leave: a stream's client is noticed at the next write (a
+// token, or a ": keep-alive" comment sent every 100 ms while the request
+// waits or prefills); a non-streaming request's handler checks the
+// connection's socket every 100 ms while it waits (server/client_socket.h).
+// Either way the request is cancelled at once (Scheduler::Cancel frees its
+// sequences before the next step).
 //
 // Shutdown (Stop, e.g. on SIGTERM): new requests get 503; requests in flight
 // may finish for `shutdown_grace_seconds`, then the rest are cancelled

@@ -83,6 +83,25 @@ class ServerTest : public ::testing::Test {
     return m;
   }
 
+  // A raw client (one that can hang up): connects, sends POST
+  // /v1/completions with `body`; the socket, or -1.
+  int PostRaw(const std::string& body) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return -1;
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(server_->port()));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+        send(fd, request.data(), request.size(), 0) != static_cast<ssize_t>(request.size())) {
+      close(fd);
+      return -1;
+    }
+    return fd;
+  }
+
   std::string path_;
   std::unique_ptr<engine::Engine> engine_;
   std::unique_ptr<engine::Scheduler> scheduler_;
@@ -122,16 +141,8 @@ TEST_F(ServerTest, ClientLeavingMidStreamIsCancelled) {
   const json before = Metrics();
   // A raw client: send the request, read until the first event, hang up.
   const std::string body = json{{"prompt", "go"}, {"max_tokens", 2000}, {"stream", true}, {"temperature", 0}}.dump();
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  const int fd = PostRaw(body);
   ASSERT_GE(fd, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(server_->port()));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                              "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
-  ASSERT_EQ(send(fd, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
   std::string got;
   char buf[4096];
   while (got.find("data: {") == std::string::npos) {
@@ -150,6 +161,37 @@ TEST_F(ServerTest, ClientLeavingMidStreamIsCancelled) {
   EXPECT_EQ(m["kvx_requests_cancelled_total"].get<double>(), before["kvx_requests_cancelled_total"].get<double>() + 1);
   EXPECT_EQ(m["kvx_sequences_running"], 0);
   EXPECT_LT(m["kvx_generated_tokens_total"].get<double>() - before["kvx_generated_tokens_total"].get<double>(), 2000);
+}
+
+// A non-streaming client that hangs up while its request runs: the server
+// notices (its socket, polled while the handler waits) and cancels the
+// request, so its sequence leaves the batch at once, not after max_tokens.
+TEST_F(ServerTest, PlainClientLeavingIsCancelled) {
+  const json before = Metrics();
+  const std::string body =
+      json{{"prompt", "go"}, {"max_tokens", 2000}, {"n", 4}, {"stream", false}, {"ignore_eos", true}}.dump();
+  const int fd = PostRaw(body);
+  ASSERT_GE(fd, 0);
+  // Wait until it runs (4 samples, so that it lasts), then hang up.
+  const auto t0 = std::chrono::steady_clock::now();
+  json m;
+  do {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    m = Metrics();
+  } while (m["kvx_requests_running"] != 1 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+  ASSERT_EQ(m["kvx_requests_running"], 1);
+  close(fd);
+  const auto t1 = std::chrono::steady_clock::now();
+  do {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    m = Metrics();
+  } while (m["kvx_sequences_running"] != 0 && std::chrono::steady_clock::now() - t1 < std::chrono::seconds(5));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  EXPECT_EQ(m["kvx_sequences_running"], 0);
+  EXPECT_LT(seconds, 3.0);
+  EXPECT_EQ(m["kvx_requests_cancelled_total"].get<double>(), before["kvx_requests_cancelled_total"].get<double>() + 1);
+  EXPECT_EQ(m["kvx_client_disconnects_total"].get<double>(), before["kvx_client_disconnects_total"].get<double>() + 1);
+  EXPECT_LT(m["kvx_generated_tokens_total"].get<double>() - before["kvx_generated_tokens_total"].get<double>(), 4 * 2000);
 }
 
 TEST_F(ServerTest, SessionSaveRestoreAndBadFile) {
