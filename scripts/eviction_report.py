@@ -179,7 +179,8 @@ SPEED = os.path.join(RESULTS, "speed", "speed.json")
 SPEED_DEPTH = 8192
 SPEED_SPECS = ["codec=f16", "codec=f16;policy=snapkv,ratio=0.5", "codec=f16;policy=snapkv,ratio=0.75",
                "codec=f16;policy=snapkv,ratio=0.875", "codec=kivi4,page=32;policy=snapkv,ratio=0.5",
-               "codec=f16;policy=quest,budget=1024"]
+               "codec=f16;policy=quest,budget=1024", "codec=f16;policy=quest,budget=512",
+               "codec=f16;policy=think,lambda=0.5"]
 LLAMA_KV = ["f16", "q8_0", "q4_0"]
 
 
