@@ -58,16 +58,34 @@ KVX_SPECS = ["codec=f16", "codec=int8", "codec=kivi4,page=32", "codec=kivi2,page
              "codec=kivi4,page=32;policy=snapkv,ratio=0.7,kernel=15,pool=max",
              "codec=kivi4,page=32;policy=snapkv,ratio=0.75,kernel=15,pool=max",
              "codec=kivi4,page=64,group=64,prerope=1;policy=snapkv,ratio=0.7,kernel=15,pool=max",
-             "codec=kivi4,page=64,group=64,prerope=1;policy=snapkv,ratio=0.75,kernel=15,pool=max"]
+             "codec=kivi4,page=64,group=64,prerope=1;policy=snapkv,ratio=0.75,kernel=15,pool=max",
+             # DuoAttention-style head typing, continuous: retrieval heads keep everything, streaming heads
+             # 64 sinks + 512 recent entries after every step, so the generated tail is bounded too. HEADS
+             # stands for the model's head table (see with_heads).
+             "codec=f16;policy=duo,heads=HEADS,retrieval=0.25,sinks=64,window=512,mode=continuous",
+             "codec=kivi4,page=64,group=64,prerope=1;policy=duo,heads=HEADS,retrieval=0.25,sinks=64,window=512,"
+             "mode=continuous",
+             "codec=kivi4,page=64,group=64,prerope=1;policy=duo,heads=HEADS,retrieval=0.0625,sinks=64,window=512,"
+             "mode=continuous"]
 LLAMA_CACHE_TYPES = ["f16", "q8_0", "q4_0"]
 SECTIONS = ["load", "capacity", "kld", "validation"]
 # The specs that met the goal were chosen looking at the kld section's chunks: the validation section
 # re-measures them (and the f32 baseline) over more chunks of the same held-out text, the first ones
 # being those chunks, so the chunks not seen when choosing can be read apart.
-VALIDATION_CHUNKS = 6
+VALIDATION_CHUNKS = 12
+# The head table of a head-typing spec belongs to a model: the capacity model's is calibrated by the
+# capacity section (its random weights make the choice of heads arbitrary, but only their number sets the
+# bytes), the kld model's is the committed calibration of the recall model (--kld-heads).
+HEADS = "heads=HEADS"
+CAPACITY_HEADS = os.path.join(DATA, "capacity-heads-duo.json")
 GOAL_RATIO = 6.0  # sessions per GiB against llama.cpp's f16
 GOAL_KLD = 0.01   # mean KLD against the f32 baseline
 KLD_BASELINE = "codec=f32"
+
+
+def with_heads(kv, path):
+    """The spec with its head table placeholder (HEADS) replaced by the table of the model it runs on."""
+    return kv.replace(HEADS, "heads=" + os.path.relpath(path, ROOT))
 
 
 def log(msg):
@@ -261,7 +279,8 @@ def kld_table(args):
            "--tasks", "ppl,kld", "-f", args.kld_text, "-c", str(CAPACITY_TOKENS), "--chunk", str(CAPACITY_TOKENS),
            "--chunks", str(args.kld_chunks), "--kld-context", str(args.kld_context), "--compress", "included",
            "-t", str(args.kld_threads or args.threads), "-q", "--json", out]
-    for kv in KVX_SPECS:
+    run_specs = [with_heads(kv, args.kld_heads) for kv in KVX_SPECS]
+    for kv in run_specs:
         cmd += ["--kv", kv]
     if args.kld_reuse and os.path.exists(out):
         log("reusing %s (--kld-reuse)" % out)
@@ -270,16 +289,14 @@ def kld_table(args):
         subprocess.run(cmd, check=True)
     with open(out) as f:
         rep = json.load(f)
-    specs = [sp["spec"] for sp in rep["results"] if not sp.get("baseline")]
-    if specs != KVX_SPECS or rep["settings"]["ppl"].get("kld_context") != args.kld_context:
+    results = [sp for sp in rep["results"] if not sp.get("baseline")]
+    if [sp["spec"] for sp in results] != run_specs or rep["settings"]["ppl"].get("kld_context") != args.kld_context:
         sys.exit("%s was made for other specs or another --kld-context; run without --kld-reuse" % out)
     rows = []
-    for sp in rep["results"]:
-        if sp.get("baseline"):
-            continue
+    for kv, sp in zip(KVX_SPECS, results):
         k = sp.get("kld") or {}
         p = sp.get("ppl") or {}
-        rows.append({"kv": sp["spec"], "kld_mean": k.get("mean"), "kld_stderr": k.get("mean_stderr"),
+        rows.append({"kv": kv, "kld_mean": k.get("mean"), "kld_stderr": k.get("mean_stderr"),
                      "kld_p99": k.get("p99"), "top1": k.get("top1"), "positions": k.get("n_positions"),
                      "context": k.get("context", 0), "ppl": p.get("ppl"), "ok": bool(k.get("ok", False)),
                      "error": k.get("error")})
@@ -287,7 +304,7 @@ def kld_table(args):
     return {"model": os.path.basename(args.kld_model), "text": os.path.basename(args.kld_text),
             "baseline": KLD_BASELINE, "chunk": CAPACITY_TOKENS, "chunks": args.kld_chunks,
             "kld_context": args.kld_context, "baseline_ppl": (base.get("ppl") or {}).get("ppl"),
-            "rows": rows}
+            "heads": os.path.relpath(args.kld_heads, ROOT), "rows": rows}
 
 
 def kld_validation(args, data):
@@ -302,7 +319,7 @@ def kld_validation(args, data):
            "--chunks", str(VALIDATION_CHUNKS), "--kld-context", str(args.kld_context), "--compress", "included",
            "-t", str(args.kld_threads or args.threads), "-q", "--json", out]
     for kv in met:
-        cmd += ["--kv", kv]
+        cmd += ["--kv", with_heads(kv, args.kld_heads)]
     if args.kld_reuse and os.path.exists(out):
         log("reusing %s (--kld-reuse)" % out)
     else:
@@ -310,12 +327,13 @@ def kld_validation(args, data):
         subprocess.run(cmd, check=True)
     with open(out) as f:
         rep = json.load(f)
+    named = {with_heads(kv, args.kld_heads): kv for kv in met}
     rows = []
     for sp in rep["results"]:
         k = sp.get("kld") or {}
-        if sp.get("baseline") or sp["spec"] not in met:
+        if sp.get("baseline") or sp["spec"] not in named:
             continue
-        rows.append({"kv": sp["spec"], "kld_mean": k.get("mean"), "kld_stderr": k.get("mean_stderr"),
+        rows.append({"kv": named[sp["spec"]], "kld_mean": k.get("mean"), "kld_stderr": k.get("mean_stderr"),
                      "top1": k.get("top1"), "positions": k.get("n_positions"), "ok": bool(k.get("ok", False))})
     if sorted(r["kv"] for r in rows) != sorted(met):
         sys.exit("%s was made for other specs; run without --kld-reuse" % out)
@@ -405,8 +423,15 @@ def measure(args, sections):
         save()
     if "capacity" in sections:
         cap = {"generated": stamp, "kld_context": args.kld_context, "kvx": [], "llama_cpp": []}
+        if any(HEADS in kv for kv in KVX_SPECS):
+            calibrate = [kvx, "calibrate-heads", "-m", args.model, "--method", "duo", "-t", str(args.threads),
+                         "-o", CAPACITY_HEADS]
+            log("+ " + " ".join(calibrate))
+            subprocess.run(calibrate, check=True, stdout=subprocess.DEVNULL)
         for kv in KVX_SPECS:
-            cap["kvx"].append(kvx_capacity(args, kv))
+            row = kvx_capacity(args, with_heads(kv, CAPACITY_HEADS))
+            row["kv"] = kv
+            cap["kvx"].append(row)
         if args.llama_bin:
             for t in LLAMA_CACHE_TYPES:
                 cap["llama_cpp"].append(llama_capacity(args, t))
@@ -423,12 +448,33 @@ def measure(args, sections):
         save()
 
 
+def median_row(rows, keys):
+    """One row of medians over the rounds of a scenario (errors and requests summed)."""
+    out = dict(rows[0])
+    for k in keys:
+        vals = [r[k] for r in rows if r.get(k) is not None]
+        out[k] = statistics.median(vals) if vals else None
+    out["errors"] = sum(r["errors"] for r in rows)
+    out["requests"] = sum(r["requests"] for r in rows)
+    out["error_examples"] = [e for r in rows for e in r.get("error_examples", [])][:3]
+    out["rounds"] = len(rows)
+    if "tok_s" in keys:
+        out["tok_s_min"], out["tok_s_max"] = min(r["tok_s"] for r in rows), max(r["tok_s"] for r in rows)
+    return out
+
+
+LOAD_KEYS = ("wall_s", "tokens", "tok_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms")
+PREFIX_KEYS = ("ttft_miss_ms", "ttft_hit_ms")
+
+
 def load_sections(args, kvx):
-    """The load and prefix scenarios on both servers."""
+    """The load and prefix scenarios on both servers, --rounds times; the rounds interleave the servers
+    (round 1: kvx then llama.cpp at every client count, round 2 ...) so a drift of this machine's speed
+    falls on both, and the tables show medians."""
     clients = [int(c) for c in args.clients.split(",")]
     ctx = args.prompt + args.gen + 16
     data = {"prompt": args.prompt, "gen": args.gen, "per_client": args.per_client, "prefix": args.prefix,
-            "servers": {}}
+            "rounds": args.rounds, "servers": {}}
     # Each client count gets its own server sized for it: kvx with --max-seqs N, llama-server with
     # N slots in N times the context (the same KV memory on both sides); the prefix scenario runs on
     # the one-client servers.
@@ -442,19 +488,28 @@ def load_sections(args, kvx):
     servers = {"kvx": kvx_cmd}
     if args.llama_bin:
         servers["llama_cpp"] = llama_cmd
-    for name, cmd in servers.items():
-        rows, prefix = [], None
+    raw = {name: {"load": {n: [] for n in clients}, "prefix": []} for name in servers}
+    for rnd in range(args.rounds):
         for n in clients:
-            port = free_port()
-            srv = Server(cmd(port, n), port)
-            try:
-                log("%s: %d clients" % (name, n))
-                rows.append(load_scenario(port, n, args.per_client, args.prompt, args.gen, args.vocab, 1000 + n))
-                if prefix is None:
-                    prefix = prefix_scenario(port, args.prefix, args.prefix_trials, args.vocab, 99)
-            finally:
-                srv.stop()
-        data["servers"][name] = {"load": rows, "prefix": prefix}
+            for name, cmd in servers.items():
+                port = free_port()
+                srv = Server(cmd(port, n), port)
+                try:
+                    log("round %d/%d, %s: %d clients" % (rnd + 1, args.rounds, name, n))
+                    # The same prompts every round (the seed is the client count): rounds differ only by time.
+                    raw[name]["load"][n].append(load_scenario(port, n, args.per_client, args.prompt, args.gen,
+                                                              args.vocab, 1000 + n))
+                    if n == clients[0]:
+                        raw[name]["prefix"].append(prefix_scenario(port, args.prefix, args.prefix_trials,
+                                                                   args.vocab, 99 + rnd))
+                finally:
+                    srv.stop()
+    for name in servers:
+        data["servers"][name] = {
+            "load": [median_row(raw[name]["load"][n], LOAD_KEYS) for n in clients],
+            "prefix": dict(raw[name]["prefix"][0], rounds=args.rounds,
+                           **{k: statistics.median(p[k] for p in raw[name]["prefix"]) for k in PREFIX_KEYS}),
+            "raw": {str(n): raw[name]["load"][n] for n in clients}, "raw_prefix": raw[name]["prefix"]}
     return data
 
 
@@ -468,17 +523,24 @@ def render_section(d):
            "(`kvx gen-model --shape smollm2-135m --type q8_0`), %d threads, f16 KV on both sides. Each client sends "
            "%d streaming `/v1/completions` requests one after another: %d-token prompts (distinct token ids), %d "
            "generated tokens. Each client count runs on its own server sized for it: kvx with `--max-seqs N`, "
-           "llama-server with N slots (`-np N`) in N times the context, so both hold the same KV memory." % (
-               d["generated"], d["model"], d["threads"], d["per_client"], d["prompt"], d["gen"]), "",
-           "| server | clients | requests | errors | total tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "llama-server with N slots (`-np N`) in N times the context, so both hold the same KV memory. %s" % (
+               d["generated"], d["model"], d["threads"], d["per_client"], d["prompt"], d["gen"],
+               "Every cell is the median of %d rounds; the rounds interleave the servers (kvx then llama.cpp at "
+               "each client count, then the next round), the same prompts each round; requests and errors are "
+               "summed over the rounds." % d["rounds"] if d.get("rounds", 1) > 1 else "One round."), "",
+           "| server | clients | requests | errors | total tok/s (min–max) | TTFT p50 ms | TTFT p99 ms | ITL p50 ms "
+           "| ITL p99 ms |", "|---|---|---|---|---|---|---|---|---|"]
     for name, s in d["servers"].items():
         for r in s["load"]:
-            out.append("| %s | %d | %d | %d | %s | %s | %s | %s | %s |" % (
-                names[name], r["clients"], r["requests"], r["errors"], fmt(r["tok_s"]), fmt(r["ttft_p50_ms"]),
-                fmt(r["ttft_p99_ms"]), fmt(r["itl_p50_ms"]), fmt(r["itl_p99_ms"])))
+            spread = " (%s–%s)" % (fmt(r["tok_s_min"]), fmt(r["tok_s_max"])) if "tok_s_min" in r else ""
+            out.append("| %s | %d | %d | %d | %s%s | %s | %s | %s | %s |" % (
+                names[name], r["clients"], r["requests"], r["errors"], fmt(r["tok_s"]), spread,
+                fmt(r["ttft_p50_ms"]), fmt(r["ttft_p99_ms"]), fmt(r["itl_p50_ms"]), fmt(r["itl_p99_ms"])))
+    pre = next(iter(d["servers"].values()))["prefix"]
     out += ["", "Time to first token with a %d-token prefix shared with the previous request (hit) or new (miss), "
-            "medians of %d pairs:" % (d["prefix"], next(iter(d["servers"].values()))["prefix"]["trials"]), "",
+            "medians of %d pairs%s:" % (d["prefix"], pre["trials"],
+                                        " in each of %d rounds, then the median of the rounds" % pre["rounds"]
+                                        if pre.get("rounds", 1) > 1 else ""), "",
             "| server | TTFT miss ms | TTFT hit ms | miss / hit |", "|---|---|---|---|"]
     for name, s in d["servers"].items():
         p = s["prefix"]
@@ -515,7 +577,7 @@ def kld_command(kd):
            str(kd["chunk"]), "--chunks", str(kd["chunks"]), "--kld-context", "%g" % kd["kld_context"],
            "--compress", "included", "-q", "--json", "docs/results/serving/kld.eval.json"]
     for r in kd["rows"]:
-        cmd += ["--kv", "'%s'" % r["kv"]]
+        cmd += ["--kv", "'%s'" % r["kv"].replace(HEADS, "heads=" + kd.get("heads", "HEADS"))]
     return " ".join(cmd)
 
 
@@ -531,9 +593,14 @@ def render_capacity(d):
            "pool's bytes in use (`kvx_pool_bytes_used` in `/metrics`) are read after the request ended, so the "
            "figure is exact, not a poll. A spec with a policy that compresses once (`policy=snapkv` here) is "
            "compressed by the scheduler when the prompt is in, before the first token is sampled; the generated "
-           "tokens after it stay uncompressed. llama.cpp: the KV buffer `llama-server` logs for a 4096-token "
-           "context (`-c 4096 -np 1`)." % (cap.get("generated", d.get("generated", "?")), n_prompt,
-                                          CAPACITY_TOKENS - n_prompt), ""]
+           "tokens after it stay uncompressed. A head-typing spec (`policy=duo,...,mode=continuous`) trims its "
+           "streaming heads after every step, generated tokens included; its `heads=HEADS` stands for the head "
+           "table of the model it runs on: `kvx calibrate-heads --method duo` of the capacity model "
+           "(`docs/results/serving/capacity-heads-duo.json`; with random weights the choice of heads is arbitrary, "
+           "but only their number sets the bytes) and, for the KLD, of the recall model (`%s`). llama.cpp: the KV "
+           "buffer `llama-server` logs for a 4096-token context (`-c 4096 -np 1`)." % (
+               cap.get("generated", d.get("generated", "?")), n_prompt, CAPACITY_TOKENS - n_prompt,
+               (kd or {}).get("heads", "docs/results/head_typing/recall-duo.json")), ""]
     if kd:
         out += ["Quality is measured on a **real** model, not on the capacity model (its random weights make any "
                 "KLD meaningless): `%s` (the recall model: 8 layers, 2 KV heads, trained at 8192 tokens) on `%s` "
@@ -659,6 +726,7 @@ def main():
     ap.add_argument("--llama-bin")
     ap.add_argument("--clients", default="1,8,32")
     ap.add_argument("--per-client", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=3, help="load: rounds of every scenario (medians shown)")
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--gen", type=int, default=32)
     ap.add_argument("--prefix", type=int, default=2048)
@@ -673,6 +741,8 @@ def main():
     ap.add_argument("--kld-model", default=os.path.join(ROOT, "../shared/models/recall/recall-llama-8L-d512-f16.gguf"))
     ap.add_argument("--kld-text", default=os.path.join(ROOT, "../shared/golden/recall_val.txt"))
     ap.add_argument("--kld-chunks", type=int, default=2)
+    ap.add_argument("--kld-heads", default=os.path.join(ROOT, "docs/results/head_typing/recall-duo.json"),
+                    help="the kld model's head table for the head-typing specs (kvx calibrate-heads --method duo)")
     ap.add_argument("--kld-reuse", action="store_true", help="kld: read the eval report this script wrote "
                     "before (docs/results/serving/kld.eval.json, same specs and --kld-context) instead of running it")
     ap.add_argument("--kld-threads", type=int, help="threads of the kld eval (default --threads; no timing is "
