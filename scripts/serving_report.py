@@ -272,14 +272,15 @@ def kvx_capacity(args, kv):
         srv.stop()
 
 
-def kld_table(args):
-    """`kvx eval --tasks ppl,kld` of every capacity spec on the real model; the eval's JSON is kept."""
-    out = os.path.join(DATA, "kld.eval.json")
+def run_kld_eval(args, specs, chunks, out):
+    """`kvx eval --tasks ppl,kld` of `specs` (HEADS placeholders as given) on the kld model over `chunks`
+    chunks, its JSON kept at `out` (re-read instead with --kld-reuse); returns the report and, per spec, its
+    non-baseline result in order."""
+    run_specs = [with_heads(kv, args.kld_heads) for kv in specs]
     cmd = [os.path.join(ROOT, "build/kvx"), "eval", "-m", args.kld_model, "--baseline", KLD_BASELINE,
            "--tasks", "ppl,kld", "-f", args.kld_text, "-c", str(CAPACITY_TOKENS), "--chunk", str(CAPACITY_TOKENS),
-           "--chunks", str(args.kld_chunks), "--kld-context", str(args.kld_context), "--compress", "included",
+           "--chunks", str(chunks), "--kld-context", str(args.kld_context), "--compress", "included",
            "-t", str(args.kld_threads or args.threads), "-q", "--json", out]
-    run_specs = [with_heads(kv, args.kld_heads) for kv in KVX_SPECS]
     for kv in run_specs:
         cmd += ["--kv", kv]
     if args.kld_reuse and os.path.exists(out):
@@ -292,6 +293,12 @@ def kld_table(args):
     results = [sp for sp in rep["results"] if not sp.get("baseline")]
     if [sp["spec"] for sp in results] != run_specs or rep["settings"]["ppl"].get("kld_context") != args.kld_context:
         sys.exit("%s was made for other specs or another --kld-context; run without --kld-reuse" % out)
+    return rep, results
+
+
+def kld_table(args):
+    """`kvx eval --tasks ppl,kld` of every capacity spec on the real model; the eval's JSON is kept."""
+    rep, results = run_kld_eval(args, KVX_SPECS, args.kld_chunks, os.path.join(DATA, "kld.eval.json"))
     rows = []
     for kv, sp in zip(KVX_SPECS, results):
         k = sp.get("kld") or {}
@@ -313,30 +320,12 @@ def kld_validation(args, data):
     met = [r["kv"] for r, _, _, ok in goal_rows(data) if ok]
     if not met:
         return None
-    out = os.path.join(DATA, "kld_validation.eval.json")
-    cmd = [os.path.join(ROOT, "build/kvx"), "eval", "-m", args.kld_model, "--baseline", KLD_BASELINE,
-           "--tasks", "ppl,kld", "-f", args.kld_text, "-c", str(CAPACITY_TOKENS), "--chunk", str(CAPACITY_TOKENS),
-           "--chunks", str(VALIDATION_CHUNKS), "--kld-context", str(args.kld_context), "--compress", "included",
-           "-t", str(args.kld_threads or args.threads), "-q", "--json", out]
-    for kv in met:
-        cmd += ["--kv", with_heads(kv, args.kld_heads)]
-    if args.kld_reuse and os.path.exists(out):
-        log("reusing %s (--kld-reuse)" % out)
-    else:
-        log("+ " + " ".join(cmd))
-        subprocess.run(cmd, check=True)
-    with open(out) as f:
-        rep = json.load(f)
-    named = {with_heads(kv, args.kld_heads): kv for kv in met}
+    _, results = run_kld_eval(args, met, VALIDATION_CHUNKS, os.path.join(DATA, "kld_validation.eval.json"))
     rows = []
-    for sp in rep["results"]:
+    for kv, sp in zip(met, results):
         k = sp.get("kld") or {}
-        if sp.get("baseline") or sp["spec"] not in named:
-            continue
-        rows.append({"kv": named[sp["spec"]], "kld_mean": k.get("mean"), "kld_stderr": k.get("mean_stderr"),
+        rows.append({"kv": kv, "kld_mean": k.get("mean"), "kld_stderr": k.get("mean_stderr"),
                      "top1": k.get("top1"), "positions": k.get("n_positions"), "ok": bool(k.get("ok", False))})
-    if sorted(r["kv"] for r in rows) != sorted(met):
-        sys.exit("%s was made for other specs; run without --kld-reuse" % out)
     return {"chunks": VALIDATION_CHUNKS, "rows": rows}
 
 
