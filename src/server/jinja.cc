@@ -46,6 +46,7 @@ bool Value::Truthy() const {
   if (is_double()) return d() != 0;
   if (is_string()) return !s().empty();
   if (is_array()) return !a().empty();
+  if (is_macro()) return true;
   return !o().empty();
 }
 
@@ -62,6 +63,7 @@ std::string Value::Str() const {
     return s;
   }
   if (is_string()) return s();
+  if (is_macro()) return "<macro>";
   if (is_array()) {
     std::string out = "[";
     for (size_t k = 0; k < a().size(); ++k) {
@@ -84,6 +86,7 @@ std::string Value::Json() const {
   if (is_int()) return std::to_string(i());
   if (is_double()) return Str();
   if (is_string()) return JsonString(s());
+  if (is_macro()) return "null";
   if (is_array()) {
     std::string out = "[";
     for (size_t k = 0; k < a().size(); ++k) out += (k ? ", " : "") + a()[k].Json();
@@ -111,6 +114,7 @@ bool Value::Equals(const Value& x) const {
     return true;
   }
   if (is_object() && x.is_object()) return &o() == &x.o();
+  if (is_macro() && x.is_macro()) return &macro() == &x.macro();
   return false;
 }
 
@@ -121,6 +125,7 @@ const char* Value::TypeName() const {
   if (is_number()) return "number";
   if (is_string()) return "string";
   if (is_array()) return "list";
+  if (is_macro()) return "macro";
   return "dict";
 }
 
@@ -138,7 +143,9 @@ Result<std::shared_ptr<const Template>> Template::Parse(const std::string& sourc
 
 Result<std::string> Template::Render(const Value::Object& context) const {
   try {
+    int64_t work = 0;
     Scope s;
+    s.work = &work;
     s.frames.push_back(context);
     s.frames.emplace_back();  // the template's own top-level sets
     std::string out;

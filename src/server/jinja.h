@@ -17,9 +17,13 @@
 // //, %, ~, unary -, x if c else y; string methods strip, lstrip, rstrip,
 // startswith, endswith, upper, lower, split, replace, title; dict methods
 // get, items, keys, values; functions raise_exception(msg), namespace(...),
-// range(n). Anything else (macro, call, filter blocks, include, extends,
-// unknown filters, tests or functions) is an InvalidArgument naming the
-// construct and its line, at parse time when it can be seen there.
+// range(n); macros ({% macro f(a, b=default) %}...{% endmacro %}, called as
+// f(x, b=y): positional and keyword arguments, defaults evaluated at the
+// call; the body sees the caller's variables, and its sets stay inside).
+// Anything else (call and filter blocks, include/import/extends: a GGUF
+// template is one string with nothing to load; unknown filters, tests or
+// functions) is an InvalidArgument naming the construct and its line, at
+// parse time when it can be seen there.
 //
 // Thread-safety: a parsed Template is immutable; Render is safe from many
 // threads.
@@ -35,6 +39,8 @@
 #include "util/status.h"
 
 namespace kvx::server::jinja {
+
+struct MacroNode;
 
 class Value {
  public:
@@ -53,6 +59,9 @@ class Value {
   explicit Value(const char* s) : v_(std::string(s)) {}
   explicit Value(Array a) : v_(std::make_shared<Array>(std::move(a))) {}
   explicit Value(Object o) : v_(std::make_shared<Object>(std::move(o))) {}
+  // A {% macro %}: the node lives in the parsed Template, which outlives
+  // every render.
+  explicit Value(const MacroNode* m) : v_(m) {}
   // A namespace(): an object whose attributes `set` may change.
   static Value Namespace(Object o) {
     Value v(std::move(o));
@@ -70,6 +79,7 @@ class Value {
   bool is_array() const { return std::holds_alternative<std::shared_ptr<Array>>(v_); }
   bool is_object() const { return std::holds_alternative<std::shared_ptr<Object>>(v_); }
   bool is_namespace() const { return ns_; }
+  bool is_macro() const { return std::holds_alternative<const MacroNode*>(v_); }
 
   bool b() const { return std::get<bool>(v_); }
   int64_t i() const { return std::get<int64_t>(v_); }
@@ -77,6 +87,7 @@ class Value {
   const std::string& s() const { return std::get<std::string>(v_); }
   Array& a() const { return *std::get<std::shared_ptr<Array>>(v_); }
   Object& o() const { return *std::get<std::shared_ptr<Object>>(v_); }
+  const MacroNode& macro() const { return *std::get<const MacroNode*>(v_); }
 
   bool Truthy() const;
   // As {{ }} prints it.
@@ -87,7 +98,8 @@ class Value {
   const char* TypeName() const;
 
  private:
-  std::variant<Undefined, None, bool, int64_t, double, std::string, std::shared_ptr<Array>, std::shared_ptr<Object>> v_;
+  std::variant<Undefined, None, bool, int64_t, double, std::string, std::shared_ptr<Array>, std::shared_ptr<Object>,
+               const MacroNode*> v_;
   bool ns_ = false;
 };
 

@@ -52,6 +52,10 @@ std::string Strip(const std::string& s, const std::string& chars, bool left, boo
 
 struct Scope {
   std::vector<Value::Object> frames;
+  int macro_depth = 0;  // macro calls in progress: a template's recursion is bounded
+  // Statements run so far in this render, shared with the macro calls' scopes:
+  // a template from a (possibly hostile) GGUF cannot make a request spin.
+  int64_t* work = nullptr;
   Value Get(const std::string& name) const {
     for (auto it = frames.rbegin(); it != frames.rend(); ++it) {
       auto f = it->find(name);
@@ -75,6 +79,13 @@ struct Node {
 };
 using Body = std::vector<std::unique_ptr<Node>>;
 void RunBody(const Body& body, Scope& s, std::string& out);
+// One unit of a render's work (a statement, a loop item); fails past kMaxRenderWork.
+void CountWork(Scope& s, int line);
+// A render's limits: statements run (loop iterations and macro calls
+// included), text produced, and range() lengths.
+inline constexpr int64_t kMaxRenderWork = 1'000'000;
+inline constexpr size_t kMaxRenderBytes = size_t{64} << 20;
+inline constexpr int64_t kMaxRange = 1'000'000;
 
 // Expressions.
 struct Literal : Expr {
@@ -161,6 +172,17 @@ struct ForNode : Node {
   Body body, otherwise;
   void Run(Scope& s, std::string& out) const override;
   void Bind(Scope& s, const Value& v) const;
+};
+// {% macro name(params) %}body{% endmacro %}: Run binds `name` in the
+// current frame; Call runs the body with the arguments bound.
+struct MacroNode : Node {
+  std::string name;
+  std::vector<std::string> params;
+  std::vector<ExprPtr> defaults;  // per param; null: none
+  Body body;
+  void Run(Scope& s, std::string&) const override;
+  Value Call(Scope& caller, std::vector<Value> args, std::vector<std::pair<std::string, Value>> kwargs,
+             int call_line) const;
 };
 struct SetNode : Node {
   std::string name, attr;  // attr: set ns.attr = ...

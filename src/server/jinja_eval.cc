@@ -10,8 +10,20 @@
 
 namespace kvx::server::jinja {
 
+void CountWork(Scope& s, int line) {
+  if (s.work != nullptr && ++*s.work > kMaxRenderWork) {
+    Fail("the template ran more than " + std::to_string(kMaxRenderWork) + " statements (an endless loop?)", line);
+  }
+}
+
 void RunBody(const Body& body, Scope& s, std::string& out) {
-  for (const auto& n : body) n->Run(s, out);
+  for (const auto& n : body) {
+    CountWork(s, n->line);
+    n->Run(s, out);
+    if (out.size() > kMaxRenderBytes) {
+      Fail("the template's output passed " + std::to_string(kMaxRenderBytes >> 20) + " MiB", n->line);
+    }
+  }
 }
 
 namespace {
@@ -301,6 +313,11 @@ Value Call::Eval(Scope& s) const {
   std::vector<Value> a;
   for (const auto& e : args) a.push_back(e->Eval(s));
   if (const auto* n = dynamic_cast<const Name*>(callee.get())) {
+    if (const Value f = s.Get(n->name); f.is_macro()) {
+      std::vector<std::pair<std::string, Value>> kw;
+      for (const auto& [k, e] : kwargs) kw.emplace_back(k, e->Eval(s));
+      return f.macro().Call(s, std::move(a), std::move(kw), line);
+    }
     if (n->name == "raise_exception") Fail("the template refused the messages: " + (a.empty() ? "" : a[0].Str()), line);
     if (n->name == "namespace") {
       Value::Object o;
@@ -313,6 +330,8 @@ Value Call::Eval(Scope& s) const {
       if (a.size() >= 2) start = a[0].i(), stop = a[1].i();
       if (a.size() == 3) step = a[2].i();
       if (step == 0 || a.empty() || !a[0].is_int()) Fail("range needs integers and a non-zero step", line);
+      const int64_t len = step > 0 ? (stop - start + step - 1) / step : (start - stop - step - 1) / -step;
+      if (len > kMaxRange) Fail("range of " + std::to_string(len) + " numbers (at most " + std::to_string(kMaxRange) + ")", line);
       Value::Array out;
       for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) out.push_back(Value(k));
       return Value(std::move(out));
@@ -399,6 +418,7 @@ void ForNode::Run(Scope& s, std::string& out) const {
   Value::Array items;
   for (const Value& v : seq.a()) {
     if (filter) {
+      CountWork(s, line);
       s.frames.emplace_back();
       Bind(s, v);
       const bool keep = filter->Eval(s).Truthy();
@@ -413,6 +433,7 @@ void ForNode::Run(Scope& s, std::string& out) const {
   }
   const int64_t n = static_cast<int64_t>(items.size());
   for (int64_t k = 0; k < n; ++k) {
+    CountWork(s, line);
     s.frames.emplace_back();
     Bind(s, items[k]);
     Value::Object loop;
@@ -438,6 +459,40 @@ void ForNode::Bind(Scope& s, const Value& v) const {
   }
   if (!v.is_array() || v.a().size() != vars.size()) Fail("cannot unpack the loop item", line);
   for (size_t k = 0; k < vars.size(); ++k) s.frames.back()[vars[k]] = v.a()[k];
+}
+
+void MacroNode::Run(Scope& s, std::string&) const { s.frames.back()[name] = Value(this); }
+
+Value MacroNode::Call(Scope& caller, std::vector<Value> args, std::vector<std::pair<std::string, Value>> kwargs,
+                      int call_line) const {
+  if (args.size() > params.size()) {
+    Fail("macro '" + name + "' takes " + std::to_string(params.size()) + " argument(s), given " +
+             std::to_string(args.size()), call_line);
+  }
+  // The body runs in the caller's scope plus a frame of its own: it reads the
+  // caller's variables (namespaces included), and its sets end with it.
+  constexpr int kMaxMacroDepth = 64;
+  if (caller.macro_depth >= kMaxMacroDepth) {
+    Fail("macro '" + name + "' nested more than " + std::to_string(kMaxMacroDepth) + " calls deep (recursion?)",
+         call_line);
+  }
+  Scope inner{caller.frames, caller.macro_depth + 1, caller.work};
+  inner.frames.emplace_back();
+  Value::Object& own = inner.frames.back();
+  for (size_t k = 0; k < args.size(); ++k) own[params[k]] = std::move(args[k]);
+  for (auto& [key, v] : kwargs) {
+    const auto it = std::find(params.begin(), params.end(), key);
+    if (it == params.end()) Fail("macro '" + name + "' has no parameter '" + key + "'", call_line);
+    const size_t k = static_cast<size_t>(it - params.begin());
+    if (k < args.size()) Fail("macro '" + name + "' got '" + key + "' twice", call_line);
+    own[key] = std::move(v);
+  }
+  for (size_t k = 0; k < params.size(); ++k) {
+    if (own.count(params[k]) == 0 && defaults[k]) own[params[k]] = defaults[k]->Eval(inner);
+  }
+  std::string out;
+  RunBody(body, inner, out);
+  return Value(std::move(out));
 }
 
 void SetNode::Run(Scope& s, std::string&) const {

@@ -390,6 +390,31 @@ class Parser {
       done();
       return n;
     }
+    if (word == "macro") {
+      auto n = std::make_unique<MacroNode>();
+      n->line = line;
+      n->name = ep.ExpectName();
+      ep.Expect("(");
+      while (!ep.IsOp(")")) {
+        n->params.push_back(ep.ExpectName());
+        ExprPtr def;
+        if (ep.IsOp("=")) {
+          ep.Next();
+          def = ep.Parse();
+        }
+        n->defaults.push_back(std::move(def));
+        if (!ep.IsOp(",")) break;
+        ep.Next();
+      }
+      ep.Expect(")");
+      done();
+      n->body = ParseBody({"endmacro"}, &end, &end_toks, &end_line);
+      return n;
+    }
+    if (word == "include" || word == "import" || word == "from" || word == "extends") {
+      Fail("unsupported construct '" + word + "': a GGUF chat template is one string, with no other template to "
+           "load; inline it (a {% macro %} can hold the shared part)", line);
+    }
     Fail("unsupported construct '" + word + "'", line);
   }
 

@@ -63,7 +63,7 @@ TEST(JinjaTest, RendersWhatJinja2Renders) {
     EXPECT_EQ(*got, want);
     ++n;
   }
-  EXPECT_EQ(n, 42);
+  EXPECT_EQ(n, 48);
 }
 
 TEST(JinjaTest, RaiseExceptionRefusesWithItsMessage) {
@@ -78,10 +78,16 @@ TEST(JinjaTest, RaiseExceptionRefusesWithItsMessage) {
   EXPECT_NE(r.status().message().find("Conversation roles must alternate"), std::string::npos) << r.status().ToString();
 }
 
+#define KVX_16_X "xxxxxxxxxxxxxxxx"
+#define KVX_256_X KVX_16_X KVX_16_X KVX_16_X KVX_16_X KVX_16_X KVX_16_X KVX_16_X KVX_16_X \
+    KVX_16_X KVX_16_X KVX_16_X KVX_16_X KVX_16_X KVX_16_X KVX_16_X KVX_16_X
+
 TEST(JinjaTest, UnsupportedConstructsAreNamed) {
   const std::pair<const char*, const char*> cases[] = {
-      {"{% macro f() %}x{% endmacro %}", "unsupported construct 'macro'"},
-      {"{% include 'x' %}", "unsupported construct 'include'"},
+      {"{% call f() %}x{% endcall %}", "unsupported construct 'call'"},
+      {"{% include 'x' %}", "unsupported construct 'include': a GGUF chat template is one string"},
+      {"{% macro f(a %}x{% endmacro %}", "expected ')'"},
+      {"{% macro f() %}never closed", "missing {% endmacro %}"},
       {"{{ x | wordwrap }}", "unsupported filter 'wordwrap'"},
       {"{% if x %}never closed", "missing {% endif %}"},
       {"{{ x", "never closed"},
@@ -101,12 +107,49 @@ TEST(JinjaTest, UnsupportedConstructsAreNamed) {
            {"{{ 'a'.zfill(3) }}", "unsupported method 'zfill'"},
            {"{{ x is prime }}", "unsupported test 'prime'"},
            {"{% set y.a = 1 %}", "not a namespace"},
-           {"{{ 1 // 0 }}", "division by zero"}}) {
+           {"{{ 1 // 0 }}", "division by zero"},
+           {"{% macro f(a) %}{% endmacro %}{{ f(1, 2) }}", "takes 1 argument(s), given 2"},
+           {"{% macro f(a) %}{% endmacro %}{{ f(b=2) }}", "has no parameter 'b'"},
+           {"{% macro f(a) %}{% endmacro %}{{ f(1, a=2) }}", "got 'a' twice"},
+           {"{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "nested more than 64 calls deep"},
+           // hostile templates: endless work, a huge range, exponential macro calls
+           {"{% for i in range(1000000) %}{% for j in range(1000000) %}{% endfor %}{% endfor %}",
+            "more than 1000000 statements"},
+           {"{% for i in range(2000000000) %}{% endfor %}", "at most 1000000"},
+           {"{% macro a() %}" KVX_256_X "{% endmacro %}{% macro b() %}{{ a() }}{{ a() }}{{ a() }}{{ a() }}"
+            "{% endmacro %}{% macro c() %}{{ b() }}{{ b() }}{{ b() }}{{ b() }}{% endmacro %}{% for i in range(1000000) %}"
+            "{{ c() }}{% endfor %}", "output passed 64 MiB"}}) {
     auto t = Template::Parse(src);
     ASSERT_TRUE(t.ok()) << src << ": " << t.status().ToString();
     auto r = (*t)->Render({});
     ASSERT_FALSE(r.ok()) << src;
     EXPECT_NE(r.status().message().find(words), std::string::npos) << src << ": " << r.status().ToString();
+  }
+}
+
+TEST(JinjaTest, Macros) {
+  const std::pair<const char*, const char*> cases[] = {
+      // positional, keyword and default arguments; the default is evaluated at the call
+      {"{% macro greet(who, punct='!') %}hi {{ who }}{{ punct }}{% endmacro %}{{ greet('a') }} {{ greet('b', '?') }} "
+       "{{ greet(punct='.', who='c') }}",
+       "hi a! hi b? hi c."},
+      // the body reads the caller's variables; its own sets end with it; namespaces are shared
+      {"{% set ns = namespace(n=0) %}{% macro bump(x) %}{% set local = x %}{% set ns.n = ns.n + x %}"
+       "{{ prefix }}{{ local }}{% endmacro %}{% set prefix = '>' %}{{ bump(2) }}{{ bump(3) }}|{{ ns.n }}|{{ local }}|",
+       ">2>3|5||"},
+      // a macro's value is a string: filters and concatenation apply; macros call macros
+      {"{% macro inner(x) %} {{ x }} {% endmacro %}{% macro outer(x) %}[{{ inner(x) | trim }}]{% endmacro %}"
+       "{{ outer('y') ~ outer('z') }}",
+       "[y][z]"},
+      // defined before use, in the loop that calls it, as chat templates do
+      {"{% for m in ['a', 'b'] %}{% macro show(t) %}<{{ t }}>{% endmacro %}{{ show(m) }}{% endfor %}", "<a><b>"},
+  };
+  for (const auto& [src, want] : cases) {
+    auto t = Template::Parse(src);
+    ASSERT_TRUE(t.ok()) << src << ": " << t.status().ToString();
+    auto r = (*t)->Render({});
+    ASSERT_TRUE(r.ok()) << src << ": " << r.status().ToString();
+    EXPECT_EQ(*r, want) << src;
   }
 }
 
@@ -164,9 +207,9 @@ TEST(ChatTemplateTest, DefaultIsChatML) {
   auto r = t->Render({{"system", "S"}, {"user", "Hi"}}, true);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(*r, "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
-  auto bad = ChatTemplate::Create("{% macro x() %}{% endmacro %}", **tok);
+  auto bad = ChatTemplate::Create("{% call x() %}{% endcall %}", **tok);
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("macro"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("call"), std::string::npos);
 }
 
 }  // namespace
