@@ -86,6 +86,7 @@ void CountWork(Scope& s, int line);
 inline constexpr int64_t kMaxRenderWork = 1'000'000;
 inline constexpr size_t kMaxRenderBytes = size_t{64} << 20;
 inline constexpr int64_t kMaxRange = 1'000'000;
+inline constexpr int kMaxMacroDepth = 64;
 
 // Expressions.
 struct Literal : Expr {

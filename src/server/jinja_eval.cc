@@ -330,7 +330,10 @@ Value Call::Eval(Scope& s) const {
       if (a.size() >= 2) start = a[0].i(), stop = a[1].i();
       if (a.size() == 3) step = a[2].i();
       if (step == 0 || a.empty() || !a[0].is_int()) Fail("range needs integers and a non-zero step", line);
-      const int64_t len = step > 0 ? (stop - start + step - 1) / step : (start - stop - step - 1) / -step;
+      // In 128 bits: a hostile template's bounds must not overflow the count.
+      const __int128 span = step > 0 ? static_cast<__int128>(stop) - start : static_cast<__int128>(start) - stop;
+      const __int128 stride = step > 0 ? step : -static_cast<__int128>(step);
+      const int64_t len = span <= 0 ? 0 : static_cast<int64_t>(std::min<__int128>((span + stride - 1) / stride, kMaxRange + 1));
       if (len > kMaxRange) Fail("range of " + std::to_string(len) + " numbers (at most " + std::to_string(kMaxRange) + ")", line);
       Value::Array out;
       for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) out.push_back(Value(k));
@@ -471,7 +474,6 @@ Value MacroNode::Call(Scope& caller, std::vector<Value> args, std::vector<std::p
   }
   // The body runs in the caller's scope plus a frame of its own: it reads the
   // caller's variables (namespaces included), and its sets end with it.
-  constexpr int kMaxMacroDepth = 64;
   if (caller.macro_depth >= kMaxMacroDepth) {
     Fail("macro '" + name + "' nested more than " + std::to_string(kMaxMacroDepth) + " calls deep (recursion?)",
          call_line);

@@ -116,6 +116,7 @@ TEST(JinjaTest, UnsupportedConstructsAreNamed) {
            {"{% for i in range(1000000) %}{% for j in range(1000000) %}{% endfor %}{% endfor %}",
             "more than 1000000 statements"},
            {"{% for i in range(2000000000) %}{% endfor %}", "at most 1000000"},
+           {"{% for i in range(-9223372036854775807, 9223372036854775807) %}{% endfor %}", "at most 1000000"},
            {"{% macro a() %}" KVX_256_X "{% endmacro %}{% macro b() %}{{ a() }}{{ a() }}{{ a() }}{{ a() }}"
             "{% endmacro %}{% macro c() %}{{ b() }}{{ b() }}{{ b() }}{{ b() }}{% endmacro %}{% for i in range(1000000) %}"
             "{{ c() }}{% endfor %}", "output passed 64 MiB"}}) {
