@@ -161,6 +161,43 @@ TEST(SessionFileTest, AnotherSequencesFileGivesOtherLogits) {
   EXPECT_NE(0, std::memcmp(la[0].data(), lb[0].data(), la[0].size() * sizeof(float)));
 }
 
+// What a session file cannot store (pages merged across layers, pruned or
+// demoted pages) is refused by one check whose message names the kind, why,
+// and what to do; the sequence is left as it was.
+TEST(SessionFileTest, UnstorablePageFormatsAreRefusedByName) {
+  const std::string path = WriteModel("session-unstorable.gguf");
+  struct Case {
+    const char* spec;
+    const char* words;  // the kind the message must name
+    const char* fix;    // and the way out it must give
+  };
+  for (const Case& c : {Case{"codec=f16,page=8;policy=minicache,start=0", "pages merged across layers (policy=minicache",
+                             "save before compressing"},
+                        Case{"codec=f16,page=8;policy=think,keep=8,recent=16,window=4",
+                             "key-channel-pruned pages (policy think", "save before compressing"},
+                        Case{"codec=f16,page=8;policy=mikv,ratio=0.75,window=8,sinks=0,mode=once",
+                             "demoted pages (policy mikv / fate=demote", "or use fate=drop"}}) {
+    SCOPED_TRACE(c.spec);
+    auto engine = LoadEngine(path, c.spec);
+    ASSERT_TRUE(engine);
+    auto s = engine->NewSession();
+    ASSERT_TRUE(s.ok());
+    ASSERT_TRUE((*s)->Feed(Tokens(96, 3)).ok());
+    auto before = EncodeSession(*engine, (*s)->id(), {});
+    ASSERT_TRUE(before.ok()) << before.status().ToString();  // storable until compressed
+    ASSERT_TRUE((*s)->Compress().ok());
+    const int64_t pages = engine->pool().pages_in_use();
+    auto r = EncodeSession(*engine, (*s)->id(), {});
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kUnimplemented) << r.status().ToString();
+    EXPECT_NE(r.status().message().find("session files cannot store"), std::string::npos) << r.status().ToString();
+    EXPECT_NE(r.status().message().find(c.words), std::string::npos) << r.status().ToString();
+    EXPECT_NE(r.status().message().find(c.fix), std::string::npos) << r.status().ToString();
+    EXPECT_EQ(engine->pool().pages_in_use(), pages);
+    EXPECT_TRUE(engine->kv_manager().CheckInvariants().ok());
+  }
+}
+
 // Recomputes an uncompressed file's checksums after its body was edited, so
 // the structural checks behind them are what is tested.
 std::string Reseal(std::string file) {
