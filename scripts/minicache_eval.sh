@@ -5,7 +5,8 @@
 # other moment), against the f16 baseline: the default (start = n_layers/2,
 # t 0.6, gamma 0.05), every layer paired (start=0), half the tokens retained
 # (gamma=0.5), and int8 pages merged. Writes
-# docs/results/merging/minicache-$MODE/report.{json,md}. Minutes on 2 cores.
+# docs/results/merging/minicache-$MODE/report.{json,md}, then scripts/splice_table.py splices
+# the MiniCache table of docs/kv-merging.md from the reports. Minutes on 2 cores.
 set -e
 cd "$(dirname "$0")/.."
 M=${M:-../shared/models/recall/recall-llama-8L-d512-f16.gguf}
@@ -19,3 +20,4 @@ $KVX eval -m "$M" -q --tasks passkey,niah_multikey -c 2048 --lengths 2048 --dept
   --kv "codec=f16;policy=minicache,gamma=0.5" \
   --kv "codec=int8;policy=minicache" \
   --report docs/results/merging/minicache-$MODE
+python3 scripts/splice_table.py minicache

@@ -4,7 +4,8 @@
 # chunk (kvx eval --kld-context) compressed, the rest scored token by token), the cache compressed once
 # with the question excluded (MODE=included for the other moment): lambda 0.25 / 0.4 / 0.5, snapkv 0.5
 # alone and snapkv 0.5 then think 0.4. Writes docs/results/think/think-$MODE/report.{json,md};
-# scripts/think_table.py prints the table of docs/kv-think.md from it. A few minutes on 2 shared cores.
+# then scripts/splice_table.py splices the table of docs/kv-think.md from the reports. A few minutes on 2
+# shared cores.
 set -e
 cd "$(dirname "$0")/.."
 M=${M:-../shared/models/recall/recall-llama-8L-d512-f16.gguf}
@@ -19,3 +20,4 @@ $KVX eval -m "$M" -q --tasks passkey,ppl,kld -f ../shared/golden/recall_val.txt 
   --kv "codec=f16;policy=snapkv,ratio=0.5" \
   --kv "codec=f16;policy=snapkv,ratio=0.5;policy=think,lambda=0.4" \
   --report docs/results/think/think-$MODE
+python3 scripts/splice_table.py think

@@ -34,12 +34,8 @@ TEST(SchedulerTest, CompressesOnceThePromptIsIn) {
   ASSERT_TRUE(sched.ok());
   Scheduler* s = sched->get();
   Collector c;
-  GenerationRequest a;
-  a.prompt = Tokens(90, 21);
-  a.max_tokens = 10;
+  GenerationRequest a = FixedLengthRequest(Tokens(90, 21), 10, 50);
   a.n = 2;
-  a.stop_at_eog = false;
-  a.sampling = Sampling(50);
   a.save_session = "chat";
   ASSERT_TRUE(s->Submit(a, c.Callback(0)).ok());
   const Outcome oa = c.Wait(0);
@@ -57,11 +53,7 @@ TEST(SchedulerTest, CompressesOnceThePromptIsIn) {
                  return Status::Ok();
                }).ok());
   // The next turn: pending token + prompt, compressed again after it.
-  GenerationRequest b;
-  b.prompt = Tokens(40, 22);
-  b.max_tokens = 6;
-  b.stop_at_eog = false;
-  b.sampling = Sampling(60);
+  GenerationRequest b = FixedLengthRequest(Tokens(40, 22), 6, 60);
   b.resume_session = "chat";
   ASSERT_TRUE(s->Submit(b, c.Callback(1)).ok());
   const Outcome ob = c.Wait(1);
@@ -107,11 +99,8 @@ TEST(SchedulerTest, CompressionUnderPreemption) {
   // machine's load (the pool then cannot hold them all: preemption).
   ASSERT_TRUE((*sched)->RunBetweenSteps([&](Engine&) -> Status {
                 for (size_t i = 0; i < jobs.size(); ++i) {
-                  GenerationRequest r;
-                  r.prompt = jobs[i].prompt;
-                  r.max_tokens = jobs[i].max_tokens;
-                  r.sampling = Sampling(jobs[i].seed);
-                  KVX_RETURN_IF_ERROR((*sched)->Submit(r, c.Callback(static_cast<int>(i))).status());
+                  KVX_RETURN_IF_ERROR(
+                      (*sched)->Submit(JobRequest(jobs[i]), c.Callback(static_cast<int>(i))).status());
                 }
                 return Status::Ok();
               }).ok());
@@ -160,12 +149,8 @@ TEST(SchedulerTest, IdenticalPromptsInOneRoundComputeThePrefixOnce) {
   // Submitted between two steps: they arrive in one admission round.
   ASSERT_TRUE(s->RunBetweenSteps([&](Engine&) -> Status {
                  for (int i = 0; i < n; ++i) {
-                   GenerationRequest r;
-                   r.prompt = prompt;
-                   r.max_tokens = i == 0 ? leader_tokens : follower_tokens;
-                   r.stop_at_eog = false;
-                   r.sampling = Sampling(70 + i);
-                   KVX_RETURN_IF_ERROR(s->Submit(r, logged(i)).status());
+                   const int max_tokens = i == 0 ? leader_tokens : follower_tokens;
+                   KVX_RETURN_IF_ERROR(s->Submit(FixedLengthRequest(prompt, max_tokens, 70 + i), logged(i)).status());
                  }
                  return Status::Ok();
                }).ok());
@@ -220,12 +205,8 @@ TEST(SchedulerTest, LeaderCancelledMidPrefillLeavesFollowersCorrect) {
                                         inner(e);
                                       }).status());
                  for (int i = 0; i < 3; ++i) {
-                   GenerationRequest r;
-                   r.prompt = prompt;
-                   r.max_tokens = 6;
-                   r.stop_at_eog = false;
-                   r.sampling = Sampling(90 + i);
-                   KVX_ASSIGN_OR_RETURN(RequestId id, s->Submit(r, c.Callback(i)));
+                   KVX_ASSIGN_OR_RETURN(RequestId id,
+                                        s->Submit(FixedLengthRequest(prompt, 6, 90 + i), c.Callback(i)));
                    if (i == 0) leader.store(id);
                  }
                  return Status::Ok();

@@ -33,12 +33,7 @@ void ExpectSameAsAlone(const std::string& kv, SchedulerOptions so, int n_seqs, b
   for (int round = 0; round < 2; ++round) {
     Collector c;
     for (size_t i = 0; i < jobs.size(); ++i) {
-      GenerationRequest r;
-      r.prompt = jobs[i].prompt;
-      r.max_tokens = jobs[i].max_tokens;
-      r.sampling = Sampling(jobs[i].seed);
-      r.stop_at_eog = true;
-      ASSERT_TRUE((*sched)->Submit(r, c.Callback(static_cast<int>(i))).ok());
+      ASSERT_TRUE((*sched)->Submit(JobRequest(jobs[i]), c.Callback(static_cast<int>(i))).ok());
     }
     for (size_t i = 0; i < jobs.size(); ++i) {
       SCOPED_TRACE("round " + std::to_string(round) + " request " + std::to_string(i));
@@ -159,11 +154,7 @@ TEST(SchedulerTest, SessionContinuesExactly) {
   auto sched = Scheduler::Create(*engine, {});
   ASSERT_TRUE(sched.ok());
   Collector c;
-  GenerationRequest a;
-  a.prompt = Tokens(21, 13);
-  a.max_tokens = 6;
-  a.stop_at_eog = false;
-  a.sampling = Sampling(3);
+  GenerationRequest a = FixedLengthRequest(Tokens(21, 13), 6, 3);
   a.save_session = "chat";
   a.tenant_salt = 9;
   ASSERT_TRUE((*sched)->Submit(a, c.Callback(0)).ok());
@@ -172,11 +163,7 @@ TEST(SchedulerTest, SessionContinuesExactly) {
   EXPECT_TRUE(s->RunBetweenSteps([s](Engine&) {
                  return s->SessionNames() == std::vector<std::string>{"chat"} ? Status::Ok() : Internal("no session");
                }).ok());
-  GenerationRequest b;
-  b.prompt = Tokens(5, 14);
-  b.max_tokens = 7;
-  b.stop_at_eog = false;
-  b.sampling = Sampling(4);
+  GenerationRequest b = FixedLengthRequest(Tokens(5, 14), 7, 4);
   b.resume_session = "chat";
   b.tenant_salt = 9;
   ASSERT_TRUE((*sched)->Submit(b, c.Callback(1)).ok());
@@ -258,12 +245,7 @@ TEST(SchedulerTest, StepCountersSayWhatStepsHeld) {
   auto sched = Scheduler::Create(*engine, so);
   ASSERT_TRUE(sched.ok());
   Collector c;
-  GenerationRequest r;
-  r.prompt = Tokens(10, 3);
-  r.max_tokens = 4;
-  r.stop_at_eog = false;
-  r.sampling = Sampling(5);
-  ASSERT_TRUE((*sched)->Submit(r, c.Callback(0)).ok());
+  ASSERT_TRUE((*sched)->Submit(FixedLengthRequest(Tokens(10, 3), 4, 5), c.Callback(0)).ok());
   EXPECT_EQ(c.Wait(0).timing.generated_tokens, 4);
   ExpectInvariants(**sched);  // the snapshot now covers the request
   const SchedulerStats st = (*sched)->Stats();

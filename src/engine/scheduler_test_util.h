@@ -1,7 +1,8 @@
-// What the scheduler tests share (scheduler_test.cc, scheduler_kv_test.cc):
-// a tiny synthetic model, requests' outcomes collected from their callbacks,
-// and the tokens a prompt gives alone (engine::Generate), which every
-// request must give whatever its company.
+// What the engine tests share: a tiny synthetic model and an engine loaded
+// on it (scheduler_test.cc, scheduler_kv_test.cc, session_file_test.cc);
+// for the scheduler tests, requests and their outcomes collected from their
+// callbacks, and the tokens a prompt gives alone (engine::Generate), which
+// every request must give whatever its company.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -20,21 +21,25 @@
 
 namespace kvx::engine::scheduler_test {
 
-inline const std::string& ModelPath() {
-  static const std::string path = [] {
-    model::SyntheticModelOptions o;
-    o.shape = "tiny";
-    o.init_std = 0.1f;
-    const std::string p = ::testing::TempDir() + "/scheduler_tiny.gguf";
-    EXPECT_TRUE(model::WriteSyntheticModel(o, p).ok());
-    return p;
-  }();
+// Writes the "tiny" synthetic model (2 layers, 512-token vocabulary) with weights of
+// `type` drawn from `seed` into the test's temporary directory as `file`;
+// returns its path. init_std 0.1: logits with some spread, so differences show.
+inline std::string WriteTinyModel(const std::string& file, gguf::TensorType type, uint64_t seed = 1) {
+  model::SyntheticModelOptions o;
+  o.shape = "tiny";
+  o.type = type;
+  o.init_std = 0.1f;
+  o.seed = seed;
+  const std::string path = ::testing::TempDir() + "/" + file;
+  EXPECT_TRUE(model::WriteSyntheticModel(o, path).ok());
   return path;
 }
 
-inline std::unique_ptr<Engine> MakeEngine(const std::string& kv, int n_ctx = 256, int n_seqs = 8) {
+// An engine on the model at `model_path` (2 threads).
+inline std::unique_ptr<Engine> LoadEngine(const std::string& model_path, const std::string& kv, int n_ctx = 256,
+                                          int n_seqs = 4) {
   EngineOptions eo;
-  eo.model_path = ModelPath();
+  eo.model_path = model_path;
   eo.kv_spec = kv;
   eo.n_ctx = n_ctx;
   eo.n_seqs = n_seqs;
@@ -42,6 +47,16 @@ inline std::unique_ptr<Engine> MakeEngine(const std::string& kv, int n_ctx = 256
   auto e = Engine::Load(eo);
   EXPECT_TRUE(e.ok()) << e.status().ToString();
   return e.ok() ? std::move(e).value() : nullptr;
+}
+
+// The scheduler tests' model (q8_0) and engines on it.
+inline const std::string& ModelPath() {
+  static const std::string path = WriteTinyModel("scheduler_tiny.gguf", gguf::TensorType::kQ8_0);
+  return path;
+}
+
+inline std::unique_ptr<Engine> MakeEngine(const std::string& kv, int n_ctx = 256, int n_seqs = 8) {
+  return LoadEngine(ModelPath(), kv, n_ctx, n_seqs);
 }
 
 inline std::vector<int32_t> Tokens(int n, int seed) {
@@ -126,11 +141,32 @@ inline void ExpectInvariants(Scheduler& s) {
   EXPECT_TRUE(st.ok()) << st.ToString();
 }
 
+// A request that generates exactly `max_tokens` tokens (it does not stop at
+// end-of-generation), sampled with Sampling(seed).
+inline GenerationRequest FixedLengthRequest(std::vector<int32_t> prompt, int max_tokens, uint64_t seed) {
+  GenerationRequest r;
+  r.prompt = std::move(prompt);
+  r.max_tokens = max_tokens;
+  r.stop_at_eog = false;
+  r.sampling = Sampling(seed);
+  return r;
+}
+
 struct Job {
   std::vector<int32_t> prompt;
   int max_tokens;
   uint64_t seed;
 };
+
+// A job's request: it stops at end-of-generation, as generating alone does.
+inline GenerationRequest JobRequest(const Job& job) {
+  GenerationRequest r;
+  r.prompt = job.prompt;
+  r.max_tokens = job.max_tokens;
+  r.sampling = Sampling(job.seed);
+  r.stop_at_eog = true;
+  return r;
+}
 
 inline std::vector<Job> MixedJobs() {
   const auto system = Tokens(40, 1);  // shared by several

@@ -14,33 +14,18 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "engine/scheduler_test_util.h"
 #include "engine/session.h"
-#include "model/synthetic_model.h"
 
 namespace kvx::engine {
 namespace {
 
-std::string WriteModel(const std::string& name, uint64_t seed = 1) {
-  model::SyntheticModelOptions o;
-  o.shape = "tiny";
-  o.type = gguf::TensorType::kF32;
-  o.init_std = 0.1f;  // logits with some spread, so differences show
-  o.seed = seed;
-  const std::string path = ::testing::TempDir() + "/" + name;
-  EXPECT_TRUE(model::WriteSyntheticModel(o, path).ok());
-  return path;
-}
+using scheduler_test::LoadEngine;
 
-std::unique_ptr<Engine> LoadEngine(const std::string& path, const std::string& kv, int n_seqs = 4, int n_ctx = 256) {
-  EngineOptions eo;
-  eo.model_path = path;
-  eo.kv_spec = kv;
-  eo.n_ctx = n_ctx;
-  eo.n_seqs = n_seqs;
-  eo.n_threads = 2;
-  auto e = Engine::Load(eo);
-  EXPECT_TRUE(e.ok()) << e.status().ToString();
-  return e.ok() ? std::move(e).value() : nullptr;
+// The session tests' models: f32 weights, so a restored session's logits can
+// be compared bit for bit.
+std::string WriteModel(const std::string& name, uint64_t seed = 1) {
+  return scheduler_test::WriteTinyModel(name, gguf::TensorType::kF32, seed);
 }
 
 std::vector<int32_t> Tokens(int n, int salt) {
@@ -86,7 +71,7 @@ TEST(SessionFileTest, RestoredSessionContinuesBitIdentically) {
     for (bool compress : {true, false}) {
       SCOPED_TRACE(std::string(spec) + (compress ? " zstd" : " raw"));
       auto engine = LoadEngine(path, spec);
-      auto other = LoadEngine(copy, spec, /*n_seqs=*/2, /*n_ctx=*/200);  // another pool size and context
+      auto other = LoadEngine(copy, spec, /*n_ctx=*/200, /*n_seqs=*/2);  // another pool size and context
       ASSERT_TRUE(engine && other);
       auto a = engine->NewSession(/*salt=*/77);
       ASSERT_TRUE(a.ok());
@@ -159,6 +144,43 @@ TEST(SessionFileTest, AnotherSequencesFileGivesOtherLogits) {
   ASSERT_EQ(la.size(), 1u);
   ASSERT_EQ(lb.size(), 1u);
   EXPECT_NE(0, std::memcmp(la[0].data(), lb[0].data(), la[0].size() * sizeof(float)));
+}
+
+// What a session file cannot store (pages merged across layers, pruned or
+// demoted pages) is refused by one check whose message names the kind, why,
+// and what to do; the sequence is left as it was.
+TEST(SessionFileTest, UnstorablePageFormatsAreRefusedByName) {
+  const std::string path = WriteModel("session-unstorable.gguf");
+  struct Case {
+    const char* spec;
+    const char* words;  // the kind the message must name
+    const char* fix;    // and the way out it must give
+  };
+  for (const Case& c : {Case{"codec=f16,page=8;policy=minicache,start=0",
+                             "pages merged across layers (policy=minicache", "save before compressing"},
+                        Case{"codec=f16,page=8;policy=think,keep=8,recent=16,window=4",
+                             "key-channel-pruned pages (policy think", "save before compressing"},
+                        Case{"codec=f16,page=8;policy=mikv,ratio=0.75,window=8,sinks=0,mode=once",
+                             "demoted pages (policy mikv / fate=demote", "or use fate=drop"}}) {
+    SCOPED_TRACE(c.spec);
+    auto engine = LoadEngine(path, c.spec);
+    ASSERT_TRUE(engine);
+    auto s = engine->NewSession();
+    ASSERT_TRUE(s.ok());
+    ASSERT_TRUE((*s)->Feed(Tokens(96, 3)).ok());
+    auto before = EncodeSession(*engine, (*s)->id(), {});
+    ASSERT_TRUE(before.ok()) << before.status().ToString();  // storable until compressed
+    ASSERT_TRUE((*s)->Compress().ok());
+    const int64_t pages = engine->pool().pages_in_use();
+    auto r = EncodeSession(*engine, (*s)->id(), {});
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kUnimplemented) << r.status().ToString();
+    EXPECT_NE(r.status().message().find("session files cannot store"), std::string::npos) << r.status().ToString();
+    EXPECT_NE(r.status().message().find(c.words), std::string::npos) << r.status().ToString();
+    EXPECT_NE(r.status().message().find(c.fix), std::string::npos) << r.status().ToString();
+    EXPECT_EQ(engine->pool().pages_in_use(), pages);
+    EXPECT_TRUE(engine->kv_manager().CheckInvariants().ok());
+  }
 }
 
 // Recomputes an uncompressed file's checksums after its body was edited, so
@@ -289,7 +311,7 @@ TEST_F(SessionFileCorruptionTest, OtherKVSpecIsRefused) {
 
 TEST_F(SessionFileCorruptionTest, PoolTooSmallLeavesItUnchanged) {
   // A pool sized for 20 tokens cannot take 70.
-  auto small = LoadEngine(path_, "codec=kivi2,page=16,residual=16,sinks=16", /*n_seqs=*/1, /*n_ctx=*/80);
+  auto small = LoadEngine(path_, "codec=kivi2,page=16,residual=16,sinks=16", /*n_ctx=*/80, /*n_seqs=*/1);
   ASSERT_TRUE(small);
   auto s = small->NewSession();
   ASSERT_TRUE(s.ok());
@@ -301,7 +323,7 @@ TEST_F(SessionFileCorruptionTest, PoolTooSmallLeavesItUnchanged) {
   EXPECT_EQ(small->pool().pages_in_use(), before);
   EXPECT_TRUE(small->kv_manager().CheckInvariants().ok());
   // And a context too short for the saved tokens.
-  auto short_ctx = LoadEngine(path_, "codec=kivi2,page=16,residual=16,sinks=16", 1, 64);
+  auto short_ctx = LoadEngine(path_, "codec=kivi2,page=16,residual=16,sinks=16", /*n_ctx=*/64, /*n_seqs=*/1);
   ASSERT_TRUE(short_ctx);
   auto r2 = DecodeSession(*short_ctx, Bytes(zstd_));
   ASSERT_FALSE(r2.ok());

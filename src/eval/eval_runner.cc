@@ -2,7 +2,6 @@
 // (see eval.h for the order and the measurement rules).
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <ctime>
 #include <filesystem>
 #include <map>
@@ -12,8 +11,8 @@
 #include "engine/generate.h"
 #include "engine/session.h"
 #include "eval/eval.h"
+#include "eval/eval_ppl.h"
 #include "eval/ruler.h"
-#include "eval/stats.h"
 #include "eval/text_score.h"
 #include "model/sampler.h"
 #include "util/mmap_file.h"
@@ -431,189 +430,23 @@ class Runner {
     return buf;
   }
 
-  void Observe(size_t r, KvMeasure* kv) {
-    // The pool's pages, plus what a cache keeps beside its tables: the
-    // per-entry scales of a cross-layer merged cache (policy=minicache's
-    // per-layer norms) and the key-channel masks of a pruned one (policy
-    // think); 0 otherwise.
-    const kv::SequenceKV& seq = sessions_[r]->kv();
-    const uint64_t side = seq.EntryScaleBytes() + seq.KeyChannelBytes();
-    kv->Observe(rts_[r]->pool().bytes_in_use() + side, sessions_[r]->n_past(), report_.model.f16_bytes_per_token,
-                LiveSlotFraction(seq));
-  }
+  EvalRun RunOf(size_t r) const { return EvalRun{rts_[r].get(), sessions_[r].get()}; }
+  void Observe(size_t r, KvMeasure* kv) { ObserveKv(RunOf(r), report_.model.f16_bytes_per_token, kv); }
 
-  // Live entries over the slots of the pages listed (fragmentation after
-  // eviction; a page listed by two tables, MiniCache's, counts in both).
-  static double LiveSlotFraction(const kv::SequenceKV& seq) {
-    const kv::KVLayout& l = seq.layout();
-    int64_t live = 0, slots = 0;
-    for (int layer = 0; layer < l.n_layers; ++layer) {
-      for (int h = 0; h < l.n_kv_heads; ++h) {
-        live += seq.LiveEntries(layer, h);
-        slots += static_cast<int64_t>(seq.table(layer, h).num_pages()) * l.page_tokens;
-      }
-    }
-    return slots > 0 ? static_cast<double>(live) / static_cast<double>(slots) : 1.0;
-  }
-
-  // ---- ppl + kld: chunk by chunk over every spec ----
-
-  // Whether ppl/kld use the split protocol (EvalOptions::compress): some
-  // spec has a policy that compresses once, and compression is on.
-  // Any policy, not only once ones: a continuous policy (a StreamingLLM
-  // window, H2O under a budget) or Quest's selection acts between steps or
-  // in decode steps only, so over one whole-chunk prefill it changes no
-  // logit (the sweep saw KLD exactly 0 at every ratio).
-  bool SplitTextChunks() const {
-    if (opt_.compress == "none") return false;
-    for (const auto& rt : rts_) {
-      if (!rt->kv_manager().policies().empty()) return true;
-    }
-    return false;
-  }
-
-  // The split protocol's context tokens of a chunk: at least 1, and at
-  // least 2 tokens left to score.
-  int SplitContext(int chunk_len) const {
-    const int ctx = static_cast<int>(std::lround(opt_.kld_context * chunk_len));
-    return std::clamp(ctx, 1, chunk_len - 2);
-  }
-
-  // The chunk's logits of rows first..chunk_len-2. Split protocol: prefill
-  // the context (first tokens), Compress, then feed the rest one token at a
-  // time (teacher forced), each token's logits scored: every scored
-  // position sees the compressed context, as a served request's decode
-  // does. Otherwise one prefill with logits from row `first` on.
-  Status ChunkLogits(engine::Session& session, const std::vector<int32_t>& chunk, int first, bool split,
-                     std::vector<float>* logits) {
-    if (!split) return session.FeedWithLogits(chunk, first, logits);
-    const size_t n_vocab = static_cast<size_t>(model_.config().n_vocab);
-    const std::span<const int32_t> all(chunk);
-    KVX_RETURN_IF_ERROR(session.Feed(all.first(first)).status());
-    KVX_RETURN_IF_ERROR(session.Compress());
-    logits->resize((chunk.size() - 1 - first) * n_vocab);
-    for (size_t j = first; j + 1 < chunk.size(); ++j) {
-      KVX_ASSIGN_OR_RETURN(const float* row, session.Feed(all.subspan(j, 1)));
-      std::copy(row, row + n_vocab, logits->begin() + static_cast<long>((j - first) * n_vocab));
-    }
-    return Status::Ok();
-  }
+  // ---- ppl + kld: chunk by chunk over every spec (eval_ppl.cc) ----
 
   void RunTextTasks() {
-    const int chunk_len = opt_.chunk;
-    const bool split = SplitTextChunks();
-    const int first = split ? SplitContext(chunk_len) : chunk_len / 2;
-    const int n_rows = chunk_len - 1 - first;
-    const int n_vocab = model_.config().n_vocab;
-    const bool want_kld = Has(opt_.tasks, Task::kKld);
-    const size_t n_runs = rts_.size();
-    const model::Tokenizer& tok = model_.tokenizer();
-
-    struct RunState {
-      MeanAccumulator nll, top1;
-      std::vector<double> kl;
-      KvMeasure kv;
-      std::string error;
-      double seconds = 0;
-    };
-    std::vector<RunState> st(n_runs);
-    std::vector<double> base_lp(want_kld ? static_cast<size_t>(n_rows) * n_vocab : 0);
-    std::vector<int32_t> base_top(want_kld ? n_rows : 0);
-    std::vector<double> lq(n_vocab);
-    std::vector<float> logits;
-    std::vector<int32_t> chunk(chunk_len);
-    for (int c = 0; c < n_chunks_; ++c) {
-      std::copy(text_tokens_.begin() + static_cast<size_t>(c) * chunk_len,
-                text_tokens_.begin() + static_cast<size_t>(c + 1) * chunk_len, chunk.begin());
-      if (tok.add_bos() && tok.bos() >= 0) chunk[0] = tok.bos();
-      for (size_t r = 0; r < n_runs; ++r) {
-        SetLabel(r, want_kld ? "ppl+kld" : "ppl");
-        RunState& s = st[r];
-        if (!s.error.empty()) {
-          Advance(chunk_len);
-          continue;
-        }
-        const double t0 = Seconds();
-        engine::Session& session = *sessions_[r];
-        session.Reset();
-        const Status status = ChunkLogits(session, chunk, first, split, &logits);
-        if (!status.ok()) {
-          s.error = status.message();
-          session.Reset();
-          Advance(chunk_len);
-          continue;
-        }
-        Observe(r, &s.kv);
-        for (int j = first; j < chunk_len - 1; ++j) {
-          const float* row = &logits[static_cast<size_t>(j - first) * n_vocab];
-          // Exactly eval/perplexity.cc's arithmetic, so ppl equals `kvx perplexity`.
-          float max_logit = row[0];
-          for (int i = 1; i < n_vocab; ++i) max_logit = std::max(max_logit, row[i]);
-          double sum = 0;
-          for (int i = 0; i < n_vocab; ++i) sum += std::exp(static_cast<double>(row[i] - max_logit));
-          const double nll = std::log(sum) - static_cast<double>(row[chunk[j + 1]] - max_logit);
-          s.nll.Add(nll);
-          if (!want_kld) continue;
-          const size_t k = static_cast<size_t>(j - first);
-          if (r == 0) {
-            LogSoftmax(row, n_vocab, &base_lp[k * n_vocab]);
-            base_top[k] = model::ArgMax(row, n_vocab);
-          } else if (st[0].error.empty()) {
-            LogSoftmax(row, n_vocab, lq.data());
-            s.kl.push_back(KlDivergence(&base_lp[k * n_vocab], lq.data(), n_vocab));
-            s.top1.Add(model::ArgMax(row, n_vocab) == base_top[k] ? 1.0 : 0.0);
-          }
-        }
-        session.Reset();
-        s.seconds += Seconds() - t0;
-        Advance(chunk_len);
-      }
-    }
-    for (size_t r = 0; r < n_runs; ++r) {
-      RunState& s = st[r];
+    std::vector<EvalRun> runs;
+    for (size_t r = 0; r < rts_.size(); ++r) runs.push_back(RunOf(r));
+    const TextPassHooks hooks{[this](size_t r, std::string_view task) { SetLabel(r, task); },
+                              [this](double weight) { Advance(weight); }};
+    std::vector<TextTaskResult> results = eval::RunTextTasks(model_, opt_, text_tokens_, n_chunks_, runs,
+                                                             report_.model.f16_bytes_per_token, hooks);
+    for (size_t r = 0; r < results.size(); ++r) {
       SpecResult& res = report_.specs[r];
-      res.seconds += s.seconds;
-      if (Has(opt_.tasks, Task::kPpl)) {
-        PplResult p;
-        p.kv = s.kv;
-        p.seconds = s.seconds;
-        p.chunk = chunk_len;
-        p.context = split ? first : 0;
-        if (!s.error.empty()) {
-          p.ok = false;
-          p.error = s.error;
-        } else {
-          p.n_chunks = n_chunks_;
-          p.n_scored = static_cast<int>(s.nll.count());
-          p.ppl = std::exp(s.nll.Mean());
-          p.ppl_stderr = p.ppl * s.nll.StdErr();
-        }
-        res.ppl = p;
-      }
-      if (want_kld && r > 0) {
-        KldResult k;
-        k.context = split ? first : 0;
-        k.kv = s.kv;
-        k.seconds = s.seconds;
-        if (!st[0].error.empty() || !s.error.empty()) {
-          k.ok = false;
-          k.error = !s.error.empty() ? s.error : "the baseline failed: " + st[0].error;
-        } else {
-          MeanAccumulator kl;
-          for (double v : s.kl) kl.Add(v);
-          std::sort(s.kl.begin(), s.kl.end());
-          k.n_positions = kl.count();
-          k.mean = kl.Mean();
-          k.mean_stderr = kl.StdErr();
-          k.median = PercentileSorted(s.kl, 0.5);
-          k.p90 = PercentileSorted(s.kl, 0.9);
-          k.p99 = PercentileSorted(s.kl, 0.99);
-          k.max = s.kl.empty() ? 0.0 : s.kl.back();
-          k.top1 = s.top1.Mean();
-          k.top1_stderr = s.top1.StdErr();
-        }
-        res.kld = k;
-      }
+      res.seconds += results[r].seconds;
+      if (results[r].ppl) res.ppl = std::move(results[r].ppl);
+      if (results[r].kld) res.kld = std::move(results[r].kld);
       Update(r);
     }
   }

@@ -6,6 +6,14 @@
 
 namespace kvx::eval {
 
+double NextTokenNll(const float* row, int n_vocab, int32_t next) {
+  float max_logit = row[0];
+  for (int i = 1; i < n_vocab; ++i) max_logit = std::max(max_logit, row[i]);
+  double sum = 0;
+  for (int i = 0; i < n_vocab; ++i) sum += std::exp(static_cast<double>(row[i] - max_logit));
+  return std::log(sum) - static_cast<double>(row[next] - max_logit);
+}
+
 Result<PerplexityResult> Perplexity(engine::Session* session, const std::vector<int32_t>& tokens,
                                     const PerplexityOptions& options, const ChunkCallback& on_chunk) {
   const int n_ctx = options.n_ctx;
@@ -41,12 +49,7 @@ Result<PerplexityResult> Perplexity(engine::Session* session, const std::vector<
     session->Reset();
     KVX_RETURN_IF_ERROR(session->FeedWithLogits(chunk, first, &logits));
     for (int j = first; j < n_ctx - 1; ++j) {
-      const float* row = &logits[static_cast<size_t>(j - first) * n_vocab];
-      float max_logit = row[0];
-      for (int i = 1; i < n_vocab; ++i) max_logit = std::max(max_logit, row[i]);
-      double sum = 0;
-      for (int i = 0; i < n_vocab; ++i) sum += std::exp(static_cast<double>(row[i] - max_logit));
-      const double nll = std::log(sum) - static_cast<double>(row[chunk[j + 1]] - max_logit);
+      const double nll = NextTokenNll(&logits[static_cast<size_t>(j - first) * n_vocab], n_vocab, chunk[j + 1]);
       nll_sum += nll;
       nll2_sum += nll * nll;
       r.n_scored++;

@@ -30,6 +30,11 @@ struct PerplexityResult {
   std::vector<double> running_ppl;  // after each chunk
 };
 
+// The negative log-likelihood of token `next` under one row of logits
+// (softmax in double after subtracting the row's max): llama.cpp's
+// arithmetic, shared by `kvx perplexity` and `kvx eval`'s ppl so the two agree.
+double NextTokenNll(const float* row, int n_vocab, int32_t next);
+
 // Called after each chunk with (chunk index, running PPL).
 using ChunkCallback = std::function<void(int chunk, int n_chunks, double running_ppl)>;
 

@@ -1,16 +1,23 @@
 // Test helpers for kv/ unit tests: a dense double-precision attention
-// reference and a pool sized for a spec. Not part of the library.
+// reference, a pool sized for a spec, a manager filled in one step, decode
+// outputs to compare caches by. Not part of the library.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <memory>
+#include <numeric>
+#include <random>
+#include <string>
 #include <vector>
 
+#include "kv/attention.h"
 #include "kv/block_pool.h"
 #include "kv/codec/simd_x86.h"
+#include "kv/kv_manager.h"
 #include "kv/kv_spec.h"
 #include "kv/sequence_kv.h"
 
@@ -67,6 +74,59 @@ inline std::unique_ptr<BlockPool> PoolFor(const KVLayout& layout, const CodecCon
 
 inline CodecConfig Codec(std::string_view spec) { return ParseKVSpec(spec)->codec; }
 inline int PageOf(std::string_view spec) { return ParseKVSpec(spec)->page_tokens; }
+
+// The largest |a[i] - b[i]|.
+inline double MaxAbsDiff(const float* a, const float* b, size_t n) {
+  double d = 0;
+  for (size_t i = 0; i < n; ++i) d = std::max(d, static_cast<double>(std::fabs(a[i] - b[i])));
+  return d;
+}
+inline double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  return MaxAbsDiff(a.data(), b.data(), a.size());
+}
+
+// A manager of `spec` over `layout` (pool sized for n_ctx tokens) with one
+// sequence holding n tokens at positions 0..n-1, appended in one step: layer
+// l's keys and values are x.K(l), x.V(l) ([n][kv heads][dim] floats).
+// `after_append(manager, seq, layer)`, when given, runs after each layer's
+// append inside the step, where a forward pass shows the policies'
+// observers that layer's queries.
+template <typename KV>
+std::unique_ptr<KVManager> FilledManager(const std::string& spec, const KVLayout& layout, int n_ctx, int n, const KV& x,
+                                         SeqId* seq,
+                                         const std::function<void(KVManager&, SeqId, int)>& after_append = nullptr) {
+  auto r = ResolveKVSpec(spec, layout, n_ctx, 1);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  if (!r.ok()) return nullptr;
+  auto m = std::move(KVManager::Create(*r)).value();
+  *seq = m->AddSequence();
+  std::vector<int32_t> toks(n, 1), pos(n);
+  std::iota(pos.begin(), pos.end(), 0);
+  const StepRequest req{*seq, toks, pos};
+  EXPECT_TRUE(m->BeginStep({&req, 1}).ok());
+  for (int l = 0; l < layout.n_layers; ++l) {
+    EXPECT_TRUE(m->kv(*seq).Append(l, n, pos.data(), x.K(l), x.V(l)).ok());
+    if (after_append) after_append(*m, *seq, l);
+  }
+  EXPECT_TRUE(m->CommitStep().ok());
+  return m;
+}
+
+// Attention of one decode query per layer (N(0, 1) in every channel, drawn
+// from `seed`, at position qpos) over the cache: [layer][n_heads][dim].
+inline std::vector<float> DecodeOutputs(const SequenceKV& kv, int n_heads, int32_t qpos, uint32_t seed) {
+  const KVLayout& layout = kv.layout();
+  const int D = layout.head_dim;
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::vector<float> q(static_cast<size_t>(n_heads) * D), out(static_cast<size_t>(layout.n_layers) * n_heads * D);
+  for (int l = 0; l < layout.n_layers; ++l) {
+    for (float& x : q) x = g(rng);
+    Attention(kv, l, q.data(), &qpos, 1, n_heads, 1.0f / std::sqrt(static_cast<float>(D)),
+              out.data() + static_cast<size_t>(l) * n_heads * D, nullptr);
+  }
+  return out;
+}
 
 // sqrt(sum (a - b)^2 / sum b^2).
 inline double RelError(const std::vector<float>& a, const std::vector<double>& b) {

@@ -7,15 +7,9 @@
 #include <vector>
 
 #include "kv/sequence_kv.h"
+#include "kv/sequence_kv_pages.h"
 
 namespace kvx::kv {
-namespace {
-
-// Positions a pre-RoPE cache may hold (as in sequence_kv.cc: the cos/sin table
-// is dense in position).
-constexpr int32_t kMaxPreRopePosition = 1 << 22;
-
-}  // namespace
 
 Status SequenceKV::Import(const std::vector<TableImage>& tables) {
   KVX_CHECK_MSG(ReservedPages() == 0, "tables change only between steps");

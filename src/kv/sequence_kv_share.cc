@@ -1,6 +1,6 @@
 // SequenceKV::ShareEntries: one run of pages listed by the tables of two
 // layers (MiniCache's shared directions), each table reading it through its
-// own entry scales (page_table.h). Kept apart from sequence_kv.cc, which
+// own entry scales (page_table.h). Kept apart from sequence_kv_edit.cc, which
 // holds the single-table mutators.
 #include <algorithm>
 #include <cstring>

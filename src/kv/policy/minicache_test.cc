@@ -9,6 +9,7 @@
 
 #include "kv/attention.h"
 #include "kv/kv_manager.h"
+#include "kv/kv_test_util.h"
 
 namespace kvx::kv {
 namespace {
@@ -48,40 +49,15 @@ struct Planted {
 
 // n_ctx sizes the pool: kTokens fills it (no page to spare at the compression moment).
 std::unique_ptr<KVManager> Filled(const std::string& spec, const Planted& x, SeqId* seq, int n_ctx = 256) {
-  auto r = ResolveKVSpec(spec, kLayout, n_ctx, 1);
-  EXPECT_TRUE(r.ok()) << r.status().ToString();
-  if (!r.ok()) return nullptr;
-  auto m = std::move(KVManager::Create(*r)).value();
-  *seq = m->AddSequence();
-  std::vector<int32_t> toks(kTokens, 1), pos(kTokens);
-  std::iota(pos.begin(), pos.end(), 0);
-  const StepRequest req{*seq, toks, pos};
-  EXPECT_TRUE(m->BeginStep({&req, 1}).ok());
-  for (int l = 0; l < kLayout.n_layers; ++l) EXPECT_TRUE(m->kv(*seq).Append(l, kTokens, pos.data(), x.K(l), x.V(l)).ok());
-  EXPECT_TRUE(m->CommitStep().ok());
-  return m;
+  return testing::FilledManager(spec, kLayout, n_ctx, kTokens, x, seq);
 }
 
 // Attention of one decode query (random, fixed) per layer: [layer][heads][dim].
 std::vector<float> Outputs(const SequenceKV& kv, uint32_t seed) {
-  const int D = kLayout.head_dim;
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> g(0.0f, 1.0f);
-  std::vector<float> q(static_cast<size_t>(kHeads) * D), out(static_cast<size_t>(kLayout.n_layers) * kHeads * D);
-  const int32_t qpos = kTokens;
-  for (int l = 0; l < kLayout.n_layers; ++l) {
-    for (float& x : q) x = g(rng);
-    Attention(kv, l, q.data(), &qpos, 1, kHeads, 1.0f / std::sqrt(static_cast<float>(D)),
-              out.data() + static_cast<size_t>(l) * kHeads * D, nullptr);
-  }
-  return out;
+  return testing::DecodeOutputs(kv, kHeads, kTokens, seed);
 }
 
-double MaxAbsDiff(const float* a, const float* b, size_t n) {
-  double d = 0;
-  for (size_t i = 0; i < n; ++i) d = std::max(d, static_cast<double>(std::fabs(a[i] - b[i])));
-  return d;
-}
+using testing::MaxAbsDiff;
 
 TEST(MiniCacheTest, SlerpOfParallelAndOrthogonalDirections) {
   const float a[4] = {2, 0, 0, 0}, b[4] = {0, 3, 0, 0}, a2[4] = {5, 0, 0, 0};

@@ -12,6 +12,7 @@
 #include "kv/codec/f16_codec.h"
 #include "kv/codec/f32_codec.h"
 #include "kv/kv_manager.h"
+#include "kv/kv_test_util.h"
 #include "kv/pruned_keys.h"
 
 namespace kvx::kv {
@@ -21,8 +22,7 @@ constexpr int kHeads = 4;               // query heads, 2 per kv head
 const KVLayout kLayout{2, 2, 32, 8};    // layers, kv heads, head_dim, page
 constexpr int kTokens = 64;             // 8 pages per table
 constexpr int kKeep = 8;
-constexpr int kRecent = 16;             // pages 0..5 (48 slots) age out
-constexpr int kPrunedPages = 6;
+constexpr int kPrunedPages = 6;         // recent=16 in the specs: pages 0..5 (48 slots) age out
 
 // The planted channels of kv head h: where its prompt queries carry q.k.
 std::vector<int> Planted(int h) {
@@ -63,42 +63,20 @@ struct Data {
 // A manager holding the tokens, the prompt's last queries seen by the
 // policies' observer (as the forward pass shows them) during the step.
 std::unique_ptr<KVManager> Filled(const std::string& spec, const Data& x, SeqId* seq) {
-  auto r = ResolveKVSpec(spec, kLayout, 256, 1);
-  EXPECT_TRUE(r.ok()) << r.status().ToString();
-  if (!r.ok()) return nullptr;
-  auto m = std::move(KVManager::Create(*r)).value();
-  *seq = m->AddSequence();
-  std::vector<int32_t> toks(kTokens, 1), pos(kTokens);
-  std::iota(pos.begin(), pos.end(), 0);
-  const StepRequest req{*seq, toks, pos};
-  EXPECT_TRUE(m->BeginStep({&req, 1}).ok());
   std::vector<float> out(x.q.size());
   std::vector<int32_t> q_pos(x.window);
   std::iota(q_pos.begin(), q_pos.end(), kTokens - x.window);
-  for (int l = 0; l < kLayout.n_layers; ++l) {
-    EXPECT_TRUE(m->kv(*seq).Append(l, kTokens, pos.data(), x.K(l), x.V(l)).ok());
-    for (const auto& p : m->policies()) {
+  return testing::FilledManager(spec, kLayout, 256, kTokens, x, seq, [&](KVManager& m, SeqId s, int l) {
+    for (const auto& p : m.policies()) {
       if (p->observer() == nullptr) continue;
-      Attention(m->kv(*seq), l, x.q.data(), q_pos.data(), x.window, kHeads, 1.0f, out.data(), nullptr, p->observer());
+      Attention(m.kv(s), l, x.q.data(), q_pos.data(), x.window, kHeads, 1.0f, out.data(), nullptr, p->observer());
     }
-  }
-  EXPECT_TRUE(m->CommitStep().ok());
-  return m;
+  });
 }
 
 // Decode attention of fixed random queries (every channel) per layer.
 std::vector<float> Outputs(const SequenceKV& kv, uint32_t seed) {
-  const int D = kLayout.head_dim;
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> g(0.0f, 1.0f);
-  std::vector<float> q(static_cast<size_t>(kHeads) * D), out(static_cast<size_t>(kLayout.n_layers) * kHeads * D);
-  const int32_t qpos = kTokens;
-  for (int l = 0; l < kLayout.n_layers; ++l) {
-    for (float& x : q) x = g(rng);
-    Attention(kv, l, q.data(), &qpos, 1, kHeads, 1.0f / std::sqrt(static_cast<float>(D)),
-              out.data() + static_cast<size_t>(l) * kHeads * D, nullptr);
-  }
-  return out;
+  return testing::DecodeOutputs(kv, kHeads, kTokens, seed);
 }
 
 // The same tokens in a plain f16 cache, with the channels not in
@@ -122,11 +100,7 @@ std::vector<float> ZeroedReference(const Data& x, int aged, const std::function<
   return Outputs(m->kv(seq), 7);
 }
 
-double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
-  double d = 0;
-  for (size_t i = 0; i < a.size(); ++i) d = std::max(d, static_cast<double>(std::fabs(a[i] - b[i])));
-  return d;
-}
+using testing::MaxAbsDiff;
 
 TEST(ThinKTest, KeptChannelsAreTheTopScores) {
   // s_c = mean q^2 * mean k^2: channel 5 has the largest product though
