@@ -286,19 +286,19 @@ KVX_KV_AVX512 inline void DecodeCodeColumns(const uint8_t* codes, int cb, const 
 // channels' row count and q the queries gathered to them. REQUIRES:
 // T % 16 == 0, dk % 4 == 0, d % 16 == 0, NR <= 4 (more rows of a prompt:
 // F16PromptStep).
-template <int NR>
+template <int NR, int kPfPerStep = 4>
 KVX_KV_AVX512 inline void F16DecodePage(const uint16_t* kt, const uint16_t* v, const int32_t* pos, int T, int m,
                                         int dk, int d, const float* q, const int32_t* qp, float* mx, float* sum,
                                         float* acc, const uint8_t* next, size_t next_bytes) {
   static_assert(NR <= 4);
   alignas(64) float w[NR][16];
-  // `next` (the page two ahead, F16DecodePages) is prefetched 4 lines per
-  // score step, spread over the page's 16-entry blocks, so its misses overlap this page's arithmetic: a
-  // full f16 page holds 4 T d bytes of keys and values, 4 lines per step of
-  // 4 channels of 16 entries. What the steps do not cover (the line its
-  // position header adds, more after a partial page, the values' surplus
-  // over the keys of a pruned page) is requested first.
-  constexpr int kPfPerStep = 4;
+  // `next` (the page two ahead, F16DecodePages) is prefetched kPfPerStep
+  // lines per score step, spread over the page's 16-entry blocks, so its
+  // misses overlap this page's arithmetic: a full f16 page holds 4 T d bytes
+  // of keys and values, 4 lines per step of 4 channels of 16 entries; a
+  // pruned page has fewer steps for as many values, so more lines per step
+  // (F16PrefetchLinesPerStep). What the steps do not cover (the line its
+  // position header adds, or more after a partial page) is requested first.
   const size_t spread = static_cast<size_t>((m + 15) / 16) * (dk / 4) * kPfPerStep * 64;
   const char* pf = reinterpret_cast<const char*>(next);
   for (size_t o = spread; pf != nullptr && o < next_bytes; o += 64) _mm_prefetch(pf + o, _MM_HINT_T0);
