@@ -358,9 +358,10 @@ void RunItem(Job& job, int h, int block, int chunk, PageId after) {
   const bool scaled = t.has_entry_scales();  // see "Entry scales" above
   const bool fused = !job.pre_rope && !observe && !scaled && F16Codec::HasAttendRun(job.lc->params);
   // Pruned pages (ThinK) take the same fused kernel with their short keys
-  // and the gathered queries: the general loop's per-page softmax step and
-  // separate kernels cost as much as the scores, so without it a pruned
-  // page was slower per byte than an f16 one (docs/kv-think.md).
+  // and the gathered queries: in the general loop the softmax step between
+  // the separate kernels cost more than the scores, and an attention step
+  // over a pruned cache was slower than over the f16 cache it came from,
+  // though it read 25% fewer bytes (docs/kv-think.md, "Decode speed").
   const bool fused_pruned = fused && !kept.empty() && pruned::HasAttendRun(T, D);
   thread_local std::vector<const uint8_t*> run;
 

@@ -107,7 +107,8 @@ inline bool HasAttendRun(int T, int d) {
 // page_bytes long, T entries each but the last, m_last) with the queries
 // gathered to the kept channels (qg [nq][KeyRows(nk)], GatherQueries): the
 // same fused kernel with KeyRows(nk) key channels and d value channels, so
-// a pruned page costs what its bytes cost. REQUIRES: HasAttendRun(T, d).
+// a pruned page is read as an f16 page is (scores, softmax step and values
+// per 16 entries, in registers). REQUIRES: HasAttendRun(T, d).
 inline void AttendRun(int nk, int T, int d, const uint8_t* const* pages, int n_pages, int m_last, size_t page_bytes,
                       const float* qg, const int32_t* qpos, int nq, float* mx, float* sum, float* acc,
                       const uint8_t* after, size_t after_bytes) {
