@@ -7,6 +7,7 @@
 // causal attention over itself (every query token at once, as a prefill batch).
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <numeric>
@@ -48,13 +49,18 @@ BenchCache MakeCache(benchmark::State& state, const KVSpec& spec, const KVLayout
 // One decode step's attention over every layer of an n_ctx-token cache:
 // `layers` layers of `kv_heads` kv heads and `n_heads` query heads, head_dim
 // 64, filled in 256-token chunks layer after layer as a forward pass appends.
-void RunDecodeAttention(benchmark::State& state, const char* spec_text, int layers, int kv_heads, int n_heads) {
+// keep > 0: then every table keeps `keep` key channels (every other one
+// first, as ThinK's mask is scattered) in all but its last 32 entries
+// (SequenceKV::PruneKeyChannels: pruned pages, kv/pruned_keys.h).
+void RunDecodeAttention(benchmark::State& state, const char* spec_text, int layers, int kv_heads, int n_heads,
+                        int keep = 0) {
   const int n_ctx = static_cast<int>(state.range(0));
   const int threads = static_cast<int>(state.range(1));
   const KVSpec spec = *ParseKVSpec(spec_text);
   const int dim = 64;
   const KVLayout layout{layers, kv_heads, dim, spec.page_tokens};
-  BenchCache cache = MakeCache(state, spec, layout, n_ctx);
+  // Pruning writes each pruned page before it frees the page it replaces.
+  BenchCache cache = MakeCache(state, spec, layout, keep > 0 ? 2 * n_ctx : n_ctx);
   if (cache.kv == nullptr) return;
   SequenceKV& kv = *cache.kv;
   std::mt19937 rng(1);
@@ -71,6 +77,21 @@ void RunDecodeAttention(benchmark::State& state, const char* spec_text, int laye
       if (!kv.Append(l, n, pos.data(), k.data(), v.data()).ok()) {
         state.SkipWithError("append failed");
         return;
+      }
+    }
+  }
+  if (keep > 0) {
+    std::vector<int> kept;
+    for (int c = 0; c < dim && static_cast<int>(kept.size()) < keep; c += 2) kept.push_back(c);
+    for (int c = 1; c < dim && static_cast<int>(kept.size()) < keep; c += 2) kept.push_back(c);
+    std::sort(kept.begin(), kept.end());
+    for (int l = 0; l < layers; ++l) {
+      for (int h = 0; h < kv_heads; ++h) {
+        const Status st = kv.PruneKeyChannels(l, h, kept, /*recent=*/32);
+        if (!st.ok()) {
+          state.SkipWithError(st.ToString().c_str());
+          return;
+        }
       }
     }
   }
@@ -128,6 +149,23 @@ KVX_DECODE_ALL_LAYERS_BENCH(f16, "codec=f16");
 KVX_DECODE_ALL_LAYERS_BENCH(f16_p64, "codec=f16,page=64");
 KVX_DECODE_ALL_LAYERS_BENCH(int8, "codec=int8");
 KVX_DECODE_ALL_LAYERS_BENCH(kivi4_p128, "codec=kivi4,page=128,group=64");
+
+// The same cache with ThinK's pruned pages: 32 of 64 key channels kept
+// (policy=think,lambda=0.5) and 20 (lambda=0.7, 24 stored rows: not a
+// multiple of 16), in all but the last 32 entries of every table.
+void BM_DecodeAttentionAllLayersPruned(benchmark::State& state, int keep) {
+  RunDecodeAttention(state, "codec=f16", 30, 3, 9, keep);
+}
+BENCHMARK_CAPTURE(BM_DecodeAttentionAllLayersPruned, f16_keep32, 32)
+    ->ArgsProduct({{512, 8192}, {1, 2}})
+    ->ArgNames({"ctx", "threads"})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_DecodeAttentionAllLayersPruned, f16_keep20, 20)
+    ->ArgsProduct({{512, 8192}, {1, 2}})
+    ->ArgNames({"ctx", "threads"})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 // The fused f16 decode kernel alone (F16Codec::AttendRun, one smollm2 GQA
 // group of 3 query rows, head_dim 64) over one run of full 16-entry pages,

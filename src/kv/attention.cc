@@ -357,6 +357,12 @@ void RunItem(Job& job, int h, int block, int chunk, PageId after) {
   const bool observe = job.observer != nullptr && row0 + nr > job.obs_first_row;
   const bool scaled = t.has_entry_scales();  // see "Entry scales" above
   const bool fused = !job.pre_rope && !observe && !scaled && F16Codec::HasAttendRun(job.lc->params);
+  // Pruned pages (ThinK) take the same fused kernel with their short keys
+  // and the gathered queries: in the general loop the softmax step between
+  // the separate kernels cost more than the scores, and an attention step
+  // over a pruned cache was slower than over the f16 cache it came from,
+  // though it read 25% fewer bytes (docs/kv-think.md, "Decode speed").
+  const bool fused_pruned = fused && !kept.empty() && pruned::HasAttendRun(T, D);
   thread_local std::vector<const uint8_t*> run;
 
   // One pass over the chunk, page by page (online softmax): scores of the
@@ -379,10 +385,12 @@ void RunItem(Job& job, int h, int block, int chunk, PageId after) {
   const PageId* ids = t.pages().data();
   for (int i = i0; i < i1; ++i) {
     const int p = P(i);
-    if (fused && F16Form<C>(t, p)) {  // the run of f16 pages P([i, e))
+    const bool f16_run = fused && F16Form<C>(t, p);
+    if (f16_run || (fused_pruned && t.format(p) == kPagePruned)) {  // the run of pages P([i, e)) in p's form
+      auto same_form = [&](int pe) { return f16_run ? F16Form<C>(t, pe) : t.format(pe) == kPagePruned; };
       run.clear();
       int m_last = T, e = i;
-      for (; e < i1 && F16Form<C>(t, P(e)); ++e) {
+      for (; e < i1 && same_form(P(e)); ++e) {
         const int pe = P(e);
         const uint8_t* page = pool.PageData(ids[pe]);
         const int m = t.EntriesInPage(pe, T);
@@ -393,9 +401,15 @@ void RunItem(Job& job, int h, int block, int chunk, PageId after) {
       if (!run.empty()) {
         const PageId after_run = e < i1 ? ids[P(e)] : after;
         const uint8_t* next = after_run != kNoPage ? pool.PageData(after_run) : nullptr;
-        F16Codec::AttendRun(job.lc->params, run.data(), static_cast<int>(run.size()), m_last,
-                            pool.PageBytesOf(ids[p]), s.q.data(), qp, nr, mx, sum, acc, next,
-                            next != nullptr ? pool.PageBytesOf(after_run) : 0);
+        const size_t next_bytes = next != nullptr ? pool.PageBytesOf(after_run) : 0;
+        const int n_run = static_cast<int>(run.size());
+        if (f16_run) {
+          F16Codec::AttendRun(job.lc->params, run.data(), n_run, m_last, pool.PageBytesOf(ids[p]), s.q.data(), qp, nr,
+                              mx, sum, acc, next, next_bytes);
+        } else {
+          pruned::AttendRun(static_cast<int>(kept.size()), T, D, run.data(), n_run, m_last, pool.PageBytesOf(ids[p]),
+                            s.qk.data(), qp, nr, mx, sum, acc, next, next_bytes);
+        }
       }
       i = e - 1;
       continue;

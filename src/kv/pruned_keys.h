@@ -94,4 +94,26 @@ inline void AccumulateValues(int nk, int T, int d, const uint8_t* data, int m, c
   F16Codec::AccumulateValueRows(Values(data, T, nk), d, m, w, nr, ws, acc);
 }
 
+// Whether AttendRun runs here: F16Codec's fused kernel does for this page
+// shape on this CPU (the key rows, a multiple of 8, always suit it).
+inline bool HasAttendRun(int T, int d) {
+  CodecParams p;
+  p.page_tokens = T;
+  p.head_dim = d;
+  return F16Codec::HasAttendRun(p);
+}
+
+// F16Codec::AttendRun over a run of pruned pages (pages[i]: a page's start,
+// page_bytes long, T entries each but the last, m_last) with the queries
+// gathered to the kept channels (qg [nq][KeyRows(nk)], GatherQueries): the
+// same fused kernel with KeyRows(nk) key channels and d value channels, so
+// a pruned page is read as an f16 page is (scores, softmax step and values
+// per 16 entries, in registers). REQUIRES: HasAttendRun(T, d).
+inline void AttendRun(int nk, int T, int d, const uint8_t* const* pages, int n_pages, int m_last, size_t page_bytes,
+                      const float* qg, const int32_t* qpos, int nq, float* mx, float* sum, float* acc,
+                      const uint8_t* after, size_t after_bytes) {
+  simd::F16DecodePages(pages, n_pages, m_last, T, KeyRows(nk), d, page_bytes, qg, qpos, nq, mx, sum, acc, after,
+                       after_bytes);
+}
+
 }  // namespace kvx::kv::pruned

@@ -133,8 +133,8 @@ struct F16Codec {
   static void AttendRun(const CodecParams& p, const uint8_t* const* pages, int n_pages, int m_last, size_t page_bytes,
                         const float* q, const int32_t* qpos, int nq, float* mx, float* sum, float* acc,
                         const uint8_t* after, size_t after_bytes) {
-    simd::F16DecodePages(pages, n_pages, m_last, p.page_tokens, p.head_dim, page_bytes, q, qpos, nq, mx, sum, acc,
-                         after, after_bytes);
+    simd::F16DecodePages(pages, n_pages, m_last, p.page_tokens, p.head_dim, p.head_dim, page_bytes, q, qpos, nq, mx,
+                         sum, acc, after, after_bytes);
   }
   static void AccumulateValues(const CodecParams& p, const uint8_t* data, int n, const float* w, int nq, int ws,
                                float* acc) {

@@ -280,31 +280,36 @@ KVX_KV_AVX512 inline void DecodeCodeColumns(const uint8_t* codes, int cb, const 
 // SoftmaxStep + AxpyRowsQ except that the softmax steps over blocks of 16
 // (not whole pages), so results agree with them up to rounding. On
 // 16-entry pages the separate kernels spent as long on the softmax
-// bookkeeping between them as on the scores. REQUIRES: T % 16 == 0,
-// d % 16 == 0, NR <= 4 (more rows of a prompt: F16PromptStep).
-template <int NR>
-KVX_KV_AVX512 inline void F16DecodePage(const uint16_t* kt, const uint16_t* v, const int32_t* pos, int T, int m, int d,
-                                        const float* q, const int32_t* qp, float* mx, float* sum, float* acc,
-                                        const uint8_t* next, size_t next_bytes) {
+// bookkeeping between them as on the scores. The keys have dk channel rows
+// (the queries q are [NR][dk]) and the values d channels: dk = d on f16
+// pages; on ThinK's pruned pages (kv/pruned_keys.h) dk is the kept
+// channels' row count and q the queries gathered to them. REQUIRES:
+// T % 16 == 0, dk % 4 == 0, d % 16 == 0, NR <= 4 (more rows of a prompt:
+// F16PromptStep).
+template <int NR, int kPfPerStep = 4>
+KVX_KV_AVX512 inline void F16DecodePage(const uint16_t* kt, const uint16_t* v, const int32_t* pos, int T, int m,
+                                        int dk, int d, const float* q, const int32_t* qp, float* mx, float* sum,
+                                        float* acc, const uint8_t* next, size_t next_bytes) {
   static_assert(NR <= 4);
   alignas(64) float w[NR][16];
-  // `next` (the page two ahead, F16DecodePages) is prefetched 4 lines per
-  // score step, spread over the page's 16-entry blocks, so its misses overlap this page's arithmetic: a
-  // full f16 page holds 4 T d bytes of keys and values, 4 lines per step of
-  // 4 channels of 16 entries. What the steps do not cover (the line its
+  // `next` (the page two ahead, F16DecodePages) is prefetched kPfPerStep
+  // lines per score step, spread over the page's 16-entry blocks, so its
+  // misses overlap this page's arithmetic: a full f16 page holds 4 T d bytes
+  // of keys and values, 4 lines per step of 4 channels of 16 entries; a
+  // pruned page has fewer steps for as many values, so more lines per step
+  // (F16PrefetchLinesPerStep). What the steps do not cover (the line its
   // position header adds, or more after a partial page) is requested first.
-  constexpr int kPfPerStep = 4;
-  const size_t spread = static_cast<size_t>((m + 15) / 16) * (d / 4) * kPfPerStep * 64;
+  const size_t spread = static_cast<size_t>((m + 15) / 16) * (dk / 4) * kPfPerStep * 64;
   const char* pf = reinterpret_cast<const char*>(next);
   for (size_t o = spread; pf != nullptr && o < next_bytes; o += 64) _mm_prefetch(pf + o, _MM_HINT_T0);
   for (int j0 = 0; j0 < m; j0 += 16) {
     const int valid = std::min(16, m - j0);
     __m512 sc[1][NR];
     if (pf != nullptr) {
-      ColumnDots<NR, 1, true, kPfPerStep>(kt, T, j0, 0xFFFF, d, q, sc, pf);
-      pf += static_cast<size_t>(d / 4) * kPfPerStep * 64;
+      ColumnDots<NR, 1, true, kPfPerStep>(kt, T, j0, 0xFFFF, dk, q, sc, pf);
+      pf += static_cast<size_t>(dk / 4) * kPfPerStep * 64;
     } else {
-      ColumnDots<NR, 1, true>(kt, T, j0, 0xFFFF, d, q, sc);
+      ColumnDots<NR, 1, true>(kt, T, j0, 0xFFFF, dk, q, sc);
     }
     const __mmask16 live = valid == 16 ? 0xFFFF : static_cast<__mmask16>((1u << valid) - 1);
     const __m512i pv = _mm512_loadu_si512(pos + j0);  // whole 16-entry blocks: T % 16 == 0

@@ -591,6 +591,61 @@ inline void F16PromptPages(const uint8_t* const* pages, int n_pages, int m_last,
   avx512::FinishLaneSums(vsum, nq, sum);
 }
 
+// F16DecodePages' loop over the pages for rows of one query (below), with
+// kPfPerStep lines of prefetch per score step.
+template <int kPfPerStep>
+inline void F16DecodeRun(const uint8_t* const* pages, int n_pages, int m_last, int T, int dk, int d,
+                         size_t page_bytes, const float* q, const int32_t* qp, int nq, float* mx, float* sum,
+                         float* acc, const uint8_t* after, size_t after_bytes) {
+  const size_t data = PageDataOffset(T), values = static_cast<size_t>(T) * dk;
+  if (n_pages > 1) {
+    for (size_t o = 0; o < page_bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(pages[1]) + o, _MM_HINT_T0);
+  }
+  for (int i = 0; i < n_pages; ++i) {
+    const uint8_t* page = pages[i];
+    const uint16_t* kt = reinterpret_cast<const uint16_t*>(page + data);
+    const uint16_t* v = kt + values;
+    const int32_t* pos = PagePositions(page);
+    const int m = i + 1 == n_pages ? m_last : T;
+    const uint8_t* next = i + 2 < n_pages ? pages[i + 2] : i + 2 == n_pages ? after : nullptr;
+    const size_t next_bytes = i + 2 < n_pages ? page_bytes : i + 2 == n_pages ? after_bytes : 0;
+    for (int r0 = 0; r0 < nq; r0 += 4) {
+      const float* qr = q + static_cast<size_t>(r0) * dk;
+      float* ar = acc + static_cast<size_t>(r0) * d;
+      const uint8_t* pf = r0 == 0 ? next : nullptr;  // once
+      const int32_t* qpr = qp + r0;
+      switch (std::min(4, nq - r0)) {
+        case 1:
+          avx512::F16DecodePage<1, kPfPerStep>(kt, v, pos, T, m, dk, d, qr, qpr, mx + r0, sum + r0, ar, pf, next_bytes);
+          break;
+        case 2:
+          avx512::F16DecodePage<2, kPfPerStep>(kt, v, pos, T, m, dk, d, qr, qpr, mx + r0, sum + r0, ar, pf, next_bytes);
+          break;
+        case 3:
+          avx512::F16DecodePage<3, kPfPerStep>(kt, v, pos, T, m, dk, d, qr, qpr, mx + r0, sum + r0, ar, pf, next_bytes);
+          break;
+        default:
+          avx512::F16DecodePage<4, kPfPerStep>(kt, v, pos, T, m, dk, d, qr, qpr, mx + r0, sum + r0, ar, pf, next_bytes);
+          break;
+      }
+    }
+  }
+}
+
+// Cache lines of the page two ahead that F16DecodePage requests per score
+// step (4 channel rows of 16 entries): enough to cover a page's data in its
+// steps, 4 for an f16 page (4 T d bytes over T d / 64 steps), more for a
+// pruned page, whose T dk / 64 steps must cover 2 T (dk + d) bytes (6 for
+// 32 of 64 channels), at most 8. With 4, the lines the steps missed were
+// requested at once at the page's start, and kv_bench AllLayersPruned
+// keep32 8k (1 thread, interleaved, loaded machine) ran 9.4-10.1 ms
+// against 6.6-7.2 ms with 6.
+inline int F16PrefetchLinesPerStep(int T, int dk, size_t page_bytes) {
+  const size_t steps = static_cast<size_t>(T / 16) * (dk / 4);
+  const size_t lines = (page_bytes - std::min(page_bytes, PageDataOffset(T)) + 63) / 64;
+  return static_cast<int>(std::clamp<size_t>((lines + steps - 1) / steps, 4, 8));
+}
+
 // The fused f16 attention over a run of f16 pages (pages[i]: a page's
 // start, its T positions then, from PageDataOffset(T), keys and values;
 // every page holds T entries but the last, m_last), for nq <=
@@ -608,38 +663,26 @@ inline void F16PromptPages(const uint8_t* const* pages, int n_pages, int m_last,
 // cost outside the kernel low: calling the kernel page by page through the
 // checks and dispatch of a single-page step, with the caller's per-page
 // position checks, made decode attention at 8k context ~8% slower (kv_bench
-// AllLayers f16, 2 threads). REQUIRES: HasF16DecodePages(T, d).
-inline void F16DecodePages(const uint8_t* const* pages, int n_pages, int m_last, int T, int d, size_t page_bytes,
-                           const float* q, const int32_t* qp, int nq, float* mx, float* sum, float* acc,
-                           const uint8_t* after, size_t after_bytes) {
-  if (nq > 4 && d % 32 == 0 && !std::all_of(qp, qp + nq, [&](int32_t p) { return p == qp[0]; })) {
+// AllLayers f16, 2 threads). Keys of dk channel rows, values of d channels
+// (F16DecodePage): dk = d on f16 pages, fewer on ThinK's pruned pages,
+// whose q is gathered to the kept channels ([nq][dk]) and whose prompt rows
+// take the groups of 4. REQUIRES: HasF16DecodePages(T, d), dk % 4 == 0.
+inline void F16DecodePages(const uint8_t* const* pages, int n_pages, int m_last, int T, int dk, int d,
+                           size_t page_bytes, const float* q, const int32_t* qp, int nq, float* mx, float* sum,
+                           float* acc, const uint8_t* after, size_t after_bytes) {
+  if (dk == d && nq > 4 && d % 32 == 0 && !std::all_of(qp, qp + nq, [&](int32_t p) { return p == qp[0]; })) {
     return F16PromptPages(pages, n_pages, m_last, T, d, q, qp, nq, mx, sum, acc);
   }
-  const size_t data = PageDataOffset(T), values = static_cast<size_t>(T) * d;
-  if (n_pages > 1) {
-    for (size_t o = 0; o < page_bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(pages[1]) + o, _MM_HINT_T0);
-  }
-  for (int i = 0; i < n_pages; ++i) {
-    const uint8_t* page = pages[i];
-    const uint16_t* kt = reinterpret_cast<const uint16_t*>(page + data);
-    const uint16_t* v = kt + values;
-    const int32_t* pos = PagePositions(page);
-    const int m = i + 1 == n_pages ? m_last : T;
-    const uint8_t* next = i + 2 < n_pages ? pages[i + 2] : i + 2 == n_pages ? after : nullptr;
-    const size_t next_bytes = i + 2 < n_pages ? page_bytes : i + 2 == n_pages ? after_bytes : 0;
-    for (int r0 = 0; r0 < nq; r0 += 4) {
-      const float* qr = q + static_cast<size_t>(r0) * d;
-      float* ar = acc + static_cast<size_t>(r0) * d;
-      const uint8_t* pf = r0 == 0 ? next : nullptr;  // once
-      switch (std::min(4, nq - r0)) {
-        case 1: avx512::F16DecodePage<1>(kt, v, pos, T, m, d, qr, qp + r0, mx + r0, sum + r0, ar, pf, next_bytes); break;
-        case 2: avx512::F16DecodePage<2>(kt, v, pos, T, m, d, qr, qp + r0, mx + r0, sum + r0, ar, pf, next_bytes); break;
-        case 3: avx512::F16DecodePage<3>(kt, v, pos, T, m, d, qr, qp + r0, mx + r0, sum + r0, ar, pf, next_bytes); break;
-        default:
-          avx512::F16DecodePage<4>(kt, v, pos, T, m, d, qr, qp + r0, mx + r0, sum + r0, ar, pf, next_bytes);
-          break;
-      }
-    }
+  auto run = [&](auto pf) {
+    F16DecodeRun<decltype(pf)::value>(pages, n_pages, m_last, T, dk, d, page_bytes, q, qp, nq, mx, sum, acc, after,
+                                      after_bytes);
+  };
+  switch (F16PrefetchLinesPerStep(T, dk, page_bytes)) {
+    case 5: return run(std::integral_constant<int, 5>{});
+    case 6: return run(std::integral_constant<int, 6>{});
+    case 7: return run(std::integral_constant<int, 7>{});
+    case 8: return run(std::integral_constant<int, 8>{});
+    default: return run(std::integral_constant<int, 4>{});
   }
 }
 
@@ -737,8 +780,8 @@ inline bool ScaleQueriesByChannel(const uint16_t*, int, const float*, int, float
 template <int B>
 inline bool DecodeCodeColumns(const uint8_t*, int, const uint16_t*, int, int, float*) { return false; }
 inline bool HasF16DecodePages(int, int) { return false; }
-inline void F16DecodePages(const uint8_t* const*, int, int, int, int, size_t, const float*, const int32_t*, int, float*,
-                           float*, float*, const uint8_t*, size_t) {}
+inline void F16DecodePages(const uint8_t* const*, int, int, int, int, int, size_t, const float*, const int32_t*, int,
+                           float*, float*, float*, const uint8_t*, size_t) {}
 inline void RopeRow(float*, const float*, int, bool, bool) {}
 inline float Max(const float*, int) { return 0; }
 inline void Scale(float*, int, float) {}
