@@ -527,6 +527,16 @@ def render(out):
              "before kvx eval reported it). Scores: passkey and niah_multikey exact, needle ROUGE-1 F1." % (", ".join(TASKS), DEPTHS),
              "", "Reproduce / extend: `nohup scripts/eviction_report.py --run > /tmp/eviction.log 2>&1 &` "
              "(hours on 2 cores), then commit `docs/results/eviction/` and the rendered files.", ""]
+    # The resolution of a cell, from the runs themselves: prompts per task = trials per depth x depths.
+    per_cell = sorted({len(r["settings"]["passkey"]["depths"]) * r["settings"]["passkey"]["trials"]
+                       for (m, n, mode), r in data.items() if mode != KLD_MODE and "passkey" in r.get("settings", {})})
+    if per_cell:
+        lines += ["**Resolution.** Each task's cell is %s prompt%s (one per depth, `--trials` per depth), so a "
+                  "score moves in steps of %s: a difference of one prompt between two methods is noise, not a "
+                  "ranking. The perplexity and KLD table (below) scores every token after the compressed part of "
+                  "each chunk (hundreds per chunk) and separates methods far more finely." %
+                  (" or ".join(map(str, per_cell)), "" if per_cell == [1] else "s",
+                   " or ".join("%.0f%%" % (100.0 / k) for k in per_cell)), ""]
     measured = sorted({(m, n, mode) for (m, n, mode) in data})
     if not measured:
         lines += ["**No results yet.**", ""]
