@@ -1,5 +1,6 @@
 #include "kv/policy/demote_fate.h"
 
+#include <cstdint>
 #include <string>
 
 #include "kv/codec/codec_config.h"
@@ -18,29 +19,67 @@ Result<std::unique_ptr<EvictionFate>> DemoteFate::Create(PolicyParamReader& para
   return std::unique_ptr<EvictionFate>(std::move(f));
 }
 
+namespace {
+
+constexpr const char* kDemotionCodecs[] = {"int2", "int4", "int8", "kivi2", "kivi4"};
+
+// Why `codec` cannot hold this layout's demoted entries, or "" when it can.
+std::string DemotionCodecProblem(CodecId codec, const KVLayout& layout) {
+  const std::string name(CodecName(codec));
+  if (layout.head_dim % 8 != 0) {
+    return "demote=" + name + " needs head_dim % 8 == 0, this model has head_dim " + std::to_string(layout.head_dim);
+  }
+  if (IsKivi(codec) && layout.page_tokens * DefaultBits(codec) % 8 != 0) {
+    return "demote=" + name + " quantizes keys per channel over a page, which needs page=4 or more (page=" +
+           std::to_string(layout.page_tokens) + ")";
+  }
+  return "";
+}
+
+// Bytes of one demoted page (demoted pages have no staging window).
+size_t DemotedPageBytes(CodecId codec, const KVLayout& layout) {
+  CodecConfig demoted(codec);
+  demoted.residual = 0;
+  return ResolveLayers(layout, demoted)[0].packed_page_bytes;
+}
+
+}  // namespace
+
 Status DemoteFate::CheckSpec(const KVSpec& spec, const KVLayout& layout) const {
   const std::string name(CodecName(codec_));
-  if (layout.head_dim % 8 != 0) {
-    return InvalidArgument("fate=demote: demote=" + name + " needs head_dim % 8 == 0, this model has head_dim " +
-                           std::to_string(layout.head_dim) + "; use fate=drop");
+  if (const std::string problem = DemotionCodecProblem(codec_, layout); !problem.empty()) {
+    return InvalidArgument("fate=demote: " + problem + (IsKivi(codec_) ? "; use demote=int2" : "; use fate=drop"));
   }
-  if (IsKivi(codec_) && layout.page_tokens * DefaultBits(codec_) % 8 != 0) {
-    return InvalidArgument("fate=demote: demote=" + name + " quantizes keys per channel over a page, which needs " +
-                           "page=4 or more (page=" + std::to_string(layout.page_tokens) + "); use demote=int2");
-  }
-  CodecConfig demoted(codec_);
-  demoted.residual = 0;
-  const size_t demoted_bytes = ResolveLayers(layout, demoted)[0].packed_page_bytes;
+  const size_t demoted_bytes = DemotedPageBytes(codec_, layout);
+  size_t smallest_layer = SIZE_MAX;
+  std::string smallest_layer_codec;
   for (const LayerCodec& lc : ResolveLayers(layout, spec.codec)) {
-    if (demoted_bytes >= lc.packed_page_bytes) {
-      return InvalidArgument("fate=demote: demote=" + name + " pages (" + std::to_string(demoted_bytes) +
-                             " bytes) are not smaller than the layer codec's " + std::string(CodecName(lc.id)) +
-                             " pages (" + std::to_string(lc.packed_page_bytes) +
-                             " bytes), so demoting would save nothing; choose a lower demote= (e.g. int2) or "
-                             "fate=drop");
+    if (lc.packed_page_bytes < smallest_layer) {
+      smallest_layer = lc.packed_page_bytes;
+      smallest_layer_codec = std::string(CodecName(lc.id));
     }
   }
-  return Status::Ok();
+  if (demoted_bytes < smallest_layer) return Status::Ok();
+  // Name a demotion codec that would save memory, if there is one.
+  std::string alternative;
+  size_t alternative_bytes = smallest_layer;
+  for (const char* candidate : kDemotionCodecs) {
+    const CodecId id = *ParseCodecName(candidate);
+    if (!DemotionCodecProblem(id, layout).empty()) continue;
+    const size_t bytes = DemotedPageBytes(id, layout);
+    if (bytes < alternative_bytes) {
+      alternative = candidate;
+      alternative_bytes = bytes;
+    }
+  }
+  const std::string fix = alternative.empty()
+                              ? "no demotion codec is smaller than " + smallest_layer_codec +
+                                    " pages: use fate=drop, or a wider layer codec"
+                              : "use demote=" + alternative + " (" + std::to_string(alternative_bytes) +
+                                    " bytes a page) or fate=drop";
+  return InvalidArgument("fate=demote: demote=" + name + " pages (" + std::to_string(demoted_bytes) +
+                         " bytes) are not smaller than the layer codec's " + smallest_layer_codec + " pages (" +
+                         std::to_string(smallest_layer) + " bytes), so demoting would save nothing; " + fix);
 }
 
 Status DemoteFate::Apply(KVManager& manager, SeqId seq, int layer, int kv_head, const std::vector<int>& evicted,

@@ -237,9 +237,15 @@ TEST(DemoteFateTest, ImpossibleCombinationsAreRejected) {
   EXPECT_FALSE(unknown.ok());
   EXPECT_NE(unknown.ToString().find("int2"), std::string::npos) << unknown.ToString();
   EXPECT_FALSE(create("codec=f16;policy=mikv,demote=f16").ok());
-  const Status bigger = create("codec=int2;policy=mikv,demote=int8");
+  const Status bigger = create("codec=int4;policy=mikv,demote=int8");
   EXPECT_FALSE(bigger.ok());
   EXPECT_NE(bigger.ToString().find("save nothing"), std::string::npos) << bigger.ToString();
+  // The fix it suggests is a codec that does save memory, or none at all.
+  EXPECT_NE(bigger.ToString().find("use demote=int2 ("), std::string::npos) << bigger.ToString();
+  const Status smallest = create("codec=int2;policy=mikv");
+  EXPECT_FALSE(smallest.ok());
+  EXPECT_NE(smallest.ToString().find("no demotion codec is smaller than int2"), std::string::npos)
+      << smallest.ToString();
   EXPECT_FALSE(create("codec=f16;policy=snapkv,demote=int2").ok());  // demote= without fate=demote
   EXPECT_FALSE(create("codec=f16,page=2;policy=mikv,demote=kivi2").ok());
 }
