@@ -15,15 +15,16 @@ namespace kvx::kv {
 Status CanShareAcrossLayers(const LayerCodec& a, const LayerCodec& b) {
   const char* works = "cross-layer sharing works with the row-wise codecs f32, f16, int8, int4, int2 (same codec "
                       "and bits in both layers, no residual=, sinks= or outliers=)";
-  if (a.sealed || b.sealed) {
-    return InvalidArgument(std::string("the layer codec seals pages (KIVI, or residual=): a shared page cannot "
-                                       "follow two layers' staging windows; ") + works);
-  }
+  // sinks= and outliers= seal pages too: their own messages first, they name the cause.
   if (a.sink_pages > 0 || b.sink_pages > 0) {
     return InvalidArgument(std::string("codec sinks= keep f16 sink pages per layer; ") + works);
   }
   if (a.params.outliers > 0 || b.params.outliers > 0) {
     return InvalidArgument(std::string("codec outliers= keep per-page side entries; ") + works);
+  }
+  if (a.sealed || b.sealed) {
+    return InvalidArgument(std::string("the layer codec seals pages (KIVI, or residual=): a shared page cannot "
+                                       "follow two layers' staging windows; ") + works);
   }
   if (a.id != b.id || !(a.params == b.params)) {
     return InvalidArgument(std::string("the two layers use different codecs or bits (per-layer bits.L=): a shared "

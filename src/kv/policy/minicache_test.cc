@@ -178,6 +178,9 @@ TEST(MiniCacheTest, RejectsWhatItCannotMergeNamingWhatWorks) {
     return r.ok() ? std::string() : r.status().message();
   };
   EXPECT_NE(error("codec=kivi2,page=32;policy=minicache").find("row-wise codecs f32, f16, int8"), std::string::npos);
+  // sinks= and outliers= seal pages too; the message names the option, not KIVI.
+  EXPECT_NE(error("codec=int2,page=8,outliers=0.01;policy=minicache").find("codec outliers="), std::string::npos);
+  EXPECT_NE(error("codec=int4,page=8,sinks=1;policy=minicache").find("codec sinks="), std::string::npos);
   EXPECT_NE(error("codec=int4,page=8,bits.3=k8v8;policy=minicache").find("different codecs or bits"), std::string::npos);
   EXPECT_NE(error("codec=f16,page=8;policy=minicache,mode=continuous").find("not implemented"), std::string::npos);
   EXPECT_NE(error("codec=f16,page=8;policy=minicache,start=3").find("no pair"), std::string::npos);
