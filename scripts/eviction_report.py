@@ -185,8 +185,14 @@ SPEED_DEPTH = 8192
 SPEED_SPECS = ["codec=f16", "codec=f16;policy=snapkv,ratio=0.5", "codec=f16;policy=snapkv,ratio=0.75",
                "codec=f16;policy=snapkv,ratio=0.875", "codec=kivi4,page=32;policy=snapkv,ratio=0.5",
                "codec=f16;policy=quest,budget=1024", "codec=f16;policy=quest,budget=512",
-               "codec=f16;policy=think,lambda=0.5"]
-LLAMA_KV = ["f16", "q8_0", "q4_0"]
+               "codec=f16;policy=think,lambda=0.5",
+               # the serving capacity winner (docs/serving.md): typed heads, continuous, on KIVI-4; its head table
+               # was calibrated on this model shape
+               "codec=kivi4,page=64,group=64,prerope=1;policy=duo,heads=docs/results/serving/capacity-heads-duo.json,"
+               "retrieval=0.0625,sinks=64,window=512,mode=continuous"]
+# llama.cpp KV types, each with its flags: f16 both without and with flash attention (its fastest f16 decode);
+# llama.cpp quantizes V only with flash attention.
+LLAMA_KV = {"f16": [], "f16 -fa": ["-fa"], "q8_0 -fa": ["-fa"], "q4_0 -fa": ["-fa"]}
 
 
 def run_speed(args):
@@ -197,22 +203,24 @@ def run_speed(args):
     data = {"generated": time.strftime("%Y-%m-%d %H:%M"), "threads": args.threads, "depth": SPEED_DEPTH,
             "rounds": args.rounds, "model": "smollm2-135m q8_0 (kvx gen-model, random weights)",
             "kvx": {s: [] for s in SPEED_SPECS}, "llama_cpp": {t: [] for t in LLAMA_KV} if args.llama_bin else {}}
+    if args.llama_bin and not os.path.exists(os.path.join(args.llama_bin, "llama-batched-bench")):
+        sys.exit("--llama-bin %s has no llama-batched-bench" % args.llama_bin)
     tmp = "/tmp/kvx-eviction-speed.json"
     # Rounds: every configuration once per round, so a slow minute of the shared machine lands on all of them.
     for i in range(args.rounds):
         for spec in SPEED_SPECS:
             print(time.strftime("%H:%M:%S"), "round", i, spec, flush=True)
             subprocess.run([kvx, "bench", "-m", model, "-t", args.threads, "--kv", spec, "--depths", str(SPEED_DEPTH),
-                            "-r", "1", "-n", "32", "-p", "64", "--json", tmp], check=True, stdout=subprocess.DEVNULL)
+                            "-r", "1", "-n", "32", "-p", "64", "--json", tmp], check=True, stdout=subprocess.DEVNULL,
+                           cwd=ROOT)  # specs name head tables relative to the repository
             d = json.load(open(tmp))["decode"][0]
             data["kvx"][spec].append({"tok_s": d["tok_s"], "kv_bytes": d["kv_bytes"], "rss_bytes": d["rss_bytes"],
                                       "loadavg": os.getloadavg()[0]})
         for t in data["llama_cpp"]:
             cmd = [os.path.join(args.llama_bin, "llama-batched-bench"), "-m", model, "-t", args.threads,
                    "-c", str(SPEED_DEPTH + 64), "-b", str(SPEED_DEPTH), "-ub", "512", "-npp", str(SPEED_DEPTH),
-                   "-ntg", "32", "-npl", "1", "-ctk", t, "-ctv", t, "--output-format", "jsonl"]
-            if t != "f16":
-                cmd += ["-fa"]  # llama.cpp quantizes V only with flash attention
+                   "-ntg", "32", "-npl", "1", "-ctk", t.split()[0], "-ctv", t.split()[0], "--output-format", "jsonl"]
+            cmd += LLAMA_KV[t]
             r = subprocess.run(cmd, capture_output=True, text=True)
             rows = [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
             if r.returncode != 0 or not rows:
@@ -243,8 +251,8 @@ def speed_section():
              "configuration once per round; medians, min–max in brackets). kvx: `kvx bench --depths %d -n 32`; a spec "
              "with a policy fills the context with a real forward pass, compresses once, then decodes over what "
              "was kept. KV MiB is the pool's bytes in use during the decode, RSS the whole process's resident set "
-             "then (weights included). llama.cpp: `llama-batched-bench -npp %d -ntg 32` (flash attention for "
-             "q8_0/q4_0), same GGUF. Measured %s on a shared 2-core VM." % (
+             "then (weights included). llama.cpp: `llama-batched-bench -npp %d -ntg 32` (`-fa`: flash attention, "
+             "which llama.cpp needs to quantize V), same GGUF. Measured %s on a shared 2-core VM." % (
                  d["model"], "same GGUF for both", d["threads"], d["depth"],
                  max(len(runs) for runs in d["kvx"].values()), d["depth"], d["depth"],
                  d["generated"]), "",
@@ -260,8 +268,10 @@ def speed_section():
         if not runs:
             continue
         v = [r["tok_s"] for r in runs]
+        # runs measured before the f16 -fa row name the quantized types bare (they always ran with -fa)
+        label = t if " " in t or t == "f16" else t + " -fa"
         lines.append("| llama.cpp | `-ctk/-ctv %s` | %.1f (%.1f–%.1f) | %.2f× | – | – |" % (
-            t, median(v), min(v), max(v), median(v) / f16 if f16 else 0))
+            label, median(v), min(v), max(v), median(v) / f16 if f16 else 0))
     return lines + [""]
 
 
