@@ -30,8 +30,10 @@
 // Thread-safety: stateless.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -167,6 +169,15 @@ struct TokenTensor {
 
   static void Axpy(const CodecParams& p, int bits, const uint8_t* base, int n, const float* w, int nq, int ws,
                    float* acc);
+
+  // Row `from_slot` of `from` (codes and group parameters, as stored) into row `to_slot` of `to`.
+  static void CopyRow(const CodecParams& p, int bits, const uint8_t* from, int from_slot, uint8_t* to, int to_slot) {
+    const size_t rb = static_cast<size_t>(quant::RowBytes(p.head_dim, bits));
+    std::memcpy(to + to_slot * rb, from + from_slot * rb, rb);
+    const size_t stats = static_cast<size_t>(Groups(p)) * StatsPerGroup(p);
+    std::memcpy(const_cast<uint16_t*>(Stats(p, bits, to)) + to_slot * stats, Stats(p, bits, from) + from_slot * stats,
+                sizeof(uint16_t) * stats);
+  }
 };
 
 inline void TokenTensor::Decode(const CodecParams& p, int bits, const uint8_t* base, int n, float* out) {
@@ -417,7 +428,39 @@ struct QuantCodec {
 };
 
 // int8 / int4 / int2: keys and values per token.
-struct TokenQuantCodec : QuantCodec<TokenTensor> {};
+struct TokenQuantCodec : QuantCodec<TokenTensor> {
+  // The page as a key block then a value block, for ThinK's pruned pages
+  // (kv/pruned_keys.h; as F16Codec's): the key block (codes, then group
+  // parameters) at head_dim = the stored key rows, the value block as a
+  // packed page stores it. Rows are independent, so copying one copies its
+  // codes and parameters and re-quantizes nothing. REQUIRES p.outliers == 0.
+  static int KeyChannelMultiple(const CodecParams& p) {
+    // Whole groups, and whole 8-byte blocks per bit plane (simd::UseSimdQuant).
+    return std::max({p.group, 8, 64 / p.k_bits});
+  }
+  static size_t KeyBlockBytes(const CodecParams& p) { return TokenTensor::Bytes(p, p.k_bits); }
+  static size_t ValueBlockOffset(const CodecParams& p) { return LayoutOf(p).v; }
+  static size_t ValueBlockBytes(const CodecParams& p) { return TokenTensor::Bytes(p, p.v_bits); }
+  static void EncodeKeyRow(const CodecParams& p, uint8_t* keys, int slot, const float* k) {
+    TokenTensor::EncodeRow(p, p.k_bits, keys, slot, k, nullptr);
+  }
+  static void EncodeValueRow(const CodecParams& p, uint8_t* values, int slot, const float* v) {
+    TokenTensor::EncodeRow(p, p.v_bits, values, slot, v, nullptr);
+  }
+  static void CopyKeyRow(const CodecParams& p, const uint8_t* from, int from_slot, uint8_t* to, int to_slot) {
+    TokenTensor::CopyRow(p, p.k_bits, from, from_slot, to, to_slot);
+  }
+  static void CopyValueRow(const CodecParams& p, const uint8_t* from, int from_slot, uint8_t* to, int to_slot) {
+    TokenTensor::CopyRow(p, p.v_bits, from, from_slot, to, to_slot);
+  }
+  static void DecodeValueBlock(const CodecParams& p, const uint8_t* values, int n, float* v) {
+    TokenTensor::Decode(p, p.v_bits, values, n, v);
+  }
+  static void AccumulateValueBlock(const CodecParams& p, const uint8_t* values, int n, const float* w, int nq, int ws,
+                                   float* acc) {
+    TokenTensor::Axpy(p, p.v_bits, values, n, w, nq, ws, acc);
+  }
+};
 // kivi4 / kivi2: keys per channel over the page, values per token.
 struct KiviCodec : QuantCodec<ChannelTensor> {};
 
