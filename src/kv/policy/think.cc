@@ -92,7 +92,8 @@ Status ThinKPolicy::CheckSpec(const KVSpec& spec, const KVLayout& layout) const 
                            " (lambda in (0, 1), e.g. lambda=0.4)");
   }
   // Every layer's pruned page must be smaller than its packed page (keys are
-  // stored in multiples of 8 channel rows in f16, of whole groups in int*).
+  // stored in multiples of 8 channel rows in f16 and int8, 16 in int4, 32 in
+  // int2: whole 8-byte bit planes).
   for (const LayerCodec& lc : ResolveLayers(layout, spec.codec)) {
     if (!pruned::BlockCodec(lc.id, lc.params).has_value()) {
       return InvalidArgument("policy think has no pruned page format for " + std::string(CodecName(lc.id)) +
@@ -107,7 +108,6 @@ Status ThinKPolicy::CheckSpec(const KVSpec& spec, const KVLayout& layout) const 
     std::string fix = most > 0 ? "keep at most " + std::to_string(most) + " (lambda >= " +
                                      std::to_string(static_cast<double>(d - most) / d).substr(0, 5) + ")"
                                : "use codec=f16";
-    if (IsQuantized(lc.id) && lc.params.group > 8) fix += ", or a smaller group=";
     return InvalidArgument("policy think: keeping " + std::to_string(keep) + " of " + std::to_string(d) +
                            " key channels saves no bytes with " + std::string(CodecName(lc.id)) +
                            " (its pruned keys are stored in multiples of " + std::to_string(shape.row_unit) +

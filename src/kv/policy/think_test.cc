@@ -233,10 +233,10 @@ TEST(ThinKTest, RejectsWhatItCannotPrune) {
     auto r = ResolveKVSpec(spec, kLayout, 256, 1);
     return r.ok() ? std::string("ok") : r.status().message();
   };
-  // Quantized keys are stored in whole groups (32 channels by default, all of head_dim 32 here).
-  EXPECT_NE(err("codec=int8;policy=think").find("saves no bytes with int8"), std::string::npos);
-  EXPECT_NE(err("codec=int8;policy=think").find("smaller group="), std::string::npos);
-  EXPECT_EQ(err("codec=int8,group=16;policy=think,keep=16"), "ok");
+  // int2 keys are stored in multiples of 32 channel rows (whole 8-byte bit planes): all of head_dim 32 here.
+  EXPECT_EQ(err("codec=int8;policy=think"), "ok");
+  EXPECT_NE(err("codec=int2;policy=think").find("saves no bytes with int2"), std::string::npos);
+  EXPECT_NE(err("codec=int2;policy=think").find("use codec=f16"), std::string::npos);
   EXPECT_NE(err("codec=kivi4;policy=think").find("int4"), std::string::npos);
   EXPECT_NE(err("codec=int4,outliers=0.01;policy=think").find("outliers"), std::string::npos);
   EXPECT_NE(err("codec=f16,prerope=1;policy=think").find("prerope"), std::string::npos);
