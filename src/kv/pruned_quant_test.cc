@@ -61,6 +61,13 @@ struct Data {
     v.resize(k.size());
     // Keys with a few large channels (as real keys have), values plain.
     for (size_t i = 0; i < k.size(); ++i) k[i] = g(rng) * (i % 64 == 5 || i % 64 == 40 ? 6.0f : 1.0f), v[i] = g(rng);
+    // Some value rows far from zero with a small spread: quantizing their
+    // decoded values again need not give the same codes (the float sums of
+    // a large min and a small step round), so only a copy keeps them.
+    const size_t row = static_cast<size_t>(kLayout.n_kv_heads) * kLayout.head_dim;
+    for (size_t t = 3; t < v.size() / row; t += 7) {
+      for (size_t i = 0; i < row; ++i) v[t * row + i] = 37.0f + 0.01f * g(rng);
+    }
   }
   const float* K(int l) const { return k.data() + static_cast<size_t>(l) * kTokens * kLayout.n_kv_heads * kLayout.head_dim; }
   const float* V(int l) const { return v.data() + static_cast<size_t>(l) * kTokens * kLayout.n_kv_heads * kLayout.head_dim; }
