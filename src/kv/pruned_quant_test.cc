@@ -270,6 +270,10 @@ TEST_P(PrunedQuantTest, PoolBytesFallByThePackedMinusThePrunedPage) {
     EXPECT_EQ(kv.format_codec(0, kPagePruned, 1).pruned_shape().page_bytes, 1024u);
     EXPECT_EQ(saved, 320u * kPrunedPages * 4);
   }
+  if (GetParam() == "codec=int8,page=16") {  // 64 + 2 x (16 x 64 + 16 x 2 x 4) -> 64 + (16 x 32 + 16 x 4) + 1152
+    EXPECT_EQ(kv.layer_codec(0).packed_page_bytes, 2368u);
+    EXPECT_EQ(kv.format_codec(0, kPagePruned, 1).pruned_shape().page_bytes, 1792u);
+  }
 }
 
 TEST_P(PrunedQuantTest, ForksCompactionAndRewritesKeepWhatTheyDoNotTouch) {
