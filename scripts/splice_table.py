@@ -4,6 +4,7 @@
 <!-- METHOD-table:end -->.
 
   scripts/splice_table.py think              # docs/kv-think.md, from scripts/think_eval.sh's reports
+  scripts/splice_table.py thinkq             # docs/kv-think.md, from scripts/thinkq_eval.sh's report
   scripts/splice_table.py minicache          # docs/kv-merging.md, from scripts/minicache_eval.sh's reports
   scripts/splice_table.py think --check      # fail if the page differs from a fresh render (a ctest)
   scripts/splice_table.py think --print      # print the table only
@@ -43,6 +44,10 @@ def passkey_kv(r):
     return (r.get("passkey") or {}).get("kv", {})
 
 
+def ppl_kv(r):
+    return (r.get("ppl") or {}).get("kv", {})
+
+
 def spec_kv(r):
     return r.get("kv", {})
 
@@ -59,6 +64,19 @@ METHODS = {
             ("KV bytes (passkey peak)", "---:", peak_bytes(passkey_kv)),
             ("bytes vs f16 baseline", "---:", vs_baseline(passkey_kv, "%.3f")),
             ("passkey", "---:", hits("passkey")),
+            ("ppl", "---:", task("ppl", lambda x: "%.3f" % x["ppl"])),
+            ("KLD mean", "---:", kld("mean", "%.4f")),
+            ("top-1", "---:", kld("top1", "%.3f")),
+        ],
+    },
+    "thinkq": {  # ThinK over quantized codecs: ppl/kld only, bytes at the end of each ppl chunk
+        "doc": "docs/kv-think.md",
+        "report": "docs/results/think/thinkq-%s/report.json",
+        "modes": ["excluded"],
+        "base_kv": ppl_kv,
+        "columns": [
+            ("KV bytes (end of chunk)", "---:", peak_bytes(ppl_kv)),
+            ("bytes vs f16 baseline", "---:", vs_baseline(ppl_kv, "%.3f")),
             ("ppl", "---:", task("ppl", lambda x: "%.3f" % x["ppl"])),
             ("KLD mean", "---:", kld("mean", "%.4f")),
             ("top-1", "---:", kld("top1", "%.3f")),

@@ -160,6 +160,8 @@ TEST(SessionFileTest, UnstorablePageFormatsAreRefusedByName) {
                              "pages merged across layers (policy=minicache", "save before compressing"},
                         Case{"codec=f16,page=8;policy=think,keep=8,recent=16,window=4",
                              "key-channel-pruned pages (policy think", "save before compressing"},
+                        Case{"codec=int8,page=8;policy=think,keep=8,recent=16,window=4",  // quantized pruned pages
+                             "key-channel-pruned pages (policy think", "save before compressing"},
                         Case{"codec=f16,page=8;policy=mikv,ratio=0.75,window=8,sinks=0,mode=once",
                              "demoted pages (policy mikv / fate=demote", "or use fate=drop"}}) {
     SCOPED_TRACE(c.spec);

@@ -27,7 +27,8 @@ struct Scratch {
   std::vector<float> tile;    // [T][D] decoded keys (pre-RoPE path)
   std::vector<float> qrot;    // [rows][D] queries rotated back to a page's first position
   std::vector<float> acc;     // [kMaxQueryRows][D] an item's accumulators when it writes the outputs itself
-  std::vector<float> qk;      // [rows][KeyRows] the queries at the table's kept key channels (pruned pages)
+  std::vector<float> qk;      // [rows][key rows] the queries at the table's kept key channels (pruned pages)
+  pruned::Shape pruned;       // the item's pruned pages (when its table has a channel mask)
 };
 thread_local Scratch tls_scratch;
 
@@ -230,15 +231,15 @@ bool F16Form(const PageTable& t, int p) {
 
 // PageScores for a page of `format`, whatever it is. Pruned pages (ThinK,
 // pruned_keys.h) dot the queries gathered to the table's kept channels
-// (tls_scratch.qk, filled once per item by RunItem) with their short keys.
+// (tls_scratch.qk, filled once per item by RunItem, with the pages' shape
+// in tls_scratch.pruned) with their short keys, in their block codec.
 template <PageCodec C>
-void FormatPageScores(const Job& job, int h, PageFormat format, const uint8_t* page, int m, const float* q, int nr,
+void FormatPageScores(const Job& job, PageFormat format, const uint8_t* page, int m, const float* q, int nr,
                       float* s, int ss) {
   if (format == kPagePacked) return PageScores<C>(job, job.lc->params, page, m, q, nr, s, ss);
   if (format == kPageFull) return PageScores<F16Codec>(job, job.lc->params, page, m, q, nr, s, ss);
   if (format == kPagePruned) {
-    const int nk = static_cast<int>(job.kv->kept_channels(job.layer, h).size());
-    return pruned::Scores(nk, job.T, page + PageDataOffset(job.T), m, tls_scratch.qk.data(), nr, s, ss);
+    return pruned::Scores(tls_scratch.pruned, page + PageDataOffset(job.T), m, tls_scratch.qk.data(), nr, s, ss);
   }
   const SequenceKV::FormatCodec fc = job.kv->format_codec(job.layer, format);
   DispatchCodec(fc.id, [&](auto codec) { PageScores<decltype(codec)>(job, *fc.params, page, m, q, nr, s, ss); });
@@ -246,14 +247,11 @@ void FormatPageScores(const Job& job, int h, PageFormat format, const uint8_t* p
 
 // AccumulateValues for a page of `format`, whatever it is.
 template <PageCodec C>
-void FormatAccumulateValues(const Job& job, int h, PageFormat format, const uint8_t* data, int m, const float* w,
+void FormatAccumulateValues(const Job& job, PageFormat format, const uint8_t* data, int m, const float* w,
                             int nr, int ws, float* acc) {
   if (format == kPagePacked) return C::AccumulateValues(job.lc->params, data, m, w, nr, ws, acc);
   if (format == kPageFull) return F16Codec::AccumulateValues(job.lc->params, data, m, w, nr, ws, acc);
-  if (format == kPagePruned) {
-    const int nk = static_cast<int>(job.kv->kept_channels(job.layer, h).size());
-    return pruned::AccumulateValues(nk, job.T, job.D, data, m, w, nr, ws, acc);
-  }
+  if (format == kPagePruned) return pruned::AccumulateValues(tls_scratch.pruned, data, m, w, nr, ws, acc);
   const SequenceKV::FormatCodec fc = job.kv->format_codec(job.layer, format);
   DispatchCodec(fc.id, [&](auto codec) { decltype(codec)::AccumulateValues(*fc.params, data, m, w, nr, ws, acc); });
 }
@@ -350,7 +348,10 @@ void RunItem(Job& job, int h, int block, int chunk, PageId after) {
   // A key-channel-pruned table (ThinK): its pruned pages dot the queries'
   // kept channels, gathered once here for every such page of the item.
   const std::vector<int>& kept = kv.kept_channels(job.layer, h);
-  if (!kept.empty()) pruned::GatherQueries(kept, D, s.q.data(), nr, &s.qk);
+  if (!kept.empty()) {
+    s.pruned = kv.format_codec(job.layer, kPagePruned, h).pruned_shape();
+    pruned::GatherQueries(kept, s.pruned.rows, D, s.q.data(), nr, &s.qk);
+  }
   // Runs of pages in f16 form go through the fused kernel when it runs here
   // (F16Codec::AttendRun, which masks what a row must not see itself).
   // Rows the observer watches in this block (its query window), if any.
@@ -362,7 +363,7 @@ void RunItem(Job& job, int h, int block, int chunk, PageId after) {
   // the separate kernels cost more than the scores, and an attention step
   // over a pruned cache was slower than over the f16 cache it came from,
   // though it read 25% fewer bytes (docs/kv-think.md, "Decode speed").
-  const bool fused_pruned = fused && !kept.empty() && pruned::HasAttendRun(T, D);
+  const bool fused_pruned = fused && !kept.empty() && pruned::HasAttendRun(s.pruned);
   thread_local std::vector<const uint8_t*> run;
 
   // One pass over the chunk, page by page (online softmax): scores of the
@@ -428,7 +429,7 @@ void RunItem(Job& job, int h, int block, int chunk, PageId after) {
     const size_t first_part = next_bytes / 2 / 64 * 64;
     if (next != nullptr) PrefetchPage(next, first_part);
     float* sp = s.scores.data();  // [nr][T]
-    FormatPageScores<C>(job, h, t.format(p), page, m, s.q.data(), nr, sp, T);
+    FormatPageScores<C>(job, t.format(p), page, m, s.q.data(), nr, sp, T);
     if (scaled) ScaleEntries(t.k_scales(p), m, nr, sp, T);  // q.(a k) = a (q.k)
     for (int r = 0; r < nr; ++r) {
       if (pos_max <= qp[r]) continue;  // the whole page is visible to this row (always, in decode)
@@ -453,7 +454,7 @@ void RunItem(Job& job, int h, int block, int chunk, PageId after) {
     if (!any) continue;
     if (scaled) ScaleEntries(t.v_scales(p), m, nr, sp, T);  // weight p on (b v) = weight p b on v, after the sum
     const uint8_t* data = page + PageDataOffset(T);
-    FormatAccumulateValues<C>(job, h, t.format(p), data, m, sp, nr, T, acc);
+    FormatAccumulateValues<C>(job, t.format(p), data, m, sp, nr, T, acc);
   }
   if (writes_outputs) {
     for (int r = 0; r < nr; ++r) {

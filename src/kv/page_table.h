@@ -26,8 +26,9 @@
 // page_tokens slots (dead ones padded) and sit after the sink pages, before
 // the rest of the chain, so the layer codec's rules (sealing, staging) never
 // see them. Pruned pages (ThinK, kv/policy/think.h) hold their keys' kept
-// channels only (f16, the table's channel mask: SequenceKV::PruneKeyChannels)
-// and full f16 values; they replace packed pages in place (same slots), so
+// channels only (the table's channel mask: SequenceKV::PruneKeyChannels) and
+// whole values, in the layer's block codec (f16 for f16/f32 layers, the
+// layer codec for int8/4/2: kv/pruned_keys.h); they replace packed pages in place (same slots), so
 // the chain's geometry is unchanged, and their size class is smaller.
 //
 // The table only records page ids; it does not own references by itself:

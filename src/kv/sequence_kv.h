@@ -48,6 +48,7 @@
 #include "kv/layout.h"
 #include "kv/page_selection.h"
 #include "kv/page_table.h"
+#include "kv/pruned_keys.h"
 #include "ops/nn.h"
 #include "util/status.h"
 #include "util/thread_pool.h"
@@ -231,14 +232,16 @@ class SequenceKV {
   // read and written with. Packed: the layer codec; full: f16 with the
   // layer's parameters; demoted: the demotion codec (SetDemotionCodec).
   // Pruned pages (ThinK) are laid out by kv/pruned_keys.h with the table's
-  // channel mask `kept` (id f16 and the layer's parameters otherwise), so
-  // their codec depends on the kv head: pass it for any page that may be
-  // pruned.
+  // channel mask `kept` (id: the layer's block codec, pruned::BlockCodec,
+  // and the layer's parameters), so their codec depends on the kv head: pass
+  // it for any page that may be pruned.
   struct FormatCodec {
     CodecId id = CodecId::kF16;
     const CodecParams* params = nullptr;
     bool whole_pages = false;  // encoded at once (EncodePage of page_tokens rows) and decoded whole
     const std::vector<int>* kept = nullptr;  // pruned pages: the kept key channels
+    // Pruned pages: where their blocks are (REQUIRES kept != nullptr).
+    pruned::Shape pruned_shape() const { return pruned::ShapeFor(id, *params, static_cast<int>(kept->size())); }
   };
   FormatCodec format_codec(int layer, PageFormat format, int kv_head = -1) const;
 
@@ -247,13 +250,16 @@ class SequenceKV {
   // (ascending channel indices, 1 <= size < head_dim) and rewrites every
   // packed page of the chain that lies wholly before its last `recent` live
   // entries into a pruned page: keys hold the kept channels only (the others
-  // read as zero in q.k from now on), values stay whole, all in f16; slots,
+  // read as zero in q.k from now on), encoded with the layer's block codec
+  // (f16 for f16/f32 layers, the layer codec for int8/4/2), values stay
+  // whole (as stored for int8/4/2 and f16, rounded to f16 for f32); slots,
   // positions and live counts stay, and each old page returns to the pool
   // (its new page is allocated first). Pages written later (recent and new
   // tokens) keep every channel; a later call with the same mask prunes the
   // pages that have aged since. Sink, staging and demoted pages are left.
   // InvalidArgument for a bad mask, a mask different from the one the
-  // table already has, a quantized layer codec, pre-RoPE or Hadamard-rotated
+  // table already has, a layer codec without a pruned format (KIVI, outliers),
+  // a mask that saves no bytes in that codec, pre-RoPE or Hadamard-rotated
   // keys, Quest bounds or cross-layer shared pages (entry scales), naming
   // what works; ResourceExhausted when no page can be allocated (the pages
   // rewritten so far stay rewritten, the table consistent).
@@ -374,13 +380,13 @@ class SequenceKV {
   Status EnsureSizeClasses();
   int SizeClass(int layer, bool full) const { return size_class_[2 * static_cast<size_t>(layer) + (full ? 1 : 0)]; }
   int FormatSizeClass(int layer, PageFormat format, int kv_head = -1) const {
-    if (format == kPagePruned) return PrunedSizeClass(static_cast<int>(kept_channels(layer, kv_head).size()));
+    if (format == kPagePruned) return PrunedSizeClass(format_codec(layer, kPagePruned, kv_head).pruned_shape().page_bytes);
     return format == kPageDemoted ? demote_class_ : SizeClass(layer, format == kPageFull);
   }
-  // The size class of pruned pages keeping `kept` channels (-1: none yet).
-  int PrunedSizeClass(int kept) const {
-    for (const auto& [n, cls] : pruned_classes_) {
-      if (n == kept) return cls;
+  // The size class of pruned pages of `bytes` (-1: none yet).
+  int PrunedSizeClass(size_t bytes) const {
+    for (const auto& [b, cls] : pruned_classes_) {
+      if (b == bytes) return cls;
     }
     return -1;
   }
@@ -418,9 +424,9 @@ class SequenceKV {
   size_t demote_page_bytes_ = 0;
   int demote_class_ = -1;
   // ThinK: [n_layers * n_kv_heads] kept key channels (empty: not pruned),
-  // and the pool size class of pruned pages per kept-channel count.
+  // and the pool size class of pruned pages per page size in bytes.
   std::vector<std::vector<int>> kept_channels_;
-  std::vector<std::pair<int, int>> pruned_classes_;
+  std::vector<std::pair<size_t, int>> pruned_classes_;
   ops::RopeParams rope_{};
   bool rope_set_ = false;
   int32_t max_pos_ = -1;            // largest position appended

@@ -167,6 +167,37 @@ Status SequenceKV::Compact(int layer, int kv_head) {
       ids.push_back(*id);
       before = *id;
     }
+    if (format == kPagePruned) {
+      // Pruned pages are row-wise in every block codec: their live rows are
+      // copied as stored (a quantized row is not quantized again), the last
+      // page's dead slots padded with copies of the last live row.
+      const pruned::Shape shape = fc.pruned_shape();
+      std::vector<std::pair<int, int>> rows;  // (source page, slot), chain order
+      for (int p = first; p < last; ++p) {
+        const int32_t* pp = PagePositions(pool_->PageData(t.pages()[p]));
+        for (int s = 0; s < T; ++s) {
+          if (pp[s] != kDeadPosition) rows.emplace_back(p, s);
+        }
+      }
+      KVX_CHECK(static_cast<int>(rows.size()) == live);
+      std::vector<int> lives;
+      for (int i = 0; i < n_new; ++i) {
+        lives.push_back(std::min(T, live - i * T));
+        uint8_t* dst = pool_->PageData(ids[i]);
+        for (int s = 0; s < T; ++s) {
+          const auto [p, from] = rows[std::min(static_cast<size_t>(i) * T + s, rows.size() - 1)];
+          const uint8_t* src = pool_->PageData(t.pages()[p]);
+          PagePositions(dst)[s] = i * T + s < live ? PagePositions(src)[from] : kDeadPosition;
+          pruned::CopyRow(shape, src + PageDataOffset(T), from, dst + PageDataOffset(T), s);
+        }
+      }
+      std::vector<PageId> old(t.pages().begin() + first, t.pages().begin() + last);
+      t.ReplaceRun(first, last, ids, format, lives, T);
+      for (PageId id : old) pool_->Unref(id);
+      end -= (last - first) - n_new;
+      first += n_new;
+      continue;
+    }
     // Gather the run's live entries in chain order (their stored form
     // decoded: rotated, pre-RoPE keys un-roped, as they were encoded).
     k.clear();
@@ -233,7 +264,7 @@ Status SequenceKV::RewriteEntries(int layer, int kv_head, const std::vector<int>
   for (int p : pages) {
     const FormatCodec fc = format_codec(layer, t.format(p), kv_head);
     const int n = fc.whole_pages ? T : t.EntriesInPage(p, T);
-    DecodePage(*pool_, fc, t.pages()[p], n, &dp);
+    if (fc.kept == nullptr) DecodePage(*pool_, fc, t.pages()[p], n, &dp);
     for (size_t i = 0; i < slots.size(); ++i) {
       if (slots[i] / T != p) continue;
       std::memcpy(row_k.data(), k + i * D, sizeof(float) * D);
@@ -243,10 +274,15 @@ Status SequenceKV::RewriteEntries(int layer, int kv_head, const std::vector<int>
         rotation_->Forward(row_v.data());
       }
       const size_t s = static_cast<size_t>(slots[i] % T);
+      if (fc.kept != nullptr) {  // row-wise: only the rewritten rows are encoded, the others stay as stored
+        pruned::EncodeRow(fc.pruned_shape(), *fc.kept, pool_->PageData(t.pages()[p]) + PageDataOffset(T),
+                          static_cast<int>(s), row_k.data(), row_v.data());
+        continue;
+      }
       std::copy(row_k.begin(), row_k.end(), dp.k.begin() + s * D);
       std::copy(row_v.begin(), row_v.end(), dp.v.begin() + s * D);
     }
-    EncodeInto(pool_, fc, t.pages()[p], n, dp.k.data(), dp.v.data(), dp.pos.data());
+    if (fc.kept == nullptr) EncodeInto(pool_, fc, t.pages()[p], n, dp.k.data(), dp.v.data(), dp.pos.data());
     if (t.bounds_dim() > 0) RefreshBounds(layer, t, p);
   }
   if (t.has_entry_scales()) {  // the rows given are what attention reads: stored as they are

@@ -1,6 +1,7 @@
 // SequenceKV's page formats (page_table.h): the codec of each format, the
 // page-level decode/encode every copy path shares, and MiKV's demotion.
 #include <algorithm>
+#include <optional>
 #include <string>
 
 #include "kv/codec/codecs.h"
@@ -19,7 +20,7 @@ void DecodePage(const BlockPool& pool, const SequenceKV::FormatCodec& fc, PageId
   out->v.resize(out->k.size());
   out->pos.assign(PagePositions(page), PagePositions(page) + slots);
   const uint8_t* data = page + PageDataOffset(T);
-  if (fc.kept != nullptr) return pruned::Decode(*fc.kept, T, D, data, slots, out->k.data(), out->v.data());
+  if (fc.kept != nullptr) return pruned::Decode(fc.pruned_shape(), *fc.kept, data, slots, out->k.data(), out->v.data());
   DispatchCodec(fc.id, [&](auto codec) {
     // Page codecs decode whole pages (per-channel parameters over all T slots).
     using C = decltype(codec);
@@ -36,7 +37,7 @@ void EncodeInto(BlockPool* pool, const SequenceKV::FormatCodec& fc, PageId id, i
   uint8_t* page = pool->PageData(id);
   std::copy(pos, pos + n, PagePositions(page));
   uint8_t* data = page + PageDataOffset(T);
-  if (fc.kept != nullptr) return pruned::Encode(*fc.kept, T, D, data, n, k, v);
+  if (fc.kept != nullptr) return pruned::Encode(fc.pruned_shape(), *fc.kept, data, n, k, v);
   DispatchCodec(fc.id, [&](auto codec) {
     using C = decltype(codec);
     if (fc.whole_pages) {
@@ -59,7 +60,9 @@ SequenceKV::FormatCodec SequenceKV::format_codec(int layer, PageFormat format, i
       KVX_CHECK_MSG(kv_head >= 0, "a pruned page's codec needs its kv head (its channel mask)");
       const std::vector<int>& kept = kept_channels_[static_cast<size_t>(layer) * layout_.n_kv_heads + kv_head];
       KVX_CHECK_MSG(!kept.empty(), "a pruned page in a table without a channel mask");
-      return {CodecId::kF16, &lc.params, false, &kept};
+      const std::optional<CodecId> block = pruned::BlockCodec(lc.id, lc.params);
+      KVX_CHECK_MSG(block.has_value(), "a pruned page in a layer whose codec has no pruned format");
+      return {*block, &lc.params, false, &kept};
     }
     case kPagePacked: return {lc.id, &lc.params, lc.sealed};
     case kPageFull: return {CodecId::kF16, &lc.params, false};

@@ -2,6 +2,7 @@
 // (kv/pruned_keys.h) written in place of aged packed pages.
 #include <string>
 
+#include "kv/codec/codecs.h"
 #include "kv/pruned_keys.h"
 #include "kv/sequence_kv.h"
 #include "kv/sequence_kv_pages.h"
@@ -21,10 +22,11 @@ Status SequenceKV::PruneKeyChannels(int layer, int kv_head, const std::vector<in
   const LayerCodec& lc = layers_[layer];
   const int T = layout_.page_tokens, D = layout_.head_dim;
   const int nk = static_cast<int>(kept.size());
-  if (lc.id != CodecId::kF16 && lc.id != CodecId::kF32) {
-    return InvalidArgument("key-channel pruning (policy think) needs an f16 or f32 layer codec (layer " +
-                           std::to_string(layer) + " is " + std::string(CodecName(lc.id)) +
-                           "): pruned pages store f16 keys and values; use codec=f16");
+  if (!pruned::BlockCodec(lc.id, lc.params).has_value()) {
+    return InvalidArgument("key-channel pruning (policy think) has no pruned page format for layer " +
+                           std::to_string(layer) + "'s codec " + std::string(CodecName(lc.id)) +
+                           (IsKivi(lc.id) ? " (keys quantized per channel over a sealed page)" : " with outliers") +
+                           "; use codec=f16, f32, int8, int4 or int2 without outliers=");
   }
   if (codec_.pre_rope || keys_rotated()) {
     return InvalidArgument("key-channel pruning (policy think) needs keys stored post-RoPE and unrotated (the "
@@ -50,10 +52,13 @@ Status SequenceKV::PruneKeyChannels(int layer, int kv_head, const std::vector<in
     return InvalidArgument("key-channel pruning: (layer " + std::to_string(layer) + ", kv head " +
                            std::to_string(kv_head) + ") already keeps another channel set; one mask per table");
   }
-  const size_t bytes = pruned::PageBytes(T, D, nk);
+  const pruned::Shape shape = pruned::ShapeFor(lc.id, lc.params, nk);
+  const size_t bytes = shape.page_bytes;
   if (bytes >= lc.packed_page_bytes) {
     return InvalidArgument("key-channel pruning to " + std::to_string(nk) + " of " + std::to_string(D) +
-                           " channels saves nothing at this page size; prune more channels");
+                           " channels saves nothing at this page size and codec (" + std::string(CodecName(lc.id)) +
+                           " stores key channels in multiples of " + std::to_string(shape.row_unit) +
+                           "); prune more channels");
   }
   PageTable& t = mutable_table(layer, kv_head);
   if (t.has_entry_scales()) {
@@ -71,25 +76,41 @@ Status SequenceKV::PruneKeyChannels(int layer, int kv_head, const std::vector<in
     }
   }
   if (seen < recent) cut = 0;  // fewer live entries than the window: none ages out
-  int cls = PrunedSizeClass(nk);
+  int cls = PrunedSizeClass(bytes);
   if (cls < 0) {
     KVX_ASSIGN_OR_RETURN(cls, pool_->AddSizeClass(bytes));
-    pruned_classes_.emplace_back(nk, cls);
+    pruned_classes_.emplace_back(bytes, cls);
   }
   mask = kept;
   // The last page of a row-wise layer still takes appends (and a partial
   // page is never whole): only full pages before `cut` are rewritten.
   const int last = cut / T;
   const FormatCodec from = format_codec(layer, kPagePacked);
-  const FormatCodec to = format_codec(layer, kPagePruned, kv_head);
-  DecodedPage dp;
+  // Values the packed page stores as the pruned one does are copied as they
+  // are (quantized values are not quantized again); f32 ones become f16.
+  const bool copy_values = pruned::SharesValueBlock(shape, lc.id);
+  std::vector<float> k(static_cast<size_t>(T) * D), v(copy_values ? 0 : k.size());
   for (int p = lc.sink_pages; p < last; ++p) {
     if (t.format(p) != kPagePacked) continue;
     Result<PageId> id = pool_->AllocateAfter(cls, p > 0 ? t.pages()[p - 1] : kNoPage);
     if (!id.ok()) return id.status();
     const PageId old = t.pages()[p];
-    DecodePage(*pool_, from, old, T, &dp);
-    EncodeInto(pool_, to, *id, T, dp.k.data(), dp.v.data(), dp.pos.data());
+    const uint8_t* src = pool_->PageData(old);
+    uint8_t* dst = pool_->PageData(*id);
+    std::copy(PagePositions(src), PagePositions(src) + T, PagePositions(dst));
+    const uint8_t* src_data = src + PageDataOffset(T);
+    uint8_t* dst_data = dst + PageDataOffset(T);
+    DispatchCodec(from.id, [&](auto codec) {
+      using C = decltype(codec);
+      C::DecodeKeys(*from.params, src_data, T, k.data());
+      if (!copy_values) C::DecodeValues(*from.params, src_data, T, v.data());
+    });
+    pruned::EncodeKeys(shape, kept, dst_data, T, k.data());
+    if (copy_values) {
+      pruned::CopyValueBlock(shape, src_data, dst_data);
+    } else {
+      pruned::EncodeValues(shape, dst_data, T, v.data());
+    }
     t.ReplacePage(p, *id, kPagePruned);  // same slots and live count
     pool_->Unref(old);
   }

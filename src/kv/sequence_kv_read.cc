@@ -25,7 +25,7 @@ void SequenceKV::ReadEntry(int layer, int kv_head, int index, float* k, float* v
   const uint8_t* data = page + PageDataOffset(T);
   const FormatCodec fc = format_codec(layer, t.format(index / T), kv_head);
   if (fc.kept != nullptr) {
-    pruned::Decode(*fc.kept, T, D, data, slot + 1, kk.data(), vv.data());
+    pruned::Decode(fc.pruned_shape(), *fc.kept, data, slot + 1, kk.data(), vv.data());
   } else {
     DispatchCodec(fc.id, [&](auto codec) {
       decltype(codec)::DecodeKeys(*fc.params, data, slot + 1, kk.data());

@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "kv/codec/codec_id.h"
 #include "kv/codec/simd_x86.h"
@@ -139,6 +140,41 @@ struct F16Codec {
   static void AccumulateValues(const CodecParams& p, const uint8_t* data, int n, const float* w, int nq, int ws,
                                float* acc) {
     AccumulateValueRows(Values(p, data), p.head_dim, n, w, nq, ws, acc);
+  }
+  // The page as a key block then a value block, for ThinK's pruned pages
+  // (kv/pruned_keys.h): this codec's key block at head_dim = the stored key
+  // rows, then its value block at the layer's head_dim. Key blocks start
+  // at the page's data, so Scores and DecodeKeys read them as they are.
+  static int KeyChannelMultiple(const CodecParams&) { return 8; }  // the SIMD column kernels
+  static size_t KeyBlockBytes(const CodecParams& p) {
+    return sizeof(uint16_t) * static_cast<size_t>(p.page_tokens) * static_cast<size_t>(p.head_dim);
+  }
+  static size_t ValueBlockOffset(const CodecParams& p) { return KeyBlockBytes(p); }
+  static size_t ValueBlockBytes(const CodecParams& p) { return KeyBlockBytes(p); }
+  static void EncodeKeyRow(const CodecParams& p, uint8_t* keys, int slot, const float* k) {
+    uint16_t* col = reinterpret_cast<uint16_t*>(keys) + slot;
+    for (int c = 0; c < p.head_dim; ++c) col[static_cast<size_t>(c) * p.page_tokens] = FloatToFp16(k[c]);
+  }
+  static void EncodeValueRow(const CodecParams& p, uint8_t* values, int slot, const float* v) {
+    uint16_t* row = reinterpret_cast<uint16_t*>(values) + static_cast<size_t>(slot) * p.head_dim;
+    for (int c = 0; c < p.head_dim; ++c) row[c] = FloatToFp16(v[c]);
+  }
+  static void CopyKeyRow(const CodecParams& p, const uint8_t* from, int from_slot, uint8_t* to, int to_slot) {
+    const uint16_t* src = reinterpret_cast<const uint16_t*>(from) + from_slot;
+    uint16_t* dst = reinterpret_cast<uint16_t*>(to) + to_slot;
+    for (int c = 0; c < p.head_dim; ++c) dst[static_cast<size_t>(c) * p.page_tokens] = src[static_cast<size_t>(c) * p.page_tokens];
+  }
+  static void CopyValueRow(const CodecParams& p, const uint8_t* from, int from_slot, uint8_t* to, int to_slot) {
+    const size_t d = static_cast<size_t>(p.head_dim);
+    std::memcpy(to + sizeof(uint16_t) * to_slot * d, from + sizeof(uint16_t) * from_slot * d, sizeof(uint16_t) * d);
+  }
+  static void DecodeValueBlock(const CodecParams& p, const uint8_t* values, int n, float* v) {
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(values);
+    for (size_t i = 0; i < static_cast<size_t>(n) * p.head_dim; ++i) v[i] = HalfToFloatFast(h[i]);
+  }
+  static void AccumulateValueBlock(const CodecParams& p, const uint8_t* values, int n, const float* w, int nq, int ws,
+                                   float* acc) {
+    AccumulateValueRows(reinterpret_cast<const uint16_t*>(values), p.head_dim, n, w, nq, ws, acc);
   }
   // AccumulateValues over f16 value rows [n][d] wherever they are (ThinK's
   // pruned pages keep their values in this layout after shorter keys).

@@ -30,8 +30,10 @@
 // Thread-safety: stateless.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -56,11 +58,13 @@ decltype(auto) DispatchBits(int bits, Fn&& fn) {
 }
 
 // A per-token quantized tensor: codes [T][R], then per group f16 (scale, min)
-// [T][G][2], or with p.sym only the scale [T][G][1].
+// [T][G][2], or with p.sym only the scale [T][G][1]. A layer's head_dim is a
+// multiple of its group; the key block of a ThinK pruned page (its kept
+// channel rows, a multiple of 8) may end in a shorter last group.
 struct TokenTensor {
   static constexpr bool kRowWise = true;
 
-  static int Groups(const CodecParams& p) { return p.head_dim / p.group; }
+  static int Groups(const CodecParams& p) { return (p.head_dim + p.group - 1) / p.group; }
   static int StatsPerGroup(const CodecParams& p) { return p.sym ? 1 : 2; }
   static size_t CodeBytes(const CodecParams& p, int bits) {
     return AlignUp(static_cast<size_t>(p.page_tokens) * quant::RowBytes(p.head_dim, bits), 8);
@@ -84,10 +88,11 @@ struct TokenTensor {
     for (int j = 0; j < n; ++j) {
       for (int c0 = 0; c0 < d; c0 += g) {
         const float* xg = x + static_cast<size_t>(j) * d + c0;
+        const int w = std::min(g, d - c0);
         float mean = 0;
-        for (int c = 0; c < g; ++c) mean += xg[c];
-        mean /= static_cast<float>(g);
-        for (int c = 0; c < g; ++c) dev[static_cast<size_t>(j) * d + c0 + c] = std::fabs(xg[c] - mean);
+        for (int c = 0; c < w; ++c) mean += xg[c];
+        mean /= static_cast<float>(w);
+        for (int c = 0; c < w; ++c) dev[static_cast<size_t>(j) * d + c0 + c] = std::fabs(xg[c] - mean);
       }
     }
   }
@@ -99,11 +104,11 @@ struct TokenTensor {
     const int spg = StatsPerGroup(p);
     uint16_t* st = reinterpret_cast<uint16_t*>(base + CodeBytes(p, bits)) + static_cast<size_t>(j) * groups * spg;
     for (int gi = 0; gi < groups; ++gi) {
-      const int c0 = gi * g;
+      const int c0 = gi * g, w = std::min(g, d - c0);
       float s, m;
-      quant::ChooseGroup(x + c0, g, 1, skip == nullptr ? nullptr : skip + c0, bits, p.sym, p.clip, st + spg * gi, &s,
+      quant::ChooseGroup(x + c0, w, 1, skip == nullptr ? nullptr : skip + c0, bits, p.sym, p.clip, st + spg * gi, &s,
                          &m);
-      for (int c = c0; c < c0 + g; ++c) codes[c] = quant::QuantizeOne(x[c], s, m, bits);
+      for (int c = c0; c < c0 + w; ++c) codes[c] = quant::QuantizeOne(x[c], s, m, bits);
     }
     quant::PackRow(codes, d, bits, base + static_cast<size_t>(j) * quant::RowBytes(d, bits));
   }
@@ -167,6 +172,15 @@ struct TokenTensor {
 
   static void Axpy(const CodecParams& p, int bits, const uint8_t* base, int n, const float* w, int nq, int ws,
                    float* acc);
+
+  // Row `from_slot` of `from` (codes and group parameters, as stored) into row `to_slot` of `to`.
+  static void CopyRow(const CodecParams& p, int bits, const uint8_t* from, int from_slot, uint8_t* to, int to_slot) {
+    const size_t rb = static_cast<size_t>(quant::RowBytes(p.head_dim, bits));
+    std::memcpy(to + to_slot * rb, from + from_slot * rb, rb);
+    const size_t stats = static_cast<size_t>(Groups(p)) * StatsPerGroup(p);
+    std::memcpy(const_cast<uint16_t*>(Stats(p, bits, to)) + to_slot * stats, Stats(p, bits, from) + from_slot * stats,
+                sizeof(uint16_t) * stats);
+  }
 };
 
 inline void TokenTensor::Decode(const CodecParams& p, int bits, const uint8_t* base, int n, float* out) {
@@ -417,7 +431,43 @@ struct QuantCodec {
 };
 
 // int8 / int4 / int2: keys and values per token.
-struct TokenQuantCodec : QuantCodec<TokenTensor> {};
+struct TokenQuantCodec : QuantCodec<TokenTensor> {
+  // The page as a key block then a value block, for ThinK's pruned pages
+  // (kv/pruned_keys.h; as F16Codec's): the key block (codes, then group
+  // parameters) at head_dim = the stored key rows, in groups of p.group
+  // channels, the last one shorter when the rows are not a multiple of it
+  // (so a page keeping 39 of 64 channels stores 40 int8 rows, not 64); the
+  // value block as a packed page stores it. Rows are independent, so
+  // copying one copies its codes and parameters and re-quantizes nothing.
+  // REQUIRES p.outliers == 0.
+  static int KeyChannelMultiple(const CodecParams& p) {
+    // Whole 8-byte blocks per bit plane (simd::UseSimdQuant); groups are
+    // multiples of 8, so no 8 channels the kernels load straddle two.
+    return std::max(8, 64 / p.k_bits);
+  }
+  static size_t KeyBlockBytes(const CodecParams& p) { return TokenTensor::Bytes(p, p.k_bits); }
+  static size_t ValueBlockOffset(const CodecParams& p) { return LayoutOf(p).v; }
+  static size_t ValueBlockBytes(const CodecParams& p) { return TokenTensor::Bytes(p, p.v_bits); }
+  static void EncodeKeyRow(const CodecParams& p, uint8_t* keys, int slot, const float* k) {
+    TokenTensor::EncodeRow(p, p.k_bits, keys, slot, k, nullptr);
+  }
+  static void EncodeValueRow(const CodecParams& p, uint8_t* values, int slot, const float* v) {
+    TokenTensor::EncodeRow(p, p.v_bits, values, slot, v, nullptr);
+  }
+  static void CopyKeyRow(const CodecParams& p, const uint8_t* from, int from_slot, uint8_t* to, int to_slot) {
+    TokenTensor::CopyRow(p, p.k_bits, from, from_slot, to, to_slot);
+  }
+  static void CopyValueRow(const CodecParams& p, const uint8_t* from, int from_slot, uint8_t* to, int to_slot) {
+    TokenTensor::CopyRow(p, p.v_bits, from, from_slot, to, to_slot);
+  }
+  static void DecodeValueBlock(const CodecParams& p, const uint8_t* values, int n, float* v) {
+    TokenTensor::Decode(p, p.v_bits, values, n, v);
+  }
+  static void AccumulateValueBlock(const CodecParams& p, const uint8_t* values, int n, const float* w, int nq, int ws,
+                                   float* acc) {
+    TokenTensor::Axpy(p, p.v_bits, values, n, w, nq, ws, acc);
+  }
+};
 // kivi4 / kivi2: keys per channel over the page, values per token.
 struct KiviCodec : QuantCodec<ChannelTensor> {};
 

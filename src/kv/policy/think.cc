@@ -60,9 +60,14 @@ Result<std::unique_ptr<KVPolicy>> ThinKPolicy::Create(const PolicyParams& params
 
 Status ThinKPolicy::CheckSpec(const KVSpec& spec, const KVLayout& layout) const {
   const CodecId id = spec.codec.id;
-  if (id != CodecId::kF16 && id != CodecId::kF32) {
-    return InvalidArgument("policy think needs codec=f16 or codec=f32 (pruned pages store f16 keys and values, "
-                           "larger than " + std::string(CodecName(id)) + " pages); use codec=f16");
+  if (IsKivi(id)) {
+    return InvalidArgument("policy think has no pruned page format for " + std::string(CodecName(id)) +
+                           " (keys quantized per channel over a sealed page); use codec=f16, f32, int8, int4 or "
+                           "int2 (e.g. codec=int4;policy=think,lambda=0.5)");
+  }
+  if (spec.codec.outliers > 0) {
+    return InvalidArgument("policy think does not combine with outliers= (their side lists index the full key "
+                           "channels); drop outliers=");
   }
   if (spec.codec.pre_rope) {
     return InvalidArgument("policy think prunes post-RoPE key channels; prerope=1 would rotate a kept channel with "
@@ -86,13 +91,27 @@ Status ThinKPolicy::CheckSpec(const KVSpec& spec, const KVLayout& layout) const 
                            " key channels; keep must be in 1.." + std::to_string(d - 1) +
                            " (lambda in (0, 1), e.g. lambda=0.4)");
   }
-  CodecParams p;
-  p.page_tokens = layout.page_tokens;
-  p.head_dim = d;
-  if (pruned::PageBytes(layout.page_tokens, d, keep) >= PageBytesFor<F16Codec>(p)) {
+  // Every layer's pruned page must be smaller than its packed page (keys are
+  // stored in multiples of 8 channel rows in f16 and int8, 16 in int4, 32 in
+  // int2: whole 8-byte bit planes).
+  for (const LayerCodec& lc : ResolveLayers(layout, spec.codec)) {
+    if (!pruned::BlockCodec(lc.id, lc.params).has_value()) {
+      return InvalidArgument("policy think has no pruned page format for " + std::string(CodecName(lc.id)) +
+                             "; use codec=f16, f32, int8, int4 or int2");
+    }
+    if (pruned::ShapeFor(lc.id, lc.params, keep).page_bytes < lc.packed_page_bytes) continue;
+    int most = 0;  // the most channels that still save bytes
+    for (int k = d - 1; k >= 1 && most == 0; --k) {
+      if (pruned::ShapeFor(lc.id, lc.params, k).page_bytes < lc.packed_page_bytes) most = k;
+    }
+    const pruned::Shape shape = pruned::ShapeFor(lc.id, lc.params, keep);
+    std::string fix = most > 0 ? "keep at most " + std::to_string(most) + " (lambda >= " +
+                                     std::to_string(static_cast<double>(d - most) / d).substr(0, 5) + ")"
+                               : "use codec=f16";
     return InvalidArgument("policy think: keeping " + std::to_string(keep) + " of " + std::to_string(d) +
-                           " key channels saves no bytes (key channels are stored in multiples of 8); "
-                           "raise lambda or lower keep");
+                           " key channels saves no bytes with " + std::string(CodecName(lc.id)) +
+                           " (its pruned keys are stored in multiples of " + std::to_string(shape.row_unit) +
+                           " channels: " + std::to_string(shape.rows) + " rows); " + fix);
   }
   return Status::Ok();
 }

@@ -17,7 +17,10 @@
 // channel mask beside it (one per (layer, kv head), per sequence: it depends
 // on the query), and every packed page wholly older than the last `recent`
 // entries rewritten as a pruned page: keys with the kept channels only,
-// values whole, both f16; its own, smaller, pool size class. So memory is
+// encoded with the layer's block codec (f16 for f16/f32 layers, the layer
+// codec itself for int8/int4/int2: same bits, group and sym over the kept
+// channels), values whole and as the packed page stored them (f32 values
+// rounded to f16); its own, smaller, pool size class. So memory is
 // really freed (kvpress only zeroes the channels). Recent and newly generated
 // tokens keep all channels in ordinary pages. Attention dots a pruned page's
 // keys with the queries' kept channels (a pruned channel counts as zero).
@@ -29,10 +32,12 @@
 //
 // Composes with eviction run before it in the same --kv (kvpress
 // ComposedPress: "policy=snapkv,ratio=0.5;policy=think,lambda=0.4") and after
-// it (an entry evicted from a pruned page is simply dropped); with f16 and f32
-// layer codecs (pruned pages are f16 in both). Rejected at parse time:
-// quantized codecs (int*, kivi*: their pages are already smaller than pruned
-// f16 ones), prerope=1, rotate=hadamard, quest, minicache, mode=continuous.
+// it (an entry evicted from a pruned page is simply dropped); with f16, f32,
+// int8, int4 and int2 layer codecs. Rejected at parse time: kivi* (keys
+// quantized per channel over a sealed page: no pruned format yet),
+// outliers=, a keep that saves no bytes in the layer codec (quantized keys
+// are stored in whole groups), prerope=1, rotate=hadamard, quest,
+// minicache, mode=continuous.
 // Forks share pruned pages and copy the masks; session files refuse a
 // pruned cache.
 //

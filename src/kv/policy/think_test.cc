@@ -233,8 +233,12 @@ TEST(ThinKTest, RejectsWhatItCannotPrune) {
     auto r = ResolveKVSpec(spec, kLayout, 256, 1);
     return r.ok() ? std::string("ok") : r.status().message();
   };
-  EXPECT_NE(err("codec=int8;policy=think").find("codec=f16"), std::string::npos);
-  EXPECT_NE(err("codec=kivi4;policy=think").find("codec=f16"), std::string::npos);
+  // int2 keys are stored in multiples of 32 channel rows (whole 8-byte bit planes): all of head_dim 32 here.
+  EXPECT_EQ(err("codec=int8;policy=think"), "ok");
+  EXPECT_NE(err("codec=int2;policy=think").find("saves no bytes with int2"), std::string::npos);
+  EXPECT_NE(err("codec=int2;policy=think").find("use codec=f16"), std::string::npos);
+  EXPECT_NE(err("codec=kivi4;policy=think").find("int4"), std::string::npos);
+  EXPECT_NE(err("codec=int4,outliers=0.01;policy=think").find("outliers"), std::string::npos);
   EXPECT_NE(err("codec=f16,prerope=1;policy=think").find("prerope"), std::string::npos);
   EXPECT_NE(err("codec=f16;policy=think,mode=continuous").find("mode=once"), std::string::npos);
   EXPECT_NE(err("codec=f16;policy=think;policy=quest").find("quest"), std::string::npos);
