@@ -30,6 +30,9 @@ class QuestPolicy : public KVPolicy {
   static Result<std::unique_ptr<KVPolicy>> Create(const PolicyParams& params);
   std::string_view name() const override { return "quest"; }
   Status OnStepCommitted(KVManager& manager, SeqId seq) override;
+  // What SetPageSelection would refuse at the first step, refused when the
+  // spec is resolved instead (pre-RoPE keys, a budget under the forced pages).
+  Status CheckSpec(const KVSpec& spec, const KVLayout& layout) const override;
   const PageSelection& selection() const { return selection_; }
 
  private:

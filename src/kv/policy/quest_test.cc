@@ -35,19 +35,20 @@ TEST(QuestPolicyTest, ParametersAreChecked) {
   EXPECT_FALSE(QuestPolicy::Create({{"pages", "x"}}).ok());
   EXPECT_FALSE(QuestPolicy::Create({{"recent_pages", "0"}}).ok());
   EXPECT_FALSE(QuestPolicy::Create({{"ratio", "0.5"}}).ok());
-  // prerope: rejected when the first step turns the selection on.
-  auto r = ResolveKVSpec("codec=f16,prerope=1;policy=quest", KVLayout{1, 1, 16, 8}, 64, 1);
-  ASSERT_TRUE(r.ok());
-  auto m = std::move(KVManager::Create(*r)).value();
-  const SeqId a = m->AddSequence();
-  std::vector<int32_t> toks(4, 1), pos = {0, 1, 2, 3};
-  const StepRequest req{a, toks, pos};
-  ASSERT_TRUE(m->BeginStep({&req, 1}).ok());
-  std::vector<float> kv(4 * 16, 0.5f);
-  ASSERT_TRUE(m->kv(a).Append(0, 4, pos.data(), kv.data(), kv.data()).ok());
-  const Status s = m->CommitStep();
-  EXPECT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("prerope"), std::string::npos);
+  // prerope and a budget under the forced pages: refused when the manager is made, before any
+  // sequence exists (not at the first step of a sequence).
+  auto manager = [](const std::string& spec) -> Status {
+    auto r = ResolveKVSpec(spec, KVLayout{1, 1, 16, 8}, 64, 1);
+    if (!r.ok()) return r.status();
+    return KVManager::Create(*r).status();
+  };
+  EXPECT_TRUE(manager("codec=f16;policy=quest,budget=32").ok());
+  const Status prerope = manager("codec=f16,prerope=1;policy=quest");
+  EXPECT_FALSE(prerope.ok());
+  EXPECT_NE(prerope.message().find("prerope"), std::string::npos) << prerope.ToString();
+  const Status small = manager("codec=f16;policy=quest,budget=8,sink_pages=1,recent_pages=1");
+  EXPECT_FALSE(small.ok());
+  EXPECT_NE(small.message().find("raise the budget"), std::string::npos) << small.ToString();
 }
 
 }  // namespace
