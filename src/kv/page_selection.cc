@@ -69,6 +69,19 @@ KVX_BOUNDS_AVX2 void PageUpperBoundsAvx2(const float* bounds, int n_pages, int D
 
 }  // namespace
 
+Status CheckPageSelection(const PageSelection& sel, bool pre_rope_keys, int page_tokens) {
+  if (!sel.enabled) return Status::Ok();
+  if (pre_rope_keys) {
+    return InvalidArgument("Quest page selection needs post-RoPE keys: the stored pre-RoPE keys are not what "
+                           "attention dots with; drop prerope=1 or the quest policy");
+  }
+  if (sel.PagesFor(page_tokens) < sel.sink_pages + sel.recent_pages) {
+    return InvalidArgument("Quest selection " + sel.ToString() + " reads fewer pages than it forces " +
+                           "(sink_pages + recent_pages); raise the budget");
+  }
+  return Status::Ok();
+}
+
 std::string PageSelection::ToString() const {
   return "quest(" + (pages > 0 ? "pages=" + std::to_string(pages) : "budget=" + std::to_string(budget_tokens)) +
          ",sink_pages=" + std::to_string(sink_pages) + ",recent_pages=" + std::to_string(recent_pages) +

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "kv/page_table.h"
+#include "util/status.h"
 
 namespace kvx::kv {
 
@@ -47,6 +48,12 @@ struct PageSelection {
   bool operator==(const PageSelection&) const = default;
   std::string ToString() const;
 };
+
+// Whether `sel` can run on keys stored as described: Quest's bound needs the
+// post-RoPE keys attention dots with (not prerope=1), and a budget that
+// covers the pages it always reads. The one check behind both the policy's
+// refusal when the manager is made and SequenceKV::SetPageSelection's guard.
+Status CheckPageSelection(const PageSelection& sel, bool pre_rope_keys, int page_tokens);
 
 // U(page) for the `n_rows` queries q (rows of D floats, in the keys' basis),
 // max over the rows. -inf for a page with empty bounds. The scalar

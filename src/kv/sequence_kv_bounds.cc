@@ -36,14 +36,7 @@ void SequenceKV::RefreshBounds(int layer, PageTable& t, int p) const {
 }
 
 Status SequenceKV::SetPageSelection(const PageSelection& selection) {
-  if (selection.enabled && codec_.pre_rope) {
-    return InvalidArgument("Quest page selection needs post-RoPE keys: the stored pre-RoPE keys are not what "
-                           "attention dots with; drop prerope=1 or the quest policy");
-  }
-  if (selection.enabled && selection.PagesFor(layout_.page_tokens) < selection.sink_pages + selection.recent_pages) {
-    return InvalidArgument("Quest selection " + selection.ToString() + " reads fewer pages than it forces (" +
-                           "sink_pages + recent_pages); raise the budget");
-  }
+  if (Status st = CheckPageSelection(selection, codec_.pre_rope, layout_.page_tokens); !st.ok()) return st;
   if (selection.enabled && KeyChannelBytes() > 0) {
     return InvalidArgument("Quest page selection does not combine with key-channel pruning (policy think): page "
                            "bounds over pruned keys are not kept; use one of the two");

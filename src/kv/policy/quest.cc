@@ -25,13 +25,8 @@ Result<std::unique_ptr<KVPolicy>> QuestPolicy::Create(const PolicyParams& params
 }
 
 Status QuestPolicy::CheckSpec(const KVSpec& spec, const KVLayout& layout) const {
-  if (spec.codec.pre_rope) {
-    return InvalidArgument("policy quest: Quest page selection needs post-RoPE keys: the stored pre-RoPE keys are "
-                           "not what attention dots with; drop prerope=1 or the quest policy");
-  }
-  if (selection_.PagesFor(layout.page_tokens) < selection_.sink_pages + selection_.recent_pages) {
-    return InvalidArgument("policy quest: selection " + selection_.ToString() + " reads fewer pages than it forces " +
-                           "(sink_pages + recent_pages); raise the budget");
+  if (Status st = CheckPageSelection(selection_, spec.codec.pre_rope, layout.page_tokens); !st.ok()) {
+    return InvalidArgument("policy quest: " + st.message());
   }
   return Status::Ok();
 }
