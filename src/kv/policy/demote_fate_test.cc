@@ -183,6 +183,29 @@ TEST(DemoteFateTest, ComposesWithEveryLayerCodec) {
   }
 }
 
+TEST(DemoteFateTest, ADemotionLeavesItsSourcePagesCompacted) {
+  // Half the entries move to int2 pages and leave their layer pages about
+  // half live, above compact=0.1: under the threshold alone those pages
+  // would stay, and the cache would hold the demoted copies on top of them
+  // (MiKV on int2/kivi layers grew the cache). An eviction that grew a table
+  // compacts it whatever the threshold: the layer pages are then as few as
+  // their live entries need, but for the last one (appends write into it).
+  for (const std::string codec : {"codec=int4", "codec=int2,outliers=0.05", "codec=kivi4,residual=0"}) {
+    SCOPED_TRACE(codec);
+    auto rig = Compressed(codec + ",page=16;policy=mikv,ratio=0.5,window=8,sinks=0,mode=once,compact=0.1");
+    KVManager& m = rig->manager();
+    const SequenceKV& kv = m.kv(rig->seq());
+    ASSERT_TRUE(m.Compress(rig->seq()).ok());
+    ASSERT_TRUE(m.CheckInvariants().ok()) << m.CheckInvariants().ToString();
+    ASSERT_EQ(kv.LiveEntriesIn(0, 0, kPageDemoted), kTokens / 2);
+    const PageTable& t = kv.table(0, 0);
+    int layer_pages = 0;
+    for (int p = 0; p < t.num_pages(); ++p) layer_pages += t.format(p) == kPagePacked;
+    const int layer_live = kv.LiveEntriesIn(0, 0, kPagePacked);
+    EXPECT_LE(layer_pages, (layer_live + kPage - 1) / kPage + 1) << layer_live << " live entries";
+  }
+}
+
 TEST(DemoteFateTest, ContinuousDemotionKeepsPagesDenseAndForksWork) {
   // mikv's defaults: H2O, continuous, ratio 0.75, int2. Decode steps demote
   // an entry or two at a time into the free slots of the demoted pages.

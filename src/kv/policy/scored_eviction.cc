@@ -15,6 +15,13 @@ int Selectable(const SequenceKV& kv, int l, int h) {
   return kv.LiveEntries(l, h) - kv.LiveEntriesIn(l, h, kPageDemoted);
 }
 
+// Pool bytes of (l, h)'s pages, each at its own size class.
+size_t TableBytes(const SequenceKV& kv, int l, int h) {
+  size_t bytes = 0;
+  for (PageId id : kv.table(l, h).pages()) bytes += kv.pool().PageBytesOf(id);
+  return bytes;
+}
+
 }  // namespace
 
 Status ReadEvictionConfig(PolicyParamReader& r, EvictionConfig* c) {
@@ -186,6 +193,7 @@ Status ScoredEvictionPolicy::Evict(KVManager& manager, SeqId seq) {
       for (size_t i = 0; i < slots[h].size(); ++i) (kept[h][i] ? stay : evicted).push_back(slots[h][i]);
       if (evicted.empty()) continue;
       std::sort(stay.begin(), stay.end());
+      const size_t bytes_before = TableBytes(kv, l, h);
       if (Status st = fate_->Apply(manager, seq, l, h, evicted, stay); !st.ok()) {
         // Heads done so far stay evicted: the sequence must say so.
         if (removed) manager.MarkEntriesRemoved(seq);
@@ -195,7 +203,14 @@ Status ScoredEvictionPolicy::Evict(KVManager& manager, SeqId seq) {
       removed = true;
       const PageTable& t = kv.table(l, h);
       const double fill = t.num_pages() == 0 ? 1.0 : static_cast<double>(t.live()) / (static_cast<double>(t.num_pages()) * T);
-      if (fill < config_.compact) {
+      // A fate that allocates (demote: the evicted move to new low-bit pages)
+      // leaves its sources partly live; under the threshold alone, an
+      // eviction could then hold more than it did before (MiKV on int2 or
+      // kivi layers, where a demoted entry saves little). Compacting then,
+      // whatever the threshold, keeps an eviction from ever growing a table
+      // it can shrink; in continuous mode it costs one compaction per new
+      // demoted page, not one per step.
+      if (fill < config_.compact || TableBytes(kv, l, h) > bytes_before) {
         const int before = t.num_pages();
         if (Status st = kv.Compact(l, h); !st.ok()) {
           manager.MarkEntriesRemoved(seq);

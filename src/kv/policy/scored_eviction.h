@@ -17,7 +17,9 @@
 //             (KVManager::MarkEntriesRemoved);
 //   compact   a table whose live entries fill less than `compact` of its
 //             pages' slots is compacted (SequenceKV::Compact), so the pages
-//             really return to the pool and fragmentation stays bounded.
+//             really return to the pool and fragmentation stays bounded;
+//             so is a table the fate made bigger (fate=demote allocates the
+//             demoted pages), whatever its fill.
 //
 // Two moments (kvpress's distinction): mode=once compresses only when asked
 // (KVManager::Compress / Session::Compress: after a context's prefill, with
