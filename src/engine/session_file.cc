@@ -220,15 +220,16 @@ Result<std::string> EncodeSession(const Engine& engine, kv::SeqId seq, const Ses
   w.U32(static_cast<uint32_t>(layout.page_tokens));
   w.Str(PageSpec(m.spec().spec));
 
-  const std::vector<int32_t>& tokens = m.tokens(seq);
-  w.U64(m.salt(seq));
-  w.U8(m.entries_removed(seq) ? 1 : 0);
-  w.U32(static_cast<uint32_t>(tokens.size()));
-  w.Bytes(tokens.data(), tokens.size() * sizeof(int32_t));
-  w.Bytes(m.positions(seq).data(), tokens.size() * sizeof(int32_t));
-  const std::vector<uint64_t>& hashes = m.block_hashes(seq);
-  w.U32(static_cast<uint32_t>(hashes.size()));
-  w.Bytes(hashes.data(), hashes.size() * sizeof(uint64_t));
+  KVX_RETURN_IF_ERROR(CheckStorablePageFormats(m.kv(seq)));  // names what cannot be stored, and the fix
+  KVX_ASSIGN_OR_RETURN(const kv::KVManager::SequenceImage image, m.ExportSequence(seq));
+  const size_t n = image.tokens.size();
+  w.U64(image.salt);
+  w.U8(image.entries_removed ? 1 : 0);
+  w.U32(static_cast<uint32_t>(n));
+  w.Bytes(image.tokens.data(), n * sizeof(int32_t));
+  w.Bytes(image.positions.data(), n * sizeof(int32_t));
+  w.U32(static_cast<uint32_t>(image.block_hashes.size()));
+  w.Bytes(image.block_hashes.data(), image.block_hashes.size() * sizeof(uint64_t));
   w.U32(static_cast<uint32_t>(logits.size()));
   w.Bytes(logits.data(), logits.size() * sizeof(float));
   for (int32_t t : extras.pending) {
@@ -236,21 +237,13 @@ Result<std::string> EncodeSession(const Engine& engine, kv::SeqId seq, const Ses
   }
   w.U32(static_cast<uint32_t>(extras.pending.size()));
   w.Bytes(extras.pending.data(), extras.pending.size() * sizeof(int32_t));
-
-  const kv::SequenceKV& kv = m.kv(seq);
-  const kv::BlockPool& pool = m.pool();
-  KVX_RETURN_IF_ERROR(CheckStorablePageFormats(kv));
-  for (int l = 0; l < layout.n_layers; ++l) {
-    for (int h = 0; h < layout.n_kv_heads; ++h) {
-      const kv::PageTable& t = kv.table(l, h);
-      w.U32(static_cast<uint32_t>(t.length()));
-      w.U32(static_cast<uint32_t>(t.num_pages()));
-      for (int p = 0; p < t.num_pages(); ++p) {
-        const kv::PageId id = t.pages()[p];
-        w.U8(t.is_full(p) ? 1 : 0);
-        w.U32(static_cast<uint32_t>(pool.PageBytesOf(id)));
-        w.Bytes(pool.PageData(id), pool.PageBytesOf(id));
-      }
+  for (const kv::SequenceKV::TableImage& t : image.tables) {
+    w.U32(static_cast<uint32_t>(t.length));
+    w.U32(static_cast<uint32_t>(t.pages.size()));
+    for (size_t p = 0; p < t.pages.size(); ++p) {
+      w.U8(t.full[p]);
+      w.U32(static_cast<uint32_t>(t.pages[p].size()));
+      w.Bytes(t.pages[p].data(), t.pages[p].size());
     }
   }
 

@@ -142,6 +142,13 @@ struct EvalOptions {
   // llama.cpp's protocol.
   std::string compress = "excluded";
   double kld_context = 0.75;  // (0, 1): the context's share of a ppl/kld chunk in the split protocol
+  // Retrieval prompts: specs of the same codec and page size take the
+  // prompt's prefill from the first of them that ran it (a copy of its
+  // pages), and run only the prompt's last calls themselves, when their
+  // policies depend on the pages and the prompt's last queries only
+  // (KVManager::PromptWindow): the results are the same as with a prefill
+  // of their own. The copies kept take at most this many MiB (0: off).
+  int prefill_cache_mib = 2048;
 };
 
 // Default answer tokens of a RULER task: room for its values in the probe
@@ -253,6 +260,7 @@ struct SpecResult {
   const std::optional<RetrievalResult>* Retrieval(Task t) const;
   double seconds = 0;
   bool done = false;  // every requested task has finished
+  int64_t prefill_reused = 0;  // prompt tokens taken from another spec's prefill (EvalOptions::prefill_cache_mib)
 };
 
 // A spec's score on the cells its baseline solves: those where every trial

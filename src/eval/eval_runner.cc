@@ -12,6 +12,7 @@
 #include "engine/session.h"
 #include "eval/eval.h"
 #include "eval/eval_ppl.h"
+#include "eval/prefill_cache.h"
 #include "eval/ruler.h"
 #include "eval/text_score.h"
 #include "model/sampler.h"
@@ -551,8 +552,9 @@ class Runner {
       cr.cell = c;
       res.cells.push_back(cr);
     }
-    engine::Session& session = *sessions_[r];
     const model::Tokenizer& tok = model_.tokenizer();
+    const std::optional<int> prompt_window = rts_[r]->kv_manager().PromptWindow();
+    const std::string page_key = PrefillCache::PageKey(rts_[r]->kv_spec());
     engine::GenerateOptions g;
     g.sampler.temperature = 0;  // greedy
     g.sampler.repeat_penalty = 1.0f;
@@ -573,16 +575,36 @@ class Runner {
         Advance(weight);
         continue;
       }
-      session.Reset();
+      sessions_[r]->Reset();
       g.n_predict = item.n_gen;
       g.compress_at = -1;
       if (opt_.compress == "excluded" && item.question_start > 0) g.compress_at = item.question_start;
       if (opt_.compress == "included") g.compress_at = static_cast<int>(item.prompt.size());
       so_far.clear();
       current = &item;
-      const Status status = engine::Generate(&session, item.prompt, g,
-                                             values ? engine::TokenCallback(stop_when_decided) : nullptr, &out,
-                                             &stats);
+      // The prompt's early calls from another spec's prefill when it can
+      // stand for this one's (prefill_cache.h); this spec runs the rest.
+      const int fed = g.compress_at > 0 ? g.compress_at : static_cast<int>(item.prompt.size());
+      const int shared = opt_.prefill_cache_mib > 0 ? SharedPrefixLength(prompt_window, fed, opt_.n_batch) : 0;
+      Status status = Status::Ok();
+      std::vector<int32_t> rest = item.prompt;
+      if (shared > 0) {
+        const PrefillCache::Key key{page_key, &plan, static_cast<size_t>(&item - plan.items.data()), shared};
+        if (auto restored = prefill_cache_.Restore(key, *rts_[r])) {
+          sessions_[r] = std::move(*restored);
+          report_.specs[r].prefill_reused += shared;
+        } else {
+          status = sessions_[r]->Feed(std::span<const int32_t>(item.prompt).first(static_cast<size_t>(shared))).status();
+          if (status.ok()) prefill_cache_.Store(key, *sessions_[r]);
+        }
+        rest.erase(rest.begin(), rest.begin() + shared);
+        if (g.compress_at > 0) g.compress_at -= shared;
+      }
+      engine::Session& session = *sessions_[r];
+      if (status.ok()) {
+        status = engine::Generate(&session, rest, g, values ? engine::TokenCallback(stop_when_decided) : nullptr,
+                                  &out, &stats);
+      }
       if (!status.ok()) {
         res.ok = false;
         res.error = status.message();
@@ -634,6 +656,7 @@ class Runner {
   std::vector<CopySequence> copy_random_, copy_text_;
   ProbePlan passkey_, lines_, needle_;
   std::map<Task, ProbePlan> ruler_plans_;  // in task order
+  PrefillCache prefill_cache_{static_cast<uint64_t>(opt_.prefill_cache_mib) << 20};
   bool lengths_defaulted_ = false;
   int64_t total_items_ = 0;
   double total_weight_ = 0;

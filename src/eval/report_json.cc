@@ -181,6 +181,7 @@ EvalReport ReadReport(const json& j) {
     sr.seconds = Num(rj, "seconds");
     sr.kv = ReadKv(rj.at("kv"));
     if (rj.contains("error")) sr.error = rj["error"].get<std::string>();
+    sr.prefill_reused = rj.value("prefill_reused", int64_t{0});
     if (rj.contains("ppl")) {
       const json& pj = rj["ppl"];
       PplResult p;
@@ -305,6 +306,7 @@ json ReportToJson(const EvalReport& report) {
     json j{{"spec", s.spec}, {"canonical", s.canonical}, {"baseline", s.is_baseline},
            {"done", s.done}, {"seconds", s.seconds},     {"kv", KvJson(s.kv)}};
     if (!s.error.empty()) j["error"] = s.error;
+    if (s.prefill_reused > 0) j["prefill_reused"] = s.prefill_reused;
     if (s.ppl) {
       json p = OutcomeJson(*s.ppl);
       p["ppl"] = s.ppl->ppl;

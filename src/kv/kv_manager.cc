@@ -200,6 +200,39 @@ Result<SeqId> KVManager::ImportSequence(const SequenceImage& image) {
   return id;
 }
 
+Result<KVManager::SequenceImage> KVManager::ExportSequence(SeqId id) const {
+  KVX_CHECK(!in_step_);
+  const Sequence& s = Seq(id);
+  SequenceImage image;
+  image.tokens = s.tokens;
+  image.positions = s.positions;
+  image.block_hashes = s.block_hashes;
+  image.salt = s.salt;
+  image.entries_removed = s.entries_removed;
+  const KVLayout& layout = spec_.layout;
+  if (s.kv->KeyChannelBytes() > 0 || s.kv->EntryScaleBytes() > 0) {
+    return InvalidArgument("the sequence's pages are read through side data (key-channel masks or cross-layer "
+                           "scales), which an image does not hold; export before compressing");
+  }
+  for (int l = 0; l < layout.n_layers; ++l) {
+    for (int h = 0; h < layout.n_kv_heads; ++h) {
+      const PageTable& t = s.kv->table(l, h);
+      SequenceKV::TableImage& ti = image.tables.emplace_back();
+      ti.length = t.length();
+      for (int p = 0; p < t.num_pages(); ++p) {
+        if (t.format(p) != kPagePacked && t.format(p) != kPageFull) {
+          return InvalidArgument("the sequence holds demoted or pruned pages, which an image does not hold; export "
+                                 "before compressing");
+        }
+        const PageId page = t.pages()[p];
+        ti.full.push_back(t.is_full(p) ? 1 : 0);
+        ti.pages.emplace_back(pool_->PageData(page), pool_->PageBytesOf(page));
+      }
+    }
+  }
+  return image;
+}
+
 void KVManager::ReleaseSequence(SeqId id) {
   KVX_CHECK(!in_step_);
   for (const auto& p : policies_) p->OnSequenceReleased(id);
@@ -340,6 +373,16 @@ bool KVManager::HasOncePolicy() const {
     if (policy->compresses_once()) return true;
   }
   return false;
+}
+
+std::optional<int> KVManager::PromptWindow() const {
+  int window = 0;
+  for (const auto& policy : policies_) {
+    const std::optional<int> w = policy->prompt_window();
+    if (!w.has_value()) return std::nullopt;
+    window = std::max(window, *w);
+  }
+  return window;
 }
 
 void KVManager::AddPolicy(std::unique_ptr<KVPolicy> policy) { policies_.push_back(std::move(policy)); }

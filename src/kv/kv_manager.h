@@ -44,6 +44,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -141,6 +142,11 @@ class KVManager {
   // checks. DataLoss naming the problem, ResourceExhausted when the pool
   // cannot hold the pages; on error nothing changed. REQUIRES: not in a step.
   Result<SeqId> ImportSequence(const SequenceImage& image);
+  // Everything sequence `id` holds, as ImportSequence takes it; the page
+  // spans point into the pool (valid until the next step, compression or
+  // release changes a page). Only f16 and packed pages can be exported
+  // (SequenceKV::Import's formats): InvalidArgument naming the format else.
+  Result<SequenceImage> ExportSequence(SeqId id) const;
   // Drops the sequence and returns its pages; then hands free memory to the
   // OS above the watermark. REQUIRES: not in a step.
   void ReleaseSequence(SeqId id);
@@ -184,6 +190,9 @@ class KVManager {
   // Whether some policy acts only at that moment (KVPolicy::compresses_once):
   // then whoever drives the sequences must call Compress.
   bool HasOncePolicy() const;
+  // The longest KVPolicy::prompt_window of the policies (0 without any);
+  // nullopt when some policy's state depends on the whole prompt.
+  std::optional<int> PromptWindow() const;
 
   // --- Policies (kv/policy/policy.h), run after every committed step ---
   void AddPolicy(std::unique_ptr<KVPolicy> policy);

@@ -170,6 +170,12 @@ void RegisterEval(CLI::App& app, int* exit_code) {
       ->check(Threads());
   cmd->add_option("-b,--batch-size", o.n_batch, "Prompt tokens per forward pass")->capture_default_str()
       ->check(IntIn(1, kMaxBatch));
+  cmd->add_option("--prefill-cache", o.prefill_cache_mib,
+                  "Retrieval tasks: MiB of prompt prefills kept for the other specs of the same codec, whose "
+                  "policies then run only the prompt's last calls (same results; 0: every spec prefills every "
+                  "prompt)")
+      ->capture_default_str()
+      ->check(IntIn(0, 1 << 20));
   cmd->add_option("--json", flags->json_file, "Write the JSON report here (rewritten as results arrive)");
   cmd->add_option("--report", flags->report_dir, "Write report.json, report.md and SVG plots into this folder");
   cmd->add_option("--render", flags->render_json,

@@ -59,6 +59,10 @@ class HeadTypingPolicy : public KVPolicy {
   Status OnStepCommitted(KVManager& manager, SeqId seq) override;
   Status Compress(KVManager& manager, SeqId seq) override;
   bool compresses_once() const override { return !continuous_; }
+  // Once, it reads only the head table and the pages.
+  std::optional<int> prompt_window() const override {
+    return continuous_ ? std::nullopt : std::optional<int>(0);
+  }
   Status CheckSpec(const KVSpec& spec, const KVLayout& layout) const override;
 
   const std::vector<uint8_t>& retrieval() const { return retrieval_; }

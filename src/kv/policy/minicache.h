@@ -78,6 +78,8 @@ class MiniCachePolicy : public KVPolicy {
     return Status::Ok();
   }
   Status Compress(KVManager& manager, SeqId seq) override;
+  // It merges at Compress from the pages alone.
+  std::optional<int> prompt_window() const override { return 0; }
   Status CheckSpec(const KVSpec& spec, const KVLayout& layout) const override;
 
   const MiniCacheConfig& config() const { return config_; }

@@ -16,6 +16,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -58,6 +59,14 @@ class KVPolicy {
     (void)layout;
     return Status::Ok();
   }
+  // What the policy's state after a prompt depends on besides the pages,
+  // for callers that run one prefill for several specs of the same codec
+  // (kvx eval: KVManager::ExportSequence, then the last calls of the prompt
+  // run again under each spec). N >= 0: at most the prompt's last N queries,
+  // seen through a window that a call of at least N queries fills anew (0:
+  // none). nullopt: it acts or accumulates over the whole prompt
+  // (continuous eviction, H2O's sums); the safe default.
+  virtual std::optional<int> prompt_window() const { return std::nullopt; }
   // The observer the forward pass runs with while this policy is active
   // (nullptr: the policy needs no attention probabilities, and attention
   // keeps its fast kernels).

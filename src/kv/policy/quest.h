@@ -34,6 +34,9 @@ class QuestPolicy : public KVPolicy {
   // spec is resolved instead (pre-RoPE keys, a budget under the forced pages).
   Status CheckSpec(const KVSpec& spec, const KVLayout& layout) const override;
   const PageSelection& selection() const { return selection_; }
+  // It observes nothing; the selection it turns on after a step reads the
+  // pages' bounds, computed from the pages when turned on.
+  std::optional<int> prompt_window() const override { return 0; }
 
  private:
   explicit QuestPolicy(const PageSelection& s) : selection_(s) {}

@@ -228,6 +228,17 @@ Status ScoredEvictionPolicy::Evict(KVManager& manager, SeqId seq) {
   return Status::Ok();
 }
 
+std::optional<int> ScoredEvictionPolicy::prompt_window() const {
+  if (config_.continuous) return std::nullopt;
+  const ObservationNeeds needs = scorer_->needs();
+  if (!needs.probabilities) return 0;
+  // A call of at least fold_window queries replaces the statistics
+  // (SequenceObservations::Fold), and the recorder sees its last
+  // query_window: equal windows make the last such call decide.
+  if (needs.fold_window > 0 && needs.query_window == needs.fold_window) return needs.fold_window;
+  return std::nullopt;
+}
+
 double LiveEntryFraction(const SequenceKV& kv) {
   const KVLayout& L = kv.layout();
   int64_t live = 0, slots = 0;

@@ -98,6 +98,10 @@ class ScoredEvictionPolicy : public KVPolicy {
   Status OnStepCommitted(KVManager& manager, SeqId seq) override;
   Status Compress(KVManager& manager, SeqId seq) override;
   bool compresses_once() const override { return !config_.continuous; }
+  // Once-mode scorers that see no probabilities or a replacing window
+  // (SnapKV, TOVA, CAKE, ...) depend on the prompt's last queries only;
+  // accumulated sums (H2O) and continuous eviction on all of it.
+  std::optional<int> prompt_window() const override;
   void OnSequenceReleased(SeqId seq) override;
   Status CheckSpec(const KVSpec& spec, const KVLayout& layout) const override;
   AttentionObserver* observer() override { return recorder_.get(); }

@@ -88,6 +88,8 @@ class ThinKPolicy : public KVPolicy, public AttentionObserver {
   Status OnStepCommitted(KVManager& manager, SeqId seq) override;
   Status Compress(KVManager& manager, SeqId seq) override;
   bool compresses_once() const override { return true; }
+  // The ring of the last `window` prompt queries.
+  std::optional<int> prompt_window() const override { return config_.window; }
   void OnSequenceReleased(SeqId seq) override;
   Status CheckSpec(const KVSpec& spec, const KVLayout& layout) const override;
   AttentionObserver* observer() override { return this; }
