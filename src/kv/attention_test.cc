@@ -245,6 +245,45 @@ TEST(AttentionTest2, ObserverSeesNormalisedMaskedProbabilities) {
   EXPECT_INVARIANTS(*bp);
 }
 
+// A prompt-like call: the early query rows skip the later pages entirely,
+// and the observer must still see 0 there. Its score matrices are kept
+// across calls and not pre-filled (the items write -inf for the pages they
+// skip), so a call where everything was visible runs first and leaves
+// finite scores behind.
+TEST(AttentionTest2, ObserverSeesZeroOnSkippedPagesAfterAnEarlierCall) {
+  const KVLayout layout{1, 2, 8, 4};
+  auto bp = std::move(BlockPool::Create({.budget_bytes = 1 << 20, .page_bytes = PageBytes(layout, CodecId::kF32)})).value();
+  SequenceKV kv(bp.get(), layout, CodecId::kF32);
+  const int n = 40, n_heads = 4;
+  std::vector<int32_t> pos(n);
+  for (int i = 0; i < n; ++i) pos[i] = i;
+  std::vector<float> k(n * 2 * 8), v(k.size()), q(n * n_heads * 8);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd;
+  for (auto* vec : {&k, &v, &q}) for (auto& x : *vec) x = nd(rng);
+  ASSERT_TRUE(kv.Append(0, n, pos.data(), k.data(), v.data()).ok());
+  ThreadPool threads(2);
+  std::vector<float> out(q.size());
+  {
+    RecordingObserver warm;  // every query after every entry: all scores finite
+    std::vector<int32_t> late(n, 100);
+    Attention(kv, 0, q.data(), late.data(), n, n_heads, 0.3f, out.data(), &threads, &warm);
+  }
+  RecordingObserver obs;
+  Attention(kv, 0, q.data(), pos.data(), n, n_heads, 0.3f, out.data(), &threads, &obs);
+  ASSERT_EQ(obs.calls_.size(), static_cast<size_t>(n * n_heads));
+  for (const auto& call : obs.calls_) {
+    double sum = 0;
+    for (int j = 0; j < n; ++j) {
+      sum += call.probs[j];
+      if (pos[j] > call.query_index) {
+        EXPECT_EQ(call.probs[j], 0.0f) << "query " << call.query_index << " entry " << j;
+      }
+    }
+    EXPECT_NEAR(sum, 1.0, 1e-5) << "query " << call.query_index;
+  }
+}
+
 // Contexts longer than one chunk are split into independent work items and
 // merged with the log-sum-exp rule: same result as the dense reference, and
 // bit-identical whatever the thread count (decode and prefill-like queries).
