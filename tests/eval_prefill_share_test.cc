@@ -51,6 +51,7 @@ TEST(EvalPrefillShareTest, ReportsAreTheSameWithAndWithoutTheSharedPrefill) {
   o.depths = {0.5};
   o.passkey_trials = 1;
   o.ruler_trials = 1;
+  o.data_dir = testing::SharedPath("data");  // niah's essays (ctest runs in the build folder)
   for (const std::string compress : {"excluded", "included"}) {
     SCOPED_TRACE(compress);
     o.compress = compress;
