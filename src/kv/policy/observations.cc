@@ -51,15 +51,38 @@ void ProbabilityRecorder::OnProbabilities(int seq, int layer, int /*query_index*
     hs = &obs->mutable_head(layer, head);  // map nodes stay put
   }
   int32_t top = -1;
-  int visible = 0;
+  int visible = 0, last = -1;
   for (int j = 0; j < n; ++j) {
     if (probs[j] > 0.0f) {
       top = std::max(top, positions[j]);
       ++visible;
+      last = j;
     }
   }
   const float low_threshold = visible > 0 ? 1.0f / static_cast<float>(visible) : 0.0f;
   std::lock_guard<std::mutex> lock(stripes_[(static_cast<size_t>(seq) * 131 + layer * 17 + head) % stripes_.size()]);
+  // A prompt's chain before any eviction holds positions p0, p0 + 1, ...:
+  // then the sums are one vectorizable add per entry up to the last one
+  // attended (a masked entry adds 0, which changes no sum), not a scattered
+  // add behind a branch (a fifth of an H2O prefill). Low hits and entropy
+  // must skip the zeros, so they keep the general loop.
+  if (last >= 0 && !needs_.low_hits && !needs_.entropy && positions[0] >= 0 &&
+      positions[last] == positions[0] + last && top == positions[last]) {
+    bool contiguous = true;
+    for (int j = 1; j <= last; ++j) contiguous &= positions[j] == positions[0] + j;
+    if (contiguous) {
+      Grow(&hs->sum, static_cast<size_t>(top) + 1);
+      float* sum = hs->sum.data() + positions[0];
+      for (int j = 0; j <= last; ++j) sum[j] += probs[j];
+      if (needs_.squares) {
+        Grow(&hs->sq, static_cast<size_t>(top) + 1);
+        float* sq = hs->sq.data() + positions[0];
+        for (int j = 0; j <= last; ++j) sq[j] += probs[j] * probs[j];
+      }
+      hs->queries += 1.0;
+      return;
+    }
+  }
   const size_t need = static_cast<size_t>(top) + 1;
   Grow(&hs->sum, need);
   if (needs_.squares) Grow(&hs->sq, need);
