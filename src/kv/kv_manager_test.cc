@@ -324,6 +324,48 @@ TEST(KVManagerTest, ForkPrefixSharesPagesAndCopiesOnWrite) {
   }
 }
 
+// ExportSequence's image imported into another manager of the same spec
+// (what kvx eval's prefill cache does) holds the same entries, tokens and
+// hashes, and the copy is independent of the original; pages an image
+// cannot describe (demoted ones) are refused, naming the way out.
+TEST(KVManagerTest, ExportedSequencesImportUnchangedIntoAnotherManager) {
+  for (const std::string spec : {"codec=f16,page=16", "codec=kivi4,page=8,residual=8", "codec=int4,page=16"}) {
+    SCOPED_TRACE(spec);
+    auto a = MakeManager(spec), b = MakeManager(spec);
+    std::mt19937 rng(8);
+    const SeqId src = a->AddSequence(7);
+    ASSERT_TRUE(RunStep(*a, {{src, 45}}, rng).ok());
+    auto image = a->ExportSequence(src);
+    ASSERT_TRUE(image.ok()) << image.status().ToString();
+    auto dst = b->ImportSequence(*image);
+    ASSERT_TRUE(dst.ok()) << dst.status().ToString();
+    ASSERT_TRUE(b->CheckInvariants().ok()) << b->CheckInvariants().ToString();
+    EXPECT_EQ(b->tokens(*dst), a->tokens(src));
+    EXPECT_EQ(b->block_hashes(*dst), a->block_hashes(src));
+    EXPECT_EQ(b->salt(*dst), 7u);
+    for (int l = 0; l < kShape.n_layers; ++l) {
+      for (int h = 0; h < kShape.n_kv_heads; ++h) EXPECT_EQ(LiveEntries(b->kv(*dst), l, h), LiveEntries(a->kv(src), l, h));
+    }
+    // The copy grows on its own (a KIVI staging page may seal); the original
+    // stays as it was, and outlives nothing it shares.
+    const auto before = LiveEntries(a->kv(src), 1, 1);
+    ASSERT_TRUE(RunStep(*b, {{*dst, 9}}, rng).ok());
+    EXPECT_EQ(LiveEntries(a->kv(src), 1, 1), before);
+    a->ReleaseSequence(src);
+    ASSERT_TRUE(b->CheckInvariants().ok()) << b->CheckInvariants().ToString();
+    EXPECT_EQ(b->length(*dst), 54);
+  }
+  auto m = MakeManager("codec=f16,page=16");
+  std::mt19937 rng(9);
+  const SeqId s = m->AddSequence();
+  ASSERT_TRUE(RunStep(*m, {{s, 48}}, rng).ok());
+  ASSERT_TRUE(m->kv(s).SetDemotionCodec(CodecId::kInt2).ok());
+  ASSERT_TRUE(m->kv(s).DemoteEntries(0, 0, {20, 21, 22}).ok());
+  const auto refused = m->ExportSequence(s);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("before compressing"), std::string::npos) << refused.status().ToString();
+}
+
 // Random add / step / fork / remove / compact / release with every
 // invariant checked after each operation.
 TEST(KVManagerTest, RandomizedOperationsKeepInvariants) {
