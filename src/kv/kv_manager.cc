@@ -39,16 +39,18 @@ Result<ResolvedKVSpec> ResolveKVSpec(const KVSpec& spec, const KVLayout& model_l
                            " tokens; lower -c");
   }
   if (n_seqs < 1) return InvalidArgument("sequence count must be at least 1");
+  uint64_t headroom = 0;  // what compressing a full sequence holds before it frees (KVPolicy)
   for (const PolicySpec& p : spec.policies) {  // an unknown policy or parameter is an error here, on every path
     KVX_ASSIGN_OR_RETURN(auto policy, PolicyRegistry::Global().Create(p.name, p.params));
     KVX_RETURN_IF_ERROR(policy->CheckSpec(spec, r.layout));
+    headroom += policy->CompressionHeadroomBytes(spec, r.layout, n_ctx);
   }
   r.n_ctx = n_ctx;
   r.n_seqs = n_seqs;
   r.layers = ResolveLayers(r.layout, spec.codec);
   r.budget_bytes = spec.budget_bytes;
   if (r.budget_bytes == 0) {
-    r.budget_bytes = BudgetForContext(r.layout, spec.codec, n_ctx) * static_cast<uint64_t>(n_seqs);
+    r.budget_bytes = (BudgetForContext(r.layout, spec.codec, n_ctx) + headroom) * static_cast<uint64_t>(n_seqs);
   }
   // The smallest useful budget: one token of one sequence in every table.
   const uint64_t one_token = BudgetForContext(r.layout, spec.codec, 1);

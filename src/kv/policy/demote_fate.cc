@@ -82,6 +82,12 @@ Status DemoteFate::CheckSpec(const KVSpec& spec, const KVLayout& layout) const {
                          std::to_string(smallest_layer) + " bytes), so demoting would save nothing; " + fix);
 }
 
+uint64_t DemoteFate::HeadroomBytes(const KVLayout& layout, int64_t evicted) const {
+  if (!DemotionCodecProblem(codec_, layout).empty()) return 0;  // refused by CheckSpec
+  const uint64_t pages = static_cast<uint64_t>((evicted + layout.page_tokens - 1) / layout.page_tokens + 1);
+  return pages * DemotedPageBytes(codec_, layout) * static_cast<uint64_t>(layout.n_layers) * layout.n_kv_heads;
+}
+
 Status DemoteFate::Apply(KVManager& manager, SeqId seq, int layer, int kv_head, const std::vector<int>& evicted,
                          const std::vector<int>& /*kept*/) {
   SequenceKV& kv = manager.kv(seq);

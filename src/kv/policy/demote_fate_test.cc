@@ -206,6 +206,27 @@ TEST(DemoteFateTest, ADemotionLeavesItsSourcePagesCompacted) {
   }
 }
 
+TEST(DemoteFateTest, AFullPoolCanBeCompressed) {
+  // The pool sized for exactly the context, the context full: the demoted
+  // pages are written before compaction frees their sources, so the budget
+  // derived from the context holds that headroom (CompressionHeadroomBytes);
+  // without it the compression failed with "KV budget exhausted".
+  for (const std::string codec : {"codec=f16", "codec=int4", "codec=kivi4,residual=0"}) {
+    SCOPED_TRACE(codec);
+    auto rig = std::make_unique<EvictionRig>(codec + ",page=16;policy=mikv,ratio=0.875,window=8,sinks=0,mode=once",
+                                             KVLayout{2, 2, kDim, kPage}, 2, kTokens);
+    auto pattern = [](int, int, int32_t, int32_t pos) { return kHeavy.count(pos) ? 50.0 : 1.0; };
+    auto key = [](int, int, int32_t pos, int c) { return KeyOf(pos, c); };
+    ASSERT_TRUE(rig->Step(kTokens, pattern, kTokens, key).ok());
+    KVManager& m = rig->manager();
+    const uint64_t before = m.kv(rig->seq()).BytesInUse();
+    const Status st = m.Compress(rig->seq());
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    EXPECT_LT(m.kv(rig->seq()).BytesInUse(), before);
+    EXPECT_EQ(rig->LiveSet(0, 0).size(), static_cast<size_t>(kTokens));
+  }
+}
+
 TEST(DemoteFateTest, ContinuousDemotionKeepsPagesDenseAndForksWork) {
   // mikv's defaults: H2O, continuous, ratio 0.75, int2. Decode steps demote
   // an entry or two at a time into the free slots of the demoted pages.

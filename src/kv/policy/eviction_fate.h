@@ -39,6 +39,13 @@ class EvictionFate {
   virtual Status Apply(KVManager& manager, SeqId seq, int layer, int kv_head, const std::vector<int>& evicted,
                        const std::vector<int>& kept) = 0;
   // As KVPolicy::CheckSpec (e.g. a fate that needs a quantized codec).
+  // As KVPolicy::CompressionHeadroomBytes, for `evicted` entries of every
+  // table (layout): what the fate allocates before they are compacted away.
+  virtual uint64_t HeadroomBytes(const KVLayout& layout, int64_t evicted) const {
+    (void)layout;
+    (void)evicted;
+    return 0;
+  }
   virtual Status CheckSpec(const KVSpec& spec, const KVLayout& layout) const {
     (void)spec;
     (void)layout;

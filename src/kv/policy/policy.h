@@ -67,6 +67,16 @@ class KVPolicy {
   // none). nullopt: it acts or accumulates over the whole prompt
   // (continuous eviction, H2O's sums); the safe default.
   virtual std::optional<int> prompt_window() const { return std::nullopt; }
+  // Pool bytes a compression of an n_ctx-token sequence may hold beyond its
+  // pages before it frees any (a demotion writes the low-bit copies before
+  // compaction returns the sources): ResolveKVSpec adds it to a budget
+  // sized from the context, so a policy can compress a full pool.
+  virtual uint64_t CompressionHeadroomBytes(const KVSpec& spec, const KVLayout& layout, int n_ctx) const {
+    (void)spec;
+    (void)layout;
+    (void)n_ctx;
+    return 0;
+  }
   // The observer the forward pass runs with while this policy is active
   // (nullptr: the policy needs no attention probabilities, and attention
   // keeps its fast kernels).

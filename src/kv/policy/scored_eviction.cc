@@ -228,6 +228,13 @@ Status ScoredEvictionPolicy::Evict(KVManager& manager, SeqId seq) {
   return Status::Ok();
 }
 
+uint64_t ScoredEvictionPolicy::CompressionHeadroomBytes(const KVSpec& /*spec*/, const KVLayout& layout,
+                                                        int n_ctx) const {
+  const int64_t evicted = config_.budget > 0 ? std::max<int64_t>(0, n_ctx - config_.budget)
+                                             : static_cast<int64_t>(std::ceil(config_.ratio * n_ctx));
+  return fate_->HeadroomBytes(layout, evicted);
+}
+
 std::optional<int> ScoredEvictionPolicy::prompt_window() const {
   if (config_.continuous) return std::nullopt;
   const ObservationNeeds needs = scorer_->needs();

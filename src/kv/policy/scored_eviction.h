@@ -102,6 +102,7 @@ class ScoredEvictionPolicy : public KVPolicy {
   // (SnapKV, TOVA, CAKE, ...) depend on the prompt's last queries only;
   // accumulated sums (H2O) and continuous eviction on all of it.
   std::optional<int> prompt_window() const override;
+  uint64_t CompressionHeadroomBytes(const KVSpec& spec, const KVLayout& layout, int n_ctx) const override;
   void OnSequenceReleased(SeqId seq) override;
   Status CheckSpec(const KVSpec& spec, const KVLayout& layout) const override;
   AttentionObserver* observer() override { return recorder_.get(); }
