@@ -131,7 +131,11 @@ METHODS = {
         "instead of dropped (\"no token left behind\"), the important at high precision.",
         "fate=demote: the evicted move into int2 pages (group 32) of their own chain and stay attended; the "
         "ratio is the fraction demoted, so the bytes saved are about 0.8 x ratio of f16, not the ratio; no "
-        "per-channel key balancer (docs/kv-merging.md)."),
+        "per-channel key balancer (docs/kv-merging.md). A – in a mikv row (here and in int4+mikv, kivi4+mikv) "
+        "is a run that failed with \"KV budget exhausted\": the demoted pages are written before compaction "
+        "frees their sources, and a prompt that filled the pool left no room. Fixed (the budget derived from "
+        "the context now holds that headroom, KVPolicy::CompressionHeadroomBytes); runs made before the fix "
+        "keep their –."),
     "think": (
         lambda r, n: "codec=f16;policy=think,lambda=%g" % r,
         "Xu et al. 2024 (ThinK): per head, keep the key channels with the largest |Qw[:,c]| |K[:,c]| over the "
