@@ -148,53 +148,6 @@ uint64_t MaxBodyBytes(const Engine& e) {
          static_cast<uint64_t>(e.model().config().n_vocab) * 4 + (1u << 20);
 }
 
-// The file records each page as f16 or packed in the layer codec, and
-// nothing beside the pages: pages of the other formats, and tables that read
-// their pages through side data, cannot be stored yet. One refusal names
-// every such kind the sequence holds, why it cannot be stored, and what to do.
-Status CheckStorablePageFormats(const kv::SequenceKV& kv) {
-  struct Unstorable {
-    const char* what;    // the pages
-    const char* policy;  // the policy that writes them
-    const char* why;     // what the file has no field for
-    const char* also;    // a way out besides saving before compressing ("" when none)
-  };
-  static constexpr Unstorable kMerged{"pages merged across layers", "policy=minicache",
-                                      "shared pages read with per-layer norms", ""};
-  static constexpr Unstorable kPruned{"key-channel-pruned pages", "policy think", "pruned keys and their channel masks",
-                                      ""};
-  static constexpr Unstorable kDemoted{"demoted pages", "policy mikv / fate=demote", "pages in the demotion codec",
-                                       "use fate=drop instead of fate=demote"};
-  bool pruned = false, demoted = false;
-  const kv::KVLayout& layout = kv.layout();
-  for (int l = 0; l < layout.n_layers; ++l) {
-    for (int h = 0; h < layout.n_kv_heads; ++h) {
-      const kv::PageTable& t = kv.table(l, h);
-      for (int p = 0; p < t.num_pages(); ++p) {
-        if (t.format(p) == kv::kPagePruned) {
-          pruned = true;
-        } else if (t.format(p) != kv::kPagePacked && t.format(p) != kv::kPageFull) {
-          demoted = true;
-        }
-      }
-    }
-  }
-  std::vector<const Unstorable*> found;
-  if (kv.EntryScaleBytes() > 0) found.push_back(&kMerged);
-  if (pruned) found.push_back(&kPruned);
-  if (demoted) found.push_back(&kDemoted);
-  if (found.empty()) return Status::Ok();
-  std::string msg = "session files cannot store this sequence's KV cache yet: it holds ";
-  std::string fixes = "save before compressing";
-  for (size_t i = 0; i < found.size(); ++i) {
-    if (i > 0) msg += i + 1 < found.size() ? ", " : " and ";
-    msg += std::string(found[i]->what) + " (" + found[i]->policy + ": the file has no field for " + found[i]->why +
-           ")";
-    if (*found[i]->also != '\0') fixes += std::string(", or ") + found[i]->also;
-  }
-  return Unimplemented(msg + "; " + fixes);
-}
-
 }  // namespace
 
 Result<std::string> EncodeSession(const Engine& engine, kv::SeqId seq, const SessionExtras& extras,
@@ -220,8 +173,12 @@ Result<std::string> EncodeSession(const Engine& engine, kv::SeqId seq, const Ses
   w.U32(static_cast<uint32_t>(layout.page_tokens));
   w.Str(PageSpec(m.spec().spec));
 
-  KVX_RETURN_IF_ERROR(CheckStorablePageFormats(m.kv(seq)));  // names what cannot be stored, and the fix
-  KVX_ASSIGN_OR_RETURN(const kv::KVManager::SequenceImage image, m.ExportSequence(seq));
+  // The export names what cannot be stored (pages merged, pruned or demoted), and the fix.
+  Result<kv::KVManager::SequenceImage> exported = m.ExportSequence(seq);
+  if (!exported.ok()) {
+    return Status(exported.status().code(), "session files cannot store this sequence: " + exported.status().message());
+  }
+  const kv::KVManager::SequenceImage& image = *exported;
   const size_t n = image.tokens.size();
   w.U64(image.salt);
   w.U8(image.entries_removed ? 1 : 0);

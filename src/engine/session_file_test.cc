@@ -157,11 +157,11 @@ TEST(SessionFileTest, UnstorablePageFormatsAreRefusedByName) {
     const char* fix;    // and the way out it must give
   };
   for (const Case& c : {Case{"codec=f16,page=8;policy=minicache,start=0",
-                             "pages merged across layers (policy=minicache", "save before compressing"},
+                             "pages merged across layers (policy=minicache", "save (export) before compressing"},
                         Case{"codec=f16,page=8;policy=think,keep=8,recent=16,window=4",
-                             "key-channel-pruned pages (policy think", "save before compressing"},
+                             "key-channel-pruned pages (policy think", "save (export) before compressing"},
                         Case{"codec=int8,page=8;policy=think,keep=8,recent=16,window=4",  // quantized pruned pages
-                             "key-channel-pruned pages (policy think", "save before compressing"},
+                             "key-channel-pruned pages (policy think", "save (export) before compressing"},
                         Case{"codec=f16,page=8;policy=mikv,ratio=0.75,window=8,sinks=0,mode=once",
                              "demoted pages (policy mikv / fate=demote", "or use fate=drop"}}) {
     SCOPED_TRACE(c.spec);

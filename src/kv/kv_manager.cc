@@ -202,6 +202,58 @@ Result<SeqId> KVManager::ImportSequence(const SequenceImage& image) {
   return id;
 }
 
+namespace {
+
+// An image holds each page as f16 or packed in the layer codec, and nothing
+// beside the pages: pages of the other formats, and tables that read their
+// pages through side data, cannot be exported yet. One refusal names every
+// such kind the sequence holds, why, and what to do (session files and the
+// eval prefill cache both export through here).
+Status CheckExportable(const SequenceKV& kv) {
+  struct Unexportable {
+    const char* what;    // the pages
+    const char* policy;  // the policy that writes them
+    const char* why;     // what an image has no field for
+    const char* also;    // a way out besides exporting before compressing ("" when none)
+  };
+  static constexpr Unexportable kMerged{"pages merged across layers", "policy=minicache",
+                                        "shared pages read with per-layer norms", ""};
+  static constexpr Unexportable kPruned{"key-channel-pruned pages", "policy think",
+                                        "pruned keys and their channel masks", ""};
+  static constexpr Unexportable kDemoted{"demoted pages", "policy mikv / fate=demote", "pages in the demotion codec",
+                                         "use fate=drop instead of fate=demote"};
+  bool pruned = kv.KeyChannelBytes() > 0, demoted = false;
+  const KVLayout& layout = kv.layout();
+  for (int l = 0; l < layout.n_layers; ++l) {
+    for (int h = 0; h < layout.n_kv_heads; ++h) {
+      const PageTable& t = kv.table(l, h);
+      for (int p = 0; p < t.num_pages(); ++p) {
+        if (t.format(p) == kPagePruned) {
+          pruned = true;
+        } else if (t.format(p) != kPagePacked && t.format(p) != kPageFull) {
+          demoted = true;
+        }
+      }
+    }
+  }
+  std::vector<const Unexportable*> found;
+  if (kv.EntryScaleBytes() > 0) found.push_back(&kMerged);
+  if (pruned) found.push_back(&kPruned);
+  if (demoted) found.push_back(&kDemoted);
+  if (found.empty()) return Status::Ok();
+  std::string msg = "this sequence's KV cache cannot be exported yet: it holds ";
+  std::string fixes = "save (export) before compressing";
+  for (size_t i = 0; i < found.size(); ++i) {
+    if (i > 0) msg += i + 1 < found.size() ? ", " : " and ";
+    msg += std::string(found[i]->what) + " (" + found[i]->policy + ": an exported image has no field for " +
+           found[i]->why + ")";
+    if (*found[i]->also != '\0') fixes += std::string(", or ") + found[i]->also;
+  }
+  return Unimplemented(msg + "; " + fixes);
+}
+
+}  // namespace
+
 Result<KVManager::SequenceImage> KVManager::ExportSequence(SeqId id) const {
   KVX_CHECK(!in_step_);
   const Sequence& s = Seq(id);
@@ -211,21 +263,14 @@ Result<KVManager::SequenceImage> KVManager::ExportSequence(SeqId id) const {
   image.block_hashes = s.block_hashes;
   image.salt = s.salt;
   image.entries_removed = s.entries_removed;
+  KVX_RETURN_IF_ERROR(CheckExportable(*s.kv));
   const KVLayout& layout = spec_.layout;
-  if (s.kv->KeyChannelBytes() > 0 || s.kv->EntryScaleBytes() > 0) {
-    return InvalidArgument("the sequence's pages are read through side data (key-channel masks or cross-layer "
-                           "scales), which an image does not hold; export before compressing");
-  }
   for (int l = 0; l < layout.n_layers; ++l) {
     for (int h = 0; h < layout.n_kv_heads; ++h) {
       const PageTable& t = s.kv->table(l, h);
       SequenceKV::TableImage& ti = image.tables.emplace_back();
       ti.length = t.length();
       for (int p = 0; p < t.num_pages(); ++p) {
-        if (t.format(p) != kPagePacked && t.format(p) != kPageFull) {
-          return InvalidArgument("the sequence holds demoted or pruned pages, which an image does not hold; export "
-                                 "before compressing");
-        }
         const PageId page = t.pages()[p];
         ti.full.push_back(t.is_full(p) ? 1 : 0);
         ti.pages.emplace_back(pool_->PageData(page), pool_->PageBytesOf(page));

@@ -144,8 +144,9 @@ class KVManager {
   Result<SeqId> ImportSequence(const SequenceImage& image);
   // Everything sequence `id` holds, as ImportSequence takes it; the page
   // spans point into the pool (valid until the next step, compression or
-  // release changes a page). Only f16 and packed pages can be exported
-  // (SequenceKV::Import's formats): InvalidArgument naming the format else.
+  // release changes a page). Only f16 and packed pages without side data can
+  // be exported (SequenceKV::Import's formats): else Unimplemented naming every
+  // kind of page the sequence holds that cannot be, and the way out.
   Result<SequenceImage> ExportSequence(SeqId id) const;
   // Drops the sequence and returns its pages; then hands free memory to the
   // OS above the watermark. REQUIRES: not in a step.

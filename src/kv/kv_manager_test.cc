@@ -363,6 +363,9 @@ TEST(KVManagerTest, ExportedSequencesImportUnchangedIntoAnotherManager) {
   ASSERT_TRUE(m->kv(s).DemoteEntries(0, 0, {20, 21, 22}).ok());
   const auto refused = m->ExportSequence(s);
   ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kUnimplemented) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("demoted pages (policy mikv / fate=demote"), std::string::npos)
+      << refused.status().ToString();
   EXPECT_NE(refused.status().message().find("before compressing"), std::string::npos) << refused.status().ToString();
 }
 

@@ -46,6 +46,7 @@ class DemoteFate : public EvictionFate {
   // The demoted pages of every table: they are written before compaction
   // frees the pages the entries came from (at most ceil(evicted / T) + 1 a
   // table; bounded by all tables at once, as policies compress table by table).
+  bool allocates() const override { return true; }
   uint64_t HeadroomBytes(const KVLayout& layout, int64_t evicted) const override;
 
   CodecId codec() const { return codec_; }

@@ -38,7 +38,10 @@ class EvictionFate {
   // then marks the sequence (MarkEntriesRemoved) and compacts.
   virtual Status Apply(KVManager& manager, SeqId seq, int layer, int kv_head, const std::vector<int>& evicted,
                        const std::vector<int>& kept) = 0;
-  // As KVPolicy::CheckSpec (e.g. a fate that needs a quantized codec).
+  // Whether Apply allocates pages (demote: the evicted move to new low-bit
+  // pages) before the policy's compaction frees their sources; the policy
+  // then checks whether a table grew, which costs a walk over its pages.
+  virtual bool allocates() const { return false; }
   // As KVPolicy::CompressionHeadroomBytes, for `evicted` entries of every
   // table (layout): what the fate allocates before they are compacted away.
   virtual uint64_t HeadroomBytes(const KVLayout& layout, int64_t evicted) const {
@@ -46,6 +49,7 @@ class EvictionFate {
     (void)evicted;
     return 0;
   }
+  // As KVPolicy::CheckSpec (e.g. a fate that needs a quantized codec).
   virtual Status CheckSpec(const KVSpec& spec, const KVLayout& layout) const {
     (void)spec;
     (void)layout;

@@ -193,7 +193,8 @@ Status ScoredEvictionPolicy::Evict(KVManager& manager, SeqId seq) {
       for (size_t i = 0; i < slots[h].size(); ++i) (kept[h][i] ? stay : evicted).push_back(slots[h][i]);
       if (evicted.empty()) continue;
       std::sort(stay.begin(), stay.end());
-      const size_t bytes_before = TableBytes(kv, l, h);
+      const bool allocates = fate_->allocates();
+      const size_t bytes_before = allocates ? TableBytes(kv, l, h) : 0;
       if (Status st = fate_->Apply(manager, seq, l, h, evicted, stay); !st.ok()) {
         // Heads done so far stay evicted: the sequence must say so.
         if (removed) manager.MarkEntriesRemoved(seq);
@@ -210,7 +211,7 @@ Status ScoredEvictionPolicy::Evict(KVManager& manager, SeqId seq) {
       // whatever the threshold, keeps an eviction from ever growing a table
       // it can shrink; in continuous mode it costs one compaction per new
       // demoted page, not one per step.
-      if (fill < config_.compact || TableBytes(kv, l, h) > bytes_before) {
+      if (fill < config_.compact || (allocates && TableBytes(kv, l, h) > bytes_before)) {
         const int before = t.num_pages();
         if (Status st = kv.Compact(l, h); !st.ok()) {
           manager.MarkEntriesRemoved(seq);
