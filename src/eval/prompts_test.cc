@@ -4,32 +4,12 @@
 
 #include <set>
 
+#include "support/char_tokenizer.h"
+
 namespace kvx::eval {
 namespace {
 
-// A character-level SentencePiece-style vocabulary: <unk> <s> </s>, "▁" and
-// every printable ASCII character, so token counts are easy to reason about
-// (one token per character, spaces included, plus BOS).
-std::unique_ptr<model::Tokenizer> CharTokenizer() {
-  model::TokenizerVocab v;
-  v.tokens = {"<unk>", "<s>", "</s>", "\xe2\x96\x81", "\n"};
-  v.token_types = {2, 3, 3, 1, 1};
-  for (char c = '!'; c <= '~'; ++c) {
-    v.tokens.push_back(std::string(1, c));
-    v.token_types.push_back(1);
-  }
-  v.scores.assign(v.tokens.size(), 0.0f);
-  auto tok = model::Tokenizer::FromVocab(v);
-  EXPECT_TRUE(tok.ok()) << tok.status().ToString();
-  return std::move(*tok);
-}
-
-std::string Text(const model::Tokenizer& tok, const std::vector<int32_t>& ids) {
-  // Without BOS and without the space the vocabulary puts in front.
-  std::string t = tok.Detokenize(ids, /*remove_special=*/true, /*unparse_special=*/false);
-  while (!t.empty() && t.front() == ' ') t.erase(t.begin());
-  return t;
-}
+using testing::CharTokenizer;
 
 TEST(PromptsTest, PasskeyTextMatchesLlamaCpp) {
   const std::string p = PasskeyPromptText(2, 1, 123);
@@ -55,16 +35,16 @@ TEST(PromptsTest, PasskeyPlanFillsTheLength) {
     const int length = plan->cells[it.cell].length;
     EXPECT_LE(static_cast<int>(it.prompt.size()) + 16, length);
     EXPECT_GT(static_cast<int>(it.prompt.size()) + 16 + junk_tokens, length);  // one more unit would not fit
-    const std::string text = Text(*tok, it.prompt);
+    const std::string text = testing::CharText(*tok, it.prompt);
     EXPECT_NE(text.find("The pass key is " + it.expected + ". Remember it."), std::string::npos);
     const int key = std::stoi(it.expected);
     EXPECT_GE(key, 1);
     EXPECT_LE(key, 50000);
   }
   // Depth 0: the needle comes right after the prefix; depth 1: right before the question.
-  const std::string d0 = Text(*tok, plan->items[0].prompt);
+  const std::string d0 = testing::CharText(*tok, plan->items[0].prompt);
   EXPECT_NE(d0.find("there. The pass key is"), std::string::npos);
-  const std::string d1 = Text(*tok, plan->items[4].prompt);
+  const std::string d1 = testing::CharText(*tok, plan->items[4].prompt);
   EXPECT_NE(d1.find("is the pass key. What is the pass key?"), std::string::npos);
   // Same seed, same prompts.
   auto again = BuildPasskeyPlan(*tok, {400, 800}, {0.0, 0.5, 1.0}, 2, 16, 7);
@@ -81,9 +61,9 @@ TEST(PromptsTest, PromptsAreSplitBeforeTheQuestion) {
   for (const GenItem& it : passkey->items) {
     ASSERT_GT(it.question_start, 0);
     const std::vector<int32_t> q(it.prompt.begin() + it.question_start, it.prompt.end());
-    EXPECT_EQ(Text(*tok, q), "What is the pass key? The pass key is");
+    EXPECT_EQ(testing::CharText(*tok, q), "What is the pass key? The pass key is");
     const std::vector<int32_t> ctx(it.prompt.begin(), it.prompt.begin() + it.question_start);
-    EXPECT_NE(Text(*tok, ctx).find("The pass key is " + it.expected), std::string::npos);
+    EXPECT_NE(testing::CharText(*tok, ctx).find("The pass key is " + it.expected), std::string::npos);
   }
   std::string hay;
   for (int i = 0; i < 200; ++i) hay += "Sentence number " + std::to_string(i) + " is here. ";
@@ -113,12 +93,12 @@ TEST(PromptsTest, NeedlePlanFillsTheLength) {
     const int length = plan->cells[it.cell].length;
     EXPECT_LE(static_cast<int>(it.prompt.size()) + 32, length);
     EXPECT_GE(static_cast<int>(it.prompt.size()) + 32, length - 2);  // character tokens: fills to the token
-    const std::string text = Text(*tok, it.prompt);
+    const std::string text = testing::CharText(*tok, it.prompt);
     EXPECT_NE(text.find(std::string(kNeedle)), std::string::npos);
     EXPECT_EQ(text.substr(text.size() - 40), std::string(kNeedleQuestion).substr(kNeedleQuestion.size() - 40));
     EXPECT_EQ(it.expected, kNeedleAnswer);
   }
-  EXPECT_EQ(Text(*tok, plan->items[0].prompt).find("The best thing"), 0u);
+  EXPECT_EQ(testing::CharText(*tok, plan->items[0].prompt).find("The best thing"), 0u);
   EXPECT_FALSE(BuildNeedlePlan(*tok, "short.", {300}, {0.5}, 32).ok());  // haystack too short
 }
 
@@ -137,7 +117,7 @@ TEST(PromptsTest, LinesPlanKeepsTheAskedLineAtItsDepth) {
   EXPECT_EQ(dropped, (std::vector<int>{40, 1000}));  // 20 lines (the whole record) do not fit in 600
   ASSERT_EQ(plan->cells.size(), 2u);
   ASSERT_EQ(plan->items.size(), 2u);  // one case
-  const std::string four = Text(*tok, plan->items[0].prompt);
+  const std::string four = testing::CharText(*tok, plan->items[0].prompt);
   // depth 15/19 of 4 lines -> the asked line is the 3rd of the window (n-13 .. n-16).
   EXPECT_NE(four.find("Header.\n\nline n-13: REGISTER_CONTENT is <113>\nline n-14"), std::string::npos) << four;
   EXPECT_NE(four.find("line n-16: REGISTER_CONTENT is <116>\n\nNow the record is over."), std::string::npos);

@@ -6,31 +6,12 @@
 #include <set>
 
 #include "eval/text_score.h"
+#include "support/char_tokenizer.h"
 
 namespace kvx::eval {
 namespace {
 
-// One token per character (as prompts_test.cc), so token counts are easy to
-// reason about.
-std::unique_ptr<model::Tokenizer> CharTokenizer() {
-  model::TokenizerVocab v;
-  v.tokens = {"<unk>", "<s>", "</s>", "\xe2\x96\x81", "\n"};
-  v.token_types = {2, 3, 3, 1, 1};
-  for (char c = '!'; c <= '~'; ++c) {
-    v.tokens.push_back(std::string(1, c));
-    v.token_types.push_back(1);
-  }
-  v.scores.assign(v.tokens.size(), 0.0f);
-  auto tok = model::Tokenizer::FromVocab(v);
-  EXPECT_TRUE(tok.ok()) << tok.status().ToString();
-  return std::move(*tok);
-}
-
-std::string Text(const model::Tokenizer& tok, const std::vector<int32_t>& ids) {
-  std::string t = tok.Detokenize(ids, /*remove_special=*/true, /*unparse_special=*/false);
-  while (!t.empty() && t.front() == ' ') t.erase(t.begin());
-  return t;
-}
+using testing::CharTokenizer;
 
 int Count(std::string_view text, std::string_view what) {
   int n = 0;
@@ -89,7 +70,7 @@ TEST(RulerTest, NiahPromptsHoldTheirNeedlesOnceAtTheDepth) {
       EXPECT_GT(tokens + n_gen, cell.length - kSentenceTokens);  // one more sentence would not fit
       EXPECT_EQ(it.n_gen, n_gen);
       ASSERT_EQ(static_cast<int>(it.answers.size()), c.spec.n_values);
-      const std::string text = Text(*tok, it.prompt);
+      const std::string text = testing::CharText(*tok, it.prompt);
       const size_t ctx_begin = text.find("afterwards.\n") + 12;
       const size_t ctx_end = text.rfind("\nWhat ");
       ASSERT_LT(ctx_begin, ctx_end);
@@ -142,7 +123,7 @@ TEST(RulerTest, NiahNeverDrawsWhatTheHaystackHolds) {
   std::string raw;
   for (int i = 0; i < 400; ++i) raw += "Sentence number " + std::to_string(i) + " is here. ";
   for (const GenItem& it : first->items) {
-    const std::string text = Text(*tok, it.prompt);
+    const std::string text = testing::CharText(*tok, it.prompt);
     for (size_t p = text.find(" for "); p != std::string::npos; p = text.find(" for ", p + 1)) {
       const size_t e = text.find(' ', p + 5);
       const std::string w = text.substr(p + 5, e - p - 5);
@@ -156,7 +137,7 @@ TEST(RulerTest, NiahNeverDrawsWhatTheHaystackHolds) {
   auto second = BuildNiahPlan(*tok, taken, words, {1200}, {0.5}, 4, 16, 3);
   ASSERT_TRUE(second.ok()) << second.status().ToString();
   for (const GenItem& it : second->items) {
-    const std::string text = Text(*tok, it.prompt);
+    const std::string text = testing::CharText(*tok, it.prompt);
     for (const std::string& w : drawn) EXPECT_EQ(text.find(" for " + w + " "), std::string::npos) << w;
     for (const std::string& a : it.answers) {
       EXPECT_EQ(drawn.count(a), 0u) << a;
@@ -169,14 +150,14 @@ TEST(RulerTest, NiahQuestionIsSingularForOneValue) {
   auto tok = CharTokenizer();
   auto one = BuildNiahPlan(*tok, SyntheticHaystack(), {}, {600}, {0.5}, 1, 16, 1);
   ASSERT_TRUE(one.ok()) << one.status().ToString();
-  const std::string t = Text(*tok, one->items[0].prompt);
+  const std::string t = testing::CharText(*tok, one->items[0].prompt);
   EXPECT_EQ(t.find("A special magic number is hidden within the following text."), 0u) << t;
   EXPECT_NE(t.find("The special magic number for "), std::string::npos);
   EXPECT_EQ(t.substr(t.size() - 33), "mentioned in the provided text is");
   const NiahSpec many{NeedleKind::kWord, NeedleKind::kUuid, 1, 4};
   auto four = BuildNiahPlan(*tok, SyntheticHaystack(), many, {1500}, {0.5}, 1, 16, 1);
   ASSERT_TRUE(four.ok()) << four.status().ToString();
-  const std::string f = Text(*tok, four->items[0].prompt);
+  const std::string f = testing::CharText(*tok, four->items[0].prompt);
   EXPECT_EQ(f.find("Some special magic uuids are hidden"), 0u) << f;
   EXPECT_EQ(f.substr(f.size() - 34), "mentioned in the provided text are");
 }
@@ -209,7 +190,7 @@ TEST(RulerTest, VtPromptsHoldTheChainOnceFromTheDepth) {
     const GridCell& cell = plan->cells[static_cast<size_t>(it.cell)];
     EXPECT_LE(static_cast<int>(it.prompt.size()) + n_gen, cell.length);
     EXPECT_GT(static_cast<int>(it.prompt.size()) + n_gen, cell.length - noise_tokens);
-    const std::string text = Text(*tok, it.prompt);
+    const std::string text = testing::CharText(*tok, it.prompt);
     // The solved example comes first; the asked instance is after it.
     const size_t main = text.rfind("Memorize and track");
     ASSERT_NE(main, std::string::npos);

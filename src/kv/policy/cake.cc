@@ -28,22 +28,14 @@ class CakeScorer : public Scorer {
     return n;
   }
   void Score(const ScoringInput& in, std::vector<float>* scores) const override {
-    const size_t n = in.positions.size();
-    scores->assign(n, 0.0f);
-    if (in.obs == nullptr || in.obs->n_heads() == 0) return;
-    const int G = std::max(1, in.obs->n_heads() / in.kv.layout().n_kv_heads);
-    std::vector<float> v(n);
-    for (int g = 0; g < G; ++g) {
-      const HeadStats* hs = in.obs->head(in.layer, in.kv_head * G + g);
-      if (hs == nullptr || hs->queries <= 0) continue;
-      const double q = hs->queries;
-      for (size_t i = 0; i < n; ++i) {
-        const double mean = hs->Sum(in.positions[i]) / q, sq = hs->Sq(in.positions[i]) / q;
-        v[i] = static_cast<float>(mean + gamma_ * std::max(0.0, sq - mean * mean));
-      }
-      Pool1D(&v, kernel_, false);
-      for (size_t i = 0; i < n; ++i) (*scores)[i] += v[i] / static_cast<float>(G);
-    }
+    const double gamma = gamma_;
+    const auto indicator = [gamma](const HeadStats& s, int32_t p) {
+      if (s.queries <= 0) return 0.0f;
+      const double q = static_cast<double>(s.queries);
+      const double mean = s.Sum(p) / q, sq = s.Sq(p) / q;
+      return static_cast<float>(mean + gamma * std::max(0.0, sq - mean * mean));
+    };
+    GroupStat(in, GroupReduce::kMean, indicator, scores, kernel_, /*max_pool=*/false);
   }
 
  private:

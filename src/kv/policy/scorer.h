@@ -47,9 +47,12 @@ Result<GroupReduce> ParseGroupReduce(std::string_view text);
 
 // For every candidate, the statistic `stat(head_stats, position)` of the
 // query heads of kv_head's group, reduced. Heads never observed count as 0.
-// The group is obs->n_heads() / n_kv_heads query heads.
+// The group is obs->n_heads() / n_kv_heads query heads. A `pool_kernel` > 1
+// smooths each query head's statistic (Pool1D) before the reduction, as
+// SnapKV and CAKE do.
 template <typename Stat>
-void GroupStat(const ScoringInput& in, GroupReduce reduce, const Stat& stat, std::vector<float>* out);
+void GroupStat(const ScoringInput& in, GroupReduce reduce, const Stat& stat, std::vector<float>* out,
+               int pool_kernel = 1, bool max_pool = false);
 
 // 1-D pooling over the candidates in chain order (SnapKV's smoothing):
 // kernel k (odd), stride 1, centred; average over the in-range neighbours
@@ -59,7 +62,8 @@ void Pool1D(std::vector<float>* scores, int kernel, bool max_pool);
 
 // ---- template definition ----
 template <typename Stat>
-void GroupStat(const ScoringInput& in, GroupReduce reduce, const Stat& stat, std::vector<float>* out) {
+void GroupStat(const ScoringInput& in, GroupReduce reduce, const Stat& stat, std::vector<float>* out, int pool_kernel,
+               bool max_pool) {
   const size_t n = in.positions.size();
   out->assign(n, 0.0f);
   if (in.obs == nullptr || in.obs->n_heads() == 0) return;
@@ -69,6 +73,7 @@ void GroupStat(const ScoringInput& in, GroupReduce reduce, const Stat& stat, std
   for (int g = 0; g < G; ++g) {
     const HeadStats* hs = in.obs->head(in.layer, in.kv_head * G + g);
     for (size_t i = 0; i < n; ++i) v[i] = hs == nullptr ? 0.0f : stat(*hs, in.positions[i]);
+    Pool1D(&v, pool_kernel, max_pool);
     for (size_t i = 0; i < n; ++i) {
       float& o = (*out)[i];
       switch (reduce) {

@@ -27,23 +27,8 @@ class SnapKVScorer : public Scorer {
     return n;
   }
   void Score(const ScoringInput& in, std::vector<float>* scores) const override {
-    const size_t n = in.positions.size();
-    scores->assign(n, 0.0f);
-    if (in.obs == nullptr || in.obs->n_heads() == 0) return;
-    const int G = std::max(1, in.obs->n_heads() / in.kv.layout().n_kv_heads);
-    std::vector<float> v(n);
-    for (int g = 0; g < G; ++g) {  // pool per query head, then reduce the group
-      const HeadStats* hs = in.obs->head(in.layer, in.kv_head * G + g);
-      for (size_t i = 0; i < n; ++i) v[i] = hs == nullptr ? 0.0f : hs->Sum(in.positions[i]);
-      Pool1D(&v, kernel_, max_pool_);
-      for (size_t i = 0; i < n; ++i) {
-        float& o = (*scores)[i];
-        o = reduce_ == GroupReduce::kMax ? (g == 0 ? v[i] : std::max(o, v[i])) : o + v[i];
-      }
-    }
-    if (reduce_ == GroupReduce::kMean) {
-      for (float& o : *scores) o /= static_cast<float>(G);
-    }
+    // Pool per query head, then reduce the group.
+    GroupStat(in, reduce_, [](const HeadStats& s, int32_t p) { return s.Sum(p); }, scores, kernel_, max_pool_);
   }
 
  private:
