@@ -25,6 +25,8 @@ MODELS = [
     ("stories260K", "models/stories260K/stories260K-F32.gguf", "golden/stories_eval.txt", 512, 40, 4),
     ("tinystories656K", "models/tinystories656K/TinyStories-656K-F32.gguf", "golden/stories_eval.txt", 512, 40, 4),
     ("probe", "models/probe/probe-llama-6L-d256-f32.gguf", "golden/probe_val.txt", 2048, 16, 3),
+    # The model that can retrieve (../shared/models/recall): d 64 heads with real outlier channels.
+    ("recall", "models/recall/recall-llama-8L-d512-f16.gguf", "golden/recall_val.txt", 2048, 2, 1),
 ]
 
 # (label, spec, method). The first is the baseline.
@@ -98,6 +100,8 @@ def load(name):
 
 def measure(args, specs):
     for key, gguf, text, ctx, chunks, quick_chunks in MODELS:
+        if args.models and key not in args.models.split(","):
+            continue
         model = os.path.join(args.shared, gguf)
         print("== %s" % key, flush=True)
         # Exact bytes per token (asymptotic: packed pages) from kvx inspect.
@@ -120,6 +124,8 @@ def measure(args, specs):
                              "eval": json.load(open(json_path)), "command": sub_command_paths(" ".join(cmd))})
 
     # llama.cpp comparison on the probe model.
+    if args.models and "probe" not in args.models.split(","):
+        return
     probe = os.path.join(args.shared, MODELS[2][1])
     text = os.path.join(args.shared, "golden/probe_val.txt")
     rows = []
@@ -454,6 +460,8 @@ def main():
     ap.add_argument("--shared", default=os.path.normpath(os.path.join(ROOT, "../shared")))
     ap.add_argument("--threads", default="2")
     ap.add_argument("--quick", action="store_true", help="few chunks and specs (smoke test)")
+    ap.add_argument("--models", default="", help="comma-separated model keys to measure (default: all; the "
+                    "llama.cpp comparison runs with probe)")
     ap.add_argument("--speed", action="store_true", help="also run kvx bench on synthetic shapes")
     ap.add_argument("--speed-runs", type=int, default=5, help="kvx bench runs of every (shape, spec)")
     ap.add_argument("--render-only", action="store_true", help="render the documents from the committed JSON")
