@@ -100,7 +100,7 @@ def load(name):
 
 def measure(args, specs):
     for key, gguf, text, ctx, chunks, quick_chunks in MODELS:
-        if args.models and key not in args.models.split(","):
+        if args.models and key not in args.models:
             continue
         model = os.path.join(args.shared, gguf)
         print("== %s" % key, flush=True)
@@ -124,7 +124,7 @@ def measure(args, specs):
                              "eval": json.load(open(json_path)), "command": sub_command_paths(" ".join(cmd))})
 
     # llama.cpp comparison on the probe model.
-    if args.models and "probe" not in args.models.split(","):
+    if args.models and "probe" not in args.models:
         return
     probe = os.path.join(args.shared, MODELS[2][1])
     text = os.path.join(args.shared, "golden/probe_val.txt")
@@ -468,6 +468,10 @@ def main():
     ap.add_argument("--check", action="store_true", help="render in memory and fail on any difference")
     ap.add_argument("--speed-only", action="store_true", help="re-measure only the kvx bench table, then render")
     args = ap.parse_args()
+    args.models = [m for m in args.models.split(",") if m]
+    unknown = sorted(set(args.models) - {key for key, *_ in MODELS})
+    if unknown:
+        sys.exit("--models: unknown %s; the models are %s" % (", ".join(unknown), ", ".join(k for k, *_ in MODELS)))
     if args.speed_only:
         measure_speed(args)
     elif not (args.render_only or args.check):
