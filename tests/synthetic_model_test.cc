@@ -12,6 +12,7 @@
 #include "engine/session.h"
 #include "eval/perplexity.h"
 #include "model/synthetic_model.h"
+#include "ops/ops_test_util.h"
 #include "ops/simd_target.h"
 #include "ops/weight_pack.h"
 #include "support/test_data.h"
@@ -67,7 +68,7 @@ TEST(SyntheticModelTest, PerplexityMatchesLlamaCpp) {
 // (Bit-identity of the repacked kernels across targets, threads and batch
 // sizes is ops/weight_pack_test.cc's.)
 TEST(SyntheticModelTest, RepackedWeightsGiveTheSameLogitsToRounding) {
-  const std::vector<std::string> targets = ops::AvailableSimdTargets();  // best first, the baseline last
+  const std::vector<std::string> targets = ops::testing::TestableTargets();  // best first, the baseline last
   model::SyntheticModelOptions o;
   o.shape = "tiny";
   o.type = gguf::TensorType::kQ8_0;

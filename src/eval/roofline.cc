@@ -10,9 +10,10 @@
 #include <memory>
 #include <vector>
 
+#include "util/cpu_features.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #define KVX_ROOFLINE_X86 1
-#include <cpuid.h>
 #include <immintrin.h>
 #else
 #define KVX_ROOFLINE_X86 0
@@ -21,6 +22,16 @@
 namespace kvx::eval {
 
 namespace {
+
+// Each probe is compiled with one of these strings and runs only when the CPU
+// has every feature it names (util/cpu_features.h).
+#define KVX_AVX512 "avx512f"
+#define KVX_AVX2 "avx2"
+#define KVX_AVX2_FMA "avx2,fma"
+#define KVX_AVX512_VNNI "avx512f,avx512vnni"
+#define KVX_AVX_VNNI "avx2,avxvnni"
+#define KVX_PROBE(features) __attribute__((target(features)))
+[[maybe_unused]] bool Runs(const char* features) { return util::MissingCpuFeatures(features).empty(); }
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -53,7 +64,7 @@ float SumRangeScalar(const float* x, size_t b, size_t e) {
 }
 
 #if KVX_ROOFLINE_X86
-__attribute__((target("avx512f"))) float SumRangeAvx512(const float* x, size_t b, size_t e) {
+KVX_PROBE(KVX_AVX512) float SumRangeAvx512(const float* x, size_t b, size_t e) {
   __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   size_t i = b;
   for (; i + 64 <= e; i += 64) {
@@ -71,7 +82,7 @@ __attribute__((target("avx512f"))) float SumRangeAvx512(const float* x, size_t b
   return s;
 }
 
-__attribute__((target("avx2"))) float SumRangeAvx2(const float* x, size_t b, size_t e) {
+KVX_PROBE(KVX_AVX2) float SumRangeAvx2(const float* x, size_t b, size_t e) {
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   size_t i = b;
   for (; i + 32 <= e; i += 32) {
@@ -95,7 +106,7 @@ void TriadRangeScalar(float* a, const float* b, const float* c, float s, size_t 
 }
 
 #if KVX_ROOFLINE_X86
-__attribute__((target("avx512f"))) void TriadRangeAvx512(float* a, const float* b, const float* c, float s, size_t lo,
+KVX_PROBE(KVX_AVX512) void TriadRangeAvx512(float* a, const float* b, const float* c, float s, size_t lo,
                                                          size_t hi) {
   const __m512 sv = _mm512_set1_ps(s);
   size_t i = lo;
@@ -105,7 +116,7 @@ __attribute__((target("avx512f"))) void TriadRangeAvx512(float* a, const float* 
   TriadRangeScalar(a, b, c, s, i, hi);
 }
 
-__attribute__((target("avx2,fma"))) void TriadRangeAvx2(float* a, const float* b, const float* c, float s, size_t lo,
+KVX_PROBE(KVX_AVX2_FMA) void TriadRangeAvx2(float* a, const float* b, const float* c, float s, size_t lo,
                                                         size_t hi) {
   const __m256 sv = _mm256_set1_ps(s);
   size_t i = lo;
@@ -118,16 +129,16 @@ __attribute__((target("avx2,fma"))) void TriadRangeAvx2(float* a, const float* b
 
 void TriadRange(float* a, const float* b, const float* c, float s, size_t lo, size_t hi) {
 #if KVX_ROOFLINE_X86
-  if (__builtin_cpu_supports("avx512f")) return TriadRangeAvx512(a, b, c, s, lo, hi);
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return TriadRangeAvx2(a, b, c, s, lo, hi);
+  if (Runs(KVX_AVX512)) return TriadRangeAvx512(a, b, c, s, lo, hi);
+  if (Runs(KVX_AVX2_FMA)) return TriadRangeAvx2(a, b, c, s, lo, hi);
 #endif
   TriadRangeScalar(a, b, c, s, lo, hi);
 }
 
 float SumRange(const float* x, size_t b, size_t e) {
 #if KVX_ROOFLINE_X86
-  if (__builtin_cpu_supports("avx512f")) return SumRangeAvx512(x, b, e);
-  if (__builtin_cpu_supports("avx2")) return SumRangeAvx2(x, b, e);
+  if (Runs(KVX_AVX512)) return SumRangeAvx512(x, b, e);
+  if (Runs(KVX_AVX2)) return SumRangeAvx2(x, b, e);
 #endif
   return SumRangeScalar(x, b, e);
 }
@@ -222,7 +233,7 @@ double BestRate(ThreadPool* pool, R (*fn)(long), long iters, double ops_per_call
 constexpr int kChains = 12;
 
 #if KVX_ROOFLINE_X86
-__attribute__((target("avx512f"))) float FmaAvx512(long iters) {
+KVX_PROBE(KVX_AVX512) float FmaAvx512(long iters) {
   __m512 acc[kChains];
   for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(1.0f + c);
   const __m512 m = _mm512_set1_ps(0.999999f), add = _mm512_set1_ps(1e-7f);
@@ -238,7 +249,7 @@ __attribute__((target("avx512f"))) float FmaAvx512(long iters) {
   return s;
 }
 
-__attribute__((target("avx2,fma"))) float FmaAvx2(long iters) {
+KVX_PROBE(KVX_AVX2_FMA) float FmaAvx2(long iters) {
   __m256 acc[kChains];
   for (int c = 0; c < kChains; ++c) acc[c] = _mm256_set1_ps(1.0f + c);
   const __m256 m = _mm256_set1_ps(0.999999f), add = _mm256_set1_ps(1e-7f);
@@ -318,7 +329,7 @@ int64_t SumLanes(const int32_t* lanes, int n) {
 #define KVX_X12(X) X(0) KVX_R11(X)
 
 // AVX-512 VNNI: vpdpbusd zmm, 16 lanes x 4 = 64 MACs per instruction.
-__attribute__((target("avx512f,avx512vnni"))) int64_t DotAvx512Vnni(long iters) {
+KVX_PROBE(KVX_AVX512_VNNI) int64_t DotAvx512Vnni(long iters) {
 #define KVX_DECL(i) __m512i a##i = _mm512_setzero_si512();
 #define KVX_STEP(i) "vpdpbusd %[s], %[u], %[a" #i "]\n\t"
 #define KVX_OUT(i) , [a##i] "+v"(a##i)
@@ -338,7 +349,7 @@ __attribute__((target("avx512f,avx512vnni"))) int64_t DotAvx512Vnni(long iters) 
 }
 
 // AVX-VNNI (VEX-encoded vpdpbusd): ymm, 8 lanes x 4 = 32 MACs per instruction.
-__attribute__((target("avx2,avxvnni"))) int64_t DotAvxVnni(long iters) {
+KVX_PROBE(KVX_AVX_VNNI) int64_t DotAvxVnni(long iters) {
 #define KVX_DECL(i) __m256i a##i = _mm256_setzero_si256();
 #define KVX_STEP(i) "%{vex%} vpdpbusd %[s], %[u], %[a" #i "]\n\t"
 #define KVX_OUT(i) , [a##i] "+x"(a##i)
@@ -360,7 +371,7 @@ __attribute__((target("avx2,avxvnni"))) int64_t DotAvxVnni(long iters) {
 // AVX2: vpmaddubsw (32 u8*s8 products summed in pairs to int16) + vpmaddwd
 // by ones (pairs to int32) + vpaddd: 32 MACs per sequence, the way ops/'s
 // AVX2 kernels (and llama.cpp's) compute int8 dots.
-__attribute__((target("avx2"))) int64_t DotAvx2(long iters) {
+KVX_PROBE(KVX_AVX2) int64_t DotAvx2(long iters) {
 #define KVX_DECL(i) __m256i a##i = _mm256_setzero_si256();
 #define KVX_STEP(i)                  \
   "vpmaddubsw %[s], %[u], %[t]\n\t"  \
@@ -416,12 +427,11 @@ PeakFlopsResult MeasurePeakFlops(ThreadPool* pool, long iters) {
   width = 4;
   fn = FmaSse;
   r.isa = "sse2";
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) {
+  if (Runs(KVX_AVX512)) {
     fn = FmaAvx512;
     width = 16;
     r.isa = "avx512";
-  } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+  } else if (Runs(KVX_AVX2_FMA)) {
     fn = FmaAvx2;
     width = 8;
     r.isa = "avx2";
@@ -440,16 +450,9 @@ bool UsesInt8Dot(gguf::TensorType type) {
 std::vector<std::string> Int8ProbeIsas() {
   std::vector<std::string> isas;
 #if KVX_ROOFLINE_X86
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512vnni")) isas.push_back("avx512vnni");
-  // AVX-VNNI: CPUID.(EAX=7,ECX=1):EAX[4] (read directly: older compilers'
-  // __builtin_cpu_supports does not know "avxvnni"); AVX2 support implies the
-  // OS saves the ymm state.
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  if (__builtin_cpu_supports("avx2") && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 4))) {
-    isas.push_back("avxvnni");
-  }
-  if (__builtin_cpu_supports("avx2")) isas.push_back("avx2");
+  if (Runs(KVX_AVX512_VNNI)) isas.push_back("avx512vnni");
+  if (Runs(KVX_AVX_VNNI)) isas.push_back("avxvnni");
+  if (Runs(KVX_AVX2)) isas.push_back("avx2");
 #endif
   return isas;
 }

@@ -220,6 +220,7 @@ Result<SpeedBenchResult> RunSpeedBench(engine::Engine* rt, const SpeedBenchOptio
   r.peak = MeasurePeakFlops(&rt->threads());
   r.peak_int8 = MeasurePeakInt8(&rt->threads());
   r.simd_target = ops::ActiveSimdTarget();
+  r.cpu = DescribeCpu();
   r.int8_matmul_fraction = Int8MatmulFraction(m);
   // Without an int8 probe (no AVX2) ops/ runs its scalar integer code:
   // the FMA peak is then the only (and a generous) bound.
@@ -270,6 +271,7 @@ nlohmann::json SpeedBenchResult::ToJson() const {
   j["peak_flops"] = {{"gflops", peak.gflops}, {"isa", peak.isa}};
   j["peak_int8"] = {{"gops", peak_int8.gops}, {"isa", peak_int8.isa}};
   j["simd_target"] = simd_target;
+  j["cpu"] = cpu.ToJson();
   j["prefill"] = {{"tokens", prompt_tokens},
                   {"tok_s", prefill_tok_s},
                   {"gflops", prefill_gflops},
@@ -320,7 +322,7 @@ std::string SpeedBenchResult::ToTable() const {
                 model.c_str(), kv_spec.c_str(), threads, weight_bytes / 1048576.0, decode_weight_bytes / 1048576.0,
                 kv_bytes_per_token, bandwidth.read_gbps, bandwidth.triad_gbps, peak.gflops, peak.isa.c_str(),
                 peak_int8.gops, peak_int8.isa.c_str(), simd_target.c_str());
-  s += buf;
+  s += cpu.ToText() + "\n" + buf;
   const bool int8 = prefill_peak_kind == "int8";
   const double ops = prefill_matmul_ops + prefill_attention_ops;
   std::snprintf(buf, sizeof(buf),

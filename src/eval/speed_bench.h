@@ -30,6 +30,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/session.h"
+#include "eval/cpu_report.h"
 #include "eval/plan.h"
 #include "eval/roofline.h"
 
@@ -90,6 +91,7 @@ struct SpeedBenchResult {
   PeakFlopsResult peak;             // f32 FMA
   PeakInt8Result peak_int8;         // int8 dot products
   std::string simd_target;          // what ops/ kernels dispatch to (ops::ActiveSimdTarget)
+  CpuReport cpu;                    // the CPU and the kernels chosen on it
   int prompt_tokens = 0;
   double prefill_tok_s = 0;         // median
   double prefill_gflops = 0;        // G ops/s: float or int8 multiply-adds count 2

@@ -15,14 +15,15 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 bool EmptyBounds(const float* bounds, int D) { return bounds[0] > bounds[D]; }
 
 #ifdef KVX_KV_HAVE_X86_SIMD
-// simd_x86.h's macros end with it: the same target, spelled here.
-#define KVX_BOUNDS_AVX2 __attribute__((target("avx2,fma,f16c")))
+// simd_x86.h's features (checked by simd::UseSimd); its attribute macro ends
+// with that header.
+#define KVX_BOUNDS_AVX2 __attribute__((target(KVX_KV_AVX2_FEATURES)))
 
 // max over R rows of sum_c qpos[r][c] mx[c] + qneg[r][c] mn[c]: the page's
 // mn and mx are loaded once for the R rows (the bounds are what streams from
 // memory), two accumulators per row so the FMAs of a row overlap.
 template <int R>
-KVX_BOUNDS_AVX2 float MaxBoundOfRows(const float* mn, const float* mx, const float* qpos, const float* qneg, int D) {
+KVX_BOUNDS_AVX2 float MaxBoundOfRowsAvx2(const float* mn, const float* mx, const float* qpos, const float* qneg, int D) {
   __m256 a[R], b[R];
   for (int r = 0; r < R; ++r) a[r] = b[r] = _mm256_setzero_ps();
   for (int c = 0; c < D; c += 8) {
@@ -54,10 +55,10 @@ KVX_BOUNDS_AVX2 void PageUpperBoundsAvx2(const float* bounds, int n_pages, int D
       const float* qn = qneg + static_cast<size_t>(r0) * D;
       float u;
       switch (std::min(4, n_rows - r0)) {
-        case 1: u = MaxBoundOfRows<1>(mn, mx, qp, qn, D); break;
-        case 2: u = MaxBoundOfRows<2>(mn, mx, qp, qn, D); break;
-        case 3: u = MaxBoundOfRows<3>(mn, mx, qp, qn, D); break;
-        default: u = MaxBoundOfRows<4>(mn, mx, qp, qn, D); break;
+        case 1: u = MaxBoundOfRowsAvx2<1>(mn, mx, qp, qn, D); break;
+        case 2: u = MaxBoundOfRowsAvx2<2>(mn, mx, qp, qn, D); break;
+        case 3: u = MaxBoundOfRowsAvx2<3>(mn, mx, qp, qn, D); break;
+        default: u = MaxBoundOfRowsAvx2<4>(mn, mx, qp, qn, D); break;
       }
       best = std::max(best, u);
     }

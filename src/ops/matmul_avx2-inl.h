@@ -475,7 +475,7 @@ KVX_ATTR void InterleavedTile2(const Interleaved16& g, int64_t group, const Quan
 // outputs stay bit-identical. Sums, accumulators, the weight halves and the
 // broadcast activation of 3 tokens fit the 16 ymm registers.
 // One target attribute naming both: clang does not merge two of them.
-#define KVX_ATTR_VNNI __attribute__((target(HWY_TARGET_STR ",avxvnni")))
+#define KVX_ATTR_VNNI __attribute__((target(HWY_TARGET_STR "," KVX_AVX2_VNNI_FEATURES)))
 template <int kT, bool kPrefetch>
 KVX_ATTR_VNNI void InterleavedTileVnni(const Interleaved16& g, int64_t group, const QuantizedActs& a, int64_t t0,
                                        float* y, int64_t ldy) {

@@ -4,9 +4,11 @@
 // ===========================================================================
 // AVX-512 + VNNI
 // ===========================================================================
-// Highway 1.0's AVX3_DL attribute string lacks avx512vnni (the runtime check
-// requires it), so kernels add it; clang needs the full string.
-#define KVX_ATTR __attribute__((target(HWY_TARGET_STR ",avx512vnni")))
+// The target's own string (ops/hwy_fix: AVX-512 F/VL/DQ/BW + AVX512-VNNI and
+// the rest that simd_target.cc verifies; never AVX-VNNI, so 256-bit dot
+// products use the EVEX vpdpbusd of AVX512-VNNI + VL); clang needs it on each
+// function.
+#define KVX_ATTR HWY_ATTR
 #define KVX_INLINE KVX_ATTR inline __attribute__((always_inline))
 
 KVX_INLINE float Reduce(__m512 v) {

@@ -56,6 +56,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <vector>
 
 #include "gguf/tensor_type.h"
 #include "ops/matmul.h"
@@ -196,6 +197,19 @@ void MatMulRowsIntScalar(const WeightView& w, const QuantizedActs& a, float* y, 
 // Whether the AVX2 target's kernels may use AVX-VNNI (simd_target.cc: on
 // when the CPU has it, unless a test or benchmark forced plain "AVX2").
 bool AvxVnniEnabled();
+
+// The feature the AVX2 target's VNNI kernels add to the target's string
+// (matmul_avx2-inl.h); simd_target.cc checks the same string.
+#define KVX_AVX2_VNNI_FEATURES "avxvnni"
+
+// Each compiled Highway target (its bit) with the target string its kernels
+// are compiled with (HWY_TARGET_STR of that pass; "" for the baseline), best
+// first: what simd_target.cc verifies against CPUID before dispatching.
+struct CompiledTarget {
+  int64_t bit;
+  const char* features;
+};
+std::vector<CompiledTarget> CompiledTargets();
 
 void QuantizeActsBest(const float* x, int64_t t0, int64_t t1, QuantizedActs* a);
 void MatMulRowsFloatBest(const WeightView& w, const float* x, int64_t n_tokens, float* y, int64_t r0, int64_t r1);

@@ -96,6 +96,15 @@ void MatMulRowsInt(const WeightView& w, const QuantizedActs& a, float* y, int64_
 
 #undef KVX_UNROLL
 
+// The string this pass compiled with: what its kernels may use.
+const char* TargetFeatures() {
+#ifdef HWY_TARGET_STR
+  return HWY_TARGET_STR;
+#else
+  return "";
+#endif
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace kvx::ops::internal
 HWY_AFTER_NAMESPACE();
@@ -114,6 +123,22 @@ void MatMulRowsFloatBest(const WeightView& w, const float* x, int64_t n_tokens, 
 }
 void MatMulRowsIntBest(const WeightView& w, const QuantizedActs& a, float* y, int64_t r0, int64_t r1) {
   HWY_DYNAMIC_DISPATCH(MatMulRowsInt)(w, a, y, r0, r1);
+}
+
+// nn_simd.cc is compiled with the same definitions, so these strings hold
+// for its kernels too.
+std::vector<CompiledTarget> CompiledTargets() {
+  std::vector<CompiledTarget> out;
+#if HWY_TARGETS & HWY_AVX3_DL
+  out.push_back({HWY_AVX3_DL, N_AVX3_DL::TargetFeatures()});
+#endif
+#if HWY_TARGETS & HWY_AVX2
+  out.push_back({HWY_AVX2, N_AVX2::TargetFeatures()});
+#endif
+  if (out.empty() || (out.back().bit != HWY_STATIC_TARGET && out.front().bit != HWY_STATIC_TARGET)) {
+    out.push_back({HWY_STATIC_TARGET, HWY_STATIC_DISPATCH(TargetFeatures)()});
+  }
+  return out;
 }
 }  // namespace kvx::ops::internal
 #endif

@@ -44,7 +44,7 @@ using testing::MakeMatrix;
 // the default dispatch.
 template <class F>
 void ForEachTarget(F&& body) {
-  for (const std::string& target : AvailableSimdTargets()) {
+  for (const std::string& target : testing::TestableTargets()) {
     SCOPED_TRACE("target " + target);
     ASSERT_TRUE(ForceSimdTarget(target));
     body(target);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "ops/nn_internal.h"
+#include "ops/ops_test_util.h"
 #include "ops/simd_target.h"
 
 #include <cmath>
@@ -78,7 +79,7 @@ TEST(ElementwiseTest, SwiGLUAddMulScale) {
 // The SIMD kernels against the scalar references, on every target, over
 // lengths with and without a vector tail and edge values (-inf, large |x|).
 TEST(NnSimdTest, MatchScalarReferencesOnEveryTarget) {
-  for (const std::string& target : AvailableSimdTargets()) {
+  for (const std::string& target : testing::TestableTargets()) {
     SCOPED_TRACE(target);
     ASSERT_TRUE(ForceSimdTarget(target));
     for (int64_t n : {1, 7, 16, 33, 576, 1536 + 5}) {

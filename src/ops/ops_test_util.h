@@ -2,16 +2,37 @@
 // weight matrices.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstddef>
 #include <cstdint>
+#include <iostream>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "ops/matmul.h"
 #include "ops/quant_blocks.h"
 #include "ops/quantize.h"
+#include "ops/simd_target.h"
 
 namespace kvx::ops::testing {
+
+// The SIMD targets a test that covers "every target" runs: those compiled in
+// that this CPU can run (AvailableSimdTargets), best first, the baseline
+// last. The compiled targets it cannot run are named, with the features the
+// CPU lacks, in the test's output and XML properties, never executed.
+inline std::vector<std::string> TestableTargets() {
+  std::string skipped;
+  for (const SkippedSimdTarget& t : SkippedSimdTargets()) {
+    std::string missing;
+    for (const std::string& f : t.missing) missing += (missing.empty() ? "" : " ") + f;
+    std::cout << "[ SKIPPED  ] SIMD target " << t.name << ": this CPU lacks " << missing << "\n";
+    skipped += (skipped.empty() ? "" : "; ") + t.name + " (lacks " + missing + ")";
+  }
+  if (!skipped.empty()) ::testing::Test::RecordProperty("skipped_simd_targets", skipped);
+  return AvailableSimdTargets();
+}
 
 inline std::vector<float> Gaussian(int64_t n, uint32_t seed, float mean = 0.0f) {
   std::mt19937 rng(seed);

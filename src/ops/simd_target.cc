@@ -1,11 +1,9 @@
 #include "ops/simd_target.h"
 
 #include <atomic>
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-#endif
 
 #include "ops/matmul_internal.h"
+#include "util/cpu_features.h"
 
 #include "hwy/highway.h"
 #include "hwy/targets.h"
@@ -13,51 +11,79 @@
 namespace kvx::ops {
 namespace {
 
-// HWY_TARGETS is the set compiled by foreach_target under this library's
-// build flags (the same flags compile matmul_simd.cc). Lower bits are better.
-std::vector<int64_t> Available() {
-  std::vector<int64_t> out;
-  const int64_t targets = hwy::SupportedTargets() & (HWY_TARGETS | HWY_STATIC_TARGET);
-  for (int64_t bit = 1; bit != 0 && bit <= targets; bit <<= 1) {
-    if (targets & bit) out.push_back(bit);
-  }
-  return out;
-}
-
 // AVX-VNNI (the VEX vpdpbusd on 256 bits: Alder Lake and later Intel cores,
 // Zen 5) is not a Highway target: the AVX2 target's kernels check this flag.
 // kvx names the pair "AVX2_VNNI" so that tests and benchmarks can run the
 // AVX2 kernels with and without it on one machine.
 constexpr char kAvx2Vnni[] = "AVX2_VNNI";
 
-bool CpuHasAvxVnni() {
-#if defined(__x86_64__) || defined(__i386__)
-  // CPUID leaf 7, subleaf 1, EAX bit 4 (clang 14 lacks the builtin's
-  // "avxvnni" name). The ymm state it needs is checked by the AVX2 target.
-  static const bool has = [] {
-    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    return __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) != 0 && (eax & (1u << 4)) != 0;
+// A compiled target (or the AVX2_VNNI variant) with its string and what this
+// CPU lacks of it.
+struct Target {
+  int64_t bit;
+  std::string name;
+  std::string features;
+  std::vector<std::string> missing;
+};
+
+std::string Join(const std::string& a, const std::string& b) { return a.empty() ? b : a + "," + b; }
+
+// Every compiled target, best first, AVX2_VNNI before AVX2; computed once.
+const std::vector<Target>& Compiled() {
+  static const std::vector<Target> targets = [] {
+    std::vector<Target> out;
+    for (const internal::CompiledTarget& t : internal::CompiledTargets()) {
+      const std::string name = hwy::TargetName(t.bit);
+      if (t.bit == HWY_AVX2) {
+        const std::string vnni = Join(t.features, KVX_AVX2_VNNI_FEATURES);
+        out.push_back({t.bit, kAvx2Vnni, vnni, util::MissingCpuFeatures(vnni)});
+      }
+      out.push_back({t.bit, name, t.features, util::MissingCpuFeatures(t.features)});
+    }
+    return out;
   }();
-  return has;
-#else
+  return targets;
+}
+
+bool CpuHasAvxVnni() {
+  for (const Target& t : Compiled()) {
+    if (t.name == kAvx2Vnni) return t.missing.empty();
+  }
   return false;
-#endif
+}
+
+// Highway targets compiled here whose strings name a feature the CPU lacks:
+// Highway must never choose them (hwy::DisableTargets), whatever it detects.
+int64_t UnverifiedTargetBits() {
+  int64_t bits = 0;
+  for (const Target& t : Compiled()) {
+    if (!t.missing.empty() && t.name != kAvx2Vnni) bits |= t.bit;
+  }
+  return bits;
+}
+
+// Runs before main (this file is linked whenever a kernel is: the kernels
+// read AvxVnniEnabled), so no dispatch happens before the check.
+const bool kDispatchVerified = [] {
+  hwy::DisableTargets(UnverifiedTargetBits());
+  return true;
+}();
+
+// Highway's supported targets among those compiled, best first (lower bits
+// are better), minus the unverified ones.
+std::vector<int64_t> Available() {
+  std::vector<int64_t> out;
+  const int64_t targets =
+      hwy::SupportedTargets() & (HWY_TARGETS | HWY_STATIC_TARGET) & ~UnverifiedTargetBits();
+  for (int64_t bit = 1; bit != 0 && bit <= targets; bit <<= 1) {
+    if (targets & bit) out.push_back(bit);
+  }
+  return out;
 }
 
 std::atomic<bool>& AvxVnniFlag() {
   static std::atomic<bool> flag(CpuHasAvxVnni());
   return flag;
-}
-
-// Names of the available targets, best first, with AVX2_VNNI before AVX2
-// when the CPU has it.
-std::vector<std::string> Names(bool with_vnni) {
-  std::vector<std::string> names;
-  for (int64_t t : Available()) {
-    if (t == HWY_AVX2 && with_vnni) names.emplace_back(kAvx2Vnni);
-    names.emplace_back(hwy::TargetName(t));
-  }
-  return names;
 }
 
 }  // namespace
@@ -76,10 +102,32 @@ std::string ActiveSimdTarget() {
 std::vector<std::string> AvailableSimdTargets() {
   // Once a target is forced, Available() holds only it; the VNNI variant is
   // listed when the flag is on (the default on such a CPU, or forced).
-  return Names(AvxVnniFlag().load(std::memory_order_relaxed));
+  std::vector<std::string> names;
+  const bool with_vnni = AvxVnniFlag().load(std::memory_order_relaxed);
+  for (int64_t t : Available()) {
+    if (t == HWY_AVX2 && with_vnni) names.emplace_back(kAvx2Vnni);
+    names.emplace_back(hwy::TargetName(t));
+  }
+  return names;
+}
+
+std::vector<SkippedSimdTarget> SkippedSimdTargets() {
+  std::vector<SkippedSimdTarget> out;
+  for (const Target& t : Compiled()) {
+    if (!t.missing.empty()) out.push_back({t.name, t.missing});
+  }
+  return out;
+}
+
+std::string SimdTargetFeatures(const std::string& name) {
+  for (const Target& t : Compiled()) {
+    if (t.name == name) return t.features;
+  }
+  return "";
 }
 
 bool ForceSimdTarget(const std::string& name) {
+  (void)kDispatchVerified;
   hwy::SetSupportedTargetsForTest(0);
   AvxVnniFlag().store(CpuHasAvxVnni(), std::memory_order_relaxed);
   if (name.empty()) return true;

@@ -136,7 +136,7 @@ TEST(WeightPackTest, MatMulIdenticalForEveryTargetThreadCountAndBatch) {
     const auto x = Gaussian(n_tok * n_in, 4);
     // The reference: each token alone, on the scalar baseline.
     std::vector<float> want(n_tok * n_out);
-    const std::vector<std::string> targets = AvailableSimdTargets();  // before forcing one, which narrows the list
+    const std::vector<std::string> targets = testing::TestableTargets();  // before forcing one, which narrows the list
     ASSERT_GE(targets.size(), 2u);
     ASSERT_TRUE(ForceSimdTarget(targets.back()));
     for (int64_t t = 0; t < n_tok; ++t) MatMul(packed, x.data() + t * n_in, 1, want.data() + t * n_out, nullptr);

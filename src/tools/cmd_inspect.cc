@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "eval/cpu_report.h"
 #include "gguf/gguf_file.h"
 #include "kv/kv_manager.h"
 #include "kv/kv_spec.h"
@@ -103,6 +104,8 @@ Status Inspect(const InspectFlags& flags) {
                 static_cast<double>(f16) / per_token,
                 kv::BytesForContext(l, spec.codec, ctx) / (1024.0 * 1024.0));
   }
+  // The machine this would run on: what kvx detected and the kernels it chose.
+  std::printf("\n%s", eval::DescribeCpu().ToText().c_str());
   return user_spec_status;
 }
 

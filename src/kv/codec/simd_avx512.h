@@ -33,29 +33,18 @@ inline std::atomic<bool>& ForceAvx2ForTest() {
   return force;
 }
 
-// True when the CPU (and OS: zmm/opmask state enabled in XCR0) has
-// AVX-512F/BW/VL/DQ on top of AVX2/FMA/F16C (checked once).
+// The features the AVX-512 kernels are compiled with, and the check that
+// the CPU (and OS: zmm/opmask state in XCR0) has every one of them
+// (util/cpu_features.h; read once).
+#define KVX_KV_AVX512_FEATURES "avx512f,avx512bw,avx512vl,avx512dq," KVX_KV_AVX2_FEATURES
 inline bool HasAvx512() {
-  static const bool has = [] {
-    if (!HasAvx2Fma()) return false;
-    __builtin_cpu_init();
-    if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))) {
-      return false;
-    }
-    unsigned eax, ebx, ecx, edx;  // volatile: see HasAvx2Fma
-    __asm__ volatile("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(1), "c"(0));
-    if (!((ecx >> 27) & 1u)) return false;  // OSXSAVE
-    unsigned lo, hi;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    return (lo & 0xE6u) == 0xE6u;  // SSE, AVX, opmask, ZMM_Hi256, Hi16_ZMM
-  }();
+  static const bool has = util::MissingCpuFeatures(KVX_KV_AVX512_FEATURES).empty();
   return has;
 }
 
 namespace avx512 {
 
-#define KVX_KV_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+#define KVX_KV_AVX512 __attribute__((target(KVX_KV_AVX512_FEATURES)))
 #define KVX_KV_UNROLL _Pragma("GCC unroll 16")
 
 // ---- Row sources, 16 channels per zmm. ----

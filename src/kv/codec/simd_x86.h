@@ -16,6 +16,7 @@
 #include <type_traits>
 
 #include "kv/codec/codec_id.h"
+#include "util/cpu_features.h"
 #include "util/fp16.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -33,23 +34,15 @@ inline std::atomic<bool>& ForceScalarForTest() {
 
 #ifdef KVX_KV_HAVE_X86_SIMD
 
-// True when the CPU has AVX2, FMA and F16C (checked once).
+// The features the AVX2 kernels are compiled with, and the check that the
+// CPU has every one of them (util/cpu_features.h; read once).
+#define KVX_KV_AVX2_FEATURES "avx2,fma,f16c"
 inline bool HasAvx2Fma() {
-  static const bool has = [] {
-    __builtin_cpu_init();
-    // F16C is read from CPUID leaf 1 (ECX bit 29) directly: clang 14's
-    // __builtin_cpu_supports does not know "f16c". volatile: a plain asm
-    // counts as a pure expression, which GCC may hoist out of this
-    // once-only initialiser into a caller's hot loop (a VM exit per CPUID).
-    unsigned eax, ebx, ecx, edx;
-    __asm__ volatile("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(1), "c"(0));
-    const bool f16c = (ecx >> 29) & 1u;
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
-  }();
+  static const bool has = util::MissingCpuFeatures(KVX_KV_AVX2_FEATURES).empty();
   return has;
 }
 
-#define KVX_KV_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define KVX_KV_AVX2 __attribute__((target(KVX_KV_AVX2_FEATURES)))
 // Fully unrolls the loops over query rows so their accumulators live in
 // registers (GCC and clang both honour this spelling).
 #define KVX_KV_UNROLL _Pragma("GCC unroll 8")
