@@ -6,7 +6,9 @@
   * README.md links nothing outside the repository at all (a clone must be able to follow every link);
   * a source path in backticks (`kv/kv_manager.h`, `src/engine/engine.cc`, `scripts/x.py`, ...) must be a
     file of the checkout (a path may omit its leading folders: `kv/attention.cc` is src/kv/attention.cc);
-  * a C++ symbol in backticks (`KVManager::BeginStep`, `ResolveKVSpec`) must occur in the sources.
+  * a C++ symbol in backticks (`KVManager::BeginStep`, `ResolveKVSpec`) must occur in the sources;
+  * in fenced blocks (diagrams, commands) the same holds for every word that looks like a source path
+    (`engine/engine.cc`) or a C++ symbol (`Engine::Step`, `BeginStep`).
 
 Paths under ../shared, build/ and /tmp are outputs or data beside the checkout and are not checked; nor is
 a path with a wildcard or placeholder (`docs/results/eval-*/report.md`).
@@ -100,6 +102,17 @@ def cited_path(text):
     return None
 
 
+def cited_names(text):
+    """What a document names: its inline code spans, and the path- or symbol-like words of its fenced
+    blocks (a diagram names functions and files without backticks)."""
+    fences = re.findall(r"```.*?```", text, flags=re.S)
+    spans = set(CODE.findall(re.sub(r"```.*?```", "", text, flags=re.S)))
+    for block in fences:
+        spans.update(re.findall(r"(?<![\w/.-])[\w./-]+\.(?:h|cc|py|sh|md)\b", block))
+        spans.update(re.findall(r"(?<![\w/.-])(?:[A-Za-z_]\w*::)*[A-Za-z_]\w*(?:\(\))?", block))
+    return sorted(spans)
+
+
 def main():
     files = repository_files()
     names = set(files) | {os.path.dirname(f) for f in files}
@@ -110,7 +123,7 @@ def main():
         text_no_code = re.sub(r"```.*?```", "", text, flags=re.S)
         for target in LINK.findall(re.sub(r"`[^`\n]*`", "", text_no_code)):
             check_link(doc, target, problems)
-        for span in sorted(set(CODE.findall(text_no_code))):
+        for span in cited_names(text):
             p = cited_path(span)
             if p is not None:
                 here = os.path.normpath(os.path.join(os.path.dirname(doc), p))

@@ -646,28 +646,29 @@ def render(out):
     out.readme_block("kv-eviction", "\n".join(readme_headline(data)))
 
 
-def readme_headline(data, n=min(LENGTHS), ratios=(0.5, 0.75)):
+def readme_headline(data, n=min(LENGTHS), ratios=(0.5, 0.75), passkey_at=(4096, "included")):
     """The README's eviction table: every method ranked by its mean KLD at the first ratio (the finest
-    separation the sweep has, kld_section), with the bytes it held and its passkey score at 4096 tokens."""
+    separation the sweep has, kld_section), with the bytes it held and its passkey score at `passkey_at`."""
     rows = []
     for m in METHODS:
         rep = data.get((m, n, KLD_MODE))
         if rep is None:
             continue
         kld = {r: (k, f) for r, k, _, f in kld_cells(rep, m) if r is not None}
-        pk = data.get((m, 4096, "included"))
+        pk = data.get((m,) + passkey_at)
         passkey = {r: s.get("passkey") for _, r, s, _ in cell_scores(pk, m)} if pk else {}
         if all(r in kld and kld[r][0] is not None for r in ratios):
             rows.append((kld[ratios[0]][0], m, kld, passkey))
     if not rows:
         return ["Eviction: no sweep results committed yet; run `scripts/eviction_report.py --run` "
                 "(see [docs/kv-eviction.md](docs/kv-eviction.md))."]
-    out = ["Every eviction, merging and mixed-precision policy on the recall model, ranked by mean KL divergence "
-           "from the full f16 cache at ratio %g (chunks of %d tokens, %d%% of each compressed once, the rest "
-           "scored; bytes held vs f16 in brackets), with passkey accuracy at 4096 tokens (question included). "
+    out = ["Every method of the eviction sweep (eviction, merging, demotion, head typing, Quest, ThinK, and "
+           "policies on quantized pages) on the recall model, ranked by mean KL divergence from the full f16 "
+           "cache at ratio %g (chunks of %d tokens, %d%% of each compressed once, the rest "
+           "scored; bytes held vs f16 in brackets), with passkey accuracy at %d tokens (question %s). "
            "Per-method pages, every task, length and ratio, the Pareto charts and decode speed: "
            "[docs/kv-eviction.md](docs/kv-eviction.md) (rendered by `scripts/eviction_report.py`)." % (
-               ratios[0], n, round(100 * KLD_CONTEXT)), "",
+               ratios[0], n, round(100 * KLD_CONTEXT), passkey_at[0], passkey_at[1]), "",
            "| method | " + " | ".join("KLD, r=%g" % r for r in ratios) + " | " +
            " | ".join("passkey, r=%g" % r for r in ratios) + " |", "|---|" + "---:|" * (2 * len(ratios))]
     for _, m, kld, passkey in sorted(rows, key=lambda row: row[0]):
