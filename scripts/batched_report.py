@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Batched decode throughput: `kvx bench --seqs` beside llama.cpp's `llama-batched-bench`
 on the same GGUF, in the same run. Writes the raw outputs to docs/results/batched/ and
-renders the table into docs/benchmarks.md and README.md (between <!-- batched:begin -->
-and <!-- batched:end -->).
+renders the table into docs/benchmarks.md (between <!-- batched:begin --> and
+<!-- batched:end -->; the README links it from its speed headline).
 
 Usage:
   scripts/batched_report.py --model GGUF [--threads 2] [--llama-bin DIR]   measure, save, render
@@ -116,7 +116,7 @@ def main():
         measure(args)
     body = render()
     stale = []
-    for doc in ("README.md", "docs/benchmarks.md"):
+    for doc in ("docs/benchmarks.md",):
         path = os.path.join(ROOT, doc)
         old, new = splice(path, body)
         if args.check:

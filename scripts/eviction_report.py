@@ -571,10 +571,10 @@ def render(out):
     measured = sorted({(m, n, mode) for (m, n, mode) in data})
     if not measured:
         lines += ["**No results yet.**", ""]
-    readme = ["Score-based eviction on the recall model ([docs/kv-eviction.md](docs/kv-eviction.md)): passkey "
-              "accuracy by ratio removed (bytes vs f16 in brackets).", ""]
+    summary = ["## Passkey by ratio, every method", "", "Passkey accuracy by ratio removed (bytes vs f16 in "
+               "brackets); each method's section below has every task.", ""]
     header = "| method | length | question | " + " | ".join("r=%g" % r for r in [0] + RATIOS) + " |"
-    readme += [header, "|" + "---|" * (3 + 1 + len(RATIOS))]
+    summary += [header, "|" + "---|" * (3 + 1 + len(RATIOS))]
     for m, (spec_fn, paper, kvx) in METHODS.items():
         lines += ["## %s" % m, "", "**Paper.** " + paper, "", "**kvx.** " + kvx, "",
                   "**Spec at ratio r, length n** (e.g. r = 0.5, n = 4096): `%s`" % spec_fn(0.5, 4096), ""]
@@ -593,7 +593,7 @@ def render(out):
                              " | ".join(fmt(scores.get(t)) for t in TASKS), fmt(frac),
                              fmt(live[i] if i < len(live) else None)))
             cs = cell_scores(data[(m, n, mode)], m)
-            readme.append("| %s | %d | %s | %s |" % (m, n, mode, " | ".join(
+            summary.append("| %s | %d | %s | %s |" % (m, n, mode, " | ".join(
                 "%s (%s)" % (fmt(s.get("passkey")), fmt(f)) for _, _, s, f in cs)))
         lines.append("")
         if kld_rows:
@@ -639,11 +639,42 @@ def render(out):
                   "quantized pages.", ""] + pareto
     lines += kld_section(data)
     lines += speed_section()
+    # The passkey summary goes before the per-method sections (after the intro).
+    first_method = next((i for i, line in enumerate(lines) if line.startswith("## ")), len(lines))
+    lines[first_method:first_method] = summary + [""] if measured else []
     out.write(DOC, "\n".join(lines).rstrip("\n") + "\n")
-    if not measured:
-        readme = ["Score-based eviction: no sweep results committed yet; run `scripts/eviction_report.py --run` "
-                  "(see [docs/kv-eviction.md](docs/kv-eviction.md))."]
-    out.readme_block("kv-eviction", "\n".join(readme))
+    out.readme_block("kv-eviction", "\n".join(readme_headline(data)))
+
+
+def readme_headline(data, n=min(LENGTHS), ratios=(0.5, 0.75), passkey_at=(4096, "included")):
+    """The README's eviction table: every method ranked by its mean KLD at the first ratio (the finest
+    separation the sweep has, kld_section), with the bytes it held and its passkey score at `passkey_at`."""
+    rows = []
+    for m in METHODS:
+        rep = data.get((m, n, KLD_MODE))
+        if rep is None:
+            continue
+        kld = {r: (k, f) for r, k, _, f in kld_cells(rep, m) if r is not None}
+        pk = data.get((m,) + passkey_at)
+        passkey = {r: s.get("passkey") for _, r, s, _ in cell_scores(pk, m)} if pk else {}
+        if all(r in kld and kld[r][0] is not None for r in ratios):
+            rows.append((kld[ratios[0]][0], m, kld, passkey))
+    if not rows:
+        return ["Eviction: no sweep results committed yet; run `scripts/eviction_report.py --run` "
+                "(see [docs/kv-eviction.md](docs/kv-eviction.md))."]
+    out = ["Every method of the eviction sweep (eviction, merging, demotion, head typing, Quest, ThinK, and "
+           "policies on quantized pages) on the recall model, ranked by mean KL divergence from the full f16 "
+           "cache at ratio %g (chunks of %d tokens, %d%% of each compressed once, the rest "
+           "scored; bytes held vs f16 in brackets), with passkey accuracy at %d tokens (question %s). "
+           "Per-method pages, every task, length and ratio, the Pareto charts and decode speed: "
+           "[docs/kv-eviction.md](docs/kv-eviction.md) (rendered by `scripts/eviction_report.py`)." % (
+               ratios[0], n, round(100 * KLD_CONTEXT), passkey_at[0], passkey_at[1]), "",
+           "| method | " + " | ".join("KLD, r=%g" % r for r in ratios) + " | " +
+           " | ".join("passkey, r=%g" % r for r in ratios) + " |", "|---|" + "---:|" * (2 * len(ratios))]
+    for _, m, kld, passkey in sorted(rows, key=lambda row: row[0]):
+        out.append("| %s | %s | %s |" % (m, " | ".join("%s (%s)" % (fmt_kld(kld[r][0]), fmt(kld[r][1])) for r in ratios),
+                                        " | ".join(fmt(passkey.get(r)) for r in ratios)))
+    return out
 
 
 def main():

@@ -7,7 +7,7 @@ Measures every codec configuration in SPECS on the real models in
 compares kvx's int8/int4 caches with llama.cpp's q8_0/q4_0 perplexities
 (../shared/golden/perplexity_kvquant.json) on the probe model, optionally runs
 `kvx bench` on synthetic model shapes, and writes docs/kv-quantization.md plus
-the README section between the kv-quant markers.
+the README's headline (the recommended settings) between the kv-quant markers.
 
 Every number in the documents is rendered from the raw JSON in docs/results/kv_quant/
 (the llama.cpp reference perplexities are copied into llama_ppl.json when measured), so
@@ -445,12 +445,10 @@ def render(out):
     if left:
         sys.exit("kv_quant_doc.md.in: unknown placeholders %s" % ", ".join(sorted(set(left))))
     out.write("docs/kv-quantization.md", doc)
-    # README: goals + the probe table.
-    probe = next((m for m in models if m["model"] == "probe"), None)
-    readme_block = ("Measured by `scripts/kv_quant_report.sh` (details, all models and the method notes: "
-                    "[docs/kv-quantization.md](docs/kv-quantization.md)). Probe model, ctx 2048, baseline `codec=f16`:\n\n"
-                    + (model_table(probe) if probe else "(not measured)") + "\n\nGoals:\n\n" + goals(models)
-                    + "\n\nAgainst llama.cpp's quantized KV caches (probe, `probe_val.txt`):\n\n" + llama_table())
+    # README: the recommended settings (every table, goal and note stays in docs/kv-quantization.md).
+    readme_block = ("Recommended settings on the probe model, ctx 2048 (measured by `scripts/kv_quant_report.sh`; every "
+                    "model, the goals, the comparison with llama.cpp's q8_0/q4_0 caches and how each method works: "
+                    "[docs/kv-quantization.md](docs/kv-quantization.md)):\n\n" + recommended(models))
     out.readme_block("kv-quant", readme_block)
 
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Serving under load: `kvx serve` beside llama.cpp's `llama-server` on the same GGUF, same
 threads, same KV memory, driven by the same streaming clients on loopback. Writes the raw
-results to docs/results/serving/serving.json and renders docs/serving.md and README.md between
-<!-- serving:begin --> and <!-- serving:end -->.
+results to docs/results/serving/serving.json and renders docs/serving.md (every table) and the README's
+headline, each between <!-- serving:begin --> and <!-- serving:end -->.
 
 What it measures (the model: `kvx gen-model --shape smollm2-135m --type q8_0`):
   load      N = 1, 8, 32 concurrent clients, each sending streaming /v1/completions one after
@@ -44,7 +44,9 @@ import argparse, http.client, json, os, random, re, socket, statistics, subproce
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "docs/results/serving")
 RAW = os.path.join(DATA, "serving.json")
-DOCS = [os.path.join(ROOT, "docs/serving.md"), os.path.join(ROOT, "README.md")]
+# Where the section goes: docs/serving.md gets every table, the README its headline (functions below).
+DOCS = {os.path.join(ROOT, "docs/serving.md"): lambda d: render_section(d),
+        os.path.join(ROOT, "README.md"): lambda d: render_headline(d)}
 GIB = 1 << 30
 CAPACITY_TOKENS = 4096
 # KV specs of the capacity table: the codecs alone, then codecs with SnapKV compressing once after
@@ -694,12 +696,41 @@ def render_validation(d):
     return out + ["", verdict]
 
 
+def render_headline(d):
+    """The README's serving table: throughput and time to first token per client count, both servers side
+    by side, then the prefix-cache hit and the capacity verdict; docs/serving.md has every table."""
+    names = list(d["servers"])
+    load = {name: {r["clients"]: r for r in s["load"]} for name, s in d["servers"].items()}
+    label = {"kvx": "kvx", "llama_cpp": "llama.cpp"}
+    out = ["`kvx serve` beside `llama-server` on `%s`, %d threads, f16 KV on both sides, the same KV memory; "
+           "streaming `/v1/completions`, %d-token prompts, %d generated tokens, medians of %d rounds "
+           "(rendered by `scripts/serving_report.py` on %s; every table, the method and the capacity "
+           "measurements: [docs/serving.md](docs/serving.md#measured-under-load))." % (
+               d["model"], d["threads"], d["prompt"], d["gen"], d.get("rounds", 1), d["generated"]), "",
+           "| clients | " + " | ".join("%s tok/s" % label[n] for n in names) + " | " +
+           " | ".join("%s TTFT p50 ms" % label[n] for n in names) + " |", "|---|" + "---:|" * (2 * len(names))]
+    for c in sorted(load[names[0]]):
+        out.append("| %d | %s | %s |" % (c, " | ".join(fmt(load[n][c]["tok_s"]) if c in load[n] else "–" for n in names),
+                                         " | ".join(fmt(load[n][c]["ttft_p50_ms"]) if c in load[n] else "–"
+                                                    for n in names)))
+    hits = ", ".join("%s %s → %s ms" % (label[n], fmt(s["prefix"]["ttft_miss_ms"]), fmt(s["prefix"]["ttft_hit_ms"]))
+                     for n, s in d["servers"].items())
+    out += ["", "A %d-token prefix shared with the previous request cuts the time to first token: %s." % (
+        d["prefix"], hits)]
+    validation = render_validation(d)
+    if validation:
+        out += ["", "Sessions per GiB at equal quality (goal: ≥ 6× llama.cpp's f16 at mean KLD ≤ %g; `HEADS` is the "
+                "model's head table from `kvx calibrate-heads --method duo`): %s" % (GOAL_KLD, validation[-1])]
+    return "\n".join(out) + "\n"
+
+
 def rendered_docs():
     with open(RAW) as f:
-        section = render_section(json.load(f))
+        d = json.load(f)
     docs = {}
-    for path in DOCS:
+    for path, render in DOCS.items():
         text = open(path).read()
+        section = render(d)
         new, n = re.subn(r"(<!-- serving:begin -->\n).*?(<!-- serving:end -->)",
                          lambda m: m.group(1) + section + m.group(2), text, flags=re.S)
         if n != 1:
