@@ -15,7 +15,8 @@ namespace kvx::server::jinja {
 namespace {
 
 std::string Amount(size_t bytes) {
-  return bytes >= (size_t{1} << 20) ? std::to_string(bytes >> 20) + " MiB" : std::to_string(bytes) + " bytes";
+  const size_t mib = size_t{1} << 20;
+  return bytes % mib == 0 ? std::to_string(bytes / mib) + " MiB" : std::to_string(bytes) + " bytes";
 }
 
 size_t Remaining(const Scope& s) { return s.budget->limits.max_bytes - s.budget->bytes; }
