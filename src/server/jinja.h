@@ -14,7 +14,7 @@
 // items), tests (defined, undefined, none, string, number, mapping,
 // iterable, sequence, true, false, even, odd, in `is` / `is not`),
 // operators or, and, not, in, not in, ==, !=, <, <=, >, >=, +, -, *, /,
-// //, %, ~, unary -, x if c else y; string methods strip, lstrip, rstrip,
+// //, %, **, ~, unary -, x if c else y; string methods strip, lstrip, rstrip,
 // startswith, endswith, upper, lower, split, replace, title; dict methods
 // get, items, keys, values; functions raise_exception(msg), namespace(...),
 // range(n); macros ({% macro f(a, b=default) %}...{% endmacro %}, called as

@@ -76,6 +76,7 @@ void RunBody(const Body& body, Scope& s, std::string& out) {
 namespace {
 
 const Value kUndefined;
+constexpr size_t kMaxMessageBytes = 1000;  // of a raise_exception message
 
 // `v` as {{ }} prints it: a string's own bytes, or the text built into `buf`
 // (charged).
@@ -534,8 +535,9 @@ Value Call::Evaluate(Scope& s) const {
       return f.macro().Call(s, std::move(a), std::move(kw), line);
     }
     if (n->name == "raise_exception") {
-      Error e("chat template line " + std::to_string(line) + ": the template refused the messages: " +
-              (a.empty() ? "" : a[0].Str(4096)));
+      std::string why = a.empty() ? "" : a[0].Str(kMaxMessageBytes);
+      if (why.size() > kMaxMessageBytes) why = why.substr(0, kMaxMessageBytes) + "...";  // it goes to the client
+      Error e("chat template line " + std::to_string(line) + ": the template refused the messages: " + why);
       e.refusal = true;
       throw e;
     }

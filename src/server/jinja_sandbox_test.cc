@@ -48,11 +48,11 @@ struct Hostile {
   std::string name, src, words;
 };
 
-void ExpectRefused(const std::vector<Hostile>& cases) {
+void ExpectRefused(const std::vector<Hostile>& cases, const Limits& limits = Limits()) {
   for (const Hostile& c : cases) {
     SCOPED_TRACE(c.name);
     const auto start = std::chrono::steady_clock::now();
-    const std::string got = RenderText(c.src);
+    const std::string got = RenderText(c.src, limits);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     EXPECT_EQ(got.rfind("error: ", 0), 0u) << got.substr(0, 200);
     EXPECT_NE(got.find(c.words), std::string::npos) << got.substr(0, 300);
@@ -177,6 +177,10 @@ TEST(JinjaSandboxTest, EveryValueBuiltCountsAgainstTheByteBudget) {
                                    "{{ [l, l, l, l, l, l, l, l, l, l] | tojson | length }}", budget},
       {"output", "{% set s = 'x' * 1048576 %}{% for i in range(100) %}{{ s }}{% endfor %}", budget},
   });
+  // A refusal's message goes to the client in the response: it is cut.
+  const std::string refusal = RenderText("{{ raise_exception('x' * 10000000) }}");
+  EXPECT_NE(refusal.find("refused the messages: xxx"), std::string::npos) << refusal.substr(0, 200);
+  EXPECT_LT(refusal.size(), 2000u);
   // The budget is per render and configurable.
   Limits small;
   small.max_bytes = 1000;
@@ -189,9 +193,13 @@ TEST(JinjaSandboxTest, EveryValueBuiltCountsAgainstTheByteBudget) {
 const std::string kList3000 = "{% set l = range(3000) | list %}";
 
 TEST(JinjaSandboxTest, EveryStepCountsAgainstTheStepBudget) {
-  const std::string steps = "more than " + std::to_string(Limits().max_steps) + " steps";
+  ExpectRefused({{"nested loops", kList3000 + "{% for i in l %}{% for j in l %}{% endfor %}{% endfor %}",
+                  "more than " + std::to_string(Limits().max_steps) + " steps"}});
+  // The same with a tenth of the budget, to keep the test short.
+  Limits tenth;
+  tenth.max_steps /= 10;
+  const std::string steps = "more than " + std::to_string(tenth.max_steps) + " steps";
   ExpectRefused({
-      {"nested loops", kList3000 + "{% for i in l %}{% for j in l %}{% endfor %}{% endfor %}", steps},
       {"loop filters", kList3000 + "{% for i in l %}{% for j in l if j > i %}{% endfor %}{% endfor %}", steps},
       // One statement that compares, searches or copies large values runs
       // for as long as they are large: each element or 256 bytes is a step.
@@ -208,7 +216,7 @@ TEST(JinjaSandboxTest, EveryStepCountsAgainstTheStepBudget) {
        "{% for i in range(100000) %}{{ f() }}{% endfor %}", steps},
       // A long expression run many times.
       {"long expressions", "{% for i in range(1000000) %}{{ 1" + Repeat(" + 1", 50) + " }}{% endfor %}", steps},
-  });
+  }, tenth);
 }
 
 // The real templates still render, and a long conversation (1,000 messages of
