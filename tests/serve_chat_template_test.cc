@@ -38,7 +38,7 @@ std::string ModelWithTemplate(const std::string& name, const std::string& chat_t
 TEST(ServeChatTemplateTest, ATemplateItCannotRunStopsTheStart) {
   const std::pair<const char*, std::string> cases[] = {
       {"parentheses", "{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}"},
-      {"endless loops", "{% set l = range(3000) %}{% for i in l %}{% for j in l %}{% endfor %}{% endfor %}"},
+      {"endless work", "{% set l = range(3000) %}{% for i in l %}{% if l == l %}{% endif %}{% endfor %}"},
       {"a gigabyte string", "{{ 'x' * 1000000000 }}"},
       {"an unsupported construct", "{% for m in messages %}{{ m.content | wordwrap }}{% endfor %}"},
   };

@@ -193,13 +193,16 @@ TEST(JinjaSandboxTest, EveryValueBuiltCountsAgainstTheByteBudget) {
 const std::string kList3000 = "{% set l = range(3000) | list %}";
 
 TEST(JinjaSandboxTest, EveryStepCountsAgainstTheStepBudget) {
-  ExpectRefused({{"nested loops", kList3000 + "{% for i in l %}{% for j in l %}{% endfor %}{% endfor %}",
+  // The default budget (cheap steps: a loop iteration costs more, under
+  // sanitizers far more).
+  ExpectRefused({{"comparing lists", kList3000 + "{% for i in l %}{% if l == l %}{% endif %}{% endfor %}",
                   "more than " + std::to_string(Limits().max_steps) + " steps"}});
-  // The same with a tenth of the budget, to keep the test short.
+  // The rest under a tenth of it, to keep the test short.
   Limits tenth;
   tenth.max_steps /= 10;
   const std::string steps = "more than " + std::to_string(tenth.max_steps) + " steps";
   ExpectRefused({
+      {"nested loops", kList3000 + "{% for i in l %}{% for j in l %}{% endfor %}{% endfor %}", steps},
       {"loop filters", kList3000 + "{% for i in l %}{% for j in l if j > i %}{% endfor %}{% endfor %}", steps},
       // One statement that compares, searches or copies large values runs
       // for as long as they are large: each element or 256 bytes is a step.
@@ -282,7 +285,7 @@ TEST(ChatTemplateSandboxTest, LoadTimeValidation) {
   ASSERT_NE(tok, nullptr);
   const std::pair<std::string, std::string> refused[] = {
       {"{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}", "nested more than"},
-      {"{% set l = range(3000) %}{% for i in l %}{% for j in l %}{% endfor %}{% endfor %}", "steps"},
+      {"{% set l = range(3000) %}{% for i in l %}{% if l == l %}{% endif %}{% endfor %}", "steps"},
       {"{{ 'x' * 1000000000 }}", "MiB"},
       {"{{ (-9223372036854775807 - 1) // -1 }}", "integer overflow"},
       {"{% for m in messages %}{{ m.content.zfill(3) }}{% endfor %}", "unsupported method 'zfill'"},
