@@ -176,10 +176,43 @@ Value Index(const Value& base, const Value& key) {
   return Value();
 }
 
+// A needle searched for in linear time (Knuth-Morris-Pratt), whatever the
+// needle and the text hold: std::string::find is O(text * needle) on a
+// needle like 'aa...ab' in a text of 'aaaa...', minutes in one step.
+class Searcher {
+ public:
+  Searcher(Scope& s, const std::string& needle, int line) : needle_(needle) {
+    SpendBytes(s, Times(needle.size(), sizeof(size_t)), line);  // the table, freed after
+    SpendScan(s, needle.size(), line);
+    fallback_.assign(needle.size(), 0);
+    for (size_t i = 1, k = 0; i < needle.size(); ++i) {
+      while (k > 0 && needle[i] != needle[k]) k = fallback_[k - 1];
+      if (needle[i] == needle[k]) ++k;
+      fallback_[i] = k;
+    }
+  }
+  // The first match in `text` at or after `from`, or npos; charged for the
+  // bytes it scanned.
+  size_t Find(Scope& s, const std::string& text, size_t from, int line) const {
+    const size_t m = needle_.size();
+    if (m == 0) return from <= text.size() ? from : std::string::npos;
+    size_t i = from, k = 0;
+    for (; i < text.size() && k < m; ++i) {
+      while (k > 0 && text[i] != needle_[k]) k = fallback_[k - 1];
+      if (text[i] == needle_[k]) ++k;
+    }
+    SpendScan(s, i - from, line);
+    return k == m ? i - m : std::string::npos;
+  }
+
+ private:
+  const std::string& needle_;
+  std::vector<size_t> fallback_;  // per prefix: the longest proper border's length
+};
+
 bool Contains(Scope& s, const Value& hay, const Value& needle, int line) {
   if (hay.is_string() && needle.is_string()) {
-    SpendScan(s, hay.s().size(), line);
-    return hay.s().find(needle.s()) != std::string::npos;
+    return Searcher(s, needle.s(), line).Find(s, hay.s(), 0, line) != std::string::npos;
   }
   if (hay.is_array()) {
     for (const Value& v : hay.a()) {
@@ -195,9 +228,10 @@ bool Contains(Scope& s, const Value& hay, const Value& needle, int line) {
 // In one pass, charged as it grows (replacing in place is quadratic).
 Value ReplaceAll(Scope& s, const std::string& str, const std::string& from, const std::string& to, int line) {
   if (from.empty()) return NewString(s, str, line);
+  const Searcher searcher(s, from, line);
   std::string out;
   size_t p = 0;
-  for (size_t q = str.find(from); q != std::string::npos; q = str.find(from, p)) {
+  for (size_t q = searcher.Find(s, str, 0, line); q != std::string::npos; q = searcher.Find(s, str, p, line)) {
     SpendBytes(s, q - p + to.size(), line);
     out.append(str, p, q - p);
     out += to;
@@ -252,8 +286,9 @@ Value Split(Scope& s, const std::string& str, const Value& sep_arg, int line) {
     std::string buf;
     const std::string& sep = Printed(s, sep_arg, buf, line);
     if (sep.empty()) Fail("empty separator", line);
+    const Searcher searcher(s, sep, line);
     size_t p = 0;
-    for (size_t q = str.find(sep); q != std::string::npos; q = str.find(sep, p)) {
+    for (size_t q = searcher.Find(s, str, 0, line); q != std::string::npos; q = searcher.Find(s, str, p, line)) {
       piece(p, q);
       p = q + sep.size();
     }

@@ -83,12 +83,15 @@ std::vector<Tok> Lex(const std::string& src, int line) {
 }
 
 std::string Strip(const std::string& s, const std::string& chars, bool left, bool right) {
+  // A table, not chars.find per byte: a template may strip a long text by a long set.
+  bool strip[256] = {};
+  for (unsigned char c : chars) strip[c] = true;
   size_t a = 0, z = s.size();
   if (left) {
-    while (a < z && chars.find(s[a]) != std::string::npos) ++a;
+    while (a < z && strip[static_cast<unsigned char>(s[a])]) ++a;
   }
   if (right) {
-    while (z > a && chars.find(s[z - 1]) != std::string::npos) --z;
+    while (z > a && strip[static_cast<unsigned char>(s[z - 1])]) --z;
   }
   return s.substr(a, z - a);
 }

@@ -222,6 +222,25 @@ TEST(JinjaSandboxTest, EveryStepCountsAgainstTheStepBudget) {
   }, tenth);
 }
 
+// A search inside one step runs in time linear in the text and the needle:
+// std::string::find (and strip's per-byte chars.find) took O(text * needle):
+// 2 * 10^13 byte comparisons here, half an hour (10^12 took 25 s).
+TEST(JinjaSandboxTest, SearchesAreLinear) {
+  const std::string setup = "{% set h = 'a' * 20000000 %}{% set n = 'a' * 1000000 ~ 'b' %}";
+  const std::pair<std::string, std::string> cases[] = {
+      {"{{ n in h }}", "False"},
+      {"{{ h.split(n) | length }}", "1"},
+      {"{{ h.replace(n, 'x') | length }}", "20000000"},
+      {"{{ h.strip('b' * 1000000 ~ 'a') | length }}", "0"},
+      {"{{ (n ~ 'x' ~ n).split(n) | length }}", "3"},
+  };
+  for (const auto& [src, want] : cases) {
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_EQ(RenderText(setup + src), want) << src;
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 30.0) << src;
+  }
+}
+
 // The real templates still render, and a long conversation (1,000 messages of
 // 4 KiB: half of --max-body's default 8 MiB) fits the default limits with
 // room to spare.
