@@ -80,16 +80,15 @@ struct Budget {
 
 struct Scope {
   std::vector<Value::Object> frames;
+  // A macro body's scope reads its caller's variables through this (no copy:
+  // a call costs the same however many variables the caller holds).
+  const Scope* caller = nullptr;
   int macro_depth = 0;  // macro calls in progress: a template's recursion is bounded
   Budget* budget = nullptr;
-  Value Get(const std::string& name) const {
-    for (auto it = frames.rbegin(); it != frames.rend(); ++it) {
-      auto f = it->find(name);
-      if (f != it->end()) return f->second;
-    }
-    return Value();
-  }
 };
+// The innermost binding of `name` (undefined when none); the frames it looks
+// through are charged (macro recursion times nested loops can make many).
+Value Lookup(Scope& s, const std::string& name, int line);
 
 struct Expr {
   virtual ~Expr() = default;

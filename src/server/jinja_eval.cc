@@ -54,6 +54,21 @@ void Emit(Scope& s, std::string& out, const std::string& text, int line) {
   out += text;
 }
 
+Value Lookup(Scope& s, const std::string& name, int line) {
+  int64_t visited = 0;
+  for (const Scope* scope = &s; scope != nullptr; scope = scope->caller) {
+    for (auto it = scope->frames.rbegin(); it != scope->frames.rend(); ++it) {
+      ++visited;
+      if (auto f = it->find(name); f != it->end()) {
+        SpendSteps(s, visited / 4, line);  // a small map's lookup: a quarter of a step
+        return f->second;
+      }
+    }
+  }
+  SpendSteps(s, visited / 4, line);
+  return Value();
+}
+
 Value Expr::Eval(Scope& s) const {
   Nested nested(s.budget->depth, kMaxEvalDepth, "evaluation", line);
   SpendSteps(s, 1, line);
@@ -411,7 +426,7 @@ bool IsKnownFilter(const std::string& name) {
 // ---------------------------------------------------------------- expressions
 
 Value Literal::Evaluate(Scope&) const { return v; }
-Value Name::Evaluate(Scope& s) const { return s.Get(name); }
+Value Name::Evaluate(Scope& s) const { return Lookup(s, name, line); }
 Value ListExpr::Evaluate(Scope& s) const {
   SpendElements(s, items.size(), line);
   Value::Array a;
@@ -564,7 +579,7 @@ Value Call::Evaluate(Scope& s) const {
   std::vector<Value> a;
   for (const auto& e : args) a.push_back(e->Eval(s));
   if (const auto* n = dynamic_cast<const Name*>(callee.get())) {
-    if (const Value f = s.Get(n->name); f.is_macro()) {
+    if (const Value f = Lookup(s, n->name, line); f.is_macro()) {
       std::vector<std::pair<std::string, Value>> kw;
       for (const auto& [k, e] : kwargs) kw.emplace_back(k, e->Eval(s));
       return f.macro().Call(s, std::move(a), std::move(kw), line);
@@ -725,11 +740,7 @@ Value MacroNode::Call(Scope& caller, std::vector<Value> args, std::vector<std::p
     Fail("macro '" + name + "' nested more than " + std::to_string(kMaxMacroDepth) + " calls deep (recursion?)",
          call_line);
   }
-  int64_t variables = 0;  // copied for the call: a step each
-  for (const Value::Object& f : caller.frames) variables += static_cast<int64_t>(f.size());
-  SpendSteps(caller, variables, call_line);
-  Scope inner{caller.frames, caller.macro_depth + 1, caller.budget};
-  inner.frames.emplace_back();
+  Scope inner{{Value::Object()}, &caller, caller.macro_depth + 1, caller.budget};
   Value::Object& own = inner.frames.back();
   for (size_t k = 0; k < args.size(); ++k) own[params[k]] = std::move(args[k]);
   for (auto& [key, v] : kwargs) {
@@ -753,7 +764,7 @@ void SetNode::Run(Scope& s, std::string&) const {
     s.frames.back()[name] = std::move(v);
     return;
   }
-  Value ns = s.Get(name);
+  Value ns = Lookup(s, name, line);
   if (!ns.is_namespace()) Fail("'" + name + "' is not a namespace(): only namespace attributes can be set", line);
   ns.o()[attr] = ForNamespace(v, line);
 }
