@@ -17,9 +17,12 @@ void Fail(const std::string& message, int line) {
 
 namespace {
 
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
+// Appends `s` quoted and escaped, stopping once `out` passes max_bytes (an
+// escaped string can be six times longer than it is).
+void AppendJsonString(std::string& out, const std::string& s, size_t max_bytes) {
+  out += '"';
   for (unsigned char c : s) {
+    if (out.size() > max_bytes) return;
     switch (c) {
       case '"': out += "\\\""; break;
       case '\\': out += "\\\\"; break;
@@ -36,7 +39,7 @@ std::string JsonString(const std::string& s) {
         }
     }
   }
-  return out + "\"";
+  out += '"';
 }
 
 }  // namespace
@@ -126,7 +129,7 @@ void Value::AppendJson(std::string& out, size_t max_bytes) const {
   } else if (is_number()) {
     AppendStr(out, max_bytes);
   } else if (is_string()) {
-    out += JsonString(s());
+    AppendJsonString(out, s(), max_bytes);
   } else if (is_array()) {
     out += '[';
     for (size_t k = 0; k < a().size() && out.size() <= max_bytes; ++k) {
@@ -138,7 +141,9 @@ void Value::AppendJson(std::string& out, size_t max_bytes) const {
     out += '{';
     bool first = true;
     for (auto it = o().begin(); it != o().end() && out.size() <= max_bytes; ++it) {
-      out += (first ? "" : ", ") + JsonString(it->first) + ": ";
+      if (!first) out += ", ";
+      AppendJsonString(out, it->first, max_bytes);
+      out += ": ";
       it->second.AppendJson(out, max_bytes);
       first = false;
     }
