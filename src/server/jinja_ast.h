@@ -119,6 +119,9 @@ void SpendScan(Scope& s, size_t bytes, int line);
 // `text` appended to `out`, charged.
 void Emit(Scope& s, std::string& out, const std::string& text, int line);
 inline constexpr int kMaxMacroDepth = 64;
+// Steps a loop iteration or a macro call costs: each makes a frame of
+// variables (and a loop object), about ten times an expression's work.
+inline constexpr int64_t kFrameSteps = 8;
 // What one element of a list or dict is charged.
 inline constexpr size_t kElementBytes = sizeof(Value) + 16;
 

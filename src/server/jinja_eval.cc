@@ -698,7 +698,7 @@ void ForNode::Run(Scope& s, std::string& out) const {
   }
   const int64_t n = static_cast<int64_t>(items.size());
   for (int64_t k = 0; k < n; ++k) {
-    SpendSteps(s, 1, line);
+    SpendSteps(s, kFrameSteps, line);
     s.frames.emplace_back();
     Bind(s, items[k]);
     Value::Object loop;
@@ -740,6 +740,7 @@ Value MacroNode::Call(Scope& caller, std::vector<Value> args, std::vector<std::p
     Fail("macro '" + name + "' nested more than " + std::to_string(kMaxMacroDepth) + " calls deep (recursion?)",
          call_line);
   }
+  SpendSteps(caller, kFrameSteps, call_line);
   Scope inner{{Value::Object()}, &caller, caller.macro_depth + 1, caller.budget};
   Value::Object& own = inner.frames.back();
   for (size_t k = 0; k < args.size(); ++k) own[params[k]] = std::move(args[k]);

@@ -271,7 +271,7 @@ TEST(JinjaSandboxTest, RealTemplatesFitTheDefaultLimits) {
   context["bos_token"] = Value("<s>");
   context["eos_token"] = Value("</s>");
   // Half the default limits (they need about 4.5 times the messages' bytes,
-  // and 50 steps a message).
+  // and up to 54 steps a message).
   Limits half;
   half.max_bytes /= 2;
   half.max_steps /= 2;
