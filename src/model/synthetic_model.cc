@@ -196,6 +196,7 @@ Status WriteSyntheticModel(const SyntheticModelOptions& options, const std::stri
   w.SetUint32("tokenizer.ggml.bos_token_id", vocab.eos_id);
   w.SetUint32("tokenizer.ggml.eos_token_id", vocab.eos_id);
   w.SetUint32("tokenizer.ggml.padding_token_id", vocab.eos_id);
+  if (!options.chat_template.empty()) w.SetString("tokenizer.chat_template", options.chat_template);
   w.SetBool("tokenizer.ggml.add_bos_token", false);
 
   Rng rng{options.seed};

@@ -38,6 +38,7 @@ struct SyntheticModelOptions {
   gguf::TensorType type = gguf::TensorType::kQ8_0;  // matrices and embeddings
   uint64_t seed = 1;
   float init_std = 0.02f;  // weights ~ N(0, init_std^2)
+  std::string chat_template;  // tokenizer.chat_template; empty: none
 };
 
 // Writes the model to `path`. Matrices whose row length is not a multiple of

@@ -3,6 +3,11 @@
 #include "server/jinja.h"
 
 namespace kvx::server {
+namespace {
+
+const char* const kWhose = "the model's chat template (tokenizer.chat_template)";
+
+}  // namespace
 
 Result<ChatTemplate> ChatTemplate::Create(const std::string& source, const model::Tokenizer& tokenizer) {
   ChatTemplate t;
@@ -10,8 +15,15 @@ Result<ChatTemplate> ChatTemplate::Create(const std::string& source, const model
   if (tokenizer.bos() >= 0) t.bos_ = tokenizer.TokenText(tokenizer.bos());
   if (tokenizer.eos() >= 0) t.eos_ = tokenizer.TokenText(tokenizer.eos());
   if (!source.empty()) {
-    KVX_ASSIGN_OR_RETURN(std::shared_ptr<const jinja::Template> program, jinja::Template::Parse(source));
-    t.program_ = program;
+    auto program = jinja::Template::Parse(source);
+    if (!program.ok()) return program.status().WithContext(kWhose);
+    t.program_ = *program;
+    // A template that cannot render one user message (beyond refusing it, as
+    // raise_exception does) would fail every chat request: fail the load.
+    auto probe = t.Render({{"user", "Hi"}}, /*add_generation_prompt=*/true);
+    if (!probe.ok() && probe.status().code() != StatusCode::kInvalidArgument) {
+      return InvalidArgument(probe.status().WithContext(kWhose).message() + " (rendering one user message)");
+    }
   }
   // Turn-end tokens of common formats that are not the vocabulary's EOS.
   for (const char* text : {"<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>"}) {

@@ -29,12 +29,15 @@ class ChatTemplate {
  public:
   // The model's template (source `tokenizer.chat_template` of the GGUF, or
   // empty for the default), with its BOS/EOS token texts. InvalidArgument
-  // naming the construct for a template the interpreter cannot parse.
+  // naming the construct or limit for a template the interpreter cannot
+  // parse, or that fails on one user message otherwise than by refusing it
+  // (a limit passed, an overflow: jinja.h's sandbox).
   static Result<ChatTemplate> Create(const std::string& source, const model::Tokenizer& tokenizer);
 
   // The prompt for `messages`, ending with the assistant's turn opening when
   // add_generation_prompt. InvalidArgument for what the template refuses
-  // (raise_exception, e.g. roles out of order) or cannot evaluate.
+  // (raise_exception, e.g. roles out of order); Internal when it fails
+  // otherwise (a limit, an overflow, a construct it cannot evaluate).
   Result<std::string> Render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const;
 
   bool is_default() const { return source_.empty(); }

@@ -2,8 +2,10 @@
 // jinja_parse.cc and jinja_eval.cc (jinja_ast.h).
 #include "server/jinja.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
+#include <string_view>
 
 #include "server/jinja_ast.h"
 
@@ -15,9 +17,12 @@ void Fail(const std::string& message, int line) {
 
 namespace {
 
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
+// Appends `s` quoted and escaped, stopping once `out` passes max_bytes (an
+// escaped string can be six times longer than it is).
+void AppendJsonString(std::string& out, const std::string& s, size_t max_bytes) {
+  out += '"';
   for (unsigned char c : s) {
+    if (out.size() > max_bytes) return;
     switch (c) {
       case '"': out += "\\\""; break;
       case '\\': out += "\\\\"; break;
@@ -34,10 +39,22 @@ std::string JsonString(const std::string& s) {
         }
     }
   }
-  return out + "\"";
+  out += '"';
 }
 
 }  // namespace
+
+Value::Value(Array a) {
+  for (const Value& x : a) depth_ = std::max(depth_, x.depth_ + 1);
+  depth_ = std::max(depth_, 1);
+  v_ = std::make_shared<Array>(std::move(a));
+}
+
+Value::Value(Object o) {
+  for (const auto& [key, x] : o) depth_ = std::max(depth_, x.depth_ + 1);
+  depth_ = std::max(depth_, 1);
+  v_ = std::make_shared<Object>(std::move(o));
+}
 
 bool Value::Truthy() const {
   if (is_undefined() || is_none()) return false;
@@ -50,66 +67,107 @@ bool Value::Truthy() const {
   return !o().empty();
 }
 
-std::string Value::Str() const {
-  if (is_undefined()) return "";
-  if (is_none()) return "None";
-  if (is_bool()) return b() ? "True" : "False";
-  if (is_int()) return std::to_string(i());
-  if (is_double()) {
+std::string Value::Str(size_t max_bytes) const {
+  if (is_string()) return s();
+  std::string out;
+  AppendStr(out, max_bytes);
+  return out;
+}
+
+std::string Value::Json(size_t max_bytes) const {
+  std::string out;
+  AppendJson(out, max_bytes);
+  return out;
+}
+
+void Value::AppendStr(std::string& out, size_t max_bytes) const {
+  if (out.size() > max_bytes) return;
+  if (is_undefined()) return;
+  if (is_none()) {
+    out += "None";
+  } else if (is_bool()) {
+    out += b() ? "True" : "False";
+  } else if (is_int()) {
+    out += std::to_string(i());
+  } else if (is_double()) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%g", d());
-    std::string s = buf;
-    if (s.find_first_of(".e") == std::string::npos) s += ".0";
-    return s;
-  }
-  if (is_string()) return s();
-  if (is_macro()) return "<macro>";
-  if (is_array()) {
-    std::string out = "[";
-    for (size_t k = 0; k < a().size(); ++k) {
-      out += (k ? ", " : "") + (a()[k].is_string() ? "'" + a()[k].s() + "'" : a()[k].Str());
+    out += buf;
+    if (std::string_view(buf).find_first_of(".e") == std::string_view::npos) out += ".0";
+  } else if (is_string()) {
+    out += s();
+  } else if (is_macro()) {
+    out += "<macro>";
+  } else if (is_array()) {
+    out += '[';
+    for (size_t k = 0; k < a().size() && out.size() <= max_bytes; ++k) {
+      if (k) out += ", ";
+      const Value& x = a()[k];
+      if (x.is_string()) out += "'" + x.s() + "'";
+      else x.AppendStr(out, max_bytes);
     }
-    return out + "]";
+    out += ']';
+  } else {
+    out += '{';
+    bool first = true;
+    for (auto it = o().begin(); it != o().end() && out.size() <= max_bytes; ++it) {
+      out += (first ? "'" : ", '") + it->first + "': ";
+      if (it->second.is_string()) out += "'" + it->second.s() + "'";
+      else it->second.AppendStr(out, max_bytes);
+      first = false;
+    }
+    out += '}';
   }
-  std::string out = "{";
-  bool first = true;
-  for (const auto& [key, v] : o()) {
-    out += (first ? "'" : ", '") + key + "': " + (v.is_string() ? "'" + v.s() + "'" : v.Str());
-    first = false;
-  }
-  return out + "}";
 }
 
-std::string Value::Json() const {
-  if (is_undefined() || is_none()) return "null";
-  if (is_bool()) return b() ? "true" : "false";
-  if (is_int()) return std::to_string(i());
-  if (is_double()) return Str();
-  if (is_string()) return JsonString(s());
-  if (is_macro()) return "null";
-  if (is_array()) {
-    std::string out = "[";
-    for (size_t k = 0; k < a().size(); ++k) out += (k ? ", " : "") + a()[k].Json();
-    return out + "]";
+void Value::AppendJson(std::string& out, size_t max_bytes) const {
+  if (out.size() > max_bytes) return;
+  if (is_undefined() || is_none() || is_macro()) {
+    out += "null";
+  } else if (is_bool()) {
+    out += b() ? "true" : "false";
+  } else if (is_number()) {
+    AppendStr(out, max_bytes);
+  } else if (is_string()) {
+    AppendJsonString(out, s(), max_bytes);
+  } else if (is_array()) {
+    out += '[';
+    for (size_t k = 0; k < a().size() && out.size() <= max_bytes; ++k) {
+      if (k) out += ", ";
+      a()[k].AppendJson(out, max_bytes);
+    }
+    out += ']';
+  } else {
+    out += '{';
+    bool first = true;
+    for (auto it = o().begin(); it != o().end() && out.size() <= max_bytes; ++it) {
+      if (!first) out += ", ";
+      AppendJsonString(out, it->first, max_bytes);
+      out += ": ";
+      it->second.AppendJson(out, max_bytes);
+      first = false;
+    }
+    out += '}';
   }
-  std::string out = "{";
-  bool first = true;
-  for (const auto& [key, v] : o()) {
-    out += (first ? "" : ", ") + JsonString(key) + ": " + v.Json();
-    first = false;
-  }
-  return out + "}";
 }
 
-bool Value::Equals(const Value& x) const {
+bool Value::Equals(const Value& x, int64_t* work) const {
+  auto spend = [&](int64_t n) {
+    if (work != nullptr) *work += n;
+  };
+  spend(1);
+  if (is_int() && x.is_int()) return i() == x.i();  // exact: doubles would merge large integers
   if (is_number() && x.is_number()) return d() == x.d();
-  if (is_string() && x.is_string()) return s() == x.s();
+  if (is_string() && x.is_string()) {
+    spend(static_cast<int64_t>(std::min(s().size(), x.s().size()) / 256));
+    return s() == x.s();
+  }
   if (is_bool() && x.is_bool()) return b() == x.b();
   if ((is_none() || is_undefined()) && (x.is_none() || x.is_undefined())) return is_none() == x.is_none();
   if (is_array() && x.is_array()) {
     if (a().size() != x.a().size()) return false;
     for (size_t k = 0; k < a().size(); ++k) {
-      if (!a()[k].Equals(x.a()[k])) return false;
+      if (!a()[k].Equals(x.a()[k], work)) return false;
     }
     return true;
   }
@@ -136,25 +194,25 @@ Result<std::shared_ptr<const Template>> Template::Parse(const std::string& sourc
     std::shared_ptr<Template> t(new Template());
     t->body_ = ParseTemplate(source);
     return std::shared_ptr<const Template>(std::move(t));
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {  // Error, or std::bad_alloc
     return InvalidArgument(e.what());
   }
 }
 
-Result<std::string> Template::Render(const Value::Object& context) const {
+Result<std::string> Template::Render(const Value::Object& context, const Limits& limits) const {
   try {
-    int64_t work = 0;
+    Budget budget{limits};
     Scope s;
-    s.work = &work;
+    s.budget = &budget;
     s.frames.push_back(context);
     s.frames.emplace_back();  // the template's own top-level sets
     std::string out;
     RunBody(body_, s, out);
     return out;
   } catch (const Error& e) {
-    return InvalidArgument(e.what());
+    return Status(e.refusal ? StatusCode::kInvalidArgument : StatusCode::kInternal, e.what());
   } catch (const std::exception& e) {
-    return InvalidArgument(std::string("chat template: ") + e.what());
+    return Internal(std::string("chat template: ") + e.what());
   }
 }
 

@@ -14,7 +14,7 @@
 // items), tests (defined, undefined, none, string, number, mapping,
 // iterable, sequence, true, false, even, odd, in `is` / `is not`),
 // operators or, and, not, in, not in, ==, !=, <, <=, >, >=, +, -, *, /,
-// //, %, ~, unary -, x if c else y; string methods strip, lstrip, rstrip,
+// //, %, **, ~, unary -, x if c else y; string methods strip, lstrip, rstrip,
 // startswith, endswith, upper, lower, split, replace, title; dict methods
 // get, items, keys, values; functions raise_exception(msg), namespace(...),
 // range(n); macros ({% macro f(a, b=default) %}...{% endmacro %}, called as
@@ -25,10 +25,20 @@
 // functions) is an InvalidArgument naming the construct and its line, at
 // parse time when it can be seen there.
 //
+// A sandbox: a template comes from a model file, so it is treated as hostile
+// code (docs/serving.md, "Hostile chat templates"). Parsing bounds the
+// nesting of expressions and blocks (kMaxNesting); a render bounds the depth
+// of evaluation (kMaxEvalDepth), of values (kMaxValueDepth) and of macro
+// calls, its steps and the bytes of every value it builds (Limits), and
+// checks integer arithmetic (overflow is an error, not a wrap). Whatever the
+// template, Parse and Render return an error naming the limit; they never
+// crash, spin or allocate without bound.
+//
 // Thread-safety: a parsed Template is immutable; Render is safe from many
 // threads.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -41,6 +51,32 @@
 namespace kvx::server::jinja {
 
 struct MacroNode;
+
+// Nesting of expressions (parentheses, operands, operator chains, filters,
+// literals) and of blocks in the template's text: the parser recurses
+// through it, and evaluating and freeing the tree do too.
+inline constexpr int kMaxNesting = 100;
+// Expressions and blocks being evaluated at once, macro calls included.
+inline constexpr int kMaxEvalDepth = 1000;
+// Lists and dicts nested in one value (printing, comparing and freeing it
+// recurse). A namespace() counts as half of it, whatever it holds, since its
+// attributes may change after it was put in a list; so it cannot hold
+// another namespace, and no value can hold itself.
+inline constexpr int kMaxValueDepth = 64;
+inline constexpr int kNamespaceDepth = kMaxValueDepth / 2;
+
+// What one render may spend; the defaults are far above what real chat
+// templates need for a conversation of --max-body's default 8 MiB
+// (jinja_sandbox_test.cc).
+struct Limits {
+  // Expression nodes evaluated, statements and loop iterations run, and the
+  // elements (or 256-byte runs of a string) that comparisons, searches and
+  // copies go through.
+  int64_t max_steps = 4'000'000;
+  // Bytes of the strings, lists and dicts built, output included, counted
+  // when built (whether or not they are still held).
+  size_t max_bytes = size_t{64} << 20;
+};
 
 class Value {
  public:
@@ -55,10 +91,11 @@ class Value {
   explicit Value(int64_t i) : v_(i) {}
   explicit Value(int i) : v_(static_cast<int64_t>(i)) {}
   explicit Value(double d) : v_(d) {}
-  explicit Value(std::string s) : v_(std::move(s)) {}
-  explicit Value(const char* s) : v_(std::string(s)) {}
-  explicit Value(Array a) : v_(std::make_shared<Array>(std::move(a))) {}
-  explicit Value(Object o) : v_(std::make_shared<Object>(std::move(o))) {}
+  // Strings are shared, immutable: copying a value never copies its bytes.
+  explicit Value(std::string s) : v_(std::make_shared<const std::string>(std::move(s))) {}
+  explicit Value(const char* s) : Value(std::string(s)) {}
+  explicit Value(Array a);
+  explicit Value(Object o);
   // A {% macro %}: the node lives in the parsed Template, which outlives
   // every render.
   explicit Value(const MacroNode* m) : v_(m) {}
@@ -66,6 +103,7 @@ class Value {
   static Value Namespace(Object o) {
     Value v(std::move(o));
     v.ns_ = true;
+    v.depth_ = kNamespaceDepth;
     return v;
   }
 
@@ -75,7 +113,7 @@ class Value {
   bool is_int() const { return std::holds_alternative<int64_t>(v_); }
   bool is_double() const { return std::holds_alternative<double>(v_); }
   bool is_number() const { return is_int() || is_double(); }
-  bool is_string() const { return std::holds_alternative<std::string>(v_); }
+  bool is_string() const { return std::holds_alternative<std::shared_ptr<const std::string>>(v_); }
   bool is_array() const { return std::holds_alternative<std::shared_ptr<Array>>(v_); }
   bool is_object() const { return std::holds_alternative<std::shared_ptr<Object>>(v_); }
   bool is_namespace() const { return ns_; }
@@ -84,22 +122,33 @@ class Value {
   bool b() const { return std::get<bool>(v_); }
   int64_t i() const { return std::get<int64_t>(v_); }
   double d() const { return is_int() ? static_cast<double>(i()) : std::get<double>(v_); }
-  const std::string& s() const { return std::get<std::string>(v_); }
+  const std::string& s() const { return *std::get<std::shared_ptr<const std::string>>(v_); }
   Array& a() const { return *std::get<std::shared_ptr<Array>>(v_); }
   Object& o() const { return *std::get<std::shared_ptr<Object>>(v_); }
   const MacroNode& macro() const { return *std::get<const MacroNode*>(v_); }
 
+  // 0 for scalars, else 1 + the deepest element's (kNamespaceDepth for a
+  // namespace()).
+  int depth() const { return depth_; }
+
   bool Truthy() const;
-  // As {{ }} prints it.
-  std::string Str() const;
-  // As tojson prints it.
-  std::string Json() const;
-  bool Equals(const Value& other) const;
+  // As {{ }} prints it. Printing stops soon after `max_bytes` (the result is
+  // then longer than max_bytes, and incomplete): a list holding one shared
+  // string many times prints far more bytes than it holds.
+  std::string Str(size_t max_bytes = SIZE_MAX) const;
+  // As tojson prints it; stops like Str.
+  std::string Json(size_t max_bytes = SIZE_MAX) const;
+  // Adds to *work one per element or 256 bytes compared, when given.
+  bool Equals(const Value& other, int64_t* work = nullptr) const;
   const char* TypeName() const;
 
  private:
-  std::variant<Undefined, None, bool, int64_t, double, std::string, std::shared_ptr<Array>, std::shared_ptr<Object>,
-               const MacroNode*> v_;
+  void AppendStr(std::string& out, size_t max_bytes) const;
+  void AppendJson(std::string& out, size_t max_bytes) const;
+
+  std::variant<Undefined, None, bool, int64_t, double, std::shared_ptr<const std::string>, std::shared_ptr<Array>,
+               std::shared_ptr<Object>, const MacroNode*> v_;
+  int depth_ = 0;
   bool ns_ = false;
 };
 
@@ -107,10 +156,14 @@ struct Node;
 
 class Template {
  public:
-  // InvalidArgument naming the construct and line for what the subset lacks.
+  // InvalidArgument naming the construct and line for what the subset lacks
+  // or the limit the source passes.
   static Result<std::shared_ptr<const Template>> Parse(const std::string& source);
-  // Renders with `context` as the global variables.
-  Result<std::string> Render(const Value::Object& context) const;
+  // Renders with `context` as the global variables. InvalidArgument when the
+  // template refuses (raise_exception); Internal, naming the line, when it
+  // fails otherwise (a limit, an overflow, a type or construct it cannot
+  // evaluate): the template's fault, not the caller's.
+  Result<std::string> Render(const Value::Object& context, const Limits& limits = Limits()) const;
   ~Template();
 
  private:

@@ -16,12 +16,31 @@
 
 namespace kvx::server::jinja {
 
-// Errors travel as this exception inside the interpreter and become an
-// InvalidArgument at Parse/Render.
+// Errors travel as this exception inside the interpreter and become a Status
+// at Parse/Render (jinja.h says which).
 struct Error : std::runtime_error {
   using std::runtime_error::runtime_error;
+  bool refusal = false;  // raise_exception: the template refused the caller's input
 };
 [[noreturn]] void Fail(const std::string& message, int line);
+
+// One level of recursion counted in `counter` while alive; past `limit` it
+// fails: "<what> nested more than <limit> deep".
+class Nested {
+ public:
+  Nested(int& counter, int limit, const char* what, int line) : counter_(counter) {
+    if (++counter_ > limit) {
+      --counter_;
+      Fail(std::string(what) + " nested more than " + std::to_string(limit) + " deep", line);
+    }
+  }
+  ~Nested() { --counter_; }
+  Nested(const Nested&) = delete;
+  Nested& operator=(const Nested&) = delete;
+
+ private:
+  int& counter_;
+};
 
 // ---------------------------------------------------------------- lexing (jinja_lex.cc)
 
@@ -50,25 +69,37 @@ std::string Strip(const std::string& s, const std::string& chars, bool left, boo
 
 // ---------------------------------------------------------------- the AST (evaluated in jinja_eval.cc)
 
+// What a render has spent so far (jinja.h's Limits), shared by the macro
+// calls' scopes.
+struct Budget {
+  Limits limits;
+  int64_t steps = 0;
+  size_t bytes = 0;
+  int depth = 0;  // expressions and blocks being evaluated
+};
+
 struct Scope {
   std::vector<Value::Object> frames;
+  // A macro body's scope reads its caller's variables through this (no copy:
+  // a call costs the same however many variables the caller holds).
+  const Scope* caller = nullptr;
   int macro_depth = 0;  // macro calls in progress: a template's recursion is bounded
-  // Statements run so far in this render, shared with the macro calls' scopes:
-  // a template from a (possibly hostile) GGUF cannot make a request spin.
-  int64_t* work = nullptr;
-  Value Get(const std::string& name) const {
-    for (auto it = frames.rbegin(); it != frames.rend(); ++it) {
-      auto f = it->find(name);
-      if (f != it->end()) return f->second;
-    }
-    return Value();
-  }
+  Budget* budget = nullptr;
 };
+// The innermost binding of `name` (undefined when none); the frames it looks
+// through are charged (macro recursion times nested loops can make many).
+Value Lookup(Scope& s, const std::string& name, int line);
 
 struct Expr {
   virtual ~Expr() = default;
-  virtual Value Eval(Scope& s) const = 0;
+  // Evaluate, with the render's depth and steps counted and the result's
+  // nesting checked.
+  Value Eval(Scope& s) const;
   int line = 0;
+  int depth = 1;  // of the tree below, this node included (bounded by kMaxNesting)
+
+ protected:
+  virtual Value Evaluate(Scope& s) const = 0;
 };
 using ExprPtr = std::unique_ptr<Expr>;
 
@@ -79,77 +110,83 @@ struct Node {
 };
 using Body = std::vector<std::unique_ptr<Node>>;
 void RunBody(const Body& body, Scope& s, std::string& out);
-// One unit of a render's work (a statement, a loop item); fails past kMaxRenderWork.
-void CountWork(Scope& s, int line);
-// A render's limits: statements run (loop iterations and macro calls
-// included), text produced, and range() lengths.
-inline constexpr int64_t kMaxRenderWork = 1'000'000;
-inline constexpr size_t kMaxRenderBytes = size_t{64} << 20;
-inline constexpr int64_t kMaxRange = 1'000'000;
+// Charge the render's budget (jinja.h's Limits): `steps` steps; `bytes` about
+// to be built (before building them, so nothing is allocated past the
+// budget); a scan of `bytes` bytes (a step per 256).
+void SpendSteps(Scope& s, int64_t steps, int line);
+void SpendBytes(Scope& s, size_t bytes, int line);
+void SpendScan(Scope& s, size_t bytes, int line);
+// `text` appended to `out`, charged.
+void Emit(Scope& s, std::string& out, const std::string& text, int line);
 inline constexpr int kMaxMacroDepth = 64;
+// Steps a loop iteration or a macro call costs: each makes a frame of
+// variables (and a loop object), about ten times an expression's work.
+inline constexpr int64_t kFrameSteps = 8;
+// What one element of a list or dict is charged.
+inline constexpr size_t kElementBytes = sizeof(Value) + 16;
 
 // Expressions.
 struct Literal : Expr {
   Value v;
-  Value Eval(Scope&) const override;
+  Value Evaluate(Scope&) const override;
 };
 struct Name : Expr {
   std::string name;
-  Value Eval(Scope& s) const override;
+  Value Evaluate(Scope& s) const override;
 };
 struct ListExpr : Expr {
   std::vector<ExprPtr> items;
-  Value Eval(Scope& s) const override;
+  Value Evaluate(Scope& s) const override;
 };
 struct DictExpr : Expr {
   std::vector<std::pair<ExprPtr, ExprPtr>> items;
-  Value Eval(Scope& s) const override;
+  Value Evaluate(Scope& s) const override;
 };
 struct Attr : Expr {
   ExprPtr base;
   std::string name;
-  Value Eval(Scope& s) const override;
+  Value Evaluate(Scope& s) const override;
 };
 struct Subscript : Expr {
   ExprPtr base, key;
-  Value Eval(Scope& s) const override;
+  Value Evaluate(Scope& s) const override;
 };
 struct Slice : Expr {
   ExprPtr base, start, stop, step;
-  Value Eval(Scope& s) const override;
+  Value Evaluate(Scope& s) const override;
 };
 struct Unary : Expr {
   std::string op;
   ExprPtr x;
-  Value Eval(Scope& s) const override;
+  Value Evaluate(Scope& s) const override;
 };
 struct Binary : Expr {
   std::string op;
   ExprPtr l, r;
-  Value Eval(Scope& s) const override;
+  Value Evaluate(Scope& s) const override;
 };
 struct Cond : Expr {
   ExprPtr then, cond, otherwise;
-  Value Eval(Scope& s) const override;
+  Value Evaluate(Scope& s) const override;
 };
 struct Filter : Expr {
   ExprPtr x;
   std::string name;
   std::vector<ExprPtr> args;
-  Value Eval(Scope& s) const override;
+  Value Evaluate(Scope& s) const override;
 };
 struct Test : Expr {
   ExprPtr x;
   std::string name;
   bool negate = false;
   ExprPtr arg;
-  Value Eval(Scope& s) const override;
+  Value Evaluate(Scope& s) const override;
 };
 struct Call : Expr {
   ExprPtr callee;  // Name or Attr (a method)
   std::vector<ExprPtr> args;
   std::vector<std::pair<std::string, ExprPtr>> kwargs;
-  Value Eval(Scope& s) const override;
+  Value Evaluate(Scope& s) const override;
 };
 bool IsKnownFilter(const std::string& name);
 

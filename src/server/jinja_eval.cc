@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -10,25 +12,166 @@
 
 namespace kvx::server::jinja {
 
-void CountWork(Scope& s, int line) {
-  if (s.work != nullptr && ++*s.work > kMaxRenderWork) {
-    Fail("the template ran more than " + std::to_string(kMaxRenderWork) + " statements (an endless loop?)", line);
+namespace {
+
+std::string Amount(size_t bytes) {
+  const size_t mib = size_t{1} << 20;
+  return bytes % mib == 0 ? std::to_string(bytes / mib) + " MiB" : std::to_string(bytes) + " bytes";
+}
+
+size_t Remaining(const Scope& s) { return s.budget->limits.max_bytes - s.budget->bytes; }
+
+// n * each, saturated (a count from a hostile template may be near 2^64).
+size_t Times(uint64_t n, size_t each) {
+  size_t r;
+  return __builtin_mul_overflow(n, each, &r) ? SIZE_MAX : r;
+}
+
+}  // namespace
+
+void SpendSteps(Scope& s, int64_t steps, int line) {
+  Budget& b = *s.budget;
+  b.steps += steps;
+  if (b.steps > b.limits.max_steps) {
+    Fail("the template ran more than " + std::to_string(b.limits.max_steps) +
+             " steps (its step budget; an endless loop?)", line);
   }
 }
 
-void RunBody(const Body& body, Scope& s, std::string& out) {
-  for (const auto& n : body) {
-    CountWork(s, n->line);
-    n->Run(s, out);
-    if (out.size() > kMaxRenderBytes) {
-      Fail("the template's output passed " + std::to_string(kMaxRenderBytes >> 20) + " MiB", n->line);
+void SpendBytes(Scope& s, size_t bytes, int line) {
+  Budget& b = *s.budget;
+  if (bytes > b.limits.max_bytes - b.bytes) {
+    Fail("the template built more than " + Amount(b.limits.max_bytes) +
+             " of strings, lists and dicts (its byte budget, output included)", line);
+  }
+  b.bytes += bytes;
+}
+
+void SpendScan(Scope& s, size_t bytes, int line) { SpendSteps(s, static_cast<int64_t>(bytes / 256), line); }
+
+void Emit(Scope& s, std::string& out, const std::string& text, int line) {
+  SpendBytes(s, text.size(), line);
+  out += text;
+}
+
+Value Lookup(Scope& s, const std::string& name, int line) {
+  int64_t visited = 0;
+  for (const Scope* scope = &s; scope != nullptr; scope = scope->caller) {
+    for (auto it = scope->frames.rbegin(); it != scope->frames.rend(); ++it) {
+      ++visited;
+      if (auto f = it->find(name); f != it->end()) {
+        SpendSteps(s, visited / 4, line);  // a small map's lookup: a quarter of a step
+        return f->second;
+      }
     }
+  }
+  SpendSteps(s, visited / 4, line);
+  return Value();
+}
+
+Value Expr::Eval(Scope& s) const {
+  Nested nested(s.budget->depth, kMaxEvalDepth, "evaluation", line);
+  SpendSteps(s, 1, line);
+  Value v = Evaluate(s);
+  if (v.depth() > kMaxValueDepth) {
+    Fail("lists and dicts nested more than " + std::to_string(kMaxValueDepth) + " deep", line);
+  }
+  return v;
+}
+
+void RunBody(const Body& body, Scope& s, std::string& out) {
+  if (body.empty()) return;
+  Nested nested(s.budget->depth, kMaxEvalDepth, "evaluation", body.front()->line);
+  for (const auto& n : body) {
+    SpendSteps(s, 1, n->line);
+    n->Run(s, out);
   }
 }
 
 namespace {
 
-Value Index(const Value& base, const Value& key, int line) {
+const Value kUndefined;
+constexpr size_t kMaxMessageBytes = 1000;  // of a raise_exception message
+
+// `v` as {{ }} prints it: a string's own bytes, or the text built into `buf`
+// (charged).
+const std::string& Printed(Scope& s, const Value& v, std::string& buf, int line) {
+  if (v.is_string()) return v.s();
+  buf = v.Str(Remaining(s));
+  SpendBytes(s, buf.size(), line);
+  return buf;
+}
+
+Value Concat(Scope& s, const std::string& x, const std::string& y, int line) {
+  SpendBytes(s, x.size() + y.size(), line);
+  std::string r;
+  r.reserve(x.size() + y.size());
+  r += x;
+  r += y;
+  return Value(std::move(r));
+}
+
+// A string built from `str`, charged before it is.
+Value NewString(Scope& s, std::string str, int line) {
+  SpendBytes(s, str.size(), line);
+  return Value(std::move(str));
+}
+
+// A list of `n` elements about to be built.
+void SpendElements(Scope& s, uint64_t n, int line) {
+  SpendBytes(s, Times(n, kElementBytes), line);
+  SpendSteps(s, static_cast<int64_t>(n), line);  // n * kElementBytes fit: n is small
+}
+
+bool Equal(Scope& s, const Value& a, const Value& b, int line) {
+  int64_t work = 0;
+  const bool r = a.Equals(b, &work);
+  SpendSteps(s, work, line);
+  return r;
+}
+
+int64_t Int(const Value& v, const char* what, int line) {
+  if (!v.is_int()) Fail(std::string(what) + " needs integers, not " + v.TypeName(), line);
+  return v.i();
+}
+
+// Integer arithmetic as Python does it, but in 64 bits: what Python would
+// make a big integer is an error here, never a wrap or a trap.
+int64_t Arithmetic(const std::string& op, int64_t x, int64_t y, int line) {
+  int64_t r = 0;
+  bool overflow = false;
+  if (op == "+") {
+    overflow = __builtin_add_overflow(x, y, &r);
+  } else if (op == "-") {
+    overflow = __builtin_sub_overflow(x, y, &r);
+  } else if (op == "*") {
+    overflow = __builtin_mul_overflow(x, y, &r);
+  } else if (op == "**") {  // y >= 0; by squaring: a square that overflows is needed by the result
+    r = 1;
+    for (int64_t e = y, b = x; e > 0 && !overflow; e >>= 1) {
+      if (e & 1) overflow = __builtin_mul_overflow(r, b, &r);
+      if (e > 1 && !overflow) overflow = __builtin_mul_overflow(b, b, &b);
+    }
+  } else {  // "//" or "%", rounding toward negative infinity
+    if (y == 0) Fail("division by zero", line);
+    if (y == -1) {  // INT64_MIN / -1 traps (SIGFPE) in C++
+      if (op == "%") return 0;
+      overflow = __builtin_sub_overflow(int64_t{0}, x, &r);
+    } else if (op == "//") {
+      r = x / y - ((x % y != 0 && ((x < 0) != (y < 0))) ? 1 : 0);
+    } else {
+      r = x % y;
+      if (r != 0 && ((r < 0) != (y < 0))) r += y;
+    }
+  }
+  if (overflow) {
+    Fail("integer overflow in " + std::to_string(x) + " " + op + " " + std::to_string(y) +
+             " (template integers are 64-bit)", line);
+  }
+  return r;
+}
+
+Value Index(const Value& base, const Value& key) {
   if (base.is_array() && key.is_int()) {
     int64_t k = key.i();
     const int64_t n = static_cast<int64_t>(base.a().size());
@@ -45,16 +188,50 @@ Value Index(const Value& base, const Value& key, int line) {
     auto it = base.o().find(key.s());
     return it == base.o().end() ? Value() : it->second;
   }
-  if (base.is_undefined()) return Value();
-  (void)line;
   return Value();
 }
 
-bool Contains(const Value& hay, const Value& needle, int line) {
-  if (hay.is_string() && needle.is_string()) return hay.s().find(needle.s()) != std::string::npos;
+// A needle searched for in linear time (Knuth-Morris-Pratt), whatever the
+// needle and the text hold: std::string::find is O(text * needle) on a
+// needle like 'aa...ab' in a text of 'aaaa...', minutes in one step.
+class Searcher {
+ public:
+  Searcher(Scope& s, const std::string& needle, int line) : needle_(needle) {
+    SpendBytes(s, Times(needle.size(), sizeof(size_t)), line);  // the table, freed after
+    SpendScan(s, needle.size(), line);
+    fallback_.assign(needle.size(), 0);
+    for (size_t i = 1, k = 0; i < needle.size(); ++i) {
+      while (k > 0 && needle[i] != needle[k]) k = fallback_[k - 1];
+      if (needle[i] == needle[k]) ++k;
+      fallback_[i] = k;
+    }
+  }
+  // The first match in `text` at or after `from`, or npos; charged for the
+  // bytes it scanned.
+  size_t Find(Scope& s, const std::string& text, size_t from, int line) const {
+    const size_t m = needle_.size();
+    if (m == 0) return from <= text.size() ? from : std::string::npos;
+    size_t i = from, k = 0;
+    for (; i < text.size() && k < m; ++i) {
+      while (k > 0 && text[i] != needle_[k]) k = fallback_[k - 1];
+      if (text[i] == needle_[k]) ++k;
+    }
+    SpendScan(s, i - from, line);
+    return k == m ? i - m : std::string::npos;
+  }
+
+ private:
+  const std::string& needle_;
+  std::vector<size_t> fallback_;  // per prefix: the longest proper border's length
+};
+
+bool Contains(Scope& s, const Value& hay, const Value& needle, int line) {
+  if (hay.is_string() && needle.is_string()) {
+    return Searcher(s, needle.s(), line).Find(s, hay.s(), 0, line) != std::string::npos;
+  }
   if (hay.is_array()) {
     for (const Value& v : hay.a()) {
-      if (v.Equals(needle)) return true;
+      if (Equal(s, v, needle, line)) return true;
     }
     return false;
   }
@@ -63,10 +240,21 @@ bool Contains(const Value& hay, const Value& needle, int line) {
   Fail(std::string("'in' needs a string, list or dict, not ") + hay.TypeName(), line);
 }
 
-std::string ReplaceAll(std::string s, const std::string& from, const std::string& to) {
-  if (from.empty()) return s;
-  for (size_t p = s.find(from); p != std::string::npos; p = s.find(from, p + to.size())) s.replace(p, from.size(), to);
-  return s;
+// In one pass, charged as it grows (replacing in place is quadratic).
+Value ReplaceAll(Scope& s, const std::string& str, const std::string& from, const std::string& to, int line) {
+  if (from.empty()) return NewString(s, str, line);
+  const Searcher searcher(s, from, line);
+  std::string out;
+  size_t p = 0;
+  for (size_t q = searcher.Find(s, str, 0, line); q != std::string::npos; q = searcher.Find(s, str, p, line)) {
+    SpendBytes(s, q - p + to.size(), line);
+    out.append(str, p, q - p);
+    out += to;
+    p = q + from.size();
+  }
+  SpendBytes(s, str.size() - p, line);
+  out.append(str, p);
+  return Value(std::move(out));
 }
 
 std::string Title(std::string s) {
@@ -87,22 +275,54 @@ std::string Upper(std::string s) {
   return s;
 }
 
-Value Items(const Value& v) {
+Value Items(Scope& s, const Value& v, int line) {
+  SpendElements(s, 3 * v.o().size(), line);  // the pairs and their two elements
   Value::Array out;
   for (const auto& [k, x] : v.o()) out.push_back(Value(Value::Array{Value(k), x}));
   return Value(std::move(out));
 }
 
+Value Split(Scope& s, const std::string& str, const Value& sep_arg, int line) {
+  Value::Array out;
+  auto piece = [&](size_t p, size_t q) {
+    SpendElements(s, 1, line);
+    out.push_back(NewString(s, str.substr(p, q - p), line));
+  };
+  if (sep_arg.is_undefined() || sep_arg.is_none()) {
+    size_t p = 0;
+    while (p < str.size()) {
+      while (p < str.size() && kSpace.find(str[p]) != std::string::npos) ++p;
+      size_t q = p;
+      while (q < str.size() && kSpace.find(str[q]) == std::string::npos) ++q;
+      if (q > p) piece(p, q);
+      p = q;
+    }
+  } else {
+    std::string buf;
+    const std::string& sep = Printed(s, sep_arg, buf, line);
+    if (sep.empty()) Fail("empty separator", line);
+    const Searcher searcher(s, sep, line);
+    size_t p = 0;
+    for (size_t q = searcher.Find(s, str, 0, line); q != std::string::npos; q = searcher.Find(s, str, p, line)) {
+      piece(p, q);
+      p = q + sep.size();
+    }
+    piece(p, str.size());
+  }
+  return Value(std::move(out));
+}
 
 // Filters and methods share these; `self` is the value filtered.
-Value ApplyFilter(const std::string& name, const Value& self, const std::vector<Value>& args, int line) {
-  auto arg = [&](size_t k) { return k < args.size() ? args[k] : Value(); };
+Value ApplyFilter(Scope& s, const std::string& name, const Value& self, const std::vector<Value>& args, int line) {
+  auto arg = [&](size_t k) -> const Value& { return k < args.size() ? args[k] : kUndefined; };
+  std::string buf0, buf1;
+  auto arg_text = [&](size_t k, std::string& buf) -> const std::string& { return Printed(s, arg(k), buf, line); };
   auto need_string = [&] {
     if (!self.is_string()) Fail("filter '" + name + "' needs a string, not " + self.TypeName(), line);
   };
   if (name == "trim") {
     need_string();
-    return Value(Strip(self.s(), args.empty() ? kSpace : arg(0).Str(), true, true));
+    return NewString(s, Strip(self.s(), args.empty() ? kSpace : arg_text(0, buf0), true, true), line);
   }
   if (name == "length" || name == "count") {
     if (self.is_string()) return Value(static_cast<int64_t>(self.s().size()));
@@ -110,26 +330,39 @@ Value ApplyFilter(const std::string& name, const Value& self, const std::vector<
     if (self.is_object()) return Value(static_cast<int64_t>(self.o().size()));
     Fail(std::string("length of ") + self.TypeName(), line);
   }
-  if (name == "upper") return need_string(), Value(Upper(self.s()));
-  if (name == "lower") return need_string(), Value(Lower(self.s()));
-  if (name == "title") return need_string(), Value(Title(self.s()));
+  if (name == "upper") return need_string(), NewString(s, Upper(self.s()), line);
+  if (name == "lower") return need_string(), NewString(s, Lower(self.s()), line);
+  if (name == "title") return need_string(), NewString(s, Title(self.s()), line);
   if (name == "capitalize") {
     need_string();
-    std::string s = Lower(self.s());
-    if (!s.empty()) s[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(s[0])));
-    return Value(std::move(s));
+    std::string str = Lower(self.s());
+    if (!str.empty()) str[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(str[0])));
+    return NewString(s, std::move(str), line);
   }
   if (name == "default" || name == "d") {
     const bool boolean = arg(1).Truthy();
     return (self.is_undefined() || (boolean && !self.Truthy())) ? arg(0) : self;
   }
-  if (name == "tojson") return Value(self.Json());
-  if (name == "string") return Value(self.Str());
+  if (name == "tojson") {
+    std::string json = self.Json(Remaining(s));
+    return NewString(s, std::move(json), line);
+  }
+  if (name == "string") return self.is_string() ? self : Value(Printed(s, self, buf0, line));
   if (name == "int") {
-    if (self.is_number()) return Value(static_cast<int64_t>(self.d()));
+    if (self.is_int()) return self;
+    if (self.is_double()) {
+      // Converting a double outside int64's range (or NaN) is undefined in C++.
+      const double d = self.d();
+      if (!(d >= -9223372036854775808.0 && d < 9223372036854775808.0)) {
+        Fail("int of " + self.Str() + ": out of the integer range (64-bit)", line);
+      }
+      return Value(static_cast<int64_t>(d));
+    }
     if (self.is_string()) {
       try {
         return Value(static_cast<int64_t>(std::stoll(self.s())));
+      } catch (const std::out_of_range&) {
+        Fail("int of '" + self.s().substr(0, 40) + "': out of the integer range (64-bit)", line);
       } catch (...) {
         return Value(static_cast<int64_t>(0));
       }
@@ -138,8 +371,13 @@ Value ApplyFilter(const std::string& name, const Value& self, const std::vector<
   }
   if (name == "join") {
     if (!self.is_array()) Fail("join needs a list", line);
+    SpendSteps(s, static_cast<int64_t>(self.a().size()), line);
+    const std::string& sep = arg_text(0, buf0);
     std::string out;
-    for (size_t k = 0; k < self.a().size(); ++k) out += (k ? arg(0).Str() : "") + self.a()[k].Str();
+    for (size_t k = 0; k < self.a().size(); ++k) {
+      if (k) Emit(s, out, sep, line);
+      Emit(s, out, Printed(s, self.a()[k], buf1, line), line);
+    }
     return Value(std::move(out));
   }
   if (name == "first" || name == "last") {
@@ -150,18 +388,28 @@ Value ApplyFilter(const std::string& name, const Value& self, const std::vector<
   if (name == "list") {
     if (self.is_array()) return self;
     if (self.is_string()) {
+      SpendElements(s, self.s().size(), line);
       Value::Array out;
       for (char c : self.s()) out.push_back(Value(std::string(1, c)));
       return Value(std::move(out));
     }
     Fail("list of " + std::string(self.TypeName()), line);
   }
-  if (name == "replace") return need_string(), Value(ReplaceAll(self.s(), arg(0).Str(), arg(1).Str()));
+  if (name == "replace") return need_string(), ReplaceAll(s, self.s(), arg_text(0, buf0), arg_text(1, buf1), line);
   if (name == "items") {
     if (!self.is_object()) Fail("items needs a dict", line);
-    return Items(self);
+    return Items(s, self, line);
   }
   Fail("unsupported filter '" + name + "'", line);
+}
+
+// A value a namespace attribute may hold (jinja.h, kNamespaceDepth).
+const Value& ForNamespace(const Value& v, int line) {
+  if (v.depth() >= kNamespaceDepth) {
+    Fail("a namespace attribute cannot hold a namespace, or lists and dicts nested " +
+             std::to_string(kNamespaceDepth) + " deep", line);
+  }
+  return v;
 }
 
 }  // namespace
@@ -177,53 +425,66 @@ bool IsKnownFilter(const std::string& name) {
 
 // ---------------------------------------------------------------- expressions
 
-Value Literal::Eval(Scope&) const { return v; }
-Value Name::Eval(Scope& s) const { return s.Get(name); }
-Value ListExpr::Eval(Scope& s) const {
+Value Literal::Evaluate(Scope&) const { return v; }
+Value Name::Evaluate(Scope& s) const { return Lookup(s, name, line); }
+Value ListExpr::Evaluate(Scope& s) const {
+  SpendElements(s, items.size(), line);
   Value::Array a;
   for (const auto& e : items) a.push_back(e->Eval(s));
   return Value(std::move(a));
 }
 
-Value DictExpr::Eval(Scope& s) const {
+Value DictExpr::Evaluate(Scope& s) const {
   Value::Object o;
-  for (const auto& [k, v] : items) o[k->Eval(s).Str()] = v->Eval(s);
+  for (const auto& [k, v] : items) {
+    std::string buf;
+    std::string key = Printed(s, k->Eval(s), buf, line);
+    SpendBytes(s, key.size() + kElementBytes, line);
+    o[std::move(key)] = v->Eval(s);
+  }
   return Value(std::move(o));
 }
 
-Value Attr::Eval(Scope& s) const { return Index(base->Eval(s), Value(name), line); }
-Value Subscript::Eval(Scope& s) const { return Index(base->Eval(s), key->Eval(s), line); }
-Value Slice::Eval(Scope& s) const {
+Value Attr::Evaluate(Scope& s) const { return Index(base->Eval(s), Value(name)); }
+Value Subscript::Evaluate(Scope& s) const { return Index(base->Eval(s), key->Eval(s)); }
+Value Slice::Evaluate(Scope& s) const {
   const Value b = base->Eval(s);
   const int64_t n = b.is_array() ? static_cast<int64_t>(b.a().size()) : b.is_string() ? static_cast<int64_t>(b.s().size()) : -1;
   if (n < 0) Fail("only lists and strings can be sliced", line);
-  const int64_t st = step ? step->Eval(s).i() : 1;
+  const int64_t st = step ? Int(step->Eval(s), "a slice", line) : 1;
   if (st == 0) Fail("slice step cannot be zero", line);
   auto norm = [&](const ExprPtr& e, int64_t dflt) {
     if (!e) return dflt;
-    int64_t v = e->Eval(s).i();
+    int64_t v = Int(e->Eval(s), "a slice", line);
     if (v < 0) v += n;
     return std::clamp<int64_t>(v, st > 0 ? 0 : -1, st > 0 ? n : n - 1);
   };
   const int64_t a = norm(start, st > 0 ? 0 : n - 1), z = norm(stop, st > 0 ? n : -1);
-  Value::Array arr;
-  std::string str;
-  for (int64_t k = a; st > 0 ? k < z : k > z; k += st) {
-    if (b.is_array()) arr.push_back(b.a()[k]);
-    else str += b.s()[k];
+  // In 128 bits: a + k * st must not overflow on the way past the end.
+  const __int128 span = st > 0 ? z - a : a - z, stride = st > 0 ? st : -static_cast<__int128>(st);
+  const int64_t count = span <= 0 ? 0 : static_cast<int64_t>((span + stride - 1) / stride);
+  auto at = [&](int64_t k) { return static_cast<size_t>(a + static_cast<__int128>(k) * st); };
+  if (b.is_string()) {
+    SpendBytes(s, static_cast<size_t>(count), line);
+    std::string str;
+    for (int64_t k = 0; k < count; ++k) str += b.s()[at(k)];
+    return Value(std::move(str));
   }
-  return b.is_array() ? Value(std::move(arr)) : Value(std::move(str));
+  SpendElements(s, static_cast<uint64_t>(count), line);
+  Value::Array arr;
+  for (int64_t k = 0; k < count; ++k) arr.push_back(b.a()[at(k)]);
+  return Value(std::move(arr));
 }
 
-Value Unary::Eval(Scope& s) const {
+Value Unary::Evaluate(Scope& s) const {
   const Value v = x->Eval(s);
   if (op == "not") return Value(!v.Truthy());
-  if (v.is_int()) return Value(-v.i());
+  if (v.is_int()) return Value(Arithmetic("-", 0, v.i(), line));
   if (v.is_double()) return Value(-v.d());
   Fail("unary - needs a number", line);
 }
 
-Value Binary::Eval(Scope& s) const {
+Value Binary::Evaluate(Scope& s) const {
   if (op == "and") {
     Value a = l->Eval(s);
     return a.Truthy() ? r->Eval(s) : a;
@@ -233,63 +494,68 @@ Value Binary::Eval(Scope& s) const {
     return a.Truthy() ? a : r->Eval(s);
   }
   const Value a = l->Eval(s), b = r->Eval(s);
-  if (op == "~") return Value(a.Str() + b.Str());
-  if (op == "==") return Value(a.Equals(b));
-  if (op == "!=") return Value(!a.Equals(b));
-  if (op == "in") return Value(Contains(b, a, line));
-  if (op == "not in") return Value(!Contains(b, a, line));
-  if (op == "+" && a.is_string() && b.is_string()) return Value(a.s() + b.s());
+  std::string abuf, bbuf;
+  if (op == "~") return Concat(s, Printed(s, a, abuf, line), Printed(s, b, bbuf, line), line);
+  if (op == "==") return Value(Equal(s, a, b, line));
+  if (op == "!=") return Value(!Equal(s, a, b, line));
+  if (op == "in") return Value(Contains(s, b, a, line));
+  if (op == "not in") return Value(!Contains(s, b, a, line));
+  if (op == "+" && a.is_string() && b.is_string()) return Concat(s, a.s(), b.s(), line);
   if (op == "+" && a.is_array() && b.is_array()) {
+    SpendElements(s, a.a().size() + b.a().size(), line);
     Value::Array c = a.a();
     c.insert(c.end(), b.a().begin(), b.a().end());
     return Value(std::move(c));
   }
   if (op == "<" || op == ">" || op == "<=" || op == ">=") {
     int cmp = 0;
-    if (a.is_number() && b.is_number()) cmp = a.d() < b.d() ? -1 : a.d() > b.d() ? 1 : 0;
-    else if (a.is_string() && b.is_string()) cmp = a.s().compare(b.s());
-    else Fail(std::string("cannot compare ") + a.TypeName() + " and " + b.TypeName(), line);
+    if (a.is_int() && b.is_int()) {
+      cmp = a.i() < b.i() ? -1 : a.i() > b.i() ? 1 : 0;
+    } else if (a.is_number() && b.is_number()) {
+      cmp = a.d() < b.d() ? -1 : a.d() > b.d() ? 1 : 0;
+    } else if (a.is_string() && b.is_string()) {
+      SpendScan(s, std::min(a.s().size(), b.s().size()), line);
+      cmp = a.s().compare(b.s());
+    } else {
+      Fail(std::string("cannot compare ") + a.TypeName() + " and " + b.TypeName(), line);
+    }
     return Value(op == "<" ? cmp < 0 : op == ">" ? cmp > 0 : op == "<=" ? cmp <= 0 : cmp >= 0);
   }
   if (op == "*" && a.is_string() && b.is_int()) {
+    const uint64_t times = b.i() > 0 ? static_cast<uint64_t>(b.i()) : 0;
+    SpendBytes(s, Times(times, a.s().size()), line);  // before building: 'x' * 10**9 allocates nothing
     std::string out;
-    for (int64_t k = 0; k < b.i(); ++k) out += a.s();
+    out.reserve(a.s().size() * times);
+    for (uint64_t k = 0; k < times; ++k) out += a.s();
     return Value(std::move(out));
   }
   if (!a.is_number() || !b.is_number()) {
     Fail(std::string("'") + op + "' needs numbers (or strings for +), not " + a.TypeName() + " and " + b.TypeName(), line);
   }
-  if (a.is_int() && b.is_int() && op != "/") {
-    const int64_t x = a.i(), y = b.i();
-    if ((op == "//" || op == "%") && y == 0) Fail("division by zero", line);
-    if (op == "+") return Value(x + y);
-    if (op == "-") return Value(x - y);
-    if (op == "*") return Value(x * y);
-    if (op == "//") return Value(x / y - ((x % y != 0 && ((x < 0) != (y < 0))) ? 1 : 0));
-    if (op == "%") return Value(((x % y) + y) % y);
-  }
+  if (a.is_int() && b.is_int() && op != "/" && !(op == "**" && b.i() < 0)) return Value(Arithmetic(op, a.i(), b.i(), line));
   const double x = a.d(), y = b.d();
   if (op == "+") return Value(x + y);
   if (op == "-") return Value(x - y);
   if (op == "*") return Value(x * y);
+  if (op == "**") return Value(std::pow(x, y));
   if (y == 0) Fail("division by zero", line);
   if (op == "/") return Value(x / y);
   if (op == "//") return Value(std::floor(x / y));
   return Value(std::fmod(x, y));
 }
 
-Value Cond::Eval(Scope& s) const {
+Value Cond::Evaluate(Scope& s) const {
   if (cond->Eval(s).Truthy()) return then->Eval(s);
   return otherwise ? otherwise->Eval(s) : Value();
 }
 
-Value Filter::Eval(Scope& s) const {
+Value Filter::Evaluate(Scope& s) const {
   std::vector<Value> a;
   for (const auto& e : args) a.push_back(e->Eval(s));
-  return ApplyFilter(name, x->Eval(s), a, line);
+  return ApplyFilter(s, name, x->Eval(s), a, line);
 }
 
-Value Test::Eval(Scope& s) const {
+Value Test::Evaluate(Scope& s) const {
   const Value v = x->Eval(s);
   bool r = false;
   if (name == "defined") r = !v.is_undefined();
@@ -304,39 +570,48 @@ Value Test::Eval(Scope& s) const {
   else if (name == "true") r = v.is_bool() && v.b();
   else if (name == "false") r = v.is_bool() && !v.b();
   else if (name == "even" || name == "odd") r = v.is_int() && (v.i() % 2 == 0) == (name == "even");
-  else if (name == "equalto" || name == "eq") r = arg && v.Equals(arg->Eval(s));
+  else if (name == "equalto" || name == "eq") r = arg && Equal(s, v, arg->Eval(s), line);
   else Fail("unsupported test '" + name + "'", line);
   return Value(r != negate);
 }
 
-Value Call::Eval(Scope& s) const {
+Value Call::Evaluate(Scope& s) const {
   std::vector<Value> a;
   for (const auto& e : args) a.push_back(e->Eval(s));
   if (const auto* n = dynamic_cast<const Name*>(callee.get())) {
-    if (const Value f = s.Get(n->name); f.is_macro()) {
+    if (const Value f = Lookup(s, n->name, line); f.is_macro()) {
       std::vector<std::pair<std::string, Value>> kw;
       for (const auto& [k, e] : kwargs) kw.emplace_back(k, e->Eval(s));
       return f.macro().Call(s, std::move(a), std::move(kw), line);
     }
-    if (n->name == "raise_exception") Fail("the template refused the messages: " + (a.empty() ? "" : a[0].Str()), line);
+    if (n->name == "raise_exception") {
+      std::string why = a.empty() ? "" : a[0].Str(kMaxMessageBytes);
+      if (why.size() > kMaxMessageBytes) why = why.substr(0, kMaxMessageBytes) + "...";  // it goes to the client
+      Error e("chat template line " + std::to_string(line) + ": the template refused the messages: " + why);
+      e.refusal = true;
+      throw e;
+    }
     if (n->name == "namespace") {
       Value::Object o;
-      for (const auto& [k, e] : kwargs) o[k] = e->Eval(s);
+      for (const auto& [k, e] : kwargs) {
+        SpendBytes(s, k.size() + kElementBytes, line);
+        o[k] = ForNamespace(e->Eval(s), line);
+      }
       return Value::Namespace(std::move(o));
     }
     if (n->name == "range") {
-      int64_t start = 0, stop = 0, step = 1;
-      if (a.size() == 1) stop = a[0].i();
-      if (a.size() >= 2) start = a[0].i(), stop = a[1].i();
-      if (a.size() == 3) step = a[2].i();
-      if (step == 0 || a.empty() || !a[0].is_int()) Fail("range needs integers and a non-zero step", line);
+      if (a.empty() || a.size() > 3) Fail("range takes 1 to 3 integers", line);
+      const int64_t start = a.size() == 1 ? 0 : Int(a[0], "range", line);
+      const int64_t stop = Int(a[a.size() == 1 ? 0 : 1], "range", line);
+      const int64_t step = a.size() == 3 ? Int(a[2], "range", line) : 1;
+      if (step == 0) Fail("range step cannot be zero", line);
       // In 128 bits: a hostile template's bounds must not overflow the count.
       const __int128 span = step > 0 ? static_cast<__int128>(stop) - start : static_cast<__int128>(start) - stop;
       const __int128 stride = step > 0 ? step : -static_cast<__int128>(step);
-      const int64_t len = span <= 0 ? 0 : static_cast<int64_t>(std::min<__int128>((span + stride - 1) / stride, kMaxRange + 1));
-      if (len > kMaxRange) Fail("range of " + std::to_string(len) + " numbers (at most " + std::to_string(kMaxRange) + ")", line);
+      const uint64_t len = span <= 0 ? 0 : static_cast<uint64_t>((span + stride - 1) / stride);
+      SpendElements(s, len, line);
       Value::Array out;
-      for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) out.push_back(Value(k));
+      for (uint64_t k = 0; k < len; ++k) out.push_back(Value(static_cast<int64_t>(start + static_cast<__int128>(k) * step)));
       return Value(std::move(out));
     }
     Fail("unsupported function '" + n->name + "'", line);
@@ -345,53 +620,35 @@ Value Call::Eval(Scope& s) const {
   if (m == nullptr) Fail("only functions and methods can be called", line);
   const Value self = m->base->Eval(s);
   const std::string& name = m->name;
-  auto arg = [&](size_t k) { return k < a.size() ? a[k] : Value(); };
+  auto arg = [&](size_t k) -> const Value& { return k < a.size() ? a[k] : kUndefined; };
+  std::string buf0, buf1;
+  auto arg_text = [&](size_t k, std::string& buf) -> const std::string& { return Printed(s, arg(k), buf, line); };
   if (self.is_string()) {
     const std::string& str = self.s();
     if (name == "strip" || name == "lstrip" || name == "rstrip") {
-      const std::string chars = a.empty() || a[0].is_none() ? kSpace : a[0].Str();
-      return Value(Strip(str, chars, name != "rstrip", name != "lstrip"));
+      const std::string& chars = a.empty() || a[0].is_none() ? kSpace : arg_text(0, buf0);
+      return NewString(s, Strip(str, chars, name != "rstrip", name != "lstrip"), line);
     }
-    if (name == "startswith") return Value(str.rfind(arg(0).Str(), 0) == 0);
-    if (name == "endswith") {
-      const std::string x = arg(0).Str();
-      return Value(str.size() >= x.size() && str.compare(str.size() - x.size(), x.size(), x) == 0);
+    if (name == "startswith" || name == "endswith") {
+      const std::string& x = arg_text(0, buf0);
+      SpendScan(s, x.size(), line);
+      if (str.size() < x.size()) return Value(false);
+      return Value(str.compare(name == "startswith" ? 0 : str.size() - x.size(), x.size(), x) == 0);
     }
-    if (name == "upper") return Value(Upper(str));
-    if (name == "lower") return Value(Lower(str));
-    if (name == "title") return Value(Title(str));
-    if (name == "replace") return Value(ReplaceAll(str, arg(0).Str(), arg(1).Str()));
-    if (name == "split") {
-      Value::Array out;
-      if (a.empty() || a[0].is_none()) {
-        size_t p = 0;
-        while (p < str.size()) {
-          while (p < str.size() && kSpace.find(str[p]) != std::string::npos) ++p;
-          size_t q = p;
-          while (q < str.size() && kSpace.find(str[q]) == std::string::npos) ++q;
-          if (q > p) out.push_back(Value(str.substr(p, q - p)));
-          p = q;
-        }
-      } else {
-        const std::string sep = a[0].Str();
-        if (sep.empty()) Fail("empty separator", line);
-        size_t p = 0;
-        for (size_t q = str.find(sep); q != std::string::npos; q = str.find(sep, p)) {
-          out.push_back(Value(str.substr(p, q - p)));
-          p = q + sep.size();
-        }
-        out.push_back(Value(str.substr(p)));
-      }
-      return Value(std::move(out));
-    }
+    if (name == "upper") return NewString(s, Upper(str), line);
+    if (name == "lower") return NewString(s, Lower(str), line);
+    if (name == "title") return NewString(s, Title(str), line);
+    if (name == "replace") return ReplaceAll(s, str, arg_text(0, buf0), arg_text(1, buf1), line);
+    if (name == "split") return Split(s, str, arg(0), line);
   }
   if (self.is_object()) {
     if (name == "get") {
-      auto it = self.o().find(arg(0).Str());
+      auto it = self.o().find(arg_text(0, buf0));
       return it != self.o().end() ? it->second : (a.size() > 1 ? a[1] : Value(Value::None{}));
     }
-    if (name == "items") return Items(self);
+    if (name == "items") return Items(s, self, line);
     if (name == "keys" || name == "values") {
+      SpendElements(s, self.o().size(), line);
       Value::Array out;
       for (const auto& [k, v] : self.o()) out.push_back(name == "keys" ? Value(k) : v);
       return Value(std::move(out));
@@ -402,8 +659,13 @@ Value Call::Eval(Scope& s) const {
 
 // ---------------------------------------------------------------- statements
 
-void TextNode::Run(Scope&, std::string& out) const { out += text; }
-void OutputNode::Run(Scope& s, std::string& out) const { out += x->Eval(s).Str(); }
+void TextNode::Run(Scope& s, std::string& out) const { Emit(s, out, text, line); }
+void OutputNode::Run(Scope& s, std::string& out) const {
+  std::string buf;
+  const Value v = x->Eval(s);
+  const std::string& text = Printed(s, v, buf, line);
+  Emit(s, out, text, line);
+}
 void IfNode::Run(Scope& s, std::string& out) const {
   for (const auto& [c, body] : branches) {
     if (!c || c->Eval(s).Truthy()) {
@@ -415,13 +677,13 @@ void IfNode::Run(Scope& s, std::string& out) const {
 
 void ForNode::Run(Scope& s, std::string& out) const {
   Value seq = iter->Eval(s);
-  if (seq.is_object()) seq = Items(seq);
+  if (seq.is_object()) seq = Items(s, seq, line);
   if (seq.is_undefined() || seq.is_none()) seq = Value(Value::Array{});
   if (!seq.is_array()) Fail(std::string("cannot loop over ") + seq.TypeName(), line);
   Value::Array items;
   for (const Value& v : seq.a()) {
     if (filter) {
-      CountWork(s, line);
+      SpendSteps(s, 1, line);
       s.frames.emplace_back();
       Bind(s, v);
       const bool keep = filter->Eval(s).Truthy();
@@ -436,7 +698,7 @@ void ForNode::Run(Scope& s, std::string& out) const {
   }
   const int64_t n = static_cast<int64_t>(items.size());
   for (int64_t k = 0; k < n; ++k) {
-    CountWork(s, line);
+    SpendSteps(s, kFrameSteps, line);
     s.frames.emplace_back();
     Bind(s, items[k]);
     Value::Object loop;
@@ -478,8 +740,8 @@ Value MacroNode::Call(Scope& caller, std::vector<Value> args, std::vector<std::p
     Fail("macro '" + name + "' nested more than " + std::to_string(kMaxMacroDepth) + " calls deep (recursion?)",
          call_line);
   }
-  Scope inner{caller.frames, caller.macro_depth + 1, caller.work};
-  inner.frames.emplace_back();
+  SpendSteps(caller, kFrameSteps, call_line);
+  Scope inner{{Value::Object()}, &caller, caller.macro_depth + 1, caller.budget};
   Value::Object& own = inner.frames.back();
   for (size_t k = 0; k < args.size(); ++k) own[params[k]] = std::move(args[k]);
   for (auto& [key, v] : kwargs) {
@@ -503,9 +765,9 @@ void SetNode::Run(Scope& s, std::string&) const {
     s.frames.back()[name] = std::move(v);
     return;
   }
-  Value ns = s.Get(name);
+  Value ns = Lookup(s, name, line);
   if (!ns.is_namespace()) Fail("'" + name + "' is not a namespace(): only namespace attributes can be set", line);
-  ns.o()[attr] = std::move(v);
+  ns.o()[attr] = ForNamespace(v, line);
 }
 
 }  // namespace kvx::server::jinja

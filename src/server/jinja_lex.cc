@@ -1,6 +1,8 @@
 // The lexer: a template into text and tags (Split), a tag's body into
 // tokens (Lex).
+#include <algorithm>
 #include <cctype>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -31,10 +33,15 @@ std::vector<Tok> Lex(const std::string& src, int line) {
         ++q;
         while (q < src.size() && std::isdigit(static_cast<unsigned char>(src[q]))) ++q;
         t.kind = Tok::kFloat;
-        t.d = std::stod(src.substr(p, q - p));
+        t.d = std::strtod(src.substr(p, q - p).c_str(), nullptr);  // too large: inf, as in Python
       } else {
         t.kind = Tok::kInt;
-        t.i = std::stoll(src.substr(p, q - p));
+        for (size_t k = p; k < q; ++k) {
+          if (__builtin_mul_overflow(t.i, 10, &t.i) || __builtin_add_overflow(t.i, src[k] - '0', &t.i)) {
+            Fail("integer literal out of range (template integers are 64-bit): " +
+                     src.substr(p, std::min<size_t>(q - p, 40)), line);
+          }
+        }
       }
       p = q;
     } else if (c == '\'' || c == '"') {
@@ -54,7 +61,7 @@ std::vector<Tok> Lex(const std::string& src, int line) {
       t.text = std::move(s);
       p = q + 1;
     } else {
-      static const char* kOps[] = {"//", "==", "!=", "<=", ">=", "(", ")", "[", "]", "{", "}", ",", ":", ".",
+      static const char* kOps[] = {"//", "**", "==", "!=", "<=", ">=", "(", ")", "[", "]", "{", "}", ",", ":", ".",
                                    "|", "~", "+", "-", "*", "/", "%", "<", ">", "="};
       bool found = false;
       for (const char* op : kOps) {
@@ -76,12 +83,15 @@ std::vector<Tok> Lex(const std::string& src, int line) {
 }
 
 std::string Strip(const std::string& s, const std::string& chars, bool left, bool right) {
+  // A table, not chars.find per byte: a template may strip a long text by a long set.
+  bool strip[256] = {};
+  for (unsigned char c : chars) strip[c] = true;
   size_t a = 0, z = s.size();
   if (left) {
-    while (a < z && chars.find(s[a]) != std::string::npos) ++a;
+    while (a < z && strip[static_cast<unsigned char>(s[a])]) ++a;
   }
   if (right) {
-    while (z > a && chars.find(s[z - 1]) != std::string::npos) --z;
+    while (z > a && strip[static_cast<unsigned char>(s[z - 1])]) --z;
   }
   return s.substr(a, z - a);
 }

@@ -14,7 +14,10 @@ class ExprParser {
  public:
   ExprParser(std::vector<Tok> toks, int line) : t_(std::move(toks)), line_(line) {}
 
-  ExprPtr Parse() { return Ternary(); }
+  ExprPtr Parse() {
+    Nested n = Deeper();
+    return Ternary();
+  }
   const Tok& Peek(size_t k = 0) const { return t_[std::min(p_ + k, t_.size() - 1)]; }
   bool AtEnd() const { return Peek().kind == Tok::kEnd; }
   bool IsOp(const char* op, size_t k = 0) const { return Peek(k).kind == Tok::kOp && Peek(k).text == op; }
@@ -30,22 +33,37 @@ class ExprParser {
   }
 
  private:
+  // The parser recurses once per Deeper() alive.
+  Nested Deeper() { return Nested(nesting_, kMaxNesting, "expressions", line_); }
   template <class T>
   std::unique_ptr<T> Make() {
     auto e = std::make_unique<T>();
     e->line = line_;
     return e;
   }
+  // `child` (may be null), to be held by `parent`, whose depth it raises:
+  // chains built by the loops below do not recurse here, but evaluating and
+  // freeing them do.
+  ExprPtr Adopt(Expr& parent, ExprPtr child) {
+    if (child) {
+      parent.depth = std::max(parent.depth, child->depth + 1);
+      if (parent.depth > kMaxNesting) {
+        Fail("expressions nested more than " + std::to_string(kMaxNesting) + " deep", line_);
+      }
+    }
+    return child;
+  }
   ExprPtr Ternary() {
     ExprPtr x = Or();
     if (IsName("if")) {
       ++p_;
       auto c = Make<Cond>();
-      c->then = std::move(x);
-      c->cond = Or();
+      c->then = Adopt(*c, std::move(x));
+      c->cond = Adopt(*c, Or());
       if (IsName("else")) {
         ++p_;
-        c->otherwise = Ternary();
+        Nested n = Deeper();
+        c->otherwise = Adopt(*c, Ternary());
       }
       return c;
     }
@@ -53,9 +71,9 @@ class ExprParser {
   }
   ExprPtr Bin(ExprPtr l, std::string op, ExprPtr r) {
     auto b = Make<Binary>();
-    b->l = std::move(l);
+    b->l = Adopt(*b, std::move(l));
     b->op = std::move(op);
-    b->r = std::move(r);
+    b->r = Adopt(*b, std::move(r));
     return b;
   }
   // One left-associative level: operands of the level `next`, joined by any
@@ -79,7 +97,8 @@ class ExprParser {
     ++p_;
     auto u = Make<Unary>();
     u->op = op;
-    u->x = (this->*self)();
+    Nested n = Deeper();
+    u->x = Adopt(*u, (this->*self)());
     return u;
   }
   ExprPtr Or() { return LeftAssoc({"or"}, &ExprParser::And); }
@@ -101,7 +120,7 @@ class ExprParser {
           ++p_;
           t->negate = true;
         }
-        t->x = std::move(x);
+        t->x = Adopt(*t, std::move(x));
         if (IsName("none") || IsName("None")) {
           ++p_;
           t->name = "none";
@@ -113,10 +132,10 @@ class ExprParser {
         if (t->name == "equalto" || t->name == "eq") {
           if (IsOp("(")) {
             ++p_;
-            t->arg = Parse();
+            t->arg = Adopt(*t, Parse());
             Expect(")");
           } else {
-            t->arg = Concat();
+            t->arg = Adopt(*t, Concat());
           }
         }
         x = std::move(t);
@@ -134,21 +153,23 @@ class ExprParser {
   }
   ExprPtr Concat() { return LeftAssoc({"~"}, &ExprParser::Add); }
   ExprPtr Add() { return LeftAssoc({"+", "-"}, &ExprParser::Mul); }
-  ExprPtr Mul() { return LeftAssoc({"*", "/", "//", "%"}, &ExprParser::UnaryMinus); }
+  ExprPtr Mul() { return LeftAssoc({"*", "/", "//", "%"}, &ExprParser::Pow); }
+  // Jinja's ** binds looser than unary minus (-2 ** 2 is 4) and groups left.
+  ExprPtr Pow() { return LeftAssoc({"**"}, &ExprParser::UnaryMinus); }
   ExprPtr UnaryMinus() { return Prefix("-", &ExprParser::UnaryMinus, &ExprParser::Filtered); }
   ExprPtr Filtered() {
     ExprPtr x = Postfix();
     while (IsOp("|")) {
       ++p_;
       auto f = Make<Filter>();
-      f->x = std::move(x);
+      f->x = Adopt(*f, std::move(x));
       f->name = ExpectName();
       if (!IsKnownFilter(f->name)) Fail("unsupported filter '" + f->name + "'", line_);
       if (IsOp("(")) {
         ++p_;
         while (!IsOp(")")) {
           if (Peek().kind == Tok::kName && IsOp("=", 1)) p_ += 2;  // keyword arguments by position
-          f->args.push_back(Parse());
+          f->args.push_back(Adopt(*f, Parse()));
           if (!IsOp(")")) Expect(",");
         }
         ++p_;
@@ -163,7 +184,7 @@ class ExprParser {
       if (IsOp(".")) {
         ++p_;
         auto a = Make<Attr>();
-        a->base = std::move(x);
+        a->base = Adopt(*a, std::move(x));
         a->name = ExpectName();
         x = std::move(a);
       } else if (IsOp("[")) {
@@ -173,33 +194,33 @@ class ExprParser {
         if (IsOp(":")) {
           ++p_;
           auto sl = Make<Slice>();
-          sl->base = std::move(x);
-          sl->start = std::move(start);
-          if (!IsOp("]") && !IsOp(":")) sl->stop = Parse();
+          sl->base = Adopt(*sl, std::move(x));
+          sl->start = Adopt(*sl, std::move(start));
+          if (!IsOp("]") && !IsOp(":")) sl->stop = Adopt(*sl, Parse());
           if (IsOp(":")) {
             ++p_;
-            if (!IsOp("]")) sl->step = Parse();
+            if (!IsOp("]")) sl->step = Adopt(*sl, Parse());
           }
           Expect("]");
           x = std::move(sl);
         } else {
           Expect("]");
           auto sub = Make<Subscript>();
-          sub->base = std::move(x);
-          sub->key = std::move(start);
+          sub->base = Adopt(*sub, std::move(x));
+          sub->key = Adopt(*sub, std::move(start));
           x = std::move(sub);
         }
       } else if (IsOp("(")) {
         ++p_;
         auto c = Make<Call>();
-        c->callee = std::move(x);
+        c->callee = Adopt(*c, std::move(x));
         while (!IsOp(")")) {
           if (Peek().kind == Tok::kName && IsOp("=", 1)) {
             std::string k = Next().text;
             ++p_;
-            c->kwargs.emplace_back(std::move(k), Parse());
+            c->kwargs.emplace_back(std::move(k), Adopt(*c, Parse()));
           } else {
-            c->args.push_back(Parse());
+            c->args.push_back(Adopt(*c, Parse()));
           }
           if (!IsOp(")")) Expect(",");
         }
@@ -251,7 +272,7 @@ class ExprParser {
         if (t.text == "[") {
           auto l = Make<ListExpr>();
           while (!IsOp("]")) {
-            l->items.push_back(Parse());
+            l->items.push_back(Adopt(*l, Parse()));
             if (!IsOp("]")) Expect(",");
           }
           ++p_;
@@ -260,9 +281,9 @@ class ExprParser {
         if (t.text == "{") {
           auto d = Make<DictExpr>();
           while (!IsOp("}")) {
-            ExprPtr k = Parse();
+            ExprPtr k = Adopt(*d, Parse());
             Expect(":");
-            d->items.emplace_back(std::move(k), Parse());
+            d->items.emplace_back(std::move(k), Adopt(*d, Parse()));
             if (!IsOp("}")) Expect(",");
           }
           ++p_;
@@ -277,6 +298,7 @@ class ExprParser {
   std::vector<Tok> t_;
   size_t p_ = 0;
   int line_;
+  int nesting_ = 0;
 };
 
 // ---------------------------------------------------------------- statements
@@ -323,6 +345,7 @@ class Parser {
 
  private:
   std::unique_ptr<Node> Statement(const std::string& word, std::vector<Tok> toks, int line) {
+    Nested nested(nesting_, kMaxNesting, "blocks", line);  // ParseBody and Statement recurse per block
     ExprParser ep(std::move(toks), line);
     ep.Next();  // the statement word
     auto done = [&] {
@@ -420,6 +443,7 @@ class Parser {
 
   std::vector<Piece> pieces_;
   size_t k_ = 0;
+  int nesting_ = 0;
 };
 
 }  // namespace

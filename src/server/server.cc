@@ -85,12 +85,10 @@ Result<std::unique_ptr<Server>> Server::Create(engine::Scheduler& scheduler, con
   const engine::Engine& e = scheduler.engine();
   const model::Tokenizer& tok = e.model().tokenizer();
   KVX_ASSIGN_OR_RETURN(std::string source, e.model().file().GetStringOr("tokenizer.chat_template", ""));
-  auto chat = ChatTemplate::Create(source, tok);
-  if (!chat.ok()) {
-    std::fprintf(stderr, "kvx serve: warning: %s\n", chat.status().message().c_str());
-    chat = ChatTemplate::Create("", tok);
-  }
-  s->chat_ = std::make_unique<ChatTemplate>(std::move(chat).value());
+  // A template that cannot be parsed, or passes the sandbox's limits on one
+  // message, fails the start (serving ChatML instead would be silently wrong).
+  KVX_ASSIGN_OR_RETURN(ChatTemplate chat, ChatTemplate::Create(source, tok));
+  s->chat_ = std::make_unique<ChatTemplate>(std::move(chat));
   s->Routes();
   if (options.port == 0) {
     s->port_ = s->http_->bind_to_any_port(options.host);
