@@ -1,8 +1,8 @@
 // Server: kvx's OpenAI-compatible HTTP server (cpp-httplib) over one
-// engine::Scheduler. A thin shell: it parses requests (server/openai.h),
-// renders chat messages (server/chat_template.h), tokenizes, submits to the
-// scheduler, and turns its events into JSON or server-sent events
-// (server/text_stream.h cuts stop strings and keeps the text valid UTF-8).
+// engine::Scheduler. It keeps the routes and the lifecycle; a completion is
+// parsed and built into a scheduler request by server/openai.h (chat
+// template, tokenizer), checked by Scheduler::Submit (the one gate), and
+// answered whole or streamed by server/completion.h.
 //
 // Endpoints:
 //   POST /v1/completions, /v1/chat/completions   stream or not, OpenAI shapes
@@ -40,11 +40,14 @@
 
 #include "engine/scheduler.h"
 #include "server/chat_template.h"
+#include "server/completion.h"
 #include "server/metrics.h"
 #include "util/status.h"
 
 namespace httplib {
 class Server;
+struct Request;
+struct Response;
 }
 
 namespace kvx::server {
@@ -62,7 +65,7 @@ struct ServerOptions {
   double shutdown_grace_seconds = 5;
 };
 
-class Server {
+class Server : private CompletionHost {
  public:
   // Binds the socket (IoError naming host:port when it cannot). The
   // scheduler must outlive the server.
@@ -75,14 +78,26 @@ class Server {
   // The shutdown above; blocks until in-flight requests ended. Idempotent.
   void Stop();
 
-  // A request in flight (public for the handlers' helpers in server.cc).
-  struct Call;
 
  private:
   Server(engine::Scheduler& scheduler, const ServerOptions& options);
+  // The routes: hooks (authentication, error pages, counters), the
+  // informational endpoints, completions, named sessions.
   void Routes();
-  void Track(engine::RequestId id, bool live);
+  void InstallHooks();
+  void InfoRoutes();
+  void CompletionRoutes();
+  void SessionRoutes();
+  void HandleCompletion(bool chat, const httplib::Request& req, httplib::Response& res);
+  // A session endpoint's work on the scheduler thread ("save", "restore",
+  // "delete"); its answer's fields go into *out.
+  Status SessionAction(const std::string& action, const std::string& name, nlohmann::json* out);
   HttpCounters Counters() const;
+  // CompletionHost.
+  engine::Scheduler& scheduler() override { return scheduler_; }
+  void Track(engine::RequestId id, bool live) override;
+  std::shared_ptr<void> OpenResponse() override;
+  void CountDisconnect() override;
 
   engine::Scheduler& scheduler_;
   ServerOptions options_;

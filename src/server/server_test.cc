@@ -17,6 +17,8 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <tuple>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -221,6 +223,39 @@ TEST_F(ServerTest, SessionSaveRestoreAndBadFile) {
   r = c.Get("/health");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200);
+}
+
+// Scheduler::Submit is the one gate: its rejections reach the client with
+// OpenAI's status, param and code, before any stream starts.
+TEST_F(ServerTest, TheGatesRejectionsKeepTheirCodes) {
+  auto c = Client();
+  auto post = [&](const json& body) {
+    auto r = c.Post("/v1/completions", body.dump(), "application/json");
+    EXPECT_TRUE(r);
+    return r ? std::make_pair(r->status, json::parse(r->body, nullptr, false)) : std::make_pair(0, json());
+  };
+  for (bool stream : {false, true}) {
+    SCOPED_TRACE(stream ? "stream" : "plain");
+    auto [status, j] = post({{"prompt", {1, 100000}}, {"stream", stream}});
+    EXPECT_EQ(status, 400);
+    EXPECT_EQ(j["error"]["param"], "prompt");
+    EXPECT_NE(j["error"]["message"].get<std::string>().find("outside the vocabulary"), std::string::npos) << j;
+    std::tie(status, j) = post({{"prompt", std::vector<int>(2048, 7)}, {"stream", stream}});  // fills n_ctx
+    EXPECT_EQ(status, 400);
+    EXPECT_EQ(j["error"]["code"], "context_length_exceeded");
+    EXPECT_EQ(j["error"]["param"], "prompt");
+    std::tie(status, j) = post({{"prompt", ""}, {"stream", stream}});
+    EXPECT_EQ(status, 400);
+    EXPECT_EQ(j["error"]["param"], "prompt");
+    std::tie(status, j) = post({{"prompt", ""}, {"session", "nobody"}, {"stream", stream}});
+    EXPECT_EQ(status, 404);
+    EXPECT_EQ(j["error"]["code"], "not_found");
+    EXPECT_EQ(j["error"]["param"], "session");
+  }
+  // A session made by one request is continued by the next, even with an
+  // empty prompt (its pending token).
+  EXPECT_EQ(post({{"prompt", "abc"}, {"max_tokens", 2}, {"session", "s2"}}).first, 200);
+  EXPECT_EQ(post({{"prompt", ""}, {"max_tokens", 2}, {"session", "s2"}}).first, 200);
 }
 
 TEST_F(ServerTest, StopEndsAStreamInFlight) {
