@@ -22,7 +22,10 @@ void SendJson(httplib::Response& res, int status, const json& j) {
   res.set_content(Dump(j), "application/json");
 }
 
-void SendError(httplib::Response& res, const ApiError& e) { SendJson(res, e.status, e.ToJson()); }
+void SendError(httplib::Response& res, const ApiError& e) {
+  if (e.status == 429) res.set_header("Retry-After", "1");  // a full queue drains in about a request's time
+  SendJson(res, e.status, e.ToJson());
+}
 
 namespace {
 
@@ -75,7 +78,7 @@ struct Call {
   }
   // The error a failed or cut request answers with (ok: none).
   std::optional<ApiError> Error() const {
-    if (!failure.ok()) return FromStatus(failure);
+    if (!failure.ok()) return GenerationError(failure);
     if (cancelled) return ShuttingDownError();
     return std::nullopt;
   }

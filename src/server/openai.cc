@@ -128,6 +128,16 @@ ApiError SubmitError(const Status& s, engine::RequestPart part, bool chat) {
   return FromStatus(s);
 }
 
+ApiError GenerationError(const Status& s) {
+  ApiError e = FromStatus(s);
+  if (s.code() == StatusCode::kResourceExhausted) {
+    e.status = 400;
+    e.type = "invalid_request_error";
+    e.code = "kv_budget_exceeded";
+  }
+  return e;
+}
+
 ApiError ShuttingDownError() { return ApiError{503, "the server is shutting down", "server_error", "", ""}; }
 
 std::optional<ApiError> BuildGenerationRequest(const CompletionParams& p, const model::Tokenizer& tok,

@@ -106,6 +106,12 @@ ApiError FromStatus(const Status& s, const std::string& param = "");
 // part (prompt / messages for the prompt and the context, which also gets
 // code context_length_exceeded).
 ApiError SubmitError(const Status& s, engine::RequestPart part, bool chat);
+// A request's failure after Submit accepted it. ResourceExhausted there is
+// the KV pool that cannot hold the request even with nothing else running
+// (at admission or as it grows): retrying cannot help, so 400
+// (kv_budget_exceeded, the message gives the budget), not 429, which is
+// kept for the retryable full queue.
+ApiError GenerationError(const Status& s);
 // 503 for requests that arrive (or are cut) while the server shuts down.
 ApiError ShuttingDownError();
 

@@ -5,9 +5,11 @@
 #include <chrono>
 #include <ctime>
 #include <filesystem>
+#include <regex>
 
 #include "engine/session_file.h"
 #include "server/openai.h"
+#include "util/check.h"
 
 namespace kvx::server {
 
@@ -111,6 +113,26 @@ void Server::CountDisconnect() {
   counters_.client_disconnects++;
 }
 
+void Server::Route(const std::string& method, const std::string& pattern, Handler handler) {
+  routes_.emplace_back(std::regex(pattern), method);
+  if (method == "GET") {
+    http_->Get(pattern, std::move(handler));
+  } else if (method == "POST") {
+    http_->Post(pattern, std::move(handler));
+  } else {
+    KVX_CHECK_MSG(method == "DELETE", "a route with an unknown method");
+    http_->Delete(pattern, std::move(handler));
+  }
+}
+
+std::string Server::AllowedMethods(const std::string& path) const {
+  std::string allow;
+  for (const auto& [pattern, method] : routes_) {
+    if (std::regex_match(path, pattern)) allow += (allow.empty() ? "" : ", ") + method;
+  }
+  return allow;
+}
+
 void Server::Routes() {
   InstallHooks();
   InfoRoutes();
@@ -133,8 +155,16 @@ void Server::InstallHooks() {
     SendError(res, e);
     return httplib::Server::HandlerResponse::Handled;
   });
-  svr.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request&, httplib::Response& res) {
+  svr.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    if (res.status == 404) {
+      // No route for this method: a path another method serves is 405.
+      const std::string allow = AllowedMethods(req.path);
+      if (!allow.empty()) {
+        res.status = 405;
+        res.set_header("Allow", allow);
+      }
+    }
     ApiError e;
     e.status = res.status;
     e.message = res.status == 404 ? "no such endpoint"
@@ -152,18 +182,17 @@ void Server::InstallHooks() {
 }
 
 void Server::InfoRoutes() {
-  httplib::Server& svr = *http_;
-  svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+  Route("GET", "/health", [this](const httplib::Request&, httplib::Response& res) {
     if (draining_) {
       SendJson(res, 503, {{"status", "shutting down"}});
     } else {
       SendJson(res, 200, {{"status", "ok"}});
     }
   });
-  svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+  Route("GET", "/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(RenderMetrics(scheduler_.Stats(), Counters()), "text/plain; version=0.0.4");
   });
-  svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+  Route("GET", "/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     const engine::Engine& engine = scheduler_.engine();
     json m = {{"id", options_.model_id},
               {"object", "model"},
@@ -175,10 +204,10 @@ void Server::InfoRoutes() {
 }
 
 void Server::CompletionRoutes() {
-  http_->Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+  Route("POST", "/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     HandleCompletion(/*chat=*/false, req, res);
   });
-  http_->Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+  Route("POST", "/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
     HandleCompletion(/*chat=*/true, req, res);
   });
 }
@@ -230,10 +259,10 @@ void Server::SessionRoutes() {
       SendJson(res, 200, out);
     };
   };
-  http_->Post(R"(/v1/sessions/([^/]+)/save)", handler("save"));
-  http_->Post(R"(/v1/sessions/([^/]+)/restore)", handler("restore"));
-  http_->Delete(R"(/v1/sessions/([^/]+))", handler("delete"));
-  http_->Get("/v1/sessions", [this](const httplib::Request&, httplib::Response& res) {
+  Route("POST", R"(/v1/sessions/([^/]+)/save)", handler("save"));
+  Route("POST", R"(/v1/sessions/([^/]+)/restore)", handler("restore"));
+  Route("DELETE", R"(/v1/sessions/([^/]+))", handler("delete"));
+  Route("GET", "/v1/sessions", [this](const httplib::Request&, httplib::Response& res) {
     std::vector<std::string> names;
     Status st = scheduler_.RunBetweenSteps([&](engine::Engine&) {
       names = scheduler_.SessionNames();

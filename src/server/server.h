@@ -13,6 +13,8 @@
 //                                                (engine/session_file.h) in --session-dir
 //   GET  /v1/sessions, DELETE /v1/sessions/{name}
 // With an API key, /v1/* needs "Authorization: Bearer KEY" (401 otherwise).
+// Another method on a served path is 405 with Allow; 429 (a full queue: the
+// one retryable refusal) carries Retry-After.
 //
 // Clients that leave: a stream's client is noticed at the next write (a
 // token, or a ": keep-alive" comment sent every 100 ms while the request
@@ -32,11 +34,15 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <regex>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "engine/scheduler.h"
 #include "server/chat_template.h"
@@ -85,6 +91,12 @@ class Server : private CompletionHost {
   // informational endpoints, completions, named sessions.
   void Routes();
   void InstallHooks();
+  // Registers `handler` for `method` ("GET", "POST", "DELETE") on `pattern`
+  // and remembers the pair: another method on a served path is 405 with
+  // Allow (AllowedMethods: ", "-joined, "" for a path nothing serves).
+  using Handler = std::function<void(const httplib::Request&, httplib::Response&)>;
+  void Route(const std::string& method, const std::string& pattern, Handler handler);
+  std::string AllowedMethods(const std::string& path) const;
   void InfoRoutes();
   void CompletionRoutes();
   void SessionRoutes();
@@ -103,6 +115,7 @@ class Server : private CompletionHost {
   ServerOptions options_;
   std::unique_ptr<httplib::Server> http_;
   std::unique_ptr<ChatTemplate> chat_;
+  std::vector<std::pair<std::regex, std::string>> routes_;  // (path pattern, method); set before listening
   int port_ = 0;
   int64_t created_ = 0;
   std::atomic<bool> draining_{false};
