@@ -159,6 +159,7 @@ enum class RequestPart {
   kNone,       // not the request's content (queue full, shutting down)
   kPrompt,     // empty, or a token outside the vocabulary
   kContext,    // (session +) prompt leaves no room in the context
+  kKvBudget,   // (session +) prompt needs more KV than the whole pool holds
   kMaxTokens,
   kSampling,
   kSamples,    // n
@@ -284,7 +285,9 @@ class Scheduler {
   // included). InvalidArgument for a bad request (empty prompt, token
   // outside the vocabulary, no room in the context, max_tokens < 1, bad
   // sampling options, n out of range, a session of another tenant or with
-  // nothing to continue), NotFound for a session that does not exist;
+  // nothing to continue, tokens whose KV the whole pool cannot hold: such a
+  // request could never be admitted), NotFound for a session that does not
+  // exist;
   // `*rejected` (if given) says which part. ResourceExhausted when the
   // queue is full; InvalidArgument after Shutdown. A session that goes away
   // between Submit and admission fails the request then (kError, NotFound).
@@ -362,6 +365,7 @@ class Scheduler {
   Status CheckRequest(const GenerationRequest& r, RequestPart* part) const;
   Status ResolveSession(GenerationRequest& r, RequestPart* part) const;
   Status CheckResume(const GenerationRequest& r, const SessionSummary& s, RequestPart* part) const;
+  Status CheckPoolHolds(const std::string& what, int64_t tokens) const;
   SessionSummary Summary(const SessionEntry& e) const;
   Status CheckResumeAtAdmission(const GenerationRequest& r, const SessionEntry** session) const;
   // Publishes sessions_ to session_index_ after it changed.

@@ -69,6 +69,8 @@ Status Scheduler::CheckRequest(const GenerationRequest& r, RequestPart* part) co
   *part = RequestPart::kContext;
   const int64_t prompt = static_cast<int64_t>(r.prompt.size());
   if (prompt >= engine_.n_ctx()) return ContextExceeded("the prompt has", prompt, engine_.n_ctx());
+  *part = RequestPart::kKvBudget;
+  KVX_RETURN_IF_ERROR(CheckPoolHolds("the prompt", prompt));
   *part = RequestPart::kMaxTokens;
   if (r.max_tokens < 1) return InvalidArgument("max_tokens must be at least 1");
   *part = RequestPart::kSampling;
@@ -114,8 +116,22 @@ Status Scheduler::CheckResume(const GenerationRequest& r, const SessionSummary& 
   *part = RequestPart::kContext;
   const int64_t tokens = s.tokens + static_cast<int64_t>(r.prompt.size());
   if (tokens >= engine_.n_ctx()) return ContextExceeded("the session and the prompt hold", tokens, engine_.n_ctx());
+  *part = RequestPart::kKvBudget;
+  KVX_RETURN_IF_ERROR(CheckPoolHolds("the session and the prompt", tokens));
   *part = RequestPart::kNone;
   return Status::Ok();
+}
+
+// Admission gives a request the KV of its tokens (plus the first answer's)
+// at once, in pages nobody else holds or could free: more than the whole
+// pool is never admitted, whatever else runs, so it is refused now rather
+// than failing when it reaches the head of the queue.
+Status Scheduler::CheckPoolHolds(const std::string& what, int64_t tokens) const {
+  const uint64_t need = KvBytesFor(tokens + 1), budget = engine_.kv_manager().pool().budget_bytes();
+  if (need <= budget) return Status::Ok();
+  return InvalidArgument(what + " (" + std::to_string(tokens) + " tokens) needs " + std::to_string(need) +
+                         " bytes of KV, more than the whole KV pool holds (budget " + std::to_string(budget) +
+                         " bytes); shorten it or raise budget= in --kv");
 }
 
 Scheduler::SessionSummary Scheduler::Summary(const SessionEntry& e) const {

@@ -335,6 +335,25 @@ TEST(SchedulerTest, RejectsBadRequests) {
   EXPECT_FALSE(Scheduler::Create(*engine, bad).ok());
 }
 
+// A prompt whose KV is more than the whole pool could never be admitted:
+// Submit refuses it at once with the numbers (it used to wait for its turn
+// in the queue, then fail).
+TEST(SchedulerTest, RefusesWhatThePoolCanNeverHold) {
+  auto engine = MakeEngine("codec=f16,page=16,budget=16K");  // 64 tokens of the tiny model's KV
+  auto sched = Scheduler::Create(*engine, {});
+  ASSERT_TRUE(sched.ok());
+  auto cb = [](const RequestEvent&) {};
+  GenerationRequest r;
+  r.prompt = Tokens(100, 1);
+  RequestPart part = RequestPart::kNone;
+  const Status st = (*sched)->Submit(r, cb, &part).status();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(part, RequestPart::kKvBudget);
+  EXPECT_NE(st.message().find("budget 16384 bytes"), std::string::npos) << st.message();
+  r.prompt = Tokens(20, 1);
+  EXPECT_TRUE((*sched)->Submit(r, cb).ok());
+}
+
 // Several threads submit, poll stats and cancel while the loop runs; then a
 // draining shutdown finishes what is left.
 TEST(SchedulerTest, ConcurrentClientsAndShutdown) {

@@ -112,13 +112,15 @@ ApiError FromStatus(const Status& s, const std::string& param) {
 ApiError SubmitError(const Status& s, engine::RequestPart part, bool chat) {
   using engine::RequestPart;
   const char* prompt = chat ? "messages" : "prompt";
+  auto prompt_error = [&](const char* code) {
+    ApiError e = FromStatus(s, prompt);
+    e.code = code;
+    return e;
+  };
   switch (part) {
-    case RequestPart::kPrompt: return FromStatus(s, prompt);
-    case RequestPart::kContext: {
-      ApiError e = FromStatus(s, prompt);
-      e.code = "context_length_exceeded";
-      return e;
-    }
+    case RequestPart::kPrompt: return prompt_error("");
+    case RequestPart::kContext: return prompt_error("context_length_exceeded");
+    case RequestPart::kKvBudget: return prompt_error("kv_budget_exceeded");
     case RequestPart::kMaxTokens: return FromStatus(s, "max_tokens");
     case RequestPart::kSamples: return FromStatus(s, "n");
     case RequestPart::kSession: return FromStatus(s, "session");

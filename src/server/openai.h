@@ -103,8 +103,8 @@ std::optional<ApiError> BuildGenerationRequest(const CompletionParams& p, const 
 // ResourceExhausted 429 (rate_limit_error), anything else 500.
 ApiError FromStatus(const Status& s, const std::string& param = "");
 // Scheduler::Submit's rejection: FromStatus, the parameter named by the
-// part (prompt / messages for the prompt and the context, which also gets
-// code context_length_exceeded).
+// part (prompt / messages for the prompt, the context (code
+// context_length_exceeded) and the KV budget (kv_budget_exceeded)).
 ApiError SubmitError(const Status& s, engine::RequestPart part, bool chat);
 // A request's failure after Submit accepted it. ResourceExhausted there is
 // the KV pool that cannot hold the request even with nothing else running

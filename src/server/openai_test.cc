@@ -182,6 +182,8 @@ TEST_F(OpenAiTest, SubmitRejectionsMapToStatusParamAndCode) {
        "invalid_request_error"},
       {InvalidArgument("long"), RequestPart::kContext, true, 400, "messages", "context_length_exceeded",
        "invalid_request_error"},
+      {InvalidArgument("pool"), RequestPart::kKvBudget, false, 400, "prompt", "kv_budget_exceeded",
+       "invalid_request_error"},
       {InvalidArgument("n"), RequestPart::kSamples, false, 400, "n", "", "invalid_request_error"},
       {InvalidArgument("max"), RequestPart::kMaxTokens, false, 400, "max_tokens", "", "invalid_request_error"},
       {NotFound("no session"), RequestPart::kSession, false, 404, "session", "not_found", "invalid_request_error"},

@@ -315,6 +315,20 @@ TEST_F(TightServerTest, ARequestThatCannotFitIsNotRetryable) {
   EXPECT_FALSE(r->has_header("Retry-After"));
 }
 
+// A prompt the pool can never hold is refused before any stream starts:
+// 400 with the numbers, not a 200 stream that ends in an error.
+TEST_F(TightServerTest, APromptThePoolCannotHoldIsRefusedAtOnce) {
+  auto c = Client();
+  const json body = {{"prompt", std::vector<int>(600, 7)}, {"stream", true}};
+  auto r = c.Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400) << r->body;
+  const json j = json::parse(r->body, nullptr, false);
+  EXPECT_EQ(j["error"]["code"], "kv_budget_exceeded") << r->body;
+  EXPECT_EQ(j["error"]["param"], "prompt");
+  EXPECT_NE(j["error"]["message"].get<std::string>().find("600 tokens"), std::string::npos) << j;
+}
+
 // A full queue is the retryable refusal: 429 with Retry-After. The queue
 // (of one) is held full by a request submitted while a task holds the
 // scheduler thread between steps.
