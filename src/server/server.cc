@@ -4,8 +4,9 @@
 
 #include <chrono>
 #include <ctime>
+#include <algorithm>
 #include <filesystem>
-#include <regex>
+#include <string_view>
 
 #include "engine/session_file.h"
 #include "server/openai.h"
@@ -113,8 +114,41 @@ void Server::CountDisconnect() {
   counters_.client_disconnects++;
 }
 
+namespace {
+
+// The one pattern form the routes use besides literal text: one path segment.
+constexpr std::string_view kSegment = "([^/]+)";
+
+// Whether `path` matches route `pattern` as cpp-httplib matches it. Not
+// std::regex: instantiating its templates here makes Debian's uninstrumented
+// cpp-httplib bind to our TSan-instrumented copies, and TSan then reports
+// its thread-safe static regexes as races.
+bool PathMatches(std::string_view pattern, std::string_view path) {
+  size_t p = 0, q = 0;
+  while (p < pattern.size()) {
+    if (pattern.substr(p, kSegment.size()) == kSegment) {
+      const size_t end = std::min(path.find('/', q), path.size());
+      if (end == q) return false;
+      p += kSegment.size();
+      q = end;
+    } else if (q < path.size() && path[q] == pattern[p]) {
+      ++p;
+      ++q;
+    } else {
+      return false;
+    }
+  }
+  return q == path.size();
+}
+
+}  // namespace
+
 void Server::Route(const std::string& method, const std::string& pattern, Handler handler) {
-  routes_.emplace_back(std::regex(pattern), method);
+  std::string literal = pattern;
+  for (size_t at; (at = literal.find(kSegment)) != std::string::npos;) literal.erase(at, kSegment.size());
+  KVX_CHECK_MSG(literal.find_first_of("()[]{}*+?.|^$\\") == std::string::npos,
+                "a route pattern beyond literal text and ([^/]+) segments");
+  routes_.emplace_back(pattern, method);
   if (method == "GET") {
     http_->Get(pattern, std::move(handler));
   } else if (method == "POST") {
@@ -128,7 +162,7 @@ void Server::Route(const std::string& method, const std::string& pattern, Handle
 std::string Server::AllowedMethods(const std::string& path) const {
   std::string allow;
   for (const auto& [pattern, method] : routes_) {
-    if (std::regex_match(path, pattern)) allow += (allow.empty() ? "" : ", ") + method;
+    if (PathMatches(pattern, path)) allow += (allow.empty() ? "" : ", ") + method;
   }
   return allow;
 }

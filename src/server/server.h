@@ -38,7 +38,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <regex>
 #include <set>
 #include <string>
 #include <utility>
@@ -115,7 +114,7 @@ class Server : private CompletionHost {
   ServerOptions options_;
   std::unique_ptr<httplib::Server> http_;
   std::unique_ptr<ChatTemplate> chat_;
-  std::vector<std::pair<std::regex, std::string>> routes_;  // (path pattern, method); set before listening
+  std::vector<std::pair<std::string, std::string>> routes_;  // (path pattern, method); set before listening
   int port_ = 0;
   int64_t created_ = 0;
   std::atomic<bool> draining_{false};
