@@ -1,7 +1,8 @@
 // `kvx batch` end to end on a tiny synthetic model: one output line per
 // request in input order, shared prefixes computed once (cache hits reported),
 // the same texts with and without grouping (grouping changes the order work is
-// done in, never a request's tokens), and bad lines named.
+// done in, never a request's tokens), and bad lines named (a prompt the KV
+// pool can never hold included).
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -99,6 +100,25 @@ TEST(BatchCliTest, BadLinesAreNamed) {
   std::ofstream(in) << "not json\n";
   const auto r3 = RunCommand({BinaryDir() + "/kvx", "batch", in, "-m", TinyModel()});
   EXPECT_NE(r3.output.find(":1: not valid JSON"), std::string::npos) << r3.output;
+}
+
+// A prompt whose KV is more than the whole pool is refused by the
+// scheduler's gate, naming its line, while earlier requests are in flight
+// (they are cancelled; their callbacks' state outlives the scheduler).
+TEST(BatchCliTest, APromptThePoolCannotHoldIsNamed) {
+  const std::string in = TempDir() + "/batch_pool.jsonl";
+  {
+    std::ofstream f(in);
+    for (int i = 0; i < 4; ++i) f << nlohmann::json{{"prompt", "short " + std::to_string(i)}, {"max_tokens", 8}}.dump() << "\n";
+    std::string big;
+    for (int i = 0; i < 30; ++i) big += "word" + std::to_string(i) + " ";
+    f << nlohmann::json{{"prompt", big}}.dump() << "\n";
+  }
+  const auto r = RunCommand({BinaryDir() + "/kvx", "batch", in, "-m", TinyModel(), "-c", "512", "--kv",
+                             "codec=f16,page=16,budget=16K"});
+  EXPECT_TRUE(r.exited && r.exit_code == 1) << r.Describe() << "\n" << r.output;
+  EXPECT_NE(r.output.find("batch_pool.jsonl:5: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("more than the whole KV pool holds (budget 16384 bytes)"), std::string::npos) << r.output;
 }
 
 }  // namespace

@@ -119,12 +119,9 @@ Status Engine::Step(std::span<const StepInput> inputs) {
     if (in.session == nullptr || &in.session->engine() != this) return InvalidArgument("step input without a session of this engine");
     const int n = static_cast<int>(in.tokens.size());
     if (n == 0) return InvalidArgument("nothing to feed: the token list is empty");
-    for (int32_t t : in.tokens) {
-      if (t < 0 || t >= n_vocab) {
-        return InvalidArgument("token id " + std::to_string(t) + " is outside the vocabulary [0, " +
-                               std::to_string(n_vocab) + ")");
-      }
-    }
+    // Callers hand in vocabulary tokens: the tokenizer's, session files'
+    // (checked when read), requests' (checked by Scheduler::Submit).
+    for (int32_t t : in.tokens) KVX_CHECK_MSG(t >= 0 && t < n_vocab, "a step token outside the vocabulary");
     if (in.first_logit_row < -1 || in.first_logit_row > n) return InvalidArgument("first logit row out of range");
     const int r0 = static_cast<int>(batch_.tokens.size()), past = in.session->n_past();
     batch_.tokens.insert(batch_.tokens.end(), in.tokens.begin(), in.tokens.end());

@@ -77,7 +77,8 @@ class Engine {
   std::unique_ptr<Session> AdoptSequence(kv::SeqId id);
 
   // One batched forward step over `inputs` (distinct sessions of this
-  // engine). InvalidArgument for bad tokens or a full context,
+  // engine; REQUIRES: tokens in [0, n_vocab), see Scheduler::Submit for
+  // the requests' gate). InvalidArgument for a full context,
   // ResourceExhausted when the pool cannot hold the step: in both cases
   // nothing changed, so a caller can shrink the batch and retry.
   Status Step(std::span<const StepInput> inputs);

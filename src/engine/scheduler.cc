@@ -94,50 +94,6 @@ uint64_t Scheduler::KvBytesFor(int64_t tokens) const {
   return tokens <= 0 ? 0 : kv::BytesForContext(spec.layout, spec.spec.codec, tokens);
 }
 
-Result<RequestId> Scheduler::Submit(GenerationRequest request, EventCallback on_event) {
-  if (request.prompt.empty() && request.resume_session.empty()) {
-    return InvalidArgument("the prompt is empty: give at least one token (or resume a session)");
-  }
-  for (int32_t t : request.prompt) {
-    if (t < 0 || t >= n_vocab_) {
-      return InvalidArgument("prompt token id " + std::to_string(t) + " is outside the vocabulary [0, " +
-                             std::to_string(n_vocab_) + ")");
-    }
-  }
-  if (request.max_tokens < 1) return InvalidArgument("max_tokens must be at least 1");
-  KVX_RETURN_IF_ERROR(request.sampling.Validate());
-  if (request.n < 1 || request.n > options_.max_running) {
-    return InvalidArgument("n (samples) must be in [1, " + std::to_string(options_.max_running) + "], got " +
-                           std::to_string(request.n));
-  }
-  if (static_cast<int64_t>(request.prompt.size()) > engine_.n_ctx()) {
-    return InvalidArgument("the prompt has " + std::to_string(request.prompt.size()) +
-                           " tokens, more than the context length " + std::to_string(engine_.n_ctx()) +
-                           "; shorten it or raise the context length");
-  }
-  if (!on_event) return InvalidArgument("a request needs an event callback");
-  auto r = std::make_unique<Request>();
-  r->req = std::move(request);
-  r->on_event = std::move(on_event);
-  r->submit_time = Now();
-  r->samples.resize(static_cast<size_t>(r->req.n));
-  for (int i = 0; i < r->req.n; ++i) {
-    r->samples[i].index = i;
-    r->samples[i].forked = i == 0;
-  }
-  std::lock_guard<std::mutex> lock(mu_);
-  if (stopping_) return InvalidArgument("the scheduler is shutting down; no new requests");
-  if (static_cast<int>(live_.size()) >= options_.max_queue) {
-    return ResourceExhausted("too many requests in flight (" + std::to_string(live_.size()) + "); retry later");
-  }
-  r->id = next_id_++;
-  const RequestId id = r->id;
-  live_[id] = true;
-  inbox_.push_back(std::move(r));
-  wake_.notify_one();
-  return id;
-}
-
 bool Scheduler::Cancel(RequestId id) {
   std::lock_guard<std::mutex> lock(mu_);
   if (live_.count(id) == 0) return false;
@@ -212,6 +168,7 @@ Status Scheduler::DropSession(const std::string& name) {
   if (it == sessions_.end()) return NotFound("no session named '" + name + "'");
   engine_.kv_manager().ReleaseSequence(it->second.seq);
   sessions_.erase(it);
+  IndexSessions();
   return Status::Ok();
 }
 
@@ -245,6 +202,7 @@ void Scheduler::DropLruSessions() {
     engine_.kv_manager().ReleaseSequence(oldest->second.seq);
     sessions_.erase(oldest);
   }
+  IndexSessions();  // every change of sessions_ ends here or in DropSession
 }
 
 // ---------------------------------------------------------------------------

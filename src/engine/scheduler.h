@@ -52,8 +52,10 @@
 // sequence (sample 0) under that name when it finishes; a request with
 // `resume_session` starts from that sequence's tokens and pages (a
 // copy-on-write fork; the saved session stays as it was) and appends its
-// prompt. Sessions hold pool pages until dropped (at most
-// `max_sessions`, the least recently used dropped first). Save/restore to
+// prompt; a request with `continue_session` resumes the session if it
+// exists (decided at Submit) and saves under its name either way. Sessions
+// hold pool pages until dropped (at most `max_sessions`, the least
+// recently used dropped first). Save/restore to
 // files (the server's) works on the scheduler thread inside RunBetweenSteps
 // with SessionSequence / AdoptSession.
 //
@@ -111,7 +113,9 @@ struct SchedulerOptions {
 
 struct GenerationRequest {
   // Prompt token ids (each in [0, n_vocab)). Non-empty unless resuming a
-  // session (then appended to the session's tokens; may be empty).
+  // session (then appended to the session's tokens; may be empty). The
+  // tokens (session's included) must leave room for one generated token:
+  // fewer than the context length.
   std::vector<int32_t> prompt;
   // Tokens to generate per sample at most (>= 1). Generation also stops at
   // the end of the context (reason kLength).
@@ -129,16 +133,37 @@ struct GenerationRequest {
   int n = 1;
   // Higher is admitted first; FIFO within a priority.
   int priority = 0;
-  // Start from the named session's sequence (NotFound at admission if none;
-  // its salt must equal tenant_salt).
+  // Start from the named session's sequence (NotFound if none; its salt
+  // must equal tenant_salt).
   std::string resume_session;
   // On a normal finish (length or stop), keep sample 0's sequence under
   // this name (replacing a session of that name).
   std::string save_session;
+  // A conversation under this name: Submit resumes the session when it
+  // exists and starts it otherwise (NotFound if it does not exist and the
+  // prompt is empty); the result is kept under the name either way.
+  std::string continue_session;
+  // The prompt was tokenized as a text of its own: when it resumes a
+  // session, its leading BOS token (if any) is dropped, since the session's
+  // text already began with one.
+  bool drop_bos_when_resuming = false;
   // Run the compression moment (policies that compress once) after the
   // prompt. False keeps the whole prompt in the KV, e.g. a shared prefix's
   // warm-up request whose sequence is meant for the prefix cache.
   bool compress = true;
+};
+
+// The part of a request Submit rejected (its status says what is wrong and
+// how to fix it), for APIs that name the field at fault.
+enum class RequestPart {
+  kNone,       // not the request's content (queue full, shutting down)
+  kPrompt,     // empty, or a token outside the vocabulary
+  kContext,    // (session +) prompt leaves no room in the context
+  kKvBudget,   // (session +) prompt needs more KV than the whole pool holds
+  kMaxTokens,
+  kSampling,
+  kSamples,    // n
+  kSession,    // resume_session / continue_session
 };
 
 enum class FinishReason { kLength, kStop, kCancelled, kError };
@@ -256,12 +281,19 @@ class Scheduler {
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
-  // Queues a request. InvalidArgument for a bad request (empty prompt,
-  // token outside the vocabulary, max_tokens < 1, bad sampling options, n
-  // out of range, prompt longer than the context); ResourceExhausted when
-  // the queue is full; InvalidArgument after Shutdown. `on_event` is called
-  // for every token and finish (never from inside Submit).
-  Result<RequestId> Submit(GenerationRequest request, EventCallback on_event);
+  // Queues a request: the one gate every request passes (the server's
+  // included). InvalidArgument for a bad request (empty prompt, token
+  // outside the vocabulary, no room in the context, max_tokens < 1, bad
+  // sampling options, n out of range, a session of another tenant or with
+  // nothing to continue, tokens whose KV the whole pool cannot hold: such a
+  // request could never be admitted), NotFound for a session that does not
+  // exist;
+  // `*rejected` (if given) says which part. ResourceExhausted when the
+  // queue is full; InvalidArgument after Shutdown. A session that goes away
+  // between Submit and admission fails the request then (kError, NotFound).
+  // `on_event` is called for every token and finish (never from inside
+  // Submit).
+  Result<RequestId> Submit(GenerationRequest request, EventCallback on_event, RequestPart* rejected = nullptr);
 
   // Cancels a queued or running request: its sequences are released before
   // the next step and its callback gets kFinish/kCancelled (done). Unknown
@@ -319,8 +351,25 @@ class Scheduler {
     std::vector<int32_t> pending;
     uint64_t last_used = 0;
   };
+  // What the gate checks a resumed session against (any thread, under mu_).
+  struct SessionSummary {
+    uint64_t salt = 0;
+    int64_t tokens = 0;  // in the KV and pending
+    bool has_pending = false;
+  };
 
   Scheduler(Engine& engine, SchedulerOptions options);
+  // The gate's parts (scheduler_gate.cc): the checks that need no session;
+  // continue_session resolved against the sessions kept (under mu_); the
+  // checks of a resumed session (at Submit and again at admission).
+  Status CheckRequest(const GenerationRequest& r, RequestPart* part) const;
+  Status ResolveSession(GenerationRequest& r, RequestPart* part) const;
+  Status CheckResume(const GenerationRequest& r, const SessionSummary& s, RequestPart* part) const;
+  Status CheckPoolHolds(const std::string& what, int64_t tokens) const;
+  SessionSummary Summary(const SessionEntry& e) const;
+  Status CheckResumeAtAdmission(const GenerationRequest& r, const SessionEntry** session) const;
+  // Publishes sessions_ to session_index_ after it changed.
+  void IndexSessions();
   void Loop();
   double Now() const { return options_.clock(); }
   // The loop's parts (scheduler.cc: the loop; scheduler_admit.cc: admission,
@@ -341,6 +390,12 @@ class Scheduler {
   // false when the request failed (and left the running set).
   bool CompressAtBase(Request& r, const std::vector<Sample*>& reached);
   bool ForkSiblings(Request& r);
+  // Room for an operation of about `bytes` the pool could not hold: evicts
+  // unused cached pages (LRU), else preempts the youngest running request
+  // (*preempted; nullptr when pages were evicted). False when nothing can
+  // give way (one request runs: the one that needs the room). The step, the
+  // compression moment and forking samples all retry through it.
+  bool MakeRoom(uint64_t bytes, Request** preempted);
   Request* Youngest();
   void Preempt(Request* r);
   void FinishSample(Request& r, Sample& s, FinishReason reason, Status status);
@@ -369,6 +424,7 @@ class Scheduler {
   std::vector<RequestId> cancels_;
   std::vector<std::shared_ptr<Task>> tasks_;
   std::map<RequestId, bool> live_;  // submitted and not done
+  std::map<std::string, SessionSummary> session_index_;  // sessions_ as the gate sees them
   bool stopping_ = false;           // Shutdown called
   bool stopped_ = false;            // the thread ended
   ShutdownMode shutdown_mode_ = ShutdownMode::kDrain;

@@ -141,24 +141,11 @@ Status Scheduler::TryAdmit(Request& r, uint64_t* available, bool* admitted) {
     // The request's tokens: the session's (kept and pending), then the prompt.
     r.base.clear();
     if (!r.req.resume_session.empty()) {
-      auto it = sessions_.find(r.req.resume_session);
-      if (it == sessions_.end()) return NotFound("no session named '" + r.req.resume_session + "' to resume");
-      if (it->second.salt != r.req.tenant_salt) {
-        return InvalidArgument("session '" + r.req.resume_session + "' belongs to another tenant");
-      }
-      session = &it->second;
+      KVX_RETURN_IF_ERROR(CheckResumeAtAdmission(r.req, &session));
       r.base = m.tokens(session->seq);
       r.base.insert(r.base.end(), session->pending.begin(), session->pending.end());
-      if (session->pending.empty() && r.req.prompt.empty()) {
-        return InvalidArgument("nothing to continue: session '" + r.req.resume_session +
-                               "' has no pending tokens and the prompt is empty");
-      }
     }
     r.base.insert(r.base.end(), r.req.prompt.begin(), r.req.prompt.end());
-    if (static_cast<int64_t>(r.base.size()) > engine_.n_ctx()) {
-      return InvalidArgument("session and prompt hold " + std::to_string(r.base.size()) +
-                             " tokens, more than the context length " + std::to_string(engine_.n_ctx()));
-    }
   }
   // What each sample needs: a sequence from the cache (or the session)
   // holding as much of its tokens as possible, the rest to compute.
@@ -239,6 +226,15 @@ Status Scheduler::TryAdmit(Request& r, uint64_t* available, bool* admitted) {
     if (session != nullptr) sessions_[r.req.resume_session].last_used = ++session_tick_;
   }
   return Status::Ok();
+}
+
+bool Scheduler::MakeRoom(uint64_t bytes, Request** preempted) {
+  *preempted = nullptr;
+  if (cache_ && cache_->Evict(bytes) > 0) return true;
+  if (running_.size() <= 1) return false;  // the one request left is the one that needs the room
+  *preempted = Youngest();
+  Preempt(*preempted);
+  return true;
 }
 
 Scheduler::Request* Scheduler::Youngest() { return running_.empty() ? nullptr : running_.back().get(); }

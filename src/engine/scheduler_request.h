@@ -1,8 +1,9 @@
 // The scheduler's per-request state (engine/scheduler.h is the interface),
 // shared by its parts: scheduler.cc (construction, the thread-safe calls,
-// sessions, the loop, stats), scheduler_admit.cc (admission, in-flight
-// prefix sharing, preemption) and scheduler_step.cc (a step, sampling,
-// finishing). Only those files include it.
+// sessions, the loop, stats), scheduler_gate.cc (Submit and every check of
+// a request), scheduler_admit.cc (admission, in-flight prefix sharing,
+// preemption) and scheduler_step.cc (a step, sampling, finishing). Only
+// those files include it.
 #pragma once
 
 #include <cstdint>

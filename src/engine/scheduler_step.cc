@@ -11,8 +11,8 @@ namespace kvx::engine {
 
 // One step: decode rows of every running sequence (oldest request first),
 // then prefill chunks in the same order until max_step_tokens. When the
-// pool cannot hold it: evict cached pages, else preempt the youngest
-// request, and retry.
+// pool cannot hold it: MakeRoom, and retry without a preempted request's
+// rows.
 bool Scheduler::RunStep() {
   struct Row {
     Request* r;
@@ -67,15 +67,13 @@ bool Scheduler::RunStep() {
     int step_tokens = 0;
     for (const Row& row : rows) step_tokens += row.n;
     const uint64_t step_bytes = KvBytesFor(step_tokens) + block_bytes_ * rows.size();
-    if (cache_ && cache_->Evict(step_bytes) > 0) continue;
-    Request* victim = Youngest();
-    if (running_.size() == 1) {
-      FailRequest(*victim, FinishReason::kError,
+    Request* victim = nullptr;
+    if (!MakeRoom(step_bytes, &victim)) {
+      FailRequest(*Youngest(), FinishReason::kError,
                   ResourceExhausted("the KV pool (budget " + std::to_string(engine_.pool().budget_bytes()) +
                                     " bytes) cannot hold this request even alone: " + st.message()));
       return true;
     }
-    Preempt(victim);
     rows.erase(std::remove_if(rows.begin(), rows.end(), [&](const Row& row) { return row.r == victim; }), rows.end());
     if (rows.empty()) return true;
   }
@@ -128,10 +126,9 @@ bool Scheduler::CompressesAtBase(const Request& r) const { return compress_once_
 
 // Compresses each of r's samples in `reached` (KVManager::Compress). A
 // policy may need pages (private copies of pages shared with the prefix
-// cache, compaction): when the pool cannot give them, evict cached pages,
-// else preempt the youngest request (maybe this one; a policy leaves a
-// consistent sequence when it fails half-way), and retry. False when the
-// request left the running set.
+// cache, compaction): when the pool cannot give them, MakeRoom (which may
+// preempt this request; a policy leaves a consistent sequence when it fails
+// half-way) and retry. False when the request left the running set.
 bool Scheduler::CompressAtBase(Request& r, const std::vector<Sample*>& reached) {
   for (Sample& s : r.samples) {
     if (std::find(reached.begin(), reached.end(), &s) == reached.end()) continue;
@@ -139,14 +136,10 @@ bool Scheduler::CompressAtBase(Request& r, const std::vector<Sample*>& reached) 
     for (;;) {
       const Status st = s.session->Compress();
       if (st.ok()) break;
-      if (st.code() == StatusCode::kResourceExhausted) {
-        if (cache_ && cache_->Evict(block_bytes_) > 0) continue;
-        Request* victim = Youngest();
-        if (victim != &r || running_.size() > 1) {
-          Preempt(victim);
-          if (victim == &r) return false;
-          continue;
-        }
+      Request* victim = nullptr;
+      if (st.code() == StatusCode::kResourceExhausted && MakeRoom(block_bytes_, &victim)) {
+        if (victim == &r) return false;
+        continue;
       }
       FailRequest(r, FinishReason::kError, st.WithContext("compressing the KV after the prompt"));
       return false;
@@ -156,8 +149,8 @@ bool Scheduler::CompressAtBase(Request& r, const std::vector<Sample*>& reached) 
 }
 
 // Forks samples 1..n-1 from sample 0 once its prompt is in the KV. When the
-// partial page's copy does not fit: evict, else preempt the youngest (maybe
-// this request). False when the request left the running set.
+// partial page's copy does not fit: MakeRoom (maybe preempting this
+// request) and retry. False when the request left the running set.
 bool Scheduler::ForkSiblings(Request& r) {
   Sample& s0 = r.samples[0];
   for (Sample& s : r.samples) {
@@ -170,17 +163,11 @@ bool Scheduler::ForkSiblings(Request& r) {
         s.logits = s0.logits;
         break;
       }
-      if (fork.status().code() != StatusCode::kResourceExhausted) {
+      Request* victim = nullptr;
+      if (fork.status().code() != StatusCode::kResourceExhausted || !MakeRoom(block_bytes_, &victim)) {
         FailRequest(r, FinishReason::kError, fork.status());
         return false;
       }
-      if (cache_ && cache_->Evict(block_bytes_) > 0) continue;
-      Request* victim = Youngest();
-      if (victim == &r && running_.size() == 1) {
-        FailRequest(r, FinishReason::kError, fork.status());
-        return false;
-      }
-      Preempt(victim);
       if (victim == &r) return false;
     }
   }

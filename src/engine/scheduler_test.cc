@@ -172,13 +172,17 @@ TEST(SchedulerTest, SessionContinuesExactly) {
   const auto history = Concat(Concat(a.prompt, oa.finish.at(0).tokens), b.prompt);
   EXPECT_EQ(ob.finish.at(0).tokens, Alone(*alone_engine, history, 7, 4));
   EXPECT_EQ(ob.timing.cached_tokens, 21 + 6 - 1);  // all but the pending last token
-  // Another tenant cannot resume it; an unknown session is an error.
+  // Another tenant cannot resume it; an unknown session is an error: both
+  // refused by Submit, naming the session.
   b.tenant_salt = 10;
-  ASSERT_TRUE((*sched)->Submit(b, c.Callback(2)).ok());
-  EXPECT_EQ(c.Wait(2).finish.at(0).reason, FinishReason::kError);
+  RequestPart part = RequestPart::kNone;
+  EXPECT_EQ((*sched)->Submit(b, c.Callback(2), &part).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(part, RequestPart::kSession);
+  b.tenant_salt = 9;
   b.resume_session = "nope";
-  ASSERT_TRUE((*sched)->Submit(b, c.Callback(3)).ok());
-  EXPECT_EQ(c.Wait(3).finish.at(0).status.code(), StatusCode::kNotFound);
+  part = RequestPart::kNone;
+  EXPECT_EQ((*sched)->Submit(b, c.Callback(3), &part).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(part, RequestPart::kSession);
   // The session API, on the scheduler thread.
   EXPECT_TRUE(s->RunBetweenSteps([s](Engine& e) -> Status {
                  KVX_ASSIGN_OR_RETURN(kv::SeqId seq, s->SessionSequence("chat"));
@@ -190,6 +194,41 @@ TEST(SchedulerTest, SessionContinuesExactly) {
   EXPECT_TRUE(s->RunBetweenSteps([s](Engine&) {
                  return s->SessionNames().empty() ? Status::Ok() : Internal("session not dropped");
                }).ok());
+  ExpectInvariants(*s);
+}
+
+// continue_session: resumes the session when it exists (a BOS the prompt
+// starts with dropped when asked), starts it otherwise; with an empty
+// prompt a missing one is NotFound at Submit.
+TEST(SchedulerTest, ContinueSessionResumesOrStarts) {
+  auto engine = MakeEngine("codec=f16,page=16");
+  auto sched = Scheduler::Create(*engine, {});
+  ASSERT_TRUE(sched.ok());
+  Scheduler* s = sched->get();
+  Collector c;
+  GenerationRequest a = FixedLengthRequest(Tokens(21, 13), 6, 3);
+  a.continue_session = "chat";  // does not exist yet: started
+  ASSERT_TRUE(s->Submit(a, c.Callback(0)).ok());
+  const Outcome oa = c.Wait(0);
+  EXPECT_EQ(oa.timing.prompt_tokens, 21);
+  const int32_t bos = engine->model().tokenizer().bos();
+  ASSERT_GE(bos, 0);
+  GenerationRequest b = FixedLengthRequest(Concat({bos}, Tokens(5, 14)), 4, 4);
+  b.continue_session = "chat";  // exists: resumed, the BOS dropped
+  b.drop_bos_when_resuming = true;
+  ASSERT_TRUE(s->Submit(b, c.Callback(1)).ok());
+  const Outcome ob = c.Wait(1);
+  ASSERT_TRUE(ob.finish.at(0).status.ok()) << ob.finish.at(0).status.ToString();
+  EXPECT_EQ(ob.timing.prompt_tokens, 21 + 6 + 5);
+  EXPECT_EQ(ob.timing.cached_tokens, 21 + 6 - 1);
+  GenerationRequest empty = FixedLengthRequest({}, 4, 5);
+  empty.continue_session = "chat";  // exists: continues from its pending token
+  ASSERT_TRUE(s->Submit(empty, c.Callback(2)).ok());
+  EXPECT_TRUE(c.Wait(2).finish.at(0).status.ok());
+  empty.continue_session = "missing";
+  RequestPart part = RequestPart::kNone;
+  EXPECT_EQ(s->Submit(empty, c.Callback(3), &part).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(part, RequestPart::kSession);
   ExpectInvariants(*s);
 }
 
@@ -264,22 +303,55 @@ TEST(SchedulerTest, RejectsBadRequests) {
   auto sched = Scheduler::Create(*engine, {});
   ASSERT_TRUE(sched.ok());
   auto cb = [](const RequestEvent&) {};
+  // Each rejection is InvalidArgument and names the part at fault.
+  auto rejected = [&](const GenerationRequest& r) {
+    RequestPart part = RequestPart::kNone;
+    const Status st = (*sched)->Submit(r, cb, &part).status();
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+    return part;
+  };
   GenerationRequest r;
-  EXPECT_EQ((*sched)->Submit(r, cb).status().code(), StatusCode::kInvalidArgument);  // empty prompt
+  EXPECT_EQ(rejected(r), RequestPart::kPrompt);  // empty prompt
   r.prompt = {1, 2, 100000};
-  EXPECT_EQ((*sched)->Submit(r, cb).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(rejected(r), RequestPart::kPrompt);
   r.prompt = {1, 2};
   r.max_tokens = 0;
-  EXPECT_EQ((*sched)->Submit(r, cb).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(rejected(r), RequestPart::kMaxTokens);
   r.max_tokens = 4;
   r.n = 0;
-  EXPECT_EQ((*sched)->Submit(r, cb).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(rejected(r), RequestPart::kSamples);
   r.n = 1;
+  r.sampling.top_k = -1;
+  EXPECT_EQ(rejected(r), RequestPart::kSampling);
+  r.sampling = {};
   r.prompt = Tokens(300, 1);  // longer than the context
-  EXPECT_EQ((*sched)->Submit(r, cb).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(rejected(r), RequestPart::kContext);
+  r.prompt = Tokens(256, 1);  // fills the context: no room for the answer
+  EXPECT_EQ(rejected(r), RequestPart::kContext);
+  r.prompt = Tokens(255, 1);
+  EXPECT_TRUE((*sched)->Submit(r, cb).ok());
   SchedulerOptions bad;
   bad.max_running = 0;
   EXPECT_FALSE(Scheduler::Create(*engine, bad).ok());
+}
+
+// A prompt whose KV is more than the whole pool could never be admitted:
+// Submit refuses it at once with the numbers (it used to wait for its turn
+// in the queue, then fail).
+TEST(SchedulerTest, RefusesWhatThePoolCanNeverHold) {
+  auto engine = MakeEngine("codec=f16,page=16,budget=16K");  // 64 tokens of the tiny model's KV
+  auto sched = Scheduler::Create(*engine, {});
+  ASSERT_TRUE(sched.ok());
+  auto cb = [](const RequestEvent&) {};
+  GenerationRequest r;
+  r.prompt = Tokens(100, 1);
+  RequestPart part = RequestPart::kNone;
+  const Status st = (*sched)->Submit(r, cb, &part).status();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(part, RequestPart::kKvBudget);
+  EXPECT_NE(st.message().find("budget 16384 bytes"), std::string::npos) << st.message();
+  r.prompt = Tokens(20, 1);
+  EXPECT_TRUE((*sched)->Submit(r, cb).ok());
 }
 
 // Several threads submit, poll stats and cancel while the loop runs; then a

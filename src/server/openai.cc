@@ -1,7 +1,12 @@
 #include "server/openai.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <random>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 #include "server/text_stream.h"
 
@@ -87,6 +92,91 @@ json ApiError::ToJson() const {
                 {"type", type},
                 {"param", param.empty() ? json(nullptr) : json(param)},
                 {"code", code.empty() ? json(nullptr) : json(code)}}}};
+}
+
+ApiError FromStatus(const Status& s, const std::string& param) {
+  ApiError e;
+  e.message = s.message();
+  e.param = param;
+  switch (s.code()) {
+    case StatusCode::kInvalidArgument: e.status = 400; break;
+    case StatusCode::kNotFound: e.status = 404; e.code = "not_found"; break;
+    case StatusCode::kDataLoss: e.status = 400; e.code = "invalid_session_file"; break;
+    case StatusCode::kUnimplemented: e.status = 400; e.code = "unsupported"; break;
+    case StatusCode::kResourceExhausted: e.status = 429; e.type = "rate_limit_error"; break;
+    default: e.status = 500; e.type = "server_error"; break;
+  }
+  return e;
+}
+
+ApiError SubmitError(const Status& s, engine::RequestPart part, bool chat) {
+  using engine::RequestPart;
+  const char* prompt = chat ? "messages" : "prompt";
+  auto prompt_error = [&](const char* code) {
+    ApiError e = FromStatus(s, prompt);
+    e.code = code;
+    return e;
+  };
+  switch (part) {
+    case RequestPart::kPrompt: return prompt_error("");
+    case RequestPart::kContext: return prompt_error("context_length_exceeded");
+    case RequestPart::kKvBudget: return prompt_error("kv_budget_exceeded");
+    case RequestPart::kMaxTokens: return FromStatus(s, "max_tokens");
+    case RequestPart::kSamples: return FromStatus(s, "n");
+    case RequestPart::kSession: return FromStatus(s, "session");
+    case RequestPart::kSampling:
+    case RequestPart::kNone: break;
+  }
+  return FromStatus(s);
+}
+
+ApiError GenerationError(const Status& s) {
+  ApiError e = FromStatus(s);
+  if (s.code() == StatusCode::kResourceExhausted) {
+    e.status = 400;
+    e.type = "invalid_request_error";
+    e.code = "kv_budget_exceeded";
+  }
+  return e;
+}
+
+ApiError ShuttingDownError() { return ApiError{503, "the server is shutting down", "server_error", "", ""}; }
+
+std::optional<ApiError> BuildGenerationRequest(const CompletionParams& p, const model::Tokenizer& tok,
+                                               const ChatTemplate& chat, int n_ctx, BuiltRequest* out) {
+  *out = BuiltRequest();
+  engine::GenerationRequest& g = out->request;
+  if (p.chat) {
+    auto text = chat.Render(p.messages, /*add_generation_prompt=*/true);
+    if (!text.ok()) return FromStatus(text.status(), "messages");
+    const bool has_bos = !chat.bos_text().empty() && text->rfind(chat.bos_text(), 0) == 0;
+    auto ids = tok.Encode(*text, /*add_special=*/!has_bos, /*parse_special=*/true);
+    if (!ids.ok()) return FromStatus(ids.status(), "messages");
+    g.prompt = std::move(ids).value();
+    g.stop_tokens = chat.stop_tokens();
+  } else if (p.prompt_tokens) {
+    g.prompt = *p.prompt_tokens;
+  } else {
+    auto ids = tok.Encode(p.prompt, /*add_special=*/true, /*parse_special=*/true);
+    if (!ids.ok()) return FromStatus(ids.status(), "prompt");
+    g.prompt = std::move(ids).value();
+    g.drop_bos_when_resuming = true;  // the text continues the session: no second BOS
+    if (p.echo) out->echo = p.prompt;
+  }
+  out->prompt_tokens = static_cast<int>(g.prompt.size());
+  const int room = n_ctx - out->prompt_tokens;  // <= 0: Submit refuses the prompt first
+  g.max_tokens = std::min(room, p.max_tokens.value_or(p.chat ? room : 16));
+  g.sampling.temperature = p.temperature;
+  g.sampling.top_p = p.top_p;
+  g.sampling.top_k = p.top_k;
+  g.sampling.min_p = p.min_p;
+  g.sampling.repeat_penalty = p.repeat_penalty;
+  g.sampling.seed = p.seed ? *p.seed : std::random_device{}();
+  g.n = p.n;
+  g.stop_at_eog = !p.ignore_eos;
+  if (!p.user.empty()) g.tenant_salt = XXH3_64bits(p.user.data(), p.user.size()) | 1;
+  g.continue_session = p.session;
+  return std::nullopt;
 }
 
 bool ValidSessionName(const std::string& name) {

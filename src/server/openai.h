@@ -1,7 +1,10 @@
-// The OpenAI API's request and response shapes, as kvx serves them:
-// parsing and checking a /v1/completions or /v1/chat/completions body
-// (every field's type and range, with OpenAI's error shape naming the
-// parameter), and building the JSON objects of responses and stream chunks.
+// The OpenAI API's request shapes, as kvx serves them: parsing a
+// /v1/completions or /v1/chat/completions body (every field's type and
+// range, with OpenAI's error shape naming the parameter), building the
+// scheduler's GenerationRequest from it (chat template, tokenizer), and
+// mapping the scheduler's statuses (Scheduler::Submit is the one gate that
+// checks a request against the model: vocabulary, context, sessions) to
+// OpenAI's error codes. Answering is server/completion.h's.
 //
 // Supported request fields: model, prompt (a string, one-element array of
 // strings, or an array of token ids) / messages (role + content string or
@@ -25,7 +28,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/scheduler.h"
+#include "model/tokenizer.h"
 #include "server/chat_template.h"
+#include "util/status.h"
 
 namespace kvx::server {
 
@@ -73,6 +79,41 @@ struct ParseLimits {
 // The ApiError names the field (`param`) and what it must be.
 std::optional<ApiError> ParseCompletionRequest(const std::string& body, bool chat, const ParseLimits& limits,
                                                CompletionParams* out);
+
+// The scheduler's request for a parsed body, and what the response needs
+// besides.
+struct BuiltRequest {
+  engine::GenerationRequest request;
+  int prompt_tokens = 0;  // usage.prompt_tokens
+  std::string echo;       // completions with echo: the prompt text
+};
+
+// Builds the request: chat messages rendered by `chat` and tokenized
+// (special tokens parsed; BOS unless the template wrote it), a prompt text
+// tokenized with BOS (dropped when it continues a session), token ids
+// taken as given; max_tokens cut to the room the context leaves after the
+// prompt (absent: all of it for chat, 16 for completions); no seed: a
+// random one. Checks nothing that Scheduler::Submit checks (SubmitError maps
+// its rejections). An ApiError when the template or the tokenizer fails.
+std::optional<ApiError> BuildGenerationRequest(const CompletionParams& p, const model::Tokenizer& tok,
+                                               const ChatTemplate& chat, int n_ctx, BuiltRequest* out);
+
+// A status as an API error: InvalidArgument 400, NotFound 404 (not_found),
+// DataLoss 400 (invalid_session_file), Unimplemented 400 (unsupported),
+// ResourceExhausted 429 (rate_limit_error), anything else 500.
+ApiError FromStatus(const Status& s, const std::string& param = "");
+// Scheduler::Submit's rejection: FromStatus, the parameter named by the
+// part (prompt / messages for the prompt, the context (code
+// context_length_exceeded) and the KV budget (kv_budget_exceeded)).
+ApiError SubmitError(const Status& s, engine::RequestPart part, bool chat);
+// A request's failure after Submit accepted it. ResourceExhausted there is
+// the KV pool that cannot hold the request even with nothing else running
+// (at admission or as it grows): retrying cannot help, so 400
+// (kv_budget_exceeded, the message gives the budget), not 429, which is
+// kept for the retryable full queue.
+ApiError GenerationError(const Status& s);
+// 503 for requests that arrive (or are cut) while the server shuts down.
+ApiError ShuttingDownError();
 
 // A session name usable as a file name: 1-64 of [A-Za-z0-9_-].
 bool ValidSessionName(const std::string& name);

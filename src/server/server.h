@@ -1,8 +1,8 @@
 // Server: kvx's OpenAI-compatible HTTP server (cpp-httplib) over one
-// engine::Scheduler. A thin shell: it parses requests (server/openai.h),
-// renders chat messages (server/chat_template.h), tokenizes, submits to the
-// scheduler, and turns its events into JSON or server-sent events
-// (server/text_stream.h cuts stop strings and keeps the text valid UTF-8).
+// engine::Scheduler. It keeps the routes and the lifecycle; a completion is
+// parsed and built into a scheduler request by server/openai.h (chat
+// template, tokenizer), checked by Scheduler::Submit (the one gate), and
+// answered whole or streamed by server/completion.h.
 //
 // Endpoints:
 //   POST /v1/completions, /v1/chat/completions   stream or not, OpenAI shapes
@@ -13,6 +13,8 @@
 //                                                (engine/session_file.h) in --session-dir
 //   GET  /v1/sessions, DELETE /v1/sessions/{name}
 // With an API key, /v1/* needs "Authorization: Bearer KEY" (401 otherwise).
+// Another method on a served path is 405 with Allow; 429 (a full queue: the
+// one retryable refusal) carries Retry-After.
 //
 // Clients that leave: a stream's client is noticed at the next write (a
 // token, or a ": keep-alive" comment sent every 100 ms while the request
@@ -32,19 +34,25 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "engine/scheduler.h"
 #include "server/chat_template.h"
+#include "server/completion.h"
 #include "server/metrics.h"
 #include "util/status.h"
 
 namespace httplib {
 class Server;
+struct Request;
+struct Response;
 }
 
 namespace kvx::server {
@@ -62,7 +70,7 @@ struct ServerOptions {
   double shutdown_grace_seconds = 5;
 };
 
-class Server {
+class Server : private CompletionHost {
  public:
   // Binds the socket (IoError naming host:port when it cannot). The
   // scheduler must outlive the server.
@@ -75,19 +83,38 @@ class Server {
   // The shutdown above; blocks until in-flight requests ended. Idempotent.
   void Stop();
 
-  // A request in flight (public for the handlers' helpers in server.cc).
-  struct Call;
 
  private:
   Server(engine::Scheduler& scheduler, const ServerOptions& options);
+  // The routes: hooks (authentication, error pages, counters), the
+  // informational endpoints, completions, named sessions.
   void Routes();
-  void Track(engine::RequestId id, bool live);
+  void InstallHooks();
+  // Registers `handler` for `method` ("GET", "POST", "DELETE") on `pattern`
+  // and remembers the pair: another method on a served path is 405 with
+  // Allow (AllowedMethods: ", "-joined, "" for a path nothing serves).
+  using Handler = std::function<void(const httplib::Request&, httplib::Response&)>;
+  void Route(const std::string& method, const std::string& pattern, Handler handler);
+  std::string AllowedMethods(const std::string& path) const;
+  void InfoRoutes();
+  void CompletionRoutes();
+  void SessionRoutes();
+  void HandleCompletion(bool chat, const httplib::Request& req, httplib::Response& res);
+  // A session endpoint's work on the scheduler thread ("save", "restore",
+  // "delete"); its answer's fields go into *out.
+  Status SessionAction(const std::string& action, const std::string& name, nlohmann::json* out);
   HttpCounters Counters() const;
+  // CompletionHost.
+  engine::Scheduler& scheduler() override { return scheduler_; }
+  void Track(engine::RequestId id, bool live) override;
+  std::shared_ptr<void> OpenResponse() override;
+  void CountDisconnect() override;
 
   engine::Scheduler& scheduler_;
   ServerOptions options_;
   std::unique_ptr<httplib::Server> http_;
   std::unique_ptr<ChatTemplate> chat_;
+  std::vector<std::pair<std::string, std::string>> routes_;  // (path pattern, method); set before listening
   int port_ = 0;
   int64_t created_ = 0;
   std::atomic<bool> draining_{false};

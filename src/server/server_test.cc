@@ -15,8 +15,11 @@
 
 #include <atomic>
 #include <fstream>
+#include <future>
 #include <sstream>
 #include <thread>
+#include <tuple>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -36,6 +39,7 @@ class ServerTest : public ::testing::Test {
     ASSERT_TRUE(model::WriteSyntheticModel(o, path_).ok());
     engine::EngineOptions eo;
     eo.model_path = path_;
+    eo.kv_spec = kv_spec_;
     eo.n_ctx = 2048;  // room for a long stream: a client leaving must be noticed before it ends
     eo.n_seqs = 8;
     eo.n_threads = 2;
@@ -44,6 +48,7 @@ class ServerTest : public ::testing::Test {
     engine_ = std::move(e).value();
     engine::SchedulerOptions so;
     so.max_running = 8;
+    so.max_queue = max_queue_;
     auto s = engine::Scheduler::Create(*engine_, so);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     scheduler_ = std::move(s).value();
@@ -102,6 +107,8 @@ class ServerTest : public ::testing::Test {
     return fd;
   }
 
+  std::string kv_spec_;  // set by a derived fixture's constructor
+  int max_queue_ = 4096;
   std::string path_;
   std::unique_ptr<engine::Engine> engine_;
   std::unique_ptr<engine::Scheduler> scheduler_;
@@ -221,6 +228,132 @@ TEST_F(ServerTest, SessionSaveRestoreAndBadFile) {
   r = c.Get("/health");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200);
+}
+
+// Scheduler::Submit is the one gate: its rejections reach the client with
+// OpenAI's status, param and code, before any stream starts.
+TEST_F(ServerTest, TheGatesRejectionsKeepTheirCodes) {
+  auto c = Client();
+  auto post = [&](const json& body) {
+    auto r = c.Post("/v1/completions", body.dump(), "application/json");
+    EXPECT_TRUE(r);
+    return r ? std::make_pair(r->status, json::parse(r->body, nullptr, false)) : std::make_pair(0, json());
+  };
+  for (bool stream : {false, true}) {
+    SCOPED_TRACE(stream ? "stream" : "plain");
+    auto [status, j] = post({{"prompt", {1, 100000}}, {"stream", stream}});
+    EXPECT_EQ(status, 400);
+    EXPECT_EQ(j["error"]["param"], "prompt");
+    EXPECT_NE(j["error"]["message"].get<std::string>().find("outside the vocabulary"), std::string::npos) << j;
+    std::tie(status, j) = post({{"prompt", std::vector<int>(2048, 7)}, {"stream", stream}});  // fills n_ctx
+    EXPECT_EQ(status, 400);
+    EXPECT_EQ(j["error"]["code"], "context_length_exceeded");
+    EXPECT_EQ(j["error"]["param"], "prompt");
+    std::tie(status, j) = post({{"prompt", ""}, {"stream", stream}});
+    EXPECT_EQ(status, 400);
+    EXPECT_EQ(j["error"]["param"], "prompt");
+    std::tie(status, j) = post({{"prompt", ""}, {"session", "nobody"}, {"stream", stream}});
+    EXPECT_EQ(status, 404);
+    EXPECT_EQ(j["error"]["code"], "not_found");
+    EXPECT_EQ(j["error"]["param"], "session");
+  }
+  // A session made by one request is continued by the next, even with an
+  // empty prompt (its pending token).
+  EXPECT_EQ(post({{"prompt", "abc"}, {"max_tokens", 2}, {"session", "s2"}}).first, 200);
+  EXPECT_EQ(post({{"prompt", ""}, {"max_tokens", 2}, {"session", "s2"}}).first, 200);
+}
+
+// A served path asked with another method is 405 naming the allowed ones;
+// an unknown path stays 404.
+TEST_F(ServerTest, WrongMethodIs405WithAllow) {
+  auto c = Client();
+  struct Case {
+    const char* method;
+    const char* path;
+    int status;
+    const char* allow;
+  };
+  const Case cases[] = {
+      {"GET", "/v1/completions", 405, "POST"},
+      {"POST", "/health", 405, "GET"},
+      {"DELETE", "/v1/models", 405, "GET"},
+      {"GET", "/v1/sessions/x/save", 405, "POST"},
+      {"POST", "/v1/sessions/x", 405, "DELETE"},
+      {"GET", "/v1/nothing", 404, ""},
+  };
+  for (const Case& k : cases) {
+    const std::string m = k.method;
+    auto r = m == "GET" ? c.Get(k.path) : m == "POST" ? c.Post(k.path, "{}", "application/json") : c.Delete(k.path);
+    ASSERT_TRUE(r) << k.method << " " << k.path;
+    EXPECT_EQ(r->status, k.status) << k.method << " " << k.path;
+    EXPECT_EQ(r->get_header_value("Allow"), k.allow) << k.method << " " << k.path;
+    EXPECT_EQ(json::parse(r->body)["error"]["type"], "invalid_request_error");
+  }
+}
+
+// A pool of 64 KiB (about 256 tokens of the tiny model's f16 KV) and a
+// queue of one request.
+class TightServerTest : public ServerTest {
+ protected:
+  TightServerTest() {
+    kv_spec_ = "budget=64K";
+    max_queue_ = 1;
+  }
+};
+
+// A request the pool cannot hold even alone fails with 400 naming the
+// budget, not with 429: retrying it cannot help.
+TEST_F(TightServerTest, ARequestThatCannotFitIsNotRetryable) {
+  auto c = Client();
+  const json body = {{"prompt", "go"}, {"max_tokens", 1500}, {"ignore_eos", true}};
+  auto r = c.Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400) << r->body;
+  const json j = json::parse(r->body);
+  EXPECT_EQ(j["error"]["code"], "kv_budget_exceeded");
+  EXPECT_NE(j["error"]["message"].get<std::string>().find("budget"), std::string::npos) << j;
+  EXPECT_FALSE(r->has_header("Retry-After"));
+}
+
+// A prompt the pool can never hold is refused before any stream starts:
+// 400 with the numbers, not a 200 stream that ends in an error.
+TEST_F(TightServerTest, APromptThePoolCannotHoldIsRefusedAtOnce) {
+  auto c = Client();
+  const json body = {{"prompt", std::vector<int>(600, 7)}, {"stream", true}};
+  auto r = c.Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400) << r->body;
+  const json j = json::parse(r->body, nullptr, false);
+  EXPECT_EQ(j["error"]["code"], "kv_budget_exceeded") << r->body;
+  EXPECT_EQ(j["error"]["param"], "prompt");
+  EXPECT_NE(j["error"]["message"].get<std::string>().find("600 tokens"), std::string::npos) << j;
+}
+
+// A full queue is the retryable refusal: 429 with Retry-After. The queue
+// (of one) is held full by a request submitted while a task holds the
+// scheduler thread between steps.
+TEST_F(TightServerTest, AFullQueueIs429WithRetryAfter) {
+  std::promise<void> entered, release;
+  std::shared_future<void> released = release.get_future().share();
+  std::thread holder([&] {
+    (void)scheduler_->RunBetweenSteps([&](engine::Engine&) {
+      entered.set_value();
+      released.wait();
+      return Status::Ok();
+    });
+  });
+  entered.get_future().wait();
+  engine::GenerationRequest held;
+  held.prompt = {1, 2, 3};
+  ASSERT_TRUE(scheduler_->Submit(held, [](const engine::RequestEvent&) {}).ok());
+  auto c = Client();
+  auto r = c.Post("/v1/completions", json{{"prompt", "me too"}}.dump(), "application/json");
+  release.set_value();
+  holder.join();
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 429) << r->body;
+  EXPECT_EQ(json::parse(r->body)["error"]["type"], "rate_limit_error");
+  EXPECT_EQ(r->get_header_value("Retry-After"), "1");
 }
 
 TEST_F(ServerTest, StopEndsAStreamInFlight) {

@@ -164,6 +164,11 @@ Status Batch(const BatchFlags& flags) {
     if (!file) return IoError("cannot write '" + flags.output + "'");
     out = file.get();
   }
+  // What the requests' callbacks write to outlives the scheduler: a Submit
+  // that fails midway returns, and the scheduler's destructor then cancels
+  // the requests already in flight (their callbacks run).
+  Waiter warm, all;
+  std::vector<Outcome> outcomes(items.size());
   engine::SchedulerOptions so;
   so.max_step_tokens = flags.max_step_tokens;
   so.max_running = std::min(flags.runtime.n_seqs, flags.max_step_tokens);
@@ -181,7 +186,6 @@ Status Batch(const BatchFlags& flags) {
   }
   // 1. Each shared prefix once: a one-token request whose finished sequence
   //    the prefix cache keeps (its KV is exactly the prefix's whole blocks).
-  Waiter warm;
   int warmups = 0;
   for (const engine::PrefixGroup& g : groups) {
     if (g.prefix_tokens == 0) continue;
@@ -198,8 +202,6 @@ Status Batch(const BatchFlags& flags) {
   }
   warm.Wait();
   // 2. The requests, group by group.
-  std::vector<Outcome> outcomes(items.size());
-  Waiter all;
   for (const engine::PrefixGroup& g : groups) {
     for (int i : g.members) {
       engine::GenerationRequest r;

@@ -1,0 +1,204 @@
+// A request body to the scheduler's GenerationRequest without HTTP: what
+// BuildGenerationRequest takes from each field, and the error cases (parse
+// errors, a template that refuses, Scheduler::Submit's rejections mapped to
+// OpenAI's status, param and code).
+#include "server/openai.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+
+#include "model/model.h"
+#include "model/synthetic_model.h"
+
+namespace kvx::server {
+namespace {
+
+using nlohmann::json;
+
+class OpenAiTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    model::SyntheticModelOptions o;
+    o.shape = "tiny";
+    const std::string path = ::testing::TempDir() + "/openai-tiny.gguf";
+    ASSERT_TRUE(model::WriteSyntheticModel(o, path).ok());
+    auto m = model::Model::Load(path);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    model_ = std::move(m).value().release();
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    model_ = nullptr;
+  }
+  const model::Tokenizer& tok() const { return model_->tokenizer(); }
+
+  // Parses `body` and builds its request against `chat` (the default
+  // template when null) and a context of n_ctx; the first error, if any.
+  std::optional<ApiError> Build(const json& body, bool chat_api, BuiltRequest* out, int n_ctx = 64,
+                                const ChatTemplate* chat = nullptr) {
+    CompletionParams p;
+    if (auto e = ParseCompletionRequest(body.dump(), chat_api, ParseLimits{}, &p)) return e;
+    auto fallback = ChatTemplate::Create("", tok());
+    EXPECT_TRUE(fallback.ok());
+    return BuildGenerationRequest(p, tok(), chat != nullptr ? *chat : *fallback, n_ctx, out);
+  }
+  std::vector<int32_t> Encode(const std::string& text) {
+    auto ids = tok().Encode(text, /*add_special=*/true, /*parse_special=*/true);
+    EXPECT_TRUE(ids.ok());
+    return ids.ok() ? *ids : std::vector<int32_t>{};
+  }
+
+  static model::Model* model_;
+};
+
+model::Model* OpenAiTest::model_ = nullptr;
+
+TEST_F(OpenAiTest, CompletionFieldsReachTheRequest) {
+  const json body = {{"prompt", "hello world"}, {"max_tokens", 5},    {"temperature", 0.5}, {"top_p", 0.9},
+                     {"top_k", 7},              {"min_p", 0.125},     {"repeat_penalty", 1.5}, {"seed", 42},
+                     {"n", 2},                  {"ignore_eos", true}, {"user", "alice"},   {"session", "s1"},
+                     {"echo", true}};
+  BuiltRequest b;
+  ASSERT_FALSE(Build(body, false, &b));
+  const engine::GenerationRequest& g = b.request;
+  EXPECT_EQ(g.prompt, Encode("hello world"));
+  EXPECT_EQ(b.prompt_tokens, static_cast<int>(g.prompt.size()));
+  EXPECT_EQ(b.echo, "hello world");
+  EXPECT_EQ(g.max_tokens, 5);
+  EXPECT_FLOAT_EQ(g.sampling.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(g.sampling.top_p, 0.9f);
+  EXPECT_EQ(g.sampling.top_k, 7);
+  EXPECT_FLOAT_EQ(g.sampling.min_p, 0.125f);
+  EXPECT_FLOAT_EQ(g.sampling.repeat_penalty, 1.5f);
+  EXPECT_EQ(g.sampling.seed, 42u);
+  EXPECT_EQ(g.n, 2);
+  EXPECT_FALSE(g.stop_at_eog);
+  EXPECT_TRUE(g.stop_tokens.empty());
+  EXPECT_EQ(g.continue_session, "s1");
+  EXPECT_TRUE(g.resume_session.empty());  // Submit decides, against the sessions kept then
+  EXPECT_TRUE(g.drop_bos_when_resuming);  // a text prompt's BOS does not repeat in a session
+  // The user is the tenant: one salt per user, none without.
+  EXPECT_NE(g.tenant_salt, 0u);
+  BuiltRequest bob, nobody, alice;
+  ASSERT_FALSE(Build({{"prompt", "x"}, {"user", "bob"}}, false, &bob));
+  ASSERT_FALSE(Build({{"prompt", "x"}}, false, &nobody));
+  ASSERT_FALSE(Build({{"prompt", "x"}, {"user", "alice"}}, false, &alice));
+  EXPECT_NE(bob.request.tenant_salt, g.tenant_salt);
+  EXPECT_EQ(alice.request.tenant_salt, g.tenant_salt);
+  EXPECT_EQ(nobody.request.tenant_salt, 0u);
+  EXPECT_TRUE(nobody.request.stop_at_eog);
+  EXPECT_EQ(nobody.request.max_tokens, 16);  // OpenAI's default for completions
+}
+
+TEST_F(OpenAiTest, TokenIdsAreTakenAsGiven) {
+  BuiltRequest b;
+  // Out of the vocabulary too: the scheduler's gate refuses it, not the builder.
+  ASSERT_FALSE(Build({{"prompt", {5, 6, 100000}}}, false, &b));
+  EXPECT_EQ(b.request.prompt, (std::vector<int32_t>{5, 6, 100000}));
+  EXPECT_FALSE(b.request.drop_bos_when_resuming);
+  EXPECT_TRUE(b.echo.empty());
+}
+
+TEST_F(OpenAiTest, MaxTokensIsCutToTheRoomTheContextLeaves) {
+  const json ids = {1, 2, 3};
+  BuiltRequest b;
+  ASSERT_FALSE(Build({{"prompt", ids}}, false, &b, 10));
+  EXPECT_EQ(b.request.max_tokens, 7);  // 16 asked by default, 10 - 3 left
+  ASSERT_FALSE(Build({{"prompt", ids}, {"max_tokens", 100}}, false, &b, 10));
+  EXPECT_EQ(b.request.max_tokens, 7);
+  ASSERT_FALSE(Build({{"prompt", ids}, {"max_tokens", 3}}, false, &b, 10));
+  EXPECT_EQ(b.request.max_tokens, 3);
+}
+
+TEST_F(OpenAiTest, ChatMessagesAreRenderedAndTokenized) {
+  const json body = {{"messages", {{{"role", "system"}, {"content", "be brief"}}, {{"role", "user"}, {"content", "hi"}}}}};
+  auto chat = ChatTemplate::Create("", tok());
+  ASSERT_TRUE(chat.ok());
+  BuiltRequest b;
+  ASSERT_FALSE(Build(body, true, &b, 64, &*chat));
+  auto text = chat->Render({{"system", "be brief"}, {"user", "hi"}}, true);
+  ASSERT_TRUE(text.ok());
+  EXPECT_EQ(b.request.prompt, Encode(*text));
+  EXPECT_EQ(b.request.stop_tokens, chat->stop_tokens());
+  EXPECT_FALSE(b.request.stop_tokens.empty());  // ChatML's <|im_end|>
+  EXPECT_EQ(b.request.max_tokens, 64 - b.prompt_tokens);  // chat: up to the context's end
+  EXPECT_FALSE(b.request.drop_bos_when_resuming);
+}
+
+TEST_F(OpenAiTest, ErrorsNameTheParameter) {
+  struct Case {
+    json body;
+    bool chat;
+    const char* param;  // "" : null
+  };
+  const Case cases[] = {
+      {json::array({1, 2}), false, ""},
+      {{{"prompt", "x"}, {"temperature", "hot"}}, false, "temperature"},
+      {{{"prompt", "x"}, {"max_tokens", 0}}, false, "max_tokens"},
+      {{{"prompt", "x"}, {"n", 17}}, false, "n"},
+      {{{"prompt", "x"}, {"session", "../etc"}}, false, "session"},
+      {{{"prompt", "x"}, {"logprobs", true}}, false, "logprobs"},
+      {{{"prompt", {"a", "b"}}}, false, "prompt"},
+      {{{"prompt", {-1}}}, false, "prompt"},
+      {{{"messages", json::array()}}, true, "messages"},
+      {{{"messages", {{{"role", "wizard"}, {"content", "x"}}}}}, true, "messages[0].role"},
+  };
+  for (const Case& c : cases) {
+    BuiltRequest b;
+    auto e = Build(c.body, c.chat, &b);
+    ASSERT_TRUE(e) << c.body.dump();
+    EXPECT_EQ(e->status, 400) << c.body.dump();
+    EXPECT_EQ(e->type, "invalid_request_error");
+    EXPECT_EQ(e->param, c.param) << c.body.dump() << ": " << e->message;
+  }
+  // A template that refuses the messages: 400 naming them.
+  auto refusing = ChatTemplate::Create("{{ raise_exception('roles must alternate') }}", tok());
+  ASSERT_TRUE(refusing.ok()) << refusing.status().ToString();
+  BuiltRequest b;
+  auto e = Build({{"messages", {{{"role", "user"}, {"content", "x"}}}}}, true, &b, 64, &*refusing);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->status, 400);
+  EXPECT_EQ(e->param, "messages");
+  EXPECT_NE(e->message.find("roles must alternate"), std::string::npos) << e->message;
+}
+
+// Scheduler::Submit's rejections in OpenAI's terms.
+TEST_F(OpenAiTest, SubmitRejectionsMapToStatusParamAndCode) {
+  using engine::RequestPart;
+  struct Case {
+    Status status;
+    RequestPart part;
+    bool chat;
+    int http;
+    const char* param;
+    const char* code;
+    const char* type;
+  };
+  const Case cases[] = {
+      {InvalidArgument("token"), RequestPart::kPrompt, false, 400, "prompt", "", "invalid_request_error"},
+      {InvalidArgument("empty"), RequestPart::kPrompt, true, 400, "messages", "", "invalid_request_error"},
+      {InvalidArgument("long"), RequestPart::kContext, false, 400, "prompt", "context_length_exceeded",
+       "invalid_request_error"},
+      {InvalidArgument("long"), RequestPart::kContext, true, 400, "messages", "context_length_exceeded",
+       "invalid_request_error"},
+      {InvalidArgument("pool"), RequestPart::kKvBudget, false, 400, "prompt", "kv_budget_exceeded",
+       "invalid_request_error"},
+      {InvalidArgument("n"), RequestPart::kSamples, false, 400, "n", "", "invalid_request_error"},
+      {InvalidArgument("max"), RequestPart::kMaxTokens, false, 400, "max_tokens", "", "invalid_request_error"},
+      {NotFound("no session"), RequestPart::kSession, false, 404, "session", "not_found", "invalid_request_error"},
+      {InvalidArgument("tenant"), RequestPart::kSession, false, 400, "session", "", "invalid_request_error"},
+      {ResourceExhausted("busy"), RequestPart::kNone, false, 429, "", "", "rate_limit_error"},
+  };
+  for (const Case& c : cases) {
+    const ApiError e = SubmitError(c.status, c.part, c.chat);
+    EXPECT_EQ(e.status, c.http) << c.status.ToString();
+    EXPECT_EQ(e.param, c.param) << c.status.ToString();
+    EXPECT_EQ(e.code, c.code) << c.status.ToString();
+    EXPECT_EQ(e.type, c.type) << c.status.ToString();
+    EXPECT_EQ(e.message, c.status.message());
+  }
+}
+
+}  // namespace
+}  // namespace kvx::server
