@@ -52,7 +52,7 @@ Status RunEvalCommand(EvalFlags flags) {
   if (!flags.json_file.empty()) KVX_RETURN_IF_ERROR(CheckOutputFile(flags.json_file));
   KVX_ASSIGN_OR_RETURN(o.tasks, eval::ParseTasks(flags.tasks));
   if (!flags.text_file.empty()) {
-    KVX_ASSIGN_OR_RETURN(o.text, ReadFileToString(flags.text_file));
+    KVX_ASSIGN_OR_RETURN(o.text, ReadNonEmptyTextFile(flags.text_file));
     // As llama.cpp's -f (and kvx perplexity): one trailing newline is dropped.
     if (!o.text.empty() && o.text.back() == '\n') o.text.pop_back();
     o.text_name = flags.text_file;

@@ -11,7 +11,6 @@
 #include "tools/flags.h"
 #include "util/mmap_file.h"
 #include "util/output_file.h"
-#include "util/printable.h"
 
 namespace kvx::tools {
 
@@ -31,8 +30,7 @@ Status Run(const RunFlags& flags) {
   if (!flags.save_session.empty()) KVX_RETURN_IF_ERROR(CheckOutputFile(flags.save_session));
   std::string prompt = flags.prompt;
   if (!flags.prompt_file.empty()) {
-    KVX_ASSIGN_OR_RETURN(prompt, ReadFileToString(flags.prompt_file));
-    if (prompt.empty()) return InvalidArgument("the prompt file " + QuotePrintable(flags.prompt_file) + " is empty");
+    KVX_ASSIGN_OR_RETURN(prompt, ReadNonEmptyTextFile(flags.prompt_file));
   }
   KVX_ASSIGN_OR_RETURN(auto rt, engine::Engine::Load(flags.runtime));
   const model::Tokenizer& tok = rt->model().tokenizer();

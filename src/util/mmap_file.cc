@@ -116,4 +116,12 @@ Result<std::string> ReadFileToString(const std::string& path, size_t max_bytes) 
   return out;
 }
 
+Result<std::string> ReadNonEmptyTextFile(const std::string& path) {
+  KVX_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
+  if (text.empty()) {
+    return InvalidArgument(QuotePrintable(path) + " is empty (0 bytes read); give a file with some text");
+  }
+  return text;
+}
+
 }  // namespace kvx

@@ -47,5 +47,9 @@ std::string NotRegularWhat(unsigned mode);
 // tokenizer encodes at once); IoError for other OS failures.
 inline constexpr size_t kMaxTextFileBytes = size_t{1} << 30;
 Result<std::string> ReadFileToString(const std::string& path, size_t max_bytes = kMaxTextFileBytes);
+// ReadFileToString for a file that must hold some text (a prompt, an
+// evaluation text): one that reads empty is InvalidArgument, not an empty
+// prompt to generate from.
+Result<std::string> ReadNonEmptyTextFile(const std::string& path);
 
 }  // namespace kvx

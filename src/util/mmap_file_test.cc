@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <string>
+
+#include "support/test_data.h"
 
 namespace kvx {
 namespace {
@@ -20,6 +23,17 @@ TEST(ReadFileToStringTest, LimitHoldsWhatTheSizeDoesNotTell) {
   auto text = ReadFileToString("/proc/self/status", 16);
   EXPECT_EQ(text.status().code(), StatusCode::kInvalidArgument) << text.status().ToString();
   EXPECT_NE(text.status().message().find("at most 16 bytes"), std::string::npos) << text.status().message();
+}
+
+TEST(ReadFileToStringTest, NonEmptyTextFileRefusesAnEmptyOne) {
+  const std::string path = testing::TempDir() + "/empty_prompt.txt";
+  std::ofstream(path) << "";
+  auto text = ReadNonEmptyTextFile(path);
+  EXPECT_EQ(text.status().code(), StatusCode::kInvalidArgument) << text.status().ToString();
+  EXPECT_NE(text.status().message().find("is empty"), std::string::npos) << text.status().message();
+  std::ofstream(path) << "x";
+  ASSERT_TRUE(ReadNonEmptyTextFile(path).ok());
+  EXPECT_EQ(*ReadNonEmptyTextFile(path), "x");
 }
 
 }  // namespace

@@ -76,7 +76,8 @@ Result<OutputFile> OutputFile::Open(const std::string& path) {
   f.temp_ = TempNameFor(f.target_);
   const int fd = ::open(f.temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
   if (fd < 0) {
-    return IoError("cannot write " + QuotePrintable(path) + ": " + OsError("cannot create", f.temp_) +
+    const std::string reason = OsError("cannot create", f.temp_);  // before anything can change errno
+    return IoError("cannot write " + QuotePrintable(path) + ": " + reason +
                    " (does the directory exist and is it writable?)");
   }
   if (keep_mode >= 0) (void)::fchmod(fd, static_cast<mode_t>(keep_mode));  // best effort: the bytes matter more
@@ -117,7 +118,8 @@ void OutputFile::Discard() {
 Status OutputFile::Write(std::string_view bytes) {
   if (stream_ == nullptr) return Internal("write to a committed output file " + QuotePrintable(path_));
   if (!bytes.empty() && std::fwrite(bytes.data(), 1, bytes.size(), stream_) != bytes.size()) {
-    return IoError(OsError("cannot write", temp_) + " (is the disk full?)");
+    const std::string reason = OsError("cannot write", temp_);
+    return IoError("cannot write " + QuotePrintable(path_) + ": " + reason + " (is the disk full?)");
   }
   return Status::Ok();
 }
@@ -133,11 +135,12 @@ Status OutputFile::Commit() {
   const bool closed = std::fclose(f) == 0;
   if (!written || !closed) {
     if (!written) errno = write_errno;  // the flush's or sync's reason, not the close's
-    return IoError(OsError("cannot write", temp_) + " (is the disk full?)");
+    const std::string reason = OsError("cannot write", temp_);
+    return IoError("cannot write " + QuotePrintable(path_) + ": " + reason + " (is the disk full?)");
   }
   if (std::rename(temp_.c_str(), target_.c_str()) != 0) {
-    return IoError("cannot rename " + QuotePrintable(temp_) + " to " + QuotePrintable(target_) + ": " +
-                   std::strerror(errno));
+    const std::string reason = std::strerror(errno);
+    return IoError("cannot rename " + QuotePrintable(temp_) + " to " + QuotePrintable(target_) + ": " + reason);
   }
   temp_.clear();  // it is the target now
   return Status::Ok();
