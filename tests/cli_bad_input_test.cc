@@ -20,6 +20,8 @@
 // validation every path goes through.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <fstream>
@@ -74,12 +76,27 @@ std::string TinyModel() {
   return path;
 }
 
-// A copy of the tiny model with its metadata and tensors edited: `edit` runs
-// on a writer holding every key and every tensor not in `drop`.
+// The tiny model with q8_0 weights (per-block f16 scales).
+std::string TinyQ8Model() {
+  static const std::string path = [] {
+    const std::string p = TempDir() + "/tiny_q8.gguf";
+    model::SyntheticModelOptions o;
+    o.shape = "tiny";
+    o.type = gguf::TensorType::kQ8_0;
+    const Status s = model::WriteSyntheticModel(o, p);
+    if (!s.ok()) ADD_FAILURE() << s.ToString();
+    return p;
+  }();
+  return path;
+}
+
+// A copy of the tiny model (or `source`) with its metadata and tensors
+// edited: `edit` runs on a writer holding every key and every tensor not in
+// `drop`.
 std::string EditedModel(const std::string& name, const std::function<void(GgufWriter&)>& edit,
-                        const std::set<std::string>& drop = {}) {
+                        const std::set<std::string>& drop = {}, const std::string& source = TinyModel()) {
   const std::string path = TempDir() + "/" + name + ".gguf";
-  auto src = gguf::GgufFile::Open(TinyModel());
+  auto src = gguf::GgufFile::Open(source);
   if (!src.ok()) {
     ADD_FAILURE() << src.status().ToString();
     return path;
@@ -96,6 +113,28 @@ std::string EditedModel(const std::string& name, const std::function<void(GgufWr
   EXPECT_TRUE(s.ok()) << s.ToString();
   return path;
 }
+
+// A copy of `source` whose tensor `tensor` has the bytes `patch` at byte
+// `at`: a NaN or an infinity where a weight or a block scale was.
+std::string PoisonedModel(const std::string& name, const std::string& source, const std::string& tensor, size_t at,
+                          const std::string& patch) {
+  auto src = gguf::GgufFile::Open(source);
+  const gguf::TensorInfo* t = src.ok() ? (*src)->FindTensor(tensor) : nullptr;
+  if (t == nullptr || at + patch.size() > t->n_bytes) {
+    ADD_FAILURE() << "cannot poison " << tensor << " of " << source;
+    return "";
+  }
+  std::vector<uint8_t> bytes(t->data, t->data + t->n_bytes);
+  std::memcpy(bytes.data() + at, patch.data(), patch.size());
+  return EditedModel(
+      name, [&](GgufWriter& w) { EXPECT_TRUE(w.AddTensor(tensor, t->type, t->dims, bytes).ok()) << tensor; },
+      {tensor}, source);
+}
+// A policy that compresses once (at Session::Compress).
+const std::string kSnapKv = "codec=f16;policy=snapkv,ratio=0.5,window=4,sinks=2";
+const std::string kF16Nan("\x00\x7E", 2);                   // little-endian 0x7E00
+const std::string kF32Nan("\x00\x00\xC0\x7F", 4);         // 0x7FC00000
+const std::string kF32Inf("\x00\x00\x80\x7F", 4);         // 0x7F800000
 
 // A llama model of 2 layers with head size 12 (embedding 48, 4 heads, 2 KV
 // heads): runnable, but too narrow for the quantized KV codecs (they need a
@@ -278,6 +317,37 @@ std::string Fixture(const std::string& name) {
       {"short.txt", [dir] {
          WriteFile(dir + "/short.txt", "too short");
          return dir + "/short.txt";
+       }},
+      // Weights that cannot be right (tiny: embedding 64, so a q8_0 row of
+      // attn_q is 2 blocks of 34 bytes, an f32 row 256 bytes).
+      {"nan_q8_scale", [] { return PoisonedModel("nan_q8_scale", TinyQ8Model(), "blk.1.attn_q.weight", 3 * 34,
+                                                 kF16Nan); }},
+      {"nan_norm", [] { return PoisonedModel("nan_norm", TinyModel(), "output_norm.weight", 7 * 4, kF32Nan); }},
+      {"inf_f32_row", [] { return PoisonedModel("inf_f32_row", TinyModel(), "blk.0.ffn_up.weight", 3 * 4,
+                                                kF32Inf); }},
+      // Row 5 of the (tied) embedding is not among the rows sampled at load:
+      // logit 5 is NaN at every step.
+      {"nan_logit_row", [] { return PoisonedModel("nan_logit_row", TinyModel(), "token_embd.weight", 5 * 256,
+                                                  kF32Nan); }},
+      {"empty.txt", [dir] {
+         WriteFile(dir + "/empty.txt", "");
+         return dir + "/empty.txt";
+       }},
+      {"requests.jsonl", [dir] {
+         WriteFile(dir + "/requests.jsonl", "{\"prompt\": \"the cat\"}\n");
+         return dir + "/requests.jsonl";
+       }},
+      // Output targets kvx must neither write through nor replace.
+      {"fifo", [dir] {
+         ::mkfifo((dir + "/a_fifo").c_str(), 0644);
+         return dir + "/a_fifo";
+       }},
+      // As root a rename would replace a device: a null device of our own
+      // then, never the system's /dev/null.
+      {"device", [dir] {
+         if (::geteuid() != 0) return std::string("/dev/null");
+         if (::mknod((dir + "/a_null").c_str(), S_IFCHR | 0666, ::makedev(1, 3)) != 0) ADD_FAILURE() << "mknod";
+         return dir + "/a_null";
        }},
       {"plain_file", [dir] {
          WriteFile(dir + "/plain_file", "x");
@@ -476,6 +546,40 @@ std::vector<Row> Rows() {
       {"GenModelShapeUnknown", A("gen-model --shape gpt5 -o {plain_file}"), "gpt5"},
       {"GenModelNoOutput", A("gen-model --shape tiny"), "-o FILE"},
       {"GenModelOutputIsDirectory", A("gen-model --shape tiny -o {dir}"), "{dir}"},
+
+      // -- output files: one rule for every command that writes (util/output_file.h)
+      {"GenModelOutputFifo", A("gen-model --shape tiny -o {fifo}"), "{fifo}': it is a pipe"},
+      {"GenModelOutputDevice", A("gen-model --shape tiny -o {device}"), "is a device"},
+      {"RunSaveSessionFifo", A(run + "--save-session {fifo}"), "is a pipe"},
+      {"RunSaveSessionDevice", A(run + "--save-session {device}"), "is a device"},
+      {"RunSaveSessionDirectory", A(run + "--save-session {dir}"), "is a directory"},
+      {"EvalJsonFifo", A(eval + "--json {fifo}"), "is a pipe"},
+      {"EvalJsonDevice", A(eval + "--json {device}"), "is a device"},
+      {"BenchJsonFifo", A(bench + "--json {fifo}"), "is a pipe"},
+      {"BenchJsonDevice", A(bench + "--json {device}"), "is a device"},
+      {"BatchOutputFifo", A("batch {requests.jsonl} -m {tiny} -n 2 -o {fifo}"), "is a pipe"},
+      {"BatchOutputDevice", A("batch {requests.jsonl} -m {tiny} -n 2 -o {device}"), "is a device"},
+      {"CalibrateOutputFifo", A("calibrate-heads -m {tiny} --lengths 64 --trials 1 -o {fifo}"), "is a pipe"},
+      {"CalibrateOutputDirectory", A("calibrate-heads -m {tiny} --lengths 64 --trials 1 -o {dir}"), "is a directory"},
+
+      // -- numbers that cannot be right
+      {"WeightsNanQ8Scale", A("perplexity -m {nan_q8_scale} -f {long.txt} -c 64"),
+       "'blk.1.attn_q.weight' (q8_0) holds a NaN"},
+      {"WeightsNanNorm", A("run -m {nan_norm} -p hi -n 4"), "'output_norm.weight' holds a NaN"},
+      {"WeightsInfF32Row", A("run -m {inf_f32_row} -p hi -n 4"), "'blk.0.ffn_up.weight' (f32) holds a NaN or infinite"},
+      {"LogitsNanRun", A("run -m {nan_logit_row} -p hi -n 4"), "NaN or infinite logit (token id 5)"},
+      {"LogitsNanPerplexity", A("perplexity -m {nan_logit_row} -f {long.txt} -c 64"), "NaN or infinite logit"},
+      {"PromptFileEmpty", A("run -m {tiny} -n 4 -f {empty.txt}"), "'{empty.txt}' is empty"},
+      {"PerplexityTextEmpty", A("perplexity -m {tiny} -c 64 -f {empty.txt}"), "'{empty.txt}' is empty"},
+      {"EvalTextEmpty", A("eval -m {tiny} --kv codec=f16 --tasks ppl -c 64 -q -f {empty.txt}"), "'{empty.txt}' is empty"},
+      {"EvalCompressNoneOncePolicy", A(eval + "--compress none --kv", kSnapKv), "--compress none never asks"},
+      {"EvalCompressNoneOnceBaseline", A(eval + "--compress none --baseline", kSnapKv),
+       "--baseline '" + kSnapKv + "' has a policy that compresses only when asked"},
+      {"CalibrateBeyondContext", A("calibrate-heads -m {tiny} --lengths 1048576 -o {plain_file}"),
+       "beyond the model's trained context of 512"},
+      {"CalibrateRazorBeyondContext",
+       A("calibrate-heads -m {tiny} --method razor --span 512 --repeats 64 -o {plain_file}"),
+       "32769 tokens"},
   };
 }
 
@@ -534,6 +638,40 @@ TEST(CliBadInputTableTest, HasEnoughRowsAndUniqueNames) {
   EXPECT_GE(rows.size(), 60u);
   std::set<std::string> names;
   for (const Row& r : rows) EXPECT_TRUE(names.insert(r.name).second) << r.name;
+}
+
+// The refused targets are left as they were (not replaced by a regular
+// file), and a symbolic link is followed: the file it names is replaced, the
+// link stays (README, Commands).
+TEST(CliBadInputTableTest, OutputTargetsKeepTheirKind) {
+  const std::string kvx = BinaryDir() + "/kvx";
+  for (const char* name : {"fifo", "device"}) {
+    const std::string target = Fixture(name);
+    const CommandOutcome r = RunCommand({kvx, "gen-model", "--shape", "tiny", "-o", target}, 60);
+    ASSERT_TRUE(r.exited) << r.Describe();
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    struct stat st {};
+    ASSERT_EQ(::lstat(target.c_str(), &st), 0) << target;
+    EXPECT_TRUE(std::string(name) == "fifo" ? S_ISFIFO(st.st_mode) : S_ISCHR(st.st_mode)) << target << " replaced";
+  }
+  const std::string real = TempDir() + "/linked_model.gguf", link = TempDir() + "/model_link.gguf";
+  WriteFile(real, "old");
+  ASSERT_EQ(::symlink(real.c_str(), link.c_str()), 0);
+  const CommandOutcome r = RunCommand({kvx, "gen-model", "--shape", "tiny", "-o", link}, 60);
+  ASSERT_TRUE(r.exited && r.exit_code == 0) << r.Describe() << r.output;
+  struct stat st {};
+  ASSERT_EQ(::lstat(link.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISLNK(st.st_mode)) << "the link was replaced";
+  EXPECT_TRUE(gguf::GgufFile::Open(real).ok()) << "the linked file holds the model";
+}
+
+// Files that report size 0 (procfs) are read to their end: `run -f
+// /proc/...` generates from the file's text, not from an empty prompt.
+TEST(CliBadInputTableTest, PromptFileFromProcfsIsRead) {
+  const CommandOutcome r =
+      RunCommand({BinaryDir() + "/kvx", "run", "-m", TinyModel(), "-f", "/proc/self/comm", "-n", "2"}, 60);
+  ASSERT_TRUE(r.exited && r.exit_code == 0) << r.Describe() << r.output;
+  EXPECT_NE(r.output.find("kvx"), std::string::npos) << "the prompt (the process name) is echoed: " << r.output;
 }
 
 // `kvx inspect` prints a file's keys, values and tensor names: a hostile

@@ -178,7 +178,8 @@ TEST(EvalTest, SelfSpecGivesZeroKldAndPplMatchesPerplexity) {
 // kld_context of it is prefilled and compressed, the rest scored token by
 // token, for the baseline and every spec alike. A spec equal to the
 // baseline still gives KLD exactly 0; the compressed spec holds fewer bytes
-// and differs; with --compress none the split is off (llama.cpp's protocol).
+// and differs; --compress none, which would keep the policy from running, is
+// refused.
 TEST(EvalTest, OnceCompressionSplitsPplAndKldChunks) {
   auto model = model::Model::Load(SyntheticModel());
   ASSERT_TRUE(model.ok()) << model.status().ToString();
@@ -209,12 +210,17 @@ TEST(EvalTest, OnceCompressionSplitsPplAndKldChunks) {
   EXPECT_GT(snap.kld->mean, 1e-4);  // about half of the context is gone
   EXPECT_LT(snap.kld->kv.peak_bytes, self.kld->kv.peak_bytes);
 
-  o.compress = "none";  // only continuous policies act: one prefill, the second half scored
+  // --compress none never asks a once policy to run: refused, rather than a
+  // row under the policy's name for a cache it never touched.
+  o.compress = "none";
+  const auto refused = eval::RunEval(**model, &threads, o, {});
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("--compress none never asks"), std::string::npos);
+  o.specs = {"codec=f32"};  // no policy: one prefill, the second half scored (llama.cpp's protocol)
   auto plain = eval::RunEval(**model, &threads, o, {});
   ASSERT_TRUE(plain.ok()) << plain.status().ToString();
-  EXPECT_EQ(plain->specs[2].kld->context, 0);
-  EXPECT_EQ(plain->specs[2].kld->n_positions, 3 * 31);
-  EXPECT_EQ(plain->specs[2].kld->kv.peak_bytes, plain->specs[1].kld->kv.peak_bytes);
+  EXPECT_EQ(plain->specs[1].kld->context, 0);
+  EXPECT_EQ(plain->specs[1].kld->n_positions, 3 * 31);
 
   o.kld_context = 1.0;
   EXPECT_EQ(eval::RunEval(**model, &threads, o, {}).status().code(), StatusCode::kInvalidArgument);

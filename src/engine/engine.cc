@@ -4,6 +4,7 @@
 
 #include "engine/session.h"
 #include "kv/policy/policy.h"
+#include "util/finite.h"
 
 namespace kvx::engine {
 namespace {
@@ -155,8 +156,15 @@ Status Engine::Step(std::span<const StepInput> inputs) {
     kv_->AbortStep();
     return Internal("forward pass failed after the step was reserved: " + s.message());
   }
-  // 4. Commit (then the policies), and hand out the logits.
+  // 4. Commit (then the policies), and hand out the logits. Logits that
+  // are not finite would be sampled or scored as garbage (a NaN argmax is
+  // token 0, a NaN perplexity prints as a number): the step is an error.
+  // One pass over the rows, next to the output matmul that made them.
   const Status committed = kv_->CommitStep();
+  if (const int64_t at = FirstNonFinite(logits_.data(), logits_.size()); at >= 0) {
+    return Internal("the model computed a NaN or infinite logit (token id " + std::to_string(at % n_vocab) +
+                    "): its weights or activations overflow, so its output would be garbage");
+  }
   size_t row = 0;
   for (const StepInput& in : inputs) {
     if (in.logits == nullptr) continue;

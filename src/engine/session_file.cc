@@ -1,9 +1,6 @@
 #include "engine/session_file.h"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +11,7 @@
 
 #include "kv/codec/codec_id.h"
 #include "model/fingerprint.h"
+#include "util/output_file.h"
 
 namespace kvx::engine {
 namespace {
@@ -232,26 +230,7 @@ Result<std::string> EncodeSession(const Engine& engine, kv::SeqId seq, const Ses
 Status SaveSessionFile(const Engine& engine, kv::SeqId seq, const std::string& path, const SessionExtras& extras,
                        const SessionFileOptions& options) {
   KVX_ASSIGN_OR_RETURN(std::string bytes, EncodeSession(engine, seq, extras, options));
-  static std::atomic<uint64_t> counter{0};
-  const std::string tmp = path + ".tmp." + std::to_string(getpid()) + "." + std::to_string(counter++);
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) return IoError("cannot write the session file " + tmp + " (does the directory exist and is it writable?)");
-    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    f.flush();
-    if (!f) {
-      std::error_code ec;
-      std::filesystem::remove(tmp, ec);
-      return IoError("error writing the session file " + tmp + " (disk full?)");
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp, ec);
-    return IoError("cannot rename " + tmp + " to " + path + ": " + ec.message());
-  }
-  return Status::Ok();
+  return WriteFileAtomically(path, bytes);
 }
 
 Result<RestoredSession> DecodeSession(Engine& engine, std::span<const uint8_t> bytes) {

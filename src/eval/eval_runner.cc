@@ -382,6 +382,13 @@ class Runner {
       if (!rt.ok()) {
         return rt.status().WithContext(std::string(i == 0 ? "baseline" : "--kv") + " '" + all[i] + "'");
       }
+      if (opt_.compress == "none" && (*rt)->kv_manager().HasOncePolicy()) {
+        // Its row would carry the policy's name for a cache it never touched.
+        return InvalidArgument(std::string(i == 0 ? "--baseline" : "--kv") + " '" + all[i] +
+                               "' has a policy that compresses only when asked (mode=once) and --compress none "
+                               "never asks, so it would not run: use --compress excluded or included (or "
+                               "mode=continuous where the policy has it)");
+      }
       auto session = (*rt)->NewSession();
       if (!session.ok()) return session.status().WithContext("--kv '" + all[i] + "'");
       SpecResult res;

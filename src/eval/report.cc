@@ -4,10 +4,10 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 
 #include "eval/plots.h"
 #include "eval/svg.h"
+#include "util/output_file.h"
 
 namespace kvx::eval {
 
@@ -477,34 +477,20 @@ std::string HeatMapSvg(const EvalReport& report, size_t index, Task task) {
   return RenderHeatMapSvg(h);
 }
 
-Status WriteFileAtomic(const std::string& path, const std::string& content) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) return IoError("cannot write " + tmp);
-    f.write(content.data(), static_cast<std::streamsize>(content.size()));
-    if (!f) return IoError("error writing " + tmp);
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) return IoError("cannot rename " + tmp + " to " + path + ": " + ec.message());
-  return Status::Ok();
-}
-
 Status WriteReportDir(const EvalReport& report, const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return IoError("cannot create the report directory " + dir + ": " + ec.message());
-  KVX_RETURN_IF_ERROR(WriteFileAtomic(dir + "/report.json", ReportToJsonText(report)));
-  KVX_RETURN_IF_ERROR(WriteFileAtomic(dir + "/report.md", ReportToMarkdown(report, /*with_images=*/true)));
+  KVX_RETURN_IF_ERROR(WriteFileAtomically(dir + "/report.json", ReportToJsonText(report)));
+  KVX_RETURN_IF_ERROR(WriteFileAtomically(dir + "/report.md", ReportToMarkdown(report, /*with_images=*/true)));
   const std::string pareto = ParetoSvg(report);
-  if (!pareto.empty()) KVX_RETURN_IF_ERROR(WriteFileAtomic(dir + "/pareto.svg", pareto));
+  if (!pareto.empty()) KVX_RETURN_IF_ERROR(WriteFileAtomically(dir + "/pareto.svg", pareto));
   for (size_t i = 0; i < report.specs.size(); ++i) {
     for (Task task : kRetrievalTasks) {
       const std::string svg = HeatMapSvg(report, i, task);
       if (!svg.empty()) {
         KVX_RETURN_IF_ERROR(
-            WriteFileAtomic(dir + "/" + std::string(TaskName(task)) + "-" + std::to_string(i) + ".svg", svg));
+            WriteFileAtomically(dir + "/" + std::string(TaskName(task)) + "-" + std::to_string(i) + ".svg", svg));
       }
     }
   }

@@ -47,8 +47,6 @@ std::string ParetoSvg(const EvalReport& report);
 // Heat map of spec `index` for a grid task ("" when absent or not a grid task).
 std::string HeatMapSvg(const EvalReport& report, size_t index, Task task);
 
-// Writes `content` to `path` through a temporary file and a rename.
-Status WriteFileAtomic(const std::string& path, const std::string& content);
 // report.json, report.md, pareto.svg and <task>-<i>.svg heat maps of every
 // grid task into `dir` (created if needed); i is the spec's index (0 =
 // baseline).

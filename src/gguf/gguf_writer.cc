@@ -1,14 +1,12 @@
 #include "gguf/gguf_writer.h"
 
-#include <unistd.h>
-
+#include <algorithm>
 #include <bit>
-#include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <limits>
 
 #include "util/check.h"
+#include "util/output_file.h"
 
 namespace kvx::gguf {
 namespace {
@@ -341,6 +339,7 @@ namespace {
 const uint8_t* TensorBytes(const std::vector<uint8_t>& owned, const uint8_t* ref) {
   return owned.empty() ? ref : owned.data();
 }
+std::string_view AsChars(const uint8_t* p, size_t n) { return {reinterpret_cast<const char*>(p), n}; }
 }  // namespace
 
 std::vector<uint8_t> GgufWriter::WriteToBuffer() const {
@@ -354,43 +353,19 @@ std::vector<uint8_t> GgufWriter::WriteToBuffer() const {
 }
 
 Status GgufWriter::WriteToFile(const std::string& path) const {
-  const std::string tmp = path + ".tmp" + std::to_string(::getpid());
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (f == nullptr) {
-    return IoError("cannot create '" + tmp + "': " + std::strerror(errno) +
-                   " (check that the directory exists and is writable)");
-  }
-  auto fail = [&](const char* what) {
-    const std::string reason = std::strerror(errno);
-    std::fclose(f);
-    std::remove(tmp.c_str());
-    return IoError(std::string(what) + " '" + tmp + "': " + reason + " (is the disk full?)");
-  };
+  KVX_ASSIGN_OR_RETURN(OutputFile out, OutputFile::Open(path));
   const std::vector<uint8_t> header = EncodeHeader();
-  if (std::fwrite(header.data(), 1, header.size(), f) != header.size()) return fail("cannot write");
+  KVX_RETURN_IF_ERROR(out.Write(AsChars(header.data(), header.size())));
   static const uint8_t kZeros[256] = {};
   for (const PendingTensor& t : tensors_) {
-    const uint8_t* p = TensorBytes(t.owned, t.data);
-    if (t.n_bytes > 0 && std::fwrite(p, 1, t.n_bytes, f) != t.n_bytes) return fail("cannot write");
-    size_t pad = AlignUp(t.n_bytes, alignment_) - t.n_bytes;
-    while (pad > 0) {
-      const size_t n = pad < sizeof(kZeros) ? pad : sizeof(kZeros);
-      if (std::fwrite(kZeros, 1, n, f) != n) return fail("cannot write");
+    KVX_RETURN_IF_ERROR(out.Write(AsChars(TensorBytes(t.owned, t.data), t.n_bytes)));
+    for (size_t pad = AlignUp(t.n_bytes, alignment_) - t.n_bytes; pad > 0;) {
+      const size_t n = std::min(pad, sizeof(kZeros));
+      KVX_RETURN_IF_ERROR(out.Write(AsChars(kZeros, n)));
       pad -= n;
     }
   }
-  if (std::fflush(f) != 0) return fail("cannot flush");
-  if (std::fclose(f) != 0) {
-    const std::string reason = std::strerror(errno);
-    std::remove(tmp.c_str());
-    return IoError("cannot close '" + tmp + "': " + reason);
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string reason = std::strerror(errno);
-    std::remove(tmp.c_str());
-    return IoError("cannot rename '" + tmp + "' to '" + path + "': " + reason);
-  }
-  return Status::Ok();
+  return out.Commit();
 }
 
 }  // namespace kvx::gguf

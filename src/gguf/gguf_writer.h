@@ -77,8 +77,10 @@ class GgufWriter {
   size_t n_tensors() const { return tensors_.size(); }
   size_t n_metadata() const { return kv_.size(); }
 
-  // Writes the file (via a temporary beside it, renamed on success, so a
-  // failed write never leaves a half-written model under the final name).
+  // Writes the file under kvx's rule for output files (util/output_file.h):
+  // via a temporary beside it, renamed on success, so a failed write never
+  // leaves a half-written model under the final name; devices, FIFOs and
+  // directories are refused.
   Status WriteToFile(const std::string& path) const;
   std::vector<uint8_t> WriteToBuffer() const;
 

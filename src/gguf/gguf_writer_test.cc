@@ -6,10 +6,10 @@
 #include "gguf/gguf_writer.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -142,7 +142,9 @@ TEST(GgufWriterTest, WriteToFileMatchesBuffer) {
   std::ifstream in(path, std::ios::binary);
   const std::vector<uint8_t> disk((std::istreambuf_iterator<char>(in)), {});
   EXPECT_EQ(disk, w.WriteToBuffer());
-  EXPECT_NE(::access((path + ".tmp" + std::to_string(::getpid())).c_str(), F_OK), 0);
+  for (const auto& entry : std::filesystem::directory_iterator(testing::TempDir())) {
+    EXPECT_EQ(entry.path().filename().string().find(".writer.gguf.kvx-tmp"), std::string::npos) << "left behind";
+  }
   auto f = GgufFile::Open(path);
   ASSERT_TRUE(f.ok()) << f.status().ToString();
   EXPECT_EQ((*f)->alignment(), 64u);

@@ -5,9 +5,11 @@
 #include <cstring>
 
 #include "kv/attention.h"
+#include "model/weight_check.h"
 #include "ops/dequant.h"
 #include "ops/nn.h"
 #include "ops/weight_pack.h"
+#include "util/finite.h"
 #include "util/mmap_file.h"
 
 namespace kvx::model {
@@ -39,6 +41,7 @@ Result<ops::WeightView> MatrixView(const gguf::GgufFile& f, const std::string& n
     return Unimplemented("tensor '" + name + "' has type " + gguf::TensorTypeName(t->type) +
                          "; kvx supports " + gguf::SupportedWeightTypesList());
   }
+  KVX_RETURN_IF_ERROR(CheckWeightsFinite(*t));
   ops::WeightView w;
   w.type = t->type;
   w.data = t->data;
@@ -56,6 +59,10 @@ Result<std::vector<float>> VectorTensor(const gguf::GgufFile& f, const std::stri
   }
   std::vector<float> out(n);
   ops::DequantizeRow(t->type, t->data, out.data(), n);
+  if (const int64_t at = FirstNonFinite(out.data(), out.size()); at >= 0) {
+    return DataLoss("tensor '" + name + "' holds a NaN or infinite value at element " + std::to_string(at) +
+                    ": the model file is corrupt; convert or download it again");
+  }
   return out;
 }
 

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,7 @@
 #include "engine/scheduler.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
+#include "util/output_file.h"
 
 namespace kvx::tools {
 
@@ -158,11 +160,10 @@ Status Batch(const BatchFlags& flags) {
     prompts.push_back(it.tokens);
   }
   std::FILE* out = stdout;
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(nullptr, &std::fclose);
+  std::optional<OutputFile> file;  // -o: checked before the work, in place once complete
   if (!flags.output.empty()) {
-    file.reset(std::fopen(flags.output.c_str(), "w"));
-    if (!file) return IoError("cannot write '" + flags.output + "'");
-    out = file.get();
+    KVX_ASSIGN_OR_RETURN(file, OutputFile::Open(flags.output));
+    out = file->stream();
   }
   // What the requests' callbacks write to outlives the scheduler: a Submit
   // that fails midway returns, and the scheduler's destructor then cancels
@@ -253,7 +254,11 @@ Status Batch(const BatchFlags& flags) {
     prompt_tokens += static_cast<uint64_t>(e.timing.prompt_tokens);
     cached += static_cast<uint64_t>(e.timing.cached_tokens);
   }
-  std::fflush(out);
+  if (file) {
+    KVX_RETURN_IF_ERROR(file->Commit());
+  } else {
+    std::fflush(out);
+  }
   std::fprintf(stderr,
                "batch: %zu requests (%d failed) in %.2f s | %zu groups, %d shared prefixes computed once | "
                "prompt %llu tokens, %llu from the prefix cache (%.1f%%), %llu computed | generated %llu tokens, "

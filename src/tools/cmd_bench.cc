@@ -1,7 +1,6 @@
 // kvx bench: prefill and decode speed at several depths with the roofline
 // (memory bandwidth, peak FLOP/s) measured in the same run.
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -10,6 +9,7 @@
 #include "eval/speed_bench.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
+#include "util/output_file.h"
 #include "util/printable.h"
 
 namespace kvx::tools {
@@ -45,6 +45,7 @@ Result<std::vector<int>> ParseList(const std::string& text, const std::string& f
 }
 
 Status RunBench(BenchFlags flags) {
+  if (!flags.json_path.empty()) KVX_RETURN_IF_ERROR(CheckOutputFile(flags.json_path));
   KVX_ASSIGN_OR_RETURN(flags.bench.depths, ParseList(flags.depths, "--depths"));
   int max_depth = 0;
   for (int d : flags.bench.depths) max_depth = std::max(max_depth, d);
@@ -69,9 +70,7 @@ Status RunBench(BenchFlags flags) {
   KVX_ASSIGN_OR_RETURN(eval::SpeedBenchResult r, eval::RunSpeedBench(rt.get(), flags.bench));
   std::printf("%s", r.ToTable().c_str());
   if (!flags.json_path.empty()) {
-    std::ofstream out(flags.json_path);
-    out << r.ToJson().dump(1) << "\n";
-    if (!out) return IoError("cannot write " + flags.json_path);
+    KVX_RETURN_IF_ERROR(WriteFileAtomically(flags.json_path, r.ToJson().dump(1) + "\n"));
   }
   return Status::Ok();
 }

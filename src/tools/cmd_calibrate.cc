@@ -6,8 +6,11 @@
 #include <vector>
 
 #include "eval/head_calibration.h"
+#include "model/model.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
+#include "util/output_file.h"
+#include "util/thread_pool.h"
 
 namespace kvx::tools {
 namespace {
@@ -16,15 +19,24 @@ struct CalibrateFlags {
   engine::EngineOptions runtime;
   eval::HeadCalibrationOptions options;
   std::string out;
+  bool force = false;
 };
 
 Status RunCalibrate(CalibrateFlags flags) {
-  if (flags.runtime.n_ctx == 0) {
-    int longest = flags.options.span * flags.options.repeats + 1;
-    for (int n : flags.options.lengths) longest = std::max(longest, n);
-    flags.runtime.n_ctx = longest;
+  KVX_RETURN_IF_ERROR(CheckOutputFile(flags.out));
+  int longest = flags.options.span * flags.options.repeats + 1;
+  for (int n : flags.options.lengths) longest = std::max(longest, n);
+  if (flags.runtime.n_ctx == 0) flags.runtime.n_ctx = longest;
+  KVX_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> model, model::Model::Load(flags.runtime.model_path));
+  // Prompts longer than the model was trained on measure heads at positions
+  // it never saw, at a cost that grows without bound (--lengths allows 2^20).
+  if (const int trained = model->config().n_ctx_train; longest > trained && !flags.force) {
+    return InvalidArgument("the longest calibration prompt has " + std::to_string(longest) +
+                           " tokens, beyond the model's trained context of " + std::to_string(trained) +
+                           " (--lengths, or --span x --repeats): shorten it, or pass --force to calibrate there");
   }
-  KVX_ASSIGN_OR_RETURN(auto engine, engine::Engine::Load(flags.runtime));
+  ThreadPool threads(flags.runtime.n_threads);
+  KVX_ASSIGN_OR_RETURN(auto engine, engine::Engine::Create(model.get(), &threads, flags.runtime));
   if (!engine->kv_spec().policies.empty()) {
     return InvalidArgument("calibrate-heads measures the full cache: drop the policy from --kv");
   }
@@ -67,6 +79,7 @@ void RegisterCalibrateHeads(CLI::App& app, int* exit_code) {
   cmd->add_option("-t,--threads", flags->runtime.n_threads, "Threads (0: all cores)")->capture_default_str()
       ->check(Threads());
   cmd->add_option("--kv", flags->runtime.kv_spec, "KV cache spec (no policy)");
+  cmd->add_flag("--force", flags->force, "Calibrate even with prompts longer than the model's trained context");
   cmd->callback([flags, exit_code] { *exit_code = ReportStatus(RunCalibrate(*flags)); });
 }
 

@@ -15,6 +15,7 @@
 #include "tools/commands.h"
 #include "tools/flags.h"
 #include "util/mmap_file.h"
+#include "util/output_file.h"
 #include "util/thread_pool.h"
 
 namespace kvx::tools {
@@ -48,9 +49,10 @@ Status RunEvalCommand(EvalFlags flags) {
   if (!flags.render_json.empty()) return RenderCommand(flags);
   eval::EvalOptions& o = flags.options;
   if (o.model_path.empty()) return InvalidArgument("-m MODEL is required (or --render JSON)");
+  if (!flags.json_file.empty()) KVX_RETURN_IF_ERROR(CheckOutputFile(flags.json_file));
   KVX_ASSIGN_OR_RETURN(o.tasks, eval::ParseTasks(flags.tasks));
   if (!flags.text_file.empty()) {
-    KVX_ASSIGN_OR_RETURN(o.text, ReadFileToString(flags.text_file));
+    KVX_ASSIGN_OR_RETURN(o.text, ReadNonEmptyTextFile(flags.text_file));
     // As llama.cpp's -f (and kvx perplexity): one trailing newline is dropped.
     if (!o.text.empty() && o.text.back() == '\n') o.text.pop_back();
     o.text_name = flags.text_file;
@@ -66,7 +68,7 @@ Status RunEvalCommand(EvalFlags flags) {
   auto write = [&](const eval::EvalReport& report) {
     Status s = Status::Ok();
     if (!flags.json_file.empty()) {
-      s = eval::WriteFileAtomic(flags.json_file, eval::ReportToJsonText(report));
+      s = WriteFileAtomically(flags.json_file, eval::ReportToJsonText(report));
     }
     if (s.ok() && !flags.report_dir.empty()) s = eval::WriteReportDir(report, flags.report_dir);
     if (!s.ok() && write_status.ok()) {

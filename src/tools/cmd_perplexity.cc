@@ -20,7 +20,7 @@ struct PerplexityFlags {
 };
 
 Status RunPerplexity(PerplexityFlags flags) {
-  KVX_ASSIGN_OR_RETURN(std::string text, ReadFileToString(flags.file));
+  KVX_ASSIGN_OR_RETURN(std::string text, ReadNonEmptyTextFile(flags.file));
   // As llama.cpp's -f: one trailing newline is dropped.
   if (!text.empty() && text.back() == '\n') text.pop_back();
   eval::PerplexityOptions po;

@@ -10,6 +10,7 @@
 #include "tools/commands.h"
 #include "tools/flags.h"
 #include "util/mmap_file.h"
+#include "util/output_file.h"
 
 namespace kvx::tools {
 
@@ -26,9 +27,10 @@ struct RunFlags {
 };
 
 Status Run(const RunFlags& flags) {
+  if (!flags.save_session.empty()) KVX_RETURN_IF_ERROR(CheckOutputFile(flags.save_session));
   std::string prompt = flags.prompt;
   if (!flags.prompt_file.empty()) {
-    KVX_ASSIGN_OR_RETURN(prompt, ReadFileToString(flags.prompt_file));
+    KVX_ASSIGN_OR_RETURN(prompt, ReadNonEmptyTextFile(flags.prompt_file));
   }
   KVX_ASSIGN_OR_RETURN(auto rt, engine::Engine::Load(flags.runtime));
   const model::Tokenizer& tok = rt->model().tokenizer();

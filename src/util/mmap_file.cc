@@ -12,18 +12,13 @@
 
 namespace kvx {
 
-namespace {
-
-// "a directory", "a FIFO", ...: what a path that is not a regular file is.
-std::string NotRegularWhat(mode_t mode) {
+std::string NotRegularWhat(unsigned mode) {
   if (S_ISDIR(mode)) return "a directory";
   if (S_ISFIFO(mode)) return "a pipe";
   if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
   if (S_ISSOCK(mode)) return "a socket";
   return "a special file";
 }
-
-}  // namespace
 
 Result<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
@@ -96,22 +91,37 @@ Result<std::string> ReadFileToString(const std::string& path, size_t max_bytes) 
     return InvalidArgument(QuotePrintable(path) + " has " + std::to_string(st.st_size) +
                            " bytes; kvx reads text files of at most " + std::to_string(max_bytes) + " bytes");
   }
-  std::string out(static_cast<size_t>(st.st_size), '\0');
-  size_t done = 0;
-  while (done < out.size()) {
-    const ssize_t n = ::read(fd, out.data() + done, out.size() - done);
+  // Read to the end of the file, not to st_size: procfs and sysfs files
+  // (/proc/cpuinfo) report size 0 and a file may grow while it is read.
+  std::string out;
+  out.reserve(static_cast<size_t>(st.st_size));
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
       const std::string reason = std::strerror(errno);
       ::close(fd);
       return IoError("error reading " + QuotePrintable(path) + ": " + reason);
     }
-    if (n == 0) break;  // the file shrank while we read it
-    done += static_cast<size_t>(n);
+    if (n == 0) break;
+    if (out.size() + static_cast<size_t>(n) > max_bytes) {
+      ::close(fd);
+      return InvalidArgument(QuotePrintable(path) + " has more than " + std::to_string(max_bytes) +
+                             " bytes; kvx reads text files of at most " + std::to_string(max_bytes) + " bytes");
+    }
+    out.append(buf, static_cast<size_t>(n));
   }
   ::close(fd);
-  out.resize(done);
   return out;
+}
+
+Result<std::string> ReadNonEmptyTextFile(const std::string& path) {
+  KVX_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
+  if (text.empty()) {
+    return InvalidArgument(QuotePrintable(path) + " is empty (0 bytes read); give a file with some text");
+  }
+  return text;
 }
 
 }  // namespace kvx

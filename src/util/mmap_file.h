@@ -37,11 +37,19 @@ class MappedFile {
 // it again pages it back in from the file. Best effort.
 void DropMappedPages(const void* p, size_t n);
 
+// "a directory", "a pipe", "a device", "a socket": what a path whose
+// st_mode is `mode` is, when it is not a regular file (for messages).
+std::string NotRegularWhat(unsigned mode);
+
 // Reads a whole regular file into a string (prompts, evaluation texts).
 // NotFound when it does not exist; InvalidArgument when it is a directory,
 // device or pipe, or longer than `max_bytes` (default 1 GiB, the most the
 // tokenizer encodes at once); IoError for other OS failures.
 inline constexpr size_t kMaxTextFileBytes = size_t{1} << 30;
 Result<std::string> ReadFileToString(const std::string& path, size_t max_bytes = kMaxTextFileBytes);
+// ReadFileToString for a file that must hold some text (a prompt, an
+// evaluation text): one that reads empty is InvalidArgument, not an empty
+// prompt to generate from.
+Result<std::string> ReadNonEmptyTextFile(const std::string& path);
 
 }  // namespace kvx

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kv/policy/params.h"
+#include "util/output_file.h"
 
 namespace kvx::kv {
 
@@ -56,10 +57,7 @@ Status HeadTable::Save(const std::string& path) const {
                                        scores.begin() + static_cast<ptrdiff_t>(l + 1) * n_kv_heads));
   }
   j["scores"] = rows;
-  std::ofstream out(path);
-  if (!out) return IoError("cannot write head table '" + path + "'");
-  out << j.dump(1) << "\n";
-  return out ? Status::Ok() : IoError("writing head table '" + path + "' failed");
+  return WriteFileAtomically(path, j.dump(1) + "\n");
 }
 
 std::vector<uint8_t> HeadTable::RetrievalMask(double fraction) const {
