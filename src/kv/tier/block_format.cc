@@ -1,5 +1,6 @@
 #include "kv/tier/block_format.h"
 
+#include <cstdio>
 #include <cstring>
 
 #define XXH_INLINE_ALL
@@ -170,7 +171,7 @@ Result<ParsedBlock> ParseBlock(std::span<const uint8_t> bytes) {
 
   ByteReader r(b.payload, kDocument);
   const uint32_t n = r.U32("token count");
-  if (static_cast<uint64_t>(n) != static_cast<uint64_t>(b.index + 1) * static_cast<uint64_t>(b.block_tokens)) {
+  if (static_cast<uint64_t>(n) != (static_cast<uint64_t>(b.index) + 1) * static_cast<uint64_t>(b.block_tokens)) {
     return DataLoss("tier block holds " + std::to_string(n) + " tokens, its header says block " + std::to_string(b.index) +
                     " of " + std::to_string(b.block_tokens));
   }
@@ -207,7 +208,7 @@ Result<ParsedBlock> DecodeBlock(std::span<const uint8_t> bytes, const BlockReque
   if (b.spec_fingerprint != s.spec_fingerprint) return differs("made with another KV spec");
   if (b.salt_digest != SaltDigest(q.salt)) return differs("made for another tenant");
   if (b.index != q.index || b.block_tokens != s.block_tokens) return differs("another index or block size");
-  const size_t end = static_cast<size_t>(q.index + 1) * s.block_tokens;
+  const size_t end = (static_cast<size_t>(q.index) + 1) * static_cast<size_t>(s.block_tokens);
   if (q.tokens.size() < end || std::memcmp(b.tokens.data(), q.tokens.data(), end * sizeof(int32_t)) != 0) {
     return differs("it holds other tokens (a key collision)");
   }

@@ -106,9 +106,10 @@ struct BlockRequest {
 };
 
 // ParseBlock, then the identity: key, model and spec fingerprints, salt,
-// block index and size, every token equal to the request's, the tables and
-// page sizes the space's. NotFound naming the first difference when the
-// block is sound but not this one.
+// block index and size, every token equal to the request's, the tables the
+// space's layout (page sizes are checked by ImportSequence). NotFound naming
+// the first difference when the block is sound but not this one.
+// REQUIRES: request.space != nullptr, request.index >= 0.
 Result<ParsedBlock> DecodeBlock(std::span<const uint8_t> bytes, const BlockRequest& request);
 
 // The block-level import: the image of a sequence holding blocks 0..n-1
