@@ -78,7 +78,7 @@ bool DiskTier::writes_stopped() const {
   return stopped_;
 }
 
-void DiskTier::Remove(const BlockKey& key, bool delete_file) {
+void DiskTier::Remove(BlockKey key, bool delete_file) {
   auto it = index_.find(key);
   if (it == index_.end()) return;
   used_ -= it->second.bytes;

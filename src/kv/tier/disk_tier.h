@@ -65,7 +65,8 @@ class DiskTier final : public Tier {
     std::list<BlockKey>::iterator lru;  // into lru_ (front = most recent)
   };
   // REQUIRES: mu_ held. Forgets `key` (and deletes its file when asked).
-  void Remove(const BlockKey& key, bool delete_file);
+  // By value: callers pass lru_.back(), which this erases.
+  void Remove(BlockKey key, bool delete_file);
   void Touch(Entry& e);
 
   const DiskTierOptions options_;
