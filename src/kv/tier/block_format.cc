@@ -1,5 +1,6 @@
 #include "kv/tier/block_format.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
@@ -46,7 +47,14 @@ Result<EncodedBlock> EncodeBlock(const BlockSpace& space, uint64_t salt, const K
     return InvalidArgument("the sequence image does not match the block space's layout " + layout.ToString());
   }
   const int first_page = index * ppb;
+  size_t page_bytes = 0;  // to size the payload once (growing it by doubling copied 6 MB blocks twice)
+  for (const SequenceKV::TableImage& ti : image.tables) {
+    for (size_t p = first_page; p < std::min(ti.pages.size(), static_cast<size_t>(first_page + ppb)); ++p) {
+      page_bytes += 5 + ti.pages[p].size();
+    }
+  }
   ByteWriter w;
+  w.out().reserve(16 + (end + B) * sizeof(int32_t) + page_bytes);
   w.U32(static_cast<uint32_t>(end));
   w.Bytes(image.tokens.data(), end * sizeof(int32_t));
   w.Bytes(image.positions.data() + static_cast<size_t>(index) * B, static_cast<size_t>(B) * sizeof(int32_t));
@@ -105,6 +113,7 @@ Result<std::string> FrameBlock(const BlockHeader& header, std::string_view paylo
   h.U64(XXH3_64bits(body.data(), body.size()));
   h.U64(XXH3_64bits(h.out().data(), h.out().size()));
   std::string out = std::move(h.out());
+  out.reserve(out.size() + body.size());
   out += body;
   return out;
 }
