@@ -19,12 +19,7 @@ using testing::TempDir;
 BlockKey Key(uint64_t i) { return {i * 0x9e3779b97f4a7c15ull + 1, i}; }
 std::string Value(uint64_t i, size_t n = 1000) { return std::string(n, static_cast<char>('a' + i % 26)); }
 
-struct Logged {
-  std::vector<std::string> lines;
-  TierLog log() {
-    return [this](const std::string& l) { lines.push_back(l); };
-  }
-};
+using Logged = testing::LogLines;
 
 std::unique_ptr<DiskTier> Open(const std::string& dir, uint64_t max_bytes, Logged* logged, int retry_seconds = 30) {
   auto t = DiskTier::Open({.dir = dir, .max_bytes = max_bytes, .retry_seconds = retry_seconds, .log = logged->log()});

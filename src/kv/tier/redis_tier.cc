@@ -6,6 +6,9 @@
 
 #include <cctype>
 #include <charconv>
+#include <initializer_list>
+#include <string_view>
+#include <vector>
 
 namespace kvx::kv::tier {
 namespace {
@@ -45,6 +48,19 @@ struct ReplyDeleter {
   void operator()(redisReply* r) const { freeReplyObject(r); }
 };
 using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
+
+// Runs one command with binary-safe arguments, SIGPIPE blocked; nullptr on
+// an I/O error (c->errstr says which).
+Reply Run(redisContext* c, std::initializer_list<std::string_view> args) {
+  std::vector<const char*> argv;
+  std::vector<size_t> lens;
+  for (std::string_view a : args) {
+    argv.push_back(a.data());
+    lens.push_back(a.size());
+  }
+  ScopedSigpipeBlock no_sigpipe;
+  return Reply(static_cast<redisReply*>(redisCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lens.data())));
+}
 
 timeval Millis(int ms) { return timeval{ms / 1000, (ms % 1000) * 1000}; }
 
@@ -138,9 +154,8 @@ redisContext* RedisTier::Connection() {
   redisSetTimeout(c, Millis(options_.command_timeout_ms));
   ctx_ = c;
   if (address_.db != 0) {
-    ScopedSigpipeBlock no_sigpipe;
     const std::string db = std::to_string(address_.db);
-    Reply r(static_cast<redisReply*>(redisCommand(ctx_, "SELECT %s", db.c_str())));
+    Reply r = Run(ctx_, {"SELECT", db});
     if (r == nullptr || r->type == REDIS_REPLY_ERROR) {
       MarkDown("cannot select database " + db + ": " + (r == nullptr ? std::string(ctx_->errstr) : std::string(r->str)));
       return nullptr;
@@ -177,11 +192,7 @@ Status RedisTier::Put(const BlockKey& key, std::string_view bytes) {
     Count([](TierStats& s) { ++s.errors; });
     return IoError("the Redis tier " + options_.url + " is unavailable");
   }
-  const std::string k = RedisKey(key);
-  const char* argv[] = {"SET", k.data(), bytes.data()};
-  const size_t lens[] = {3, k.size(), bytes.size()};
-  ScopedSigpipeBlock no_sigpipe;
-  Reply r(static_cast<redisReply*>(redisCommandArgv(c, 3, argv, lens)));
+  Reply r = Run(c, {"SET", RedisKey(key), bytes});
   if (r == nullptr) {
     const std::string reason = c->errstr;
     MarkDown(reason);
@@ -210,11 +221,7 @@ std::optional<std::string> RedisTier::Get(const BlockKey& key) {
     Count([](TierStats& s) { ++s.misses; });
     return std::nullopt;
   }
-  const std::string k = RedisKey(key);
-  const char* argv[] = {"GET", k.data()};
-  const size_t lens[] = {3, k.size()};
-  ScopedSigpipeBlock no_sigpipe;
-  Reply r(static_cast<redisReply*>(redisCommandArgv(c, 2, argv, lens)));
+  Reply r = Run(c, {"GET", RedisKey(key)});
   if (r == nullptr || r->type != REDIS_REPLY_STRING) {
     if (r == nullptr) MarkDown(c->errstr);
     const bool error = r == nullptr || r->type == REDIS_REPLY_ERROR;
@@ -232,11 +239,7 @@ void RedisTier::Erase(const BlockKey& key) {
   std::lock_guard<std::mutex> lock(mu_);
   redisContext* c = Connection();
   if (c == nullptr) return;
-  const std::string k = RedisKey(key);
-  const char* argv[] = {"DEL", k.data()};
-  const size_t lens[] = {3, k.size()};
-  ScopedSigpipeBlock no_sigpipe;
-  Reply r(static_cast<redisReply*>(redisCommandArgv(c, 2, argv, lens)));
+  Reply r = Run(c, {"DEL", RedisKey(key)});
   if (r == nullptr) MarkDown(c->errstr);
 }
 

@@ -19,12 +19,7 @@ using testing::FindRedisServer;
 using testing::FreeLoopbackPort;
 using testing::RedisServer;
 
-struct Logged {
-  std::vector<std::string> lines;
-  TierLog log() {
-    return [this](const std::string& l) { lines.push_back(l); };
-  }
-};
+using Logged = testing::LogLines;
 
 class RedisTierTest : public ::testing::Test {
  protected:

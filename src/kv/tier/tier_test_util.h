@@ -95,6 +95,14 @@ class TempDir {
   std::string path_;
 };
 
+// Collects a tier's log lines (the tests count state changes).
+struct LogLines {
+  std::vector<std::string> lines;
+  TierLog log() {
+    return [this](const std::string& l) { lines.push_back(l); };
+  }
+};
+
 // The redis-server on PATH, or "" when it is not installed.
 inline std::string FindRedisServer() {
   const char* path = std::getenv("PATH");
