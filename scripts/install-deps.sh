@@ -8,6 +8,7 @@ PACKAGES=(
   nlohmann-json3-dev libcli11-dev libfmt-dev
   libhwy-dev libxxhash-dev libpcre2-dev libzstd-dev
   libcpp-httplib-dev
+  libhiredis-dev redis-server
   clang libclang-rt-14-dev
 )
 missing=()

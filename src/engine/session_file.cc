@@ -11,6 +11,7 @@
 
 #include "kv/codec/codec_id.h"
 #include "model/fingerprint.h"
+#include "util/byte_io.h"
 #include "util/output_file.h"
 
 namespace kvx::engine {
@@ -30,95 +31,6 @@ constexpr uint32_t kNoCompression = 0, kZstd = 1;
 //   tables    n_layers * n_kv_heads times, layer-major: u32 slots,
 //             u32 pages, then per page u8 f16 (1) / packed (0), u32 bytes,
 //             the page's bytes
-class Writer {
- public:
-  void Bytes(const void* p, size_t n) { out_.append(static_cast<const char*>(p), n); }
-  void U8(uint8_t v) { Bytes(&v, 1); }
-  void U32(uint32_t v) { Bytes(&v, 4); }
-  void U64(uint64_t v) { Bytes(&v, 8); }
-  void Str(const std::string& s) {
-    U32(static_cast<uint32_t>(s.size()));
-    Bytes(s.data(), s.size());
-  }
-  std::string& out() { return out_; }
-
- private:
-  std::string out_;
-};
-
-// Bounds-checked reads; the first overrun sets the error and every later
-// read returns zeros, so callers check ok() once per section.
-class Reader {
- public:
-  explicit Reader(std::span<const uint8_t> in) : in_(in) {}
-  bool Take(void* p, size_t n, const char* what) {
-    // An empty section (an empty vector's data() may be null) reads nothing:
-    // memcpy/memset with a null pointer is undefined even for 0 bytes.
-    if (n == 0) return ok_;
-    if (!ok_ || n > in_.size() - pos_) {
-      if (ok_) what_ = what;
-      ok_ = false;
-      std::memset(p, 0, n);
-      return false;
-    }
-    std::memcpy(p, in_.data() + pos_, n);
-    pos_ += n;
-    return true;
-  }
-  uint8_t U8(const char* what) {
-    uint8_t v = 0;
-    Take(&v, 1, what);
-    return v;
-  }
-  uint32_t U32(const char* what) {
-    uint32_t v = 0;
-    Take(&v, 4, what);
-    return v;
-  }
-  uint64_t U64(const char* what) {
-    uint64_t v = 0;
-    Take(&v, 8, what);
-    return v;
-  }
-  // A run of `n` elements of `size` bytes, refused before allocating when
-  // the body cannot hold it.
-  bool Fits(uint64_t n, size_t size, const char* what) {
-    if (ok_ && n <= (in_.size() - pos_) / size) return true;
-    if (ok_) what_ = what;
-    ok_ = false;
-    return false;
-  }
-  std::string Str(const char* what) {
-    const uint32_t n = U32(what);
-    if (!Fits(n, 1, what)) return {};
-    std::string s(reinterpret_cast<const char*>(in_.data() + pos_), n);
-    pos_ += n;
-    return s;
-  }
-  std::span<const uint8_t> Span(size_t n, const char* what) {
-    if (!Fits(n, 1, what)) return {};
-    std::span<const uint8_t> s = in_.subspan(pos_, n);
-    pos_ += n;
-    return s;
-  }
-  template <class T>
-  void Array(std::vector<T>* v, uint64_t n, const char* what) {
-    v->clear();
-    if (!Fits(n, sizeof(T), what)) return;
-    v->resize(n);
-    Take(v->data(), n * sizeof(T), what);
-  }
-  bool ok() const { return ok_; }
-  bool at_end() const { return pos_ == in_.size(); }
-  Status Error() const { return DataLoss(std::string("session file is malformed: ") + what_ + " runs past the end of its data"); }
-
- private:
-  std::span<const uint8_t> in_;
-  size_t pos_ = 0;
-  bool ok_ = true;
-  const char* what_ = "";
-};
-
 // The KV spec as it matters for the pages: the canonical form without the
 // pool budget (a session may move to a pool of another size).
 std::string PageSpec(const kv::KVSpec& spec) {
@@ -160,7 +72,7 @@ Result<std::string> EncodeSession(const Engine& engine, kv::SeqId seq, const Ses
     return InvalidArgument("saved logits must hold n_vocab (" + std::to_string(n_vocab) + ") values");
   }
   const kv::KVLayout& layout = m.spec().layout;
-  Writer w;
+  ByteWriter w;
   w.U64(model::ModelFingerprint(model.file()));
   w.Str(ModelName(model));
   w.Str(model.config().arch_name);
@@ -214,7 +126,7 @@ Result<std::string> EncodeSession(const Engine& engine, kv::SeqId seq, const Ses
   } else {
     stored = body;
   }
-  Writer header;
+  ByteWriter header;
   header.Bytes(kMagic, sizeof kMagic);
   header.U32(kSessionFileVersion);
   header.U32(compression);
@@ -245,7 +157,7 @@ Result<RestoredSession> DecodeSession(Engine& engine, std::span<const uint8_t> b
   if (std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0) {
     return InvalidArgument("not a kvx session file (no KVXSESS magic)");
   }
-  Reader hr(bytes.first(kSessionHeaderBytes));
+  ByteReader hr(bytes.first(kSessionHeaderBytes), "session file");
   uint8_t magic[8];
   hr.Take(magic, sizeof magic, "magic");
   const uint32_t version = hr.U32("version");
@@ -292,7 +204,7 @@ Result<RestoredSession> DecodeSession(Engine& engine, std::span<const uint8_t> b
   }
 
   // 2. Identity: the same model and the same page format, before anything else.
-  Reader r(body);
+  ByteReader r(body, "session file");
   const uint64_t fingerprint = r.U64("model fingerprint");
   const std::string model_name = r.Str("model name");
   const std::string arch = r.Str("architecture");

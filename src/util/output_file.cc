@@ -158,4 +158,6 @@ Status WriteFileAtomically(const std::string& path, std::string_view bytes) {
   return f.Commit();
 }
 
+bool IsAtomicWriteTemporary(std::string_view name) { return name.find(".kvx-tmp.") != std::string_view::npos; }
+
 }  // namespace kvx

@@ -68,4 +68,9 @@ Status CheckOutputFile(const std::string& path);
 // OutputFile::Open, Write, Commit in one call.
 Status WriteFileAtomically(const std::string& path, std::string_view bytes);
 
+// Whether `name` (a file name, not a path) is a temporary file an OutputFile
+// left behind (a crash between write and rename): directories kvx owns (the
+// disk tier's) remove them when they are opened.
+bool IsAtomicWriteTemporary(std::string_view name);
+
 }  // namespace kvx

@@ -1,0 +1,268 @@
+#include "kv/tier/block_format.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+#include <zstd.h>
+
+#include "util/byte_io.h"
+
+namespace kvx::kv::tier {
+namespace {
+
+constexpr char kMagic[8] = {'K', 'V', 'X', 'B', 'L', 'O', 'C', 'K'};
+constexpr uint32_t kNoCompression = 0, kZstd = 1;
+constexpr const char* kDocument = "tier block";
+
+std::string Hex64(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// The pages of one table a block spans.
+int PagesPerBlock(const BlockSpace& s) { return s.block_tokens / s.layout.page_tokens; }
+
+}  // namespace
+
+Result<EncodedBlock> EncodeBlock(const BlockSpace& space, uint64_t salt, const KVManager::SequenceImage& image, int index,
+                                 const BlockEncodeOptions& options) {
+  const int B = space.block_tokens, ppb = PagesPerBlock(space);
+  const KVLayout& layout = space.layout;
+  const size_t end = static_cast<size_t>(index + 1) * B;
+  if (index < 0 || B <= 0 || end > image.tokens.size()) {
+    return InvalidArgument("the sequence holds " + std::to_string(image.tokens.size()) + " tokens, not the whole block " +
+                           std::to_string(index) + " of " + std::to_string(B));
+  }
+  if (image.entries_removed) {
+    return InvalidArgument("a policy removed entries of this sequence: its pages no longer hold exactly its tokens, "
+                           "so its blocks cannot be stored");
+  }
+  const size_t n_tables = static_cast<size_t>(layout.n_layers) * layout.n_kv_heads;
+  if (image.tables.size() != n_tables || image.positions.size() != image.tokens.size() ||
+      space.layers.size() != static_cast<size_t>(layout.n_layers)) {
+    return InvalidArgument("the sequence image does not match the block space's layout " + layout.ToString());
+  }
+  const int first_page = index * ppb;
+  size_t page_bytes = 0;  // to size the payload once (growing it by doubling copied 6 MB blocks twice)
+  for (const SequenceKV::TableImage& ti : image.tables) {
+    for (size_t p = first_page; p < std::min(ti.pages.size(), static_cast<size_t>(first_page + ppb)); ++p) {
+      page_bytes += 5 + ti.pages[p].size();
+    }
+  }
+  ByteWriter w;
+  w.out().reserve(16 + (end + B) * sizeof(int32_t) + page_bytes);
+  w.U32(static_cast<uint32_t>(end));
+  w.Bytes(image.tokens.data(), end * sizeof(int32_t));
+  w.Bytes(image.positions.data() + static_cast<size_t>(index) * B, static_cast<size_t>(B) * sizeof(int32_t));
+  w.U32(static_cast<uint32_t>(n_tables));
+  w.U32(static_cast<uint32_t>(ppb));
+  for (size_t t = 0; t < n_tables; ++t) {
+    const SequenceKV::TableImage& ti = image.tables[t];
+    const LayerCodec& lc = space.layers[t / layout.n_kv_heads];
+    if (ti.length != static_cast<int>(image.tokens.size()) || ti.pages.size() < static_cast<size_t>(first_page + ppb)) {
+      return InvalidArgument("table " + std::to_string(t) + " of the sequence image does not hold block " +
+                             std::to_string(index));
+    }
+    for (int p = first_page; p < first_page + ppb; ++p) {
+      if (ti.full[p] && p >= lc.sink_pages) {
+        return InvalidArgument("block " + std::to_string(index) + " is still in the f16 staging window of layer " +
+                               std::to_string(t / layout.n_kv_heads) + ": store it once the sequence is " +
+                               std::to_string(lc.residual) + " tokens past it");
+      }
+      w.U8(ti.full[p]);
+      w.U32(static_cast<uint32_t>(ti.pages[p].size()));
+      w.Bytes(ti.pages[p].data(), ti.pages[p].size());
+    }
+  }
+
+  EncodedBlock out;
+  out.key = BlockKeys(space, salt, std::span<const int32_t>(image.tokens.data(), end))[index];
+  const BlockHeader header{out.key, space.model_fingerprint, space.spec_fingerprint, SaltDigest(salt), index, B};
+  KVX_ASSIGN_OR_RETURN(out.bytes, FrameBlock(header, w.out(), options));
+  return out;
+}
+
+Result<std::string> FrameBlock(const BlockHeader& header, std::string_view payload, const BlockEncodeOptions& options) {
+  std::string stored;
+  uint32_t compression = kNoCompression;
+  if (options.compress) {
+    stored.resize(ZSTD_compressBound(payload.size()));
+    const size_t n = ZSTD_compress(stored.data(), stored.size(), payload.data(), payload.size(), options.zstd_level);
+    if (ZSTD_isError(n)) return Internal(std::string("zstd compression failed: ") + ZSTD_getErrorName(n));
+    stored.resize(n);
+    compression = kZstd;
+  }
+  const std::string_view body = options.compress ? std::string_view(stored) : payload;
+  ByteWriter h;
+  h.Bytes(kMagic, sizeof kMagic);
+  h.U32(kBlockFormatVersion);
+  h.U32(compression);
+  h.U64(header.key.lo);
+  h.U64(header.key.hi);
+  h.U64(header.model_fingerprint);
+  h.U64(header.spec_fingerprint);
+  h.U64(header.salt_digest);
+  h.U32(static_cast<uint32_t>(header.index));
+  h.U32(static_cast<uint32_t>(header.block_tokens));
+  h.U64(payload.size());
+  h.U64(body.size());
+  h.U64(XXH3_64bits(body.data(), body.size()));
+  h.U64(XXH3_64bits(h.out().data(), h.out().size()));
+  std::string out = std::move(h.out());
+  out.reserve(out.size() + body.size());
+  out += body;
+  return out;
+}
+
+Result<ParsedBlock> ParseBlock(std::span<const uint8_t> bytes) {
+  if (bytes.size() < sizeof kMagic || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0) {
+    return DataLoss("not a kvx tier block (no KVXBLOCK magic)");
+  }
+  if (bytes.size() < kBlockHeaderBytes) {
+    return DataLoss("tier block is truncated: " + std::to_string(bytes.size()) + " bytes, its header alone has " +
+                    std::to_string(kBlockHeaderBytes));
+  }
+  if (XXH3_64bits(bytes.data(), kBlockHeaderBytes - 8) != [&] {
+        uint64_t v;
+        std::memcpy(&v, bytes.data() + kBlockHeaderBytes - 8, 8);
+        return v;
+      }()) {
+    return DataLoss("tier block header is corrupted (checksum mismatch)");
+  }
+  ByteReader hr(bytes.first(kBlockHeaderBytes), kDocument);
+  ParsedBlock b;
+  uint8_t magic[8];
+  hr.Take(magic, sizeof magic, "magic");
+  const uint32_t version = hr.U32("version");
+  const uint32_t compression = hr.U32("compression");
+  b.key.lo = hr.U64("key");
+  b.key.hi = hr.U64("key");
+  b.model_fingerprint = hr.U64("model fingerprint");
+  b.spec_fingerprint = hr.U64("spec fingerprint");
+  b.salt_digest = hr.U64("salt digest");
+  b.index = static_cast<int>(hr.U32("block index"));
+  b.block_tokens = static_cast<int>(hr.U32("block tokens"));
+  const uint64_t payload_bytes = hr.U64("payload size");
+  const uint64_t stored_bytes = hr.U64("stored size");
+  const uint64_t stored_hash = hr.U64("payload checksum");
+  if (version != kBlockFormatVersion) {
+    return Unimplemented("tier block version " + std::to_string(version) + "; this kvx reads version " +
+                         std::to_string(kBlockFormatVersion));
+  }
+  if (compression != kNoCompression && compression != kZstd) return DataLoss("tier block names an unknown compression");
+  const std::span<const uint8_t> stored = bytes.subspan(kBlockHeaderBytes);
+  if (stored.size() != stored_bytes) {
+    return DataLoss("tier block is " + std::string(stored.size() < stored_bytes ? "truncated" : "longer than its header says") +
+                    ": " + std::to_string(stored.size()) + " bytes of payload, the header announces " +
+                    std::to_string(stored_bytes));
+  }
+  if (XXH3_64bits(stored.data(), stored.size()) != stored_hash) {
+    return DataLoss("tier block is corrupted (checksum mismatch over its payload)");
+  }
+  if (payload_bytes > kMaxBlockPayloadBytes || b.index < 0 || b.block_tokens <= 0 || b.block_tokens > kMaxBlockTokens) {
+    return DataLoss("tier block header holds impossible sizes");
+  }
+  if (compression == kZstd) {
+    if (ZSTD_getFrameContentSize(stored.data(), stored.size()) != payload_bytes) {
+      return DataLoss("tier block's compressed payload does not match its header");
+    }
+    b.payload.resize(payload_bytes);
+    const size_t n = ZSTD_decompress(b.payload.data(), b.payload.size(), stored.data(), stored.size());
+    if (ZSTD_isError(n) || n != payload_bytes) return DataLoss("tier block's compressed payload is damaged");
+  } else {
+    if (payload_bytes != stored_bytes) return DataLoss("tier block's sizes disagree");
+    b.payload.assign(stored.begin(), stored.end());
+  }
+
+  ByteReader r(b.payload, kDocument);
+  const uint32_t n = r.U32("token count");
+  if (static_cast<uint64_t>(n) != (static_cast<uint64_t>(b.index) + 1) * static_cast<uint64_t>(b.block_tokens)) {
+    return DataLoss("tier block holds " + std::to_string(n) + " tokens, its header says block " + std::to_string(b.index) +
+                    " of " + std::to_string(b.block_tokens));
+  }
+  r.Array(&b.tokens, n, "token ids");
+  r.Array(&b.positions, static_cast<uint64_t>(b.block_tokens), "positions");
+  b.tables = static_cast<int>(r.U32("table count"));
+  b.pages_per_table = static_cast<int>(r.U32("pages per table"));
+  if (!r.ok()) return r.Error();
+  const uint64_t n_pages = static_cast<uint64_t>(static_cast<uint32_t>(b.tables)) * static_cast<uint32_t>(b.pages_per_table);
+  if (b.tables <= 0 || b.pages_per_table <= 0 || !r.Fits(n_pages, 5, "page list")) {
+    return r.ok() ? DataLoss("tier block holds no pages") : r.Error();
+  }
+  b.full.resize(n_pages);
+  b.pages.resize(n_pages);
+  for (uint64_t p = 0; p < n_pages; ++p) {
+    b.full[p] = r.U8("page kind");
+    if (b.full[p] > 1) return DataLoss("tier block names an unknown page kind");
+    b.pages[p] = r.Span(r.U32("page size"), "page bytes");
+  }
+  if (!r.ok()) return r.Error();
+  if (!r.at_end()) return DataLoss("tier block has bytes after its last page");
+  return b;
+}
+
+Result<ParsedBlock> DecodeBlock(std::span<const uint8_t> bytes, const BlockRequest& q) {
+  KVX_ASSIGN_OR_RETURN(ParsedBlock b, ParseBlock(bytes));
+  const BlockSpace& s = *q.space;
+  auto differs = [&](const std::string& what) { return NotFound("tier block " + q.key.Hex() + " is another block: " + what); };
+  if (b.key != q.key) return differs("its key is " + b.key.Hex());
+  if (b.model_fingerprint != s.model_fingerprint) {
+    return differs("made with another model (fingerprint " + Hex64(b.model_fingerprint) + ", this one " +
+                   Hex64(s.model_fingerprint) + ")");
+  }
+  if (b.spec_fingerprint != s.spec_fingerprint) return differs("made with another KV spec");
+  if (b.salt_digest != SaltDigest(q.salt)) return differs("made for another tenant");
+  if (b.index != q.index || b.block_tokens != s.block_tokens) return differs("another index or block size");
+  const size_t end = (static_cast<size_t>(q.index) + 1) * static_cast<size_t>(s.block_tokens);
+  if (q.tokens.size() < end || std::memcmp(b.tokens.data(), q.tokens.data(), end * sizeof(int32_t)) != 0) {
+    return differs("it holds other tokens (a key collision)");
+  }
+  const KVLayout& l = s.layout;
+  if (b.tables != l.n_layers * l.n_kv_heads || b.pages_per_table != PagesPerBlock(s)) {
+    return DataLoss("tier block's tables do not match its spec's layout " + l.ToString());
+  }
+  return b;
+}
+
+Result<KVManager::SequenceImage> PrefixImage(std::span<const ParsedBlock> blocks, const BlockSpace& space, uint64_t salt) {
+  KVManager::SequenceImage image;
+  image.salt = salt;
+  const KVLayout& l = space.layout;
+  const size_t n_tables = static_cast<size_t>(l.n_layers) * l.n_kv_heads;
+  image.tables.resize(n_tables);
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const ParsedBlock& b = blocks[i];
+    const size_t end = (i + 1) * static_cast<size_t>(space.block_tokens);
+    if (b.index != static_cast<int>(i) || b.block_tokens != space.block_tokens || b.tokens.size() != end ||
+        b.tables != static_cast<int>(n_tables) || b.pages_per_table != PagesPerBlock(space) ||
+        b.positions.size() != static_cast<size_t>(space.block_tokens) ||
+        std::memcmp(b.tokens.data(), blocks.back().tokens.data(), end * sizeof(int32_t)) != 0) {
+      return InvalidArgument("tier blocks 0.." + std::to_string(blocks.size() - 1) +
+                             " are not consecutive blocks of one prompt (block " + std::to_string(i) + ")");
+    }
+    image.positions.insert(image.positions.end(), b.positions.begin(), b.positions.end());
+    for (size_t t = 0; t < n_tables; ++t) {
+      SequenceKV::TableImage& ti = image.tables[t];
+      ti.length = static_cast<int>(end);
+      for (int p = 0; p < b.pages_per_table; ++p) {
+        const size_t at = t * b.pages_per_table + p;
+        ti.full.push_back(b.full[at]);
+        ti.pages.push_back(b.pages[at]);
+      }
+    }
+  }
+  if (!blocks.empty()) image.tokens = blocks.back().tokens;
+  const size_t T = static_cast<size_t>(l.page_tokens);
+  uint64_t seed = salt;
+  for (size_t start = 0; start + T <= image.tokens.size(); start += T) {
+    seed = BlockHash(seed, std::span<const int32_t>(image.tokens.data() + start, T));
+    image.block_hashes.push_back(seed);
+  }
+  return image;
+}
+
+}  // namespace kvx::kv::tier

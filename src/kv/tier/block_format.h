@@ -1,0 +1,123 @@
+// The tier block format: one block (block_key.h) of a sequence's KV as bytes
+// that any tier stores (disk file, Redis value) and any process running the
+// same model and spec loads back, bit for bit (the pages' bytes exactly as
+// the pool stores them: a lossless format; the CacheGen-style storage codec
+// is future work, docs/tiers.md).
+//
+// Layout (little-endian), version kBlockFormatVersion:
+//   header, kBlockHeaderBytes = 96: magic "KVXBLOCK", u32 version,
+//     u32 compression (0 none, 1 zstd), u64 key lo, u64 key hi, u64 model
+//     fingerprint, u64 spec fingerprint, u64 salt digest (SaltDigest),
+//     u32 block index, u32 block tokens, u64 payload bytes, u64 stored bytes,
+//     u64 XXH3-64 of the stored payload, u64 XXH3-64 of the 88 bytes before;
+//   payload (zstd-compressed when compression is 1):
+//     u32 n, i32[n] token ids 0..end of the block (n = (index + 1) * block
+//     tokens: a hit compares them all, so neither a key collision nor a
+//     damaged index can serve the KV of another prefix), i32[block tokens]
+//     positions of the block's tokens, u32 tables (n_layers * n_kv_heads,
+//     layer-major), u32 pages per table (block tokens / page tokens), then
+//     per table per page: u8 f16 (1) / packed (0), u32 bytes, the page's
+//     bytes as the pool holds them (its position array included).
+//
+// A block holds pages in their final form only: a page of a sealed layer
+// (kivi*, residual=) still in the f16 staging window is refused by
+// EncodeBlock (write the block once the sequence is `residual` tokens past
+// it, or when it finishes), so blocks from different sequences always
+// concatenate into a sequence ImportSequence accepts.
+//
+// Faults: every decoding error is a Status, never a crash: DataLoss for a
+// damaged block (checksum, truncation, impossible fields), Unimplemented for
+// another version, NotFound for a sound block that is not the one asked for
+// (another model, spec, tenant, key or tokens: a miss).
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kv/kv_manager.h"
+#include "kv/tier/block_key.h"
+#include "util/status.h"
+
+namespace kvx::kv::tier {
+
+inline constexpr uint32_t kBlockFormatVersion = 1;
+inline constexpr size_t kBlockHeaderBytes = 96;
+// The largest payload a block may announce (bounds what a damaged or hostile
+// value can make a decoder allocate).
+inline constexpr uint64_t kMaxBlockPayloadBytes = 1ull << 30;
+
+struct BlockEncodeOptions {
+  bool compress = false;  // zstd the payload (f16 pages shrink ~10%, quantized ones less; costs encode time)
+  int zstd_level = 1;
+};
+
+struct EncodedBlock {
+  BlockKey key;
+  std::string bytes;
+};
+
+// Block `index` (tokens [index * B, (index + 1) * B), B = space.block_tokens)
+// of `image` (KVManager::ExportSequence) for tenant `salt`. InvalidArgument
+// when the image does not hold the whole block, when a policy removed
+// entries (its pages no longer hold exactly its tokens), when its tables do
+// not match the space's layout, or when a page of the block is still in the
+// f16 staging window of a sealed layer.
+Result<EncodedBlock> EncodeBlock(const BlockSpace& space, uint64_t salt, const KVManager::SequenceImage& image, int index,
+                                 const BlockEncodeOptions& options = {});
+
+// What a block's header says besides sizes and checksums.
+struct BlockHeader {
+  BlockKey key;
+  uint64_t model_fingerprint = 0, spec_fingerprint = 0, salt_digest = 0;
+  int index = 0, block_tokens = 0;
+};
+
+// The header (sizes, checksums) and the payload (compressed when asked):
+// the last step of EncodeBlock, public so the fuzzer can reach the payload
+// parser behind valid checksums.
+Result<std::string> FrameBlock(const BlockHeader& header, std::string_view payload, const BlockEncodeOptions& options);
+
+// A block as stored, checked for integrity but not yet for identity.
+struct ParsedBlock : BlockHeader {
+  std::vector<int32_t> tokens;     // 0..end of the block
+  std::vector<int32_t> positions;  // of the block's tokens
+  int tables = 0, pages_per_table = 0;
+  std::vector<uint8_t> full;                    // [tables * pages_per_table]
+  std::vector<std::span<const uint8_t>> pages;  // [tables * pages_per_table], into payload
+  std::vector<uint8_t> payload;                 // owns the page bytes (a vector: moving it keeps them in place)
+};
+
+// Checks magic, header checksum, version, sizes, the payload checksum, and
+// decompresses and parses the payload. DataLoss / Unimplemented as above.
+Result<ParsedBlock> ParseBlock(std::span<const uint8_t> bytes);
+
+// What a lookup asks for: block `index` of `tokens` for tenant `salt`.
+struct BlockRequest {
+  const BlockSpace* space = nullptr;
+  uint64_t salt = 0;
+  std::span<const int32_t> tokens;  // the prompt; holds at least (index + 1) * block_tokens tokens
+  int index = 0;
+  BlockKey key;                     // BlockKeys(...)[index]
+};
+
+// ParseBlock, then the identity: key, model and spec fingerprints, salt,
+// block index and size, every token equal to the request's, the tables the
+// space's layout (page sizes are checked by ImportSequence). NotFound naming
+// the first difference when the block is sound but not this one.
+// REQUIRES: request.space != nullptr, request.index >= 0.
+Result<ParsedBlock> DecodeBlock(std::span<const uint8_t> bytes, const BlockRequest& request);
+
+// The block-level import: the image of a sequence holding blocks 0..n-1
+// (blocks[i] is block i of one prompt, as DecodeBlock returned them), for
+// KVManager::ImportSequence (which checks the pages once more). Its page
+// spans point into `blocks`: keep them alive until the import. The
+// manager's block hashes are recomputed from the tokens and `salt`.
+// InvalidArgument when the blocks are not consecutive or disagree.
+Result<KVManager::SequenceImage> PrefixImage(std::span<const ParsedBlock> blocks, const BlockSpace& space, uint64_t salt);
+
+}  // namespace kvx::kv::tier

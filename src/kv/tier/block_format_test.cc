@@ -1,0 +1,190 @@
+#include "kv/tier/block_format.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kv/tier/tier_test_util.h"
+
+namespace kvx::kv::tier {
+namespace {
+
+using testing::FillSequence;
+using testing::MakeManager;
+using testing::Tokens;
+
+std::span<const uint8_t> Bytes(const std::string& s) {
+  return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
+}
+
+struct Filled {
+  std::unique_ptr<KVManager> m;
+  SeqId seq = -1;
+  BlockSpace space;
+  std::vector<int32_t> tokens;
+};
+
+Filled Make(const std::string& spec, int n_tokens, int block_tokens, uint64_t salt, const KVLayout& layout = {3, 2, 64, 16}) {
+  Filled s;
+  s.m = MakeManager(spec, layout, 1024);
+  EXPECT_NE(s.m, nullptr) << spec;
+  s.tokens = Tokens(n_tokens);
+  auto seq = FillSequence(*s.m, salt, s.tokens, 5);
+  EXPECT_TRUE(seq.ok()) << seq.status().ToString();
+  s.seq = *seq;
+  auto space = MakeBlockSpace(s.m->spec(), 0xabc, block_tokens);
+  EXPECT_TRUE(space.ok()) << space.status().ToString();
+  s.space = *space;
+  return s;
+}
+
+BlockRequest Request(const Filled& s, uint64_t salt, int index) {
+  return {&s.space, salt, s.tokens, index, BlockKeys(s.space, salt, s.tokens)[index]};
+}
+
+// Every codec's pages go out as blocks and come back bit for bit: blocks
+// 0..n-1 of one sequence, decoded and imported into another manager of the
+// same spec, hold exactly the original's first n blocks (page bytes,
+// positions, tokens, hashes), with and without zstd.
+class BlockRoundTrip : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(BlockRoundTrip, IsBitExact) {
+  const std::string spec = GetParam();
+  const uint64_t salt = 99;
+  // 256 tokens, blocks of 64: with KIVI's 32-token residual (pages of 32)
+  // the last block is still staging, the first three are sealed.
+  Filled a = Make(spec, 256, 64, salt);
+  auto image = a.m->ExportSequence(a.seq);
+  ASSERT_TRUE(image.ok()) << image.status().ToString();
+  const int storable = spec.find("kivi") != std::string::npos ? 3 : 4;
+  for (bool compress : {false, true}) {
+    std::vector<ParsedBlock> blocks;
+    for (int i = 0; i < storable; ++i) {
+      auto e = EncodeBlock(a.space, salt, *image, i, {.compress = compress});
+      ASSERT_TRUE(e.ok()) << e.status().ToString();
+      EXPECT_EQ(e->key, BlockKeys(a.space, salt, a.tokens)[i]);
+      auto d = DecodeBlock(Bytes(e->bytes), Request(a, salt, i));
+      ASSERT_TRUE(d.ok()) << d.status().ToString();
+      blocks.push_back(std::move(d).value());
+    }
+    auto prefix = PrefixImage(blocks, a.space, salt);
+    ASSERT_TRUE(prefix.ok()) << prefix.status().ToString();
+    auto b = MakeManager(spec, a.m->spec().layout, 1024);
+    auto imported = b->ImportSequence(*prefix);
+    ASSERT_TRUE(imported.ok()) << imported.status().ToString();
+    ASSERT_TRUE(b->CheckInvariants().ok()) << b->CheckInvariants().ToString();
+    auto back = b->ExportSequence(*imported);
+    ASSERT_TRUE(back.ok());
+    const size_t n = static_cast<size_t>(storable) * 64;
+    EXPECT_EQ(back->tokens, std::vector<int32_t>(a.tokens.begin(), a.tokens.begin() + n));
+    EXPECT_EQ(back->positions, std::vector<int32_t>(image->positions.begin(), image->positions.begin() + n));
+    EXPECT_EQ(back->block_hashes, std::vector<uint64_t>(image->block_hashes.begin(),
+                                                        image->block_hashes.begin() + n / a.space.layout.page_tokens));
+    for (size_t t = 0; t < image->tables.size(); ++t) {
+      const auto& orig = image->tables[t];
+      const auto& got = back->tables[t];
+      ASSERT_EQ(got.pages.size(), n / a.space.layout.page_tokens) << "table " << t;
+      for (size_t p = 0; p < got.pages.size(); ++p) {
+        EXPECT_EQ(got.full[p], orig.full[p]) << "table " << t << " page " << p;
+        ASSERT_EQ(got.pages[p].size(), orig.pages[p].size());
+        EXPECT_EQ(std::memcmp(got.pages[p].data(), orig.pages[p].data(), got.pages[p].size()), 0)
+            << spec << " table " << t << " page " << p << (compress ? " (zstd)" : "");
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Codecs, BlockRoundTrip,
+                         ::testing::Values("codec=f16", "codec=f16,prerope=1", "codec=f32", "codec=int8", "codec=int4",
+                                           "codec=int4,rotate=hadamard,sym=1", "codec=kivi4,page=32",
+                                           "codec=kivi2,page=32,prerope=1", "codec=int4,sinks=16"));
+
+TEST(BlockFormatTest, AStagingBlockIsRefused) {
+  Filled a = Make("codec=kivi4,page=32", 256, 64, 1);
+  auto image = a.m->ExportSequence(a.seq);
+  ASSERT_TRUE(image.ok());
+  auto e = EncodeBlock(a.space, 1, *image, 3);
+  EXPECT_EQ(e.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(e.status().message().find("staging"), std::string::npos) << e.status().ToString();
+  EXPECT_EQ(EncodeBlock(a.space, 1, *image, 4).status().code(), StatusCode::kInvalidArgument);  // past the end
+  image->entries_removed = true;
+  EXPECT_EQ(EncodeBlock(a.space, 1, *image, 0).status().code(), StatusCode::kInvalidArgument);
+}
+
+// A block asked for with anything else (model, spec, tenant, index, tokens)
+// is a miss, even when the key is forged to match (a collision).
+TEST(BlockFormatTest, AnotherBlockIsNeverAHit) {
+  Filled a = Make("codec=int8", 64, 32, 7);
+  auto image = a.m->ExportSequence(a.seq);
+  ASSERT_TRUE(image.ok());
+  auto e = EncodeBlock(a.space, 7, *image, 1);
+  ASSERT_TRUE(e.ok());
+  ASSERT_TRUE(DecodeBlock(Bytes(e->bytes), Request(a, 7, 1)).ok());
+  auto expect_miss = [&](BlockRequest q, const char* what) {
+    q.key = e->key;  // as if the keys collided
+    auto d = DecodeBlock(Bytes(e->bytes), q);
+    EXPECT_EQ(d.status().code(), StatusCode::kNotFound) << what << ": " << d.status().ToString();
+  };
+  BlockSpace other_model = a.space;
+  other_model.model_fingerprint ^= 1;
+  expect_miss({&other_model, 7, a.tokens, 1, {}}, "another model");
+  BlockSpace other_spec = a.space;
+  other_spec.spec_fingerprint ^= 1;
+  expect_miss({&other_spec, 7, a.tokens, 1, {}}, "another spec");
+  expect_miss({&a.space, 8, a.tokens, 1, {}}, "another tenant");
+  expect_miss({&a.space, 7, a.tokens, 0, {}}, "another index");
+  std::vector<int32_t> other_tokens = a.tokens;
+  other_tokens[3] = 1;  // in block 0: block 1's prefix differs
+  expect_miss({&a.space, 7, other_tokens, 1, {}}, "another prefix");
+  BlockRequest unforged = Request(a, 7, 1);
+  unforged.key.lo ^= 1;
+  EXPECT_EQ(DecodeBlock(Bytes(e->bytes), unforged).status().code(), StatusCode::kNotFound);
+}
+
+// Every single flipped bit and every truncation is caught (DataLoss, never a
+// crash or a block served), with and without compression.
+TEST(BlockFormatTest, AnyCorruptionIsDataLoss) {
+  Filled a = Make("codec=int4", 32, 16, 3, KVLayout{2, 1, 32, 8});
+  auto image = a.m->ExportSequence(a.seq);
+  ASSERT_TRUE(image.ok());
+  for (bool compress : {false, true}) {
+    auto e = EncodeBlock(a.space, 3, *image, 1, {.compress = compress});
+    ASSERT_TRUE(e.ok());
+    const BlockRequest q = Request(a, 3, 1);
+    ASSERT_TRUE(DecodeBlock(Bytes(e->bytes), q).ok());
+    for (size_t i = 0; i < e->bytes.size(); ++i) {
+      for (int bit : {0, 7}) {
+        std::string bad = e->bytes;
+        bad[i] = static_cast<char>(bad[i] ^ (1 << bit));
+        auto d = DecodeBlock(Bytes(bad), q);
+        ASSERT_EQ(d.status().code(), StatusCode::kDataLoss) << "byte " << i << " bit " << bit << ": " << d.status().ToString();
+      }
+    }
+    for (size_t len = 0; len < e->bytes.size(); ++len) {
+      auto d = DecodeBlock(Bytes(e->bytes.substr(0, len)), q);
+      ASSERT_EQ(d.status().code(), StatusCode::kDataLoss) << "truncated to " << len;
+    }
+    EXPECT_EQ(DecodeBlock(Bytes(e->bytes + "x"), q).status().code(), StatusCode::kDataLoss);
+  }
+}
+
+TEST(BlockFormatTest, PrefixImageNeedsConsecutiveBlocks) {
+  Filled a = Make("codec=f16", 64, 32, 0);
+  auto image = a.m->ExportSequence(a.seq);
+  ASSERT_TRUE(image.ok());
+  std::vector<ParsedBlock> blocks;
+  for (int i = 0; i < 2; ++i) {
+    auto e = EncodeBlock(a.space, 0, *image, i);
+    ASSERT_TRUE(e.ok());
+    blocks.push_back(*ParseBlock(Bytes(e->bytes)));
+  }
+  std::swap(blocks[0], blocks[1]);
+  EXPECT_EQ(PrefixImage(blocks, a.space, 0).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(PrefixImage(std::span<const ParsedBlock>(&blocks[0], 1), a.space, 0).status().code(),
+            StatusCode::kInvalidArgument);  // block 1 alone
+}
+
+}  // namespace
+}  // namespace kvx::kv::tier
