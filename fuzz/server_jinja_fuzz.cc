@@ -24,6 +24,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "server/chat_template.h"
 #include "server/jinja.h"
 
 namespace {
@@ -41,20 +42,8 @@ void Check(bool ok, const char* what) {
 }
 
 Value::Object Conversation() {
-  Value::Array messages;
-  for (const auto& [role, content] : {std::pair{"system", "Be brief."}, std::pair{"user", "Hi"},
-                                      std::pair{"assistant", "Hello!"}, std::pair{"user", " 2 + 2? "}}) {
-    Value::Object m;
-    m["role"] = Value(role);
-    m["content"] = Value(content);
-    messages.push_back(Value(std::move(m)));
-  }
-  Value::Object context;
-  context["messages"] = Value(std::move(messages));
-  context["add_generation_prompt"] = Value(true);
-  context["bos_token"] = Value("<s>");
-  context["eos_token"] = Value("</s>");
-  return context;
+  return kvx::server::ChatContext({{"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello!"}, {"user", " 2 + 2? "}},
+                                  /*add_generation_prompt=*/true, "<s>", "</s>");
 }
 
 }  // namespace

@@ -40,6 +40,12 @@ Result<std::string> ChatTemplate::Render(const std::vector<ChatMessage>& message
     if (add_generation_prompt) out += "<|im_start|>assistant\n";
     return out;
   }
+  return static_cast<const jinja::Template*>(program_.get())
+      ->Render(ChatContext(messages, add_generation_prompt, bos_, eos_));
+}
+
+jinja::Value::Object ChatContext(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                                 const std::string& bos, const std::string& eos) {
   jinja::Value::Array list;
   for (const ChatMessage& m : messages) {
     jinja::Value::Object o;
@@ -50,9 +56,9 @@ Result<std::string> ChatTemplate::Render(const std::vector<ChatMessage>& message
   jinja::Value::Object context;
   context["messages"] = jinja::Value(std::move(list));
   context["add_generation_prompt"] = jinja::Value(add_generation_prompt);
-  context["bos_token"] = jinja::Value(bos_);
-  context["eos_token"] = jinja::Value(eos_);
-  return static_cast<const jinja::Template*>(program_.get())->Render(context);
+  context["bos_token"] = jinja::Value(bos);
+  context["eos_token"] = jinja::Value(eos);
+  return context;
 }
 
 }  // namespace kvx::server

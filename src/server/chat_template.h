@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "model/tokenizer.h"
+#include "server/jinja.h"
 #include "util/status.h"
 
 namespace kvx::server {
@@ -24,6 +25,11 @@ struct ChatMessage {
   std::string role;     // system, user, assistant, tool, ...
   std::string content;
 };
+
+// The variables a chat template renders with: `messages` (role, content),
+// `add_generation_prompt`, `bos_token`, `eos_token`.
+jinja::Value::Object ChatContext(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                                 const std::string& bos, const std::string& eos);
 
 class ChatTemplate {
  public:

@@ -258,18 +258,11 @@ TEST(JinjaSandboxTest, RealTemplatesFitTheDefaultLimits) {
   std::ifstream f(std::string(KVX_SOURCE_DIR) + "/src/server/testdata/chat_templates.json");
   ASSERT_TRUE(f) << "testdata missing";
   const nlohmann::json data = nlohmann::json::parse(f);
-  Value::Array messages;
+  std::vector<ChatMessage> messages;
   for (int k = 0; k < 1000; ++k) {
-    Value::Object m;
-    m["role"] = Value(k % 2 == 0 ? "user" : "assistant");
-    m["content"] = Value(std::string(4096, static_cast<char>('a' + k % 26)));
-    messages.push_back(Value(std::move(m)));
+    messages.push_back({k % 2 == 0 ? "user" : "assistant", std::string(4096, static_cast<char>('a' + k % 26))});
   }
-  Value::Object context;
-  context["messages"] = Value(std::move(messages));
-  context["add_generation_prompt"] = Value(true);
-  context["bos_token"] = Value("<s>");
-  context["eos_token"] = Value("</s>");
+  const Value::Object context = ChatContext(messages, /*add_generation_prompt=*/true, "<s>", "</s>");
   // Half the default limits (they need about 4.5 times the messages' bytes,
   // and up to 54 steps a message).
   Limits half;

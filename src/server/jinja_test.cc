@@ -23,19 +23,9 @@ namespace kvx::server::jinja {
 namespace {
 
 Value::Object Context(const nlohmann::json& messages, bool agp) {
-  Value::Array list;
-  for (const auto& m : messages) {
-    Value::Object o;
-    o["role"] = Value(m["role"].get<std::string>());
-    o["content"] = Value(m["content"].get<std::string>());
-    list.push_back(Value(std::move(o)));
-  }
-  Value::Object c;
-  c["messages"] = Value(std::move(list));
-  c["add_generation_prompt"] = Value(agp);
-  c["bos_token"] = Value("<s>");
-  c["eos_token"] = Value("</s>");
-  return c;
+  std::vector<ChatMessage> list;
+  for (const auto& m : messages) list.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+  return ChatContext(list, agp, "<s>", "</s>");
 }
 
 TEST(JinjaTest, RendersWhatJinja2Renders) {
