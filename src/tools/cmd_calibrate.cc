@@ -13,23 +13,23 @@ namespace kvx::tools {
 namespace {
 
 struct CalibrateFlags {
-  engine::EngineOptions runtime;
+  EngineFlags runtime;
   eval::HeadCalibrationOptions options;
   std::string out;
 };
 
 Status RunCalibrate(CalibrateFlags flags) {
-  if (flags.runtime.n_ctx == 0) {
+  if (flags.runtime.options.n_ctx == 0) {
     int longest = flags.options.span * flags.options.repeats + 1;
     for (int n : flags.options.lengths) longest = std::max(longest, n);
-    flags.runtime.n_ctx = longest;
+    flags.runtime.options.n_ctx = longest;
   }
-  KVX_ASSIGN_OR_RETURN(auto engine, engine::Engine::Load(flags.runtime));
+  KVX_ASSIGN_OR_RETURN(auto engine, LoadEngine(flags.runtime));
   if (!engine->kv_spec().policies.empty()) {
     return InvalidArgument("calibrate-heads measures the full cache: drop the policy from --kv");
   }
   KVX_ASSIGN_OR_RETURN(kv::HeadTable table, eval::CalibrateHeads(*engine, flags.options));
-  table.model = flags.runtime.model_path;
+  table.model = flags.runtime.options.model_path;
   KVX_RETURN_IF_ERROR(table.Save(flags.out));
   std::printf("calibrate-heads (%s): %d layers x %d kv heads -> %s\n", table.method.c_str(), table.n_layers,
               table.n_kv_heads, flags.out.c_str());
@@ -47,7 +47,8 @@ void RegisterCalibrateHeads(CLI::App& app, int* exit_code) {
   auto flags = std::make_shared<CalibrateFlags>();
   CLI::App* cmd = app.add_subcommand("calibrate-heads", "Score each (layer, kv head) as retrieval or streaming "
                                                         "(the head table of --kv policy=duo / policy=razor)");
-  cmd->add_option("-m,--model", flags->runtime.model_path, "GGUF model file")->required();
+  AddEngineFlags(cmd, &flags->runtime,
+                 ContextFlag{.help = "Context (0: the longest prompt)", .max = 1 << 20, .hint = ""});
   cmd->add_option("-o,--output", flags->out, "Head table file to write (JSON)")->required();
   cmd->add_option("--method", flags->options.method, "duo (passkey needle mass) | razor (echo/induction)")
       ->capture_default_str()->check(CLI::IsMember({"duo", "razor"}));
@@ -62,11 +63,6 @@ void RegisterCalibrateHeads(CLI::App& app, int* exit_code) {
   cmd->add_option("--repeats", flags->options.repeats, "razor: copies of the span")->capture_default_str()
       ->check(IntIn(2, 64));
   cmd->add_option("--seed", flags->options.seed, "Prompt seed")->capture_default_str();
-  cmd->add_option("-c,--ctx-size", flags->runtime.n_ctx, "Context (0: the longest prompt)")->capture_default_str()
-      ->check(IntIn(0, 1 << 20));
-  cmd->add_option("-t,--threads", flags->runtime.n_threads, "Threads (0: all cores)")->capture_default_str()
-      ->check(Threads());
-  cmd->add_option("--kv", flags->runtime.kv_spec, "KV cache spec (no policy)");
   cmd->callback([flags, exit_code] { *exit_code = ReportStatus(RunCalibrate(*flags)); });
 }
 
