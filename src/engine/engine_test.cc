@@ -7,31 +7,21 @@
 #include <memory>
 #include <string>
 
-#include "kv/policy/policy.h"
+#include "kv/policy/counted_policy_test_util.h"
 #include "model/synthetic_model.h"
 
 namespace kvx::engine {
 namespace {
 
-class CountedPolicy : public kv::KVPolicy {
- public:
-  static inline int built = 0;
-  CountedPolicy() { ++built; }
-  std::string_view name() const override { return "engine_test_counted"; }
-  Status OnStepCommitted(kv::KVManager&, kv::SeqId) override { return Status::Ok(); }
-};
+using kv::testing::CountedPolicy;
 
 TEST(EngineTest, EachPolicyIsBuiltOncePerEngine) {
-  kv::PolicyRegistry::Global().Register(
-      "engine_test_counted",
-      [](const kv::PolicyParams&) -> Result<std::unique_ptr<kv::KVPolicy>> {
-        return std::unique_ptr<kv::KVPolicy>(new CountedPolicy());
-      });
+  CountedPolicy::Register();
   model::SyntheticModelOptions mo;
   mo.shape = "tiny";
   const std::string path = ::testing::TempDir() + "/engine_test_tiny.gguf";
   ASSERT_TRUE(model::WriteSyntheticModel(mo, path).ok());
-  auto spec = kv::ParseKVSpec("codec=f16;policy=engine_test_counted");
+  auto spec = kv::ParseKVSpec("codec=f16;policy=test_counted");
   ASSERT_TRUE(spec.ok()) << spec.status().ToString();
   EngineOptions o;
   o.model_path = path;

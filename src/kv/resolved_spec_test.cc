@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kv/kv_manager.h"
+#include "kv/policy/counted_policy_test_util.h"
 #include "kv/policy/head_typing.h"
 #include "kv/policy/policy.h"
 
@@ -18,23 +19,10 @@ namespace {
 
 constexpr KVLayout kShape{2, 2, 16, 16};
 
-// A policy that counts how often it is constructed.
-class CountedPolicy : public KVPolicy {
- public:
-  static inline int built = 0;
-  CountedPolicy() { ++built; }
-  std::string_view name() const override { return "test_counted"; }
-  Status OnStepCommitted(KVManager&, SeqId) override { return Status::Ok(); }
-};
-
-void RegisterCountedPolicy() {
-  PolicyRegistry::Global().Register("test_counted", [](const PolicyParams&) -> Result<std::unique_ptr<KVPolicy>> {
-    return std::unique_ptr<KVPolicy>(new CountedPolicy());
-  });
-}
+using testing::CountedPolicy;
 
 TEST(ResolvedKVSpecTest, EachPolicyIsBuiltOnceAndTheManagerAdoptsIt) {
-  RegisterCountedPolicy();
+  CountedPolicy::Register();
   CountedPolicy::built = 0;
   auto r = ResolveKVSpec("codec=f16;policy=test_counted;policy=test_counted", kShape, 64, 1);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
