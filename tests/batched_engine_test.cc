@@ -32,7 +32,7 @@ std::unique_ptr<engine::Engine> LoadEngine(const std::string& path, const std::s
                                            int n_ctx = 256) {
   engine::EngineOptions eo;
   eo.model_path = path;
-  eo.kv_spec = kv;
+  eo.kv_spec = kv::ParseKVSpec(kv).value();
   eo.n_ctx = n_ctx;
   eo.n_seqs = n_seqs;
   eo.n_threads = 2;

@@ -125,7 +125,7 @@ TEST(EvalTest, SelfSpecGivesZeroKldAndPplMatchesPerplexity) {
 
   // ppl is exactly what eval::Perplexity (kvx perplexity) computes.
   engine::EngineOptions eo;
-  eo.kv_spec = "codec=f16,page=8";
+  eo.kv_spec = kv::ParseKVSpec("codec=f16,page=8").value();
   eo.n_ctx = 128;
   auto rt = engine::Engine::Create(&**model, &threads, eo);
   ASSERT_TRUE(rt.ok());

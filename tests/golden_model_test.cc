@@ -68,7 +68,7 @@ double ToleranceFor(const std::string& model, const std::string& kv) {
 std::unique_ptr<engine::Engine> LoadRuntime(const RealModel& m, const std::string& kv) {
   engine::EngineOptions o;
   o.model_path = SharedPath(m.model_path);
-  o.kv_spec = kv;
+  o.kv_spec = kv::ParseKVSpec(kv).value();
   o.n_threads = 2;
   auto rt = engine::Engine::Load(o);
   EXPECT_TRUE(rt.ok()) << rt.status().ToString();

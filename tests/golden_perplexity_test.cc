@@ -190,7 +190,7 @@ TEST_P(GoldenPerplexityTest, RunningPerplexityMatchesLlamaCpp) {
 
   engine::EngineOptions o;
   o.model_path = SharedPath(c.model);
-  o.kv_spec = c.kv;
+  o.kv_spec = kv::ParseKVSpec(c.kv).value();
   o.n_ctx = c.ctx;
   o.n_batch = c.ctx;
   o.n_threads = 2;

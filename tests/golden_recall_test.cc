@@ -43,7 +43,7 @@ constexpr double kServerLogprobTol = 0.01;
 std::unique_ptr<engine::Engine> LoadRecall(const std::string& kv) {
   engine::EngineOptions o;
   o.model_path = SharedPath(kRecall);
-  o.kv_spec = kv;
+  o.kv_spec = kv::ParseKVSpec(kv).value();
   o.n_ctx = 4096;
   o.n_threads = 2;
   auto rt = engine::Engine::Load(o);

@@ -69,7 +69,7 @@ TEST(PolicyCodecMatrixTest, EveryCombinationRunsAndFreesOrIsRefusedUpFront) {
   auto run = [&](const std::string& spec) -> std::optional<uint64_t> {
     SCOPED_TRACE(spec);
     engine::EngineOptions eo;
-    eo.kv_spec = spec;
+    eo.kv_spec = kv::ParseKVSpec(spec).value();
     eo.n_ctx = 512;
     auto engine = engine::Engine::Create(model->get(), &threads, eo);
     if (!engine.ok()) {

@@ -119,7 +119,7 @@ TEST(SessionFileRealModelTest, RestoredLogitsAreBitIdentical) {
       SCOPED_TRACE(m.name + " " + kv);
       engine::EngineOptions eo;
       eo.model_path = SharedPath(m.model_path);
-      eo.kv_spec = kv;
+      eo.kv_spec = kv::ParseKVSpec(kv).value();
       eo.n_ctx = 256;
       eo.n_seqs = 3;
       eo.n_threads = 2;

@@ -40,7 +40,7 @@ TEST(SyntheticModelTest, PerplexityMatchesLlamaCpp) {
     ASSERT_TRUE(model::WriteSyntheticModel(o, path).ok());
     engine::EngineOptions ro;
     ro.model_path = path;
-    ro.kv_spec = "codec=f32";
+    ro.kv_spec = kv::ParseKVSpec("codec=f32").value();
     ro.n_ctx = run["ctx"].get<int>();
     ro.n_threads = 2;
     auto rt = engine::Engine::Load(ro);

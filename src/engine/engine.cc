@@ -55,8 +55,8 @@ class ObserverFanOut : public kv::AttentionObserver {
 }  // namespace
 
 Result<std::unique_ptr<Engine>> Engine::Load(const EngineOptions& options) {
-  // Check the spec's syntax and the numbers before the (slow) model load.
-  KVX_RETURN_IF_ERROR(kv::ParseKVSpec(options.kv_spec).status());
+  // Check the numbers before the (slow) model load (the spec was parsed by
+  // the caller; it is resolved against the model below).
   if (options.n_ctx < 0) return InvalidArgument("context length (-c) must be >= 0 (0 = the model's own)");
   if (options.n_threads < 0) return InvalidArgument("thread count (-t) must be >= 0 (0 = all cores)");
   std::unique_ptr<Engine> e(new Engine());

@@ -37,7 +37,7 @@ class Session;
 struct EngineOptions {
   std::string model_path;  // Load() only
   int n_threads = 0;       // Load() only; 0 = all cores
-  std::string kv_spec;     // the --kv spec; "" = defaults
+  kv::KVSpec kv_spec;      // the --kv spec, parsed once by the caller (kv::ParseKVSpec); {} = defaults
   int n_ctx = 0;           // tokens per sequence; 0 = the model's trained context
   int n_batch = 512;       // prompt tokens per forward pass of one session
   int n_seqs = 1;          // sequences the KV budget is sized for (when the spec sets no budget)
@@ -57,8 +57,9 @@ struct StepInput {
 
 class Engine {
  public:
-  // Checks the options and the spec's syntax, loads the model, makes the
-  // threads, resolves the spec against the model (every check, once).
+  // Checks the options, loads the model, makes the threads, resolves the
+  // spec against the model (every check and each policy built, once:
+  // kv/resolved_spec.h).
   static Result<std::unique_ptr<Engine>> Load(const EngineOptions& options);
   // Shares `model` and `threads` (REQUIRES: they outlive the engine).
   static Result<std::unique_ptr<Engine>> Create(const model::Model* model, ThreadPool* threads,

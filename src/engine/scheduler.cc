@@ -91,7 +91,7 @@ Scheduler::~Scheduler() {
 
 uint64_t Scheduler::KvBytesFor(int64_t tokens) const {
   const kv::ResolvedKVSpec& spec = engine_.kv_manager().spec();
-  return tokens <= 0 ? 0 : kv::BytesForContext(spec.layout, spec.spec.codec, tokens);
+  return tokens <= 0 ? 0 : kv::BytesForContext(spec.layout, spec.layers, tokens);
 }
 
 bool Scheduler::Cancel(RequestId id) {

@@ -40,7 +40,7 @@ inline std::unique_ptr<Engine> LoadEngine(const std::string& model_path, const s
                                           int n_seqs = 4) {
   EngineOptions eo;
   eo.model_path = model_path;
-  eo.kv_spec = kv;
+  eo.kv_spec = kv::ParseKVSpec(kv).value();
   eo.n_ctx = n_ctx;
   eo.n_seqs = n_seqs;
   eo.n_threads = 2;

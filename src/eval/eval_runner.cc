@@ -377,11 +377,12 @@ class Runner {
     so.n_ctx = opt_.n_ctx;
     so.n_batch = opt_.n_batch;
     for (size_t i = 0; i < all.size(); ++i) {
-      so.kv_spec = all[i];
+      const std::string context = std::string(i == 0 ? "baseline" : "--kv") + " '" + all[i] + "'";
+      auto spec = kv::ParseKVSpec(all[i]);
+      if (!spec.ok()) return spec.status().WithContext(context);
+      so.kv_spec = std::move(*spec);
       auto rt = engine::Engine::Create(&model_, threads_, so);
-      if (!rt.ok()) {
-        return rt.status().WithContext(std::string(i == 0 ? "baseline" : "--kv") + " '" + all[i] + "'");
-      }
+      if (!rt.ok()) return rt.status().WithContext(context);
       if (opt_.compress == "none" && (*rt)->kv_manager().HasOncePolicy()) {
         // Its row would carry the policy's name for a cache it never touched.
         return InvalidArgument(std::string(i == 0 ? "--baseline" : "--kv") + " '" + all[i] +

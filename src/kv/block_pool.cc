@@ -161,9 +161,8 @@ Result<PageId> BlockPool::Allocate(int size_class) {
   KVX_CHECK(size_class >= 0 && size_class < num_size_classes());
   SizeClass& c = classes_[size_class];
   if (Exhausted(c)) return ResourceExhausted(ExhaustedMessage(c));
-  const bool plain_listed = c.head != kNoPage && !(flags_[c.head] & kFlagCached);
-  // Plain free pages first (warm), then never-used ones, then cached pages (LRU).
-  if (plain_listed || c.frontier == end(c)) return Take(c, c.head);
+  // Listed free pages first (warm), then never-used ones.
+  if (c.head != kNoPage || c.frontier == end(c)) return Take(c, c.head);
   return Take(c, Materialize(c));
 }
 
@@ -173,7 +172,7 @@ Result<PageId> BlockPool::AllocateAfter(int size_class, PageId prev) {
   if (Exhausted(c)) return ResourceExhausted(ExhaustedMessage(c));
   const PageId next = prev + 1;
   if (prev != kNoPage && prev >= c.first && prev < c.frontier) {
-    if (next < c.frontier && (flags_[next] & kFlagOnFreeList) && !(flags_[next] & kFlagCached)) return Take(c, next);
+    if (next < c.frontier && (flags_[next] & kFlagOnFreeList)) return Take(c, next);
     if (next == c.frontier && next < end(c)) return Take(c, Materialize(c));  // grow at the frontier
   }
   if (c.extent_head >= 0) return Take(c, c.first + c.extent_head * c.extent_pages);
@@ -192,9 +191,6 @@ Result<PageId> BlockPool::AllocateAfter(int size_class, PageId prev) {
 
 PageId BlockPool::Take(SizeClass& c, PageId id) {
   Unlink(id);
-  // Prefix-cache hook: a kFlagCached page popped here is evicted (its index
-  // entry must be dropped) before reuse.
-  flags_[id] &= static_cast<uint8_t>(~kFlagCached);
   if (!(flags_[id] & kFlagTouched)) {
     flags_[id] |= kFlagTouched;
     ++c.n_touched;
@@ -218,11 +214,7 @@ void BlockPool::Unref(PageId id) {
   --n_in_use_;
   --c.n_in_use;
   bytes_in_use_ -= c.page_bytes;
-  if (flags_[id] & kFlagCached) {
-    PushBack(id);  // LRU: cached content is evicted last, oldest first
-  } else {
-    PushFront(id);  // reuse warm, committed memory first
-  }
+  PushFront(id);  // reuse warm, committed memory first
 }
 
 uint64_t BlockPool::ReleaseFreeMemory() {
@@ -251,7 +243,7 @@ uint64_t BlockPool::ReleaseFreeMemory() {
           for (PageId p = id; p < end; ++p) {
             const size_t b = static_cast<size_t>(p - c.first) * c.page_bytes;
             if (b >= lo && b + c.page_bytes <= hi && (flags_[p] & kFlagTouched)) {
-              flags_[p] &= static_cast<uint8_t>(~(kFlagTouched | kFlagCached));
+              flags_[p] &= static_cast<uint8_t>(~kFlagTouched);
               --c.n_touched;
             }
           }

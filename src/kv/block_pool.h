@@ -13,20 +13,15 @@
 //
 // Free list (vLLM v1's FreeKVCacheBlockQueue): an intrusive doubly-linked list
 // threaded through per-page metadata arrays (prev/next indices), so allocation
-// and release are O(1) with no heap allocation. Allocate() pops the front
-// (never-used pages come from the frontier, below).
-// Release order:
-//   * a plain free page goes to the FRONT: it is reused first (its memory is
-//     already committed and likely cached);
-//   * (future, prefix cache) a page released while still holding cached
-//     content (kFlagCached) goes to the BACK, so cached-but-unused pages are
-//     evicted in LRU order, only after every plain free page and never-touched
-//     page is used. Popping a cached page will call an eviction hook so the
-//     prefix cache drops its entry. The flag and the back insertion exist now;
-//     the hook is the small addition left for the prefix-cache issue.
+// and release are O(1) with no heap allocation. Allocate() pops the front; a
+// released page goes to the FRONT too, so it is reused first (its memory is
+// already committed and likely cached). The pool knows nothing of prefix
+// caching: cached pages are pages a RadixCache holder sequence still
+// references (refcount > 0), and the radix cache evicts them by its own LRU
+// when a step needs room (kv/radix_cache.h).
 // Never-used pages are not listed: each class has a frontier, and pages past
-// it have never been handed out. Allocation takes a listed plain free page
-// first, then the frontier, then cached pages. Per-page metadata lives in
+// it have never been handed out. Allocation takes a listed free page first,
+// then the frontier. Per-page metadata lives in
 // LazyArrays, so a huge budget costs address space only: metadata memory
 // grows with the pages actually used, not with the budget.
 //
@@ -226,10 +221,9 @@ class BlockPool {
     int32_t extent_tail = -1;
   };
 
-  // Per-page flags (metadata hook for later features).
+  // Per-page flags.
   static constexpr uint8_t kFlagOnFreeList = 1;  // linked into the free list
   static constexpr uint8_t kFlagTouched = 2;     // memory possibly committed
-  static constexpr uint8_t kFlagCached = 4;      // (prefix cache) content still indexed
 
   BlockPool(uint64_t budget, size_t extent_bytes) : budget_bytes_(budget), extent_bytes_(extent_bytes) {}
   bool Valid(PageId id) const { return id >= 0 && id < n_pages_; }

@@ -10,69 +10,20 @@
 #include "util/check.h"
 
 namespace kvx::kv {
-namespace {
-
-// Positions a pre-RoPE cache can hold (SequenceKV keeps a dense cos/sin table).
-constexpr int kMaxPreRopeContext = 1 << 22;
-
-}  // namespace
 
 uint64_t BlockHash(uint64_t seed, std::span<const int32_t> block) {
   return XXH3_64bits_withSeed(block.data(), block.size() * sizeof(int32_t), seed);
-}
-
-Result<ResolvedKVSpec> ResolveKVSpec(std::string_view text, const KVLayout& model_layout, int n_ctx, int n_seqs) {
-  KVX_ASSIGN_OR_RETURN(KVSpec spec, ParseKVSpec(text));
-  return ResolveKVSpec(spec, model_layout, n_ctx, n_seqs);
-}
-
-Result<ResolvedKVSpec> ResolveKVSpec(const KVSpec& spec, const KVLayout& model_layout, int n_ctx, int n_seqs) {
-  ResolvedKVSpec r;
-  r.spec = spec;
-  r.layout = model_layout;
-  r.layout.page_tokens = spec.page_tokens;
-  const std::string what = "--kv '" + spec.ToString() + "'";
-  KVX_RETURN_IF_ERROR(ValidateKVSpec(spec, r.layout));  // its messages name the spec and the fix
-  if (n_ctx < 1) return InvalidArgument("context length must be at least 1 token (got " + std::to_string(n_ctx) + ")");
-  if (spec.codec.pre_rope && n_ctx > kMaxPreRopeContext) {
-    return InvalidArgument(what + ": pre-RoPE keys support contexts up to " + std::to_string(kMaxPreRopeContext) +
-                           " tokens; lower -c");
-  }
-  if (n_seqs < 1) return InvalidArgument("sequence count must be at least 1");
-  uint64_t headroom = 0;  // what compressing a full sequence holds before it frees (KVPolicy)
-  for (const PolicySpec& p : spec.policies) {  // an unknown policy or parameter is an error here, on every path
-    KVX_ASSIGN_OR_RETURN(auto policy, PolicyRegistry::Global().Create(p.name, p.params));
-    KVX_RETURN_IF_ERROR(policy->CheckSpec(spec, r.layout));
-    headroom += policy->CompressionHeadroomBytes(spec, r.layout, n_ctx);
-  }
-  r.n_ctx = n_ctx;
-  r.n_seqs = n_seqs;
-  r.layers = ResolveLayers(r.layout, spec.codec);
-  r.budget_bytes = spec.budget_bytes;
-  if (r.budget_bytes == 0) {
-    r.budget_bytes = (BudgetForContext(r.layout, spec.codec, n_ctx) + headroom) * static_cast<uint64_t>(n_seqs);
-  }
-  // The smallest useful budget: one token of one sequence in every table.
-  const uint64_t one_token = BudgetForContext(r.layout, spec.codec, 1);
-  if (r.budget_bytes < one_token) {
-    return InvalidArgument(what + ": budget of " + std::to_string(r.budget_bytes) +
-                           " bytes cannot hold one token (needs " + std::to_string(one_token) +
-                           " bytes: a page per layer and kv head); raise budget=");
-  }
-  return r;
 }
 
 Result<std::unique_ptr<KVManager>> KVManager::Create(ResolvedKVSpec spec, const KVManagerOptions& options) {
   std::unique_ptr<KVManager> m(new KVManager(std::move(spec), options));
   BlockPoolOptions o;
   o.budget_bytes = m->spec_.budget_bytes;
-  o.page_bytes = PageBytes(m->spec_.layout, m->spec_.spec.codec);
+  o.page_bytes = PageBytes(m->spec_.layers);
   o.extent_bytes = ExtentBytesFor(m->spec_.layout, o.budget_bytes, m->spec_.n_seqs);
   KVX_ASSIGN_OR_RETURN(m->pool_, BlockPool::Create(o));
-  for (const PolicySpec& p : m->spec_.spec.policies) {
-    KVX_ASSIGN_OR_RETURN(auto policy, PolicyRegistry::Global().Create(p.name, p.params));
-    m->AddPolicy(std::move(policy));
-  }
+  for (std::unique_ptr<KVPolicy>& policy : m->spec_.policies) m->AddPolicy(std::move(policy));
+  m->spec_.policies.clear();  // adopted: policies() holds them
   return m;
 }
 
@@ -100,7 +51,7 @@ SeqId KVManager::AddSequence(uint64_t salt) {
   KVX_CHECK(!in_step_);
   const SeqId id = next_id_++;
   Sequence& s = seqs_[id];
-  s.kv = std::make_unique<SequenceKV>(pool_.get(), spec_.layout, spec_.spec.codec);
+  s.kv = std::make_unique<SequenceKV>(pool_.get(), spec_.layout, spec_.spec.codec, spec_.layers);
   s.salt = salt;
   return id;
 }
@@ -180,7 +131,7 @@ Result<SeqId> KVManager::ImportSequence(const SequenceImage& image) {
       }
     }
   }
-  auto kv = std::make_unique<SequenceKV>(pool_.get(), spec_.layout, spec_.spec.codec);
+  auto kv = std::make_unique<SequenceKV>(pool_.get(), spec_.layout, spec_.spec.codec, spec_.layers);
   KVX_RETURN_IF_ERROR(kv->Import(image.tables));
   if (!image.entries_removed) {
     for (int l = 0; l < spec_.layout.n_layers; ++l) {

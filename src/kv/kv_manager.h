@@ -54,33 +54,13 @@
 #include "kv/codec/codec_config.h"
 #include "kv/kv_spec.h"
 #include "kv/layout.h"
+#include "kv/resolved_spec.h"
 #include "kv/sequence_kv.h"
 #include "util/status.h"
 
 namespace kvx::kv {
 
 class KVPolicy;
-
-// A KV spec resolved against a model's KV shape: everything the pool and
-// the sequences are made from, checked once (ResolveKVSpec) so that no
-// command can run a spec `kvx inspect` would reject.
-struct ResolvedKVSpec {
-  KVSpec spec;
-  KVLayout layout;                 // the model's shape with spec.page_tokens
-  std::vector<LayerCodec> layers;  // ResolveLayers(layout, spec.codec)
-  int n_ctx = 0;                   // tokens one sequence may hold
-  int n_seqs = 1;                  // sequences the budget was sized for
-  uint64_t budget_bytes = 0;       // the pool's (spec.budget_bytes or sized from n_ctx * n_seqs)
-};
-
-// Parses `text` (when given as text) and validates it against `model_layout`
-// (its page_tokens is ignored): the layout, every codec check
-// (ValidateCodecConfig: head_dim, layer ranges, page sizes, bits), the
-// context length (>= 1; pre-RoPE keys bound the positions) and a budget
-// that holds at least one token of one sequence. InvalidArgument naming the
-// problem and what to change otherwise.
-Result<ResolvedKVSpec> ResolveKVSpec(std::string_view text, const KVLayout& model_layout, int n_ctx, int n_seqs);
-Result<ResolvedKVSpec> ResolveKVSpec(const KVSpec& spec, const KVLayout& model_layout, int n_ctx, int n_seqs);
 
 using SeqId = int32_t;
 
@@ -104,8 +84,8 @@ struct StepRequest {
 
 class KVManager {
  public:
-  // Creates the pool for `spec` (IoError if the address space cannot be
-  // reserved).
+  // Creates the pool for `spec` and adopts its policies, in order (IoError
+  // if the address space cannot be reserved).
   static Result<std::unique_ptr<KVManager>> Create(ResolvedKVSpec spec, const KVManagerOptions& options = {});
   ~KVManager();
   KVManager(const KVManager&) = delete;

@@ -177,7 +177,7 @@ TEST(KVManagerTest, FailedStepLeavesEverythingAsBefore) {
     auto r = ResolveKVSpec(spec, kShape, 100, 1);
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     r->n_ctx = 1000;  // the budget runs out long before the context
-    auto m = std::move(KVManager::Create(*r)).value();
+    auto m = std::move(KVManager::Create(std::move(*r))).value();
     std::mt19937 rng(3);
     const SeqId a = m->AddSequence(), b = m->AddSequence();
     ASSERT_TRUE(RunStep(*m, {{a, 37}}, rng).ok());
@@ -460,7 +460,7 @@ std::unique_ptr<KVManager> MakeReleasingManager(const KVLayout& layout, int max_
   o.release_watermark_bytes = 8 << 20;
   auto r = ResolveKVSpec("codec=f32,page=16;budget=128M", layout, 8192, max_seqs);
   KVX_CHECK(r.ok());
-  return std::move(KVManager::Create(*r, o)).value();
+  return std::move(KVManager::Create(std::move(*r), o)).value();
 }
 
 // Ending sequences hands the pool's memory back to the OS above the

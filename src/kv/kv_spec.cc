@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kv/layout.h"
+#include "util/byte_size.h"
 
 namespace kvx::kv {
 namespace {
@@ -57,22 +58,11 @@ Status BadValue(std::string_view item, const std::string& why) {
   return InvalidArgument("bad --kv item '" + std::string(item) + "': " + why);
 }
 
-Result<uint64_t> ParseBytes(std::string_view item, std::string_view value) {
-  size_t digits = 0;
-  while (digits < value.size() && value[digits] >= '0' && value[digits] <= '9') ++digits;
-  uint64_t number = 0;
-  const std::string suffix = Lower(Trim(value.substr(digits)));
-  uint64_t mult = 0;
-  if (suffix.empty() || suffix == "b") mult = 1;
-  else if (suffix == "k" || suffix == "kib") mult = 1ull << 10;
-  else if (suffix == "m" || suffix == "mib") mult = 1ull << 20;
-  else if (suffix == "g" || suffix == "gib") mult = 1ull << 30;
-  if (!ParseUint(value.substr(0, digits), &number) || mult == 0) {
-    return BadValue(item, "budget must be a whole number of bytes with an optional suffix K, M, G "
-                          "(or KiB, MiB, GiB; binary), e.g. budget=512M");
-  }
-  if (number > std::numeric_limits<uint64_t>::max() / mult) return BadValue(item, "budget is too large");
-  return number * mult;
+// budget=: the one size grammar (util/byte_size.h), its message naming the item.
+Result<uint64_t> ParseBudget(std::string_view item, std::string_view value) {
+  auto bytes = ParseByteSize(value);
+  if (!bytes.ok()) return BadValue(item, "budget " + bytes.status().message());
+  return *bytes;
 }
 
 std::string FormatBytes(uint64_t b) {
@@ -245,7 +235,7 @@ Result<KVSpec> ParseKVSpec(std::string_view text) {
         }
         spec.page_tokens = static_cast<int>(u);
       } else if (key == "budget") {
-        KVX_ASSIGN_OR_RETURN(spec.budget_bytes, ParseBytes(item, value));
+        KVX_ASSIGN_OR_RETURN(spec.budget_bytes, ParseBudget(item, value));
       } else if (key == "bits") {
         if (!ParseBits(value, false, &cc.k_bits, &cc.v_bits)) {
           return BadValue(item, "bits must be kXvY with X, Y in 2, 4, 8 (e.g. bits=k4v2) or one width (bits=4)");

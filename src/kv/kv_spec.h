@@ -15,7 +15,8 @@
 //             over each page's tokens, values per token (use page=32..128).
 //   page      tokens per page, a power of two in 1..256              default 16
 //   budget    pool bytes: integer with optional suffix K, M, G (binary, also
-//             KiB, MiB, GiB; case-insensitive; B = bytes). 0 = size the pool
+//             KiB, MiB, GiB; case-insensitive; B = bytes: ParseByteSize,
+//             util/byte_size.h, as every size kvx reads). 0 = size the pool
 //             from the context length.                               default 0
 // Quantized codecs only:
 //   bits      K/V bit widths for every layer, kXvY with X, Y in {2, 4, 8}

@@ -98,7 +98,7 @@ std::unique_ptr<KVManager> FilledManager(const std::string& spec, const KVLayout
   auto r = ResolveKVSpec(spec, layout, n_ctx, 1);
   EXPECT_TRUE(r.ok()) << r.status().ToString();
   if (!r.ok()) return nullptr;
-  auto m = std::move(KVManager::Create(*r)).value();
+  auto m = std::move(KVManager::Create(std::move(*r))).value();
   *seq = m->AddSequence();
   std::vector<int32_t> toks(n, 1), pos(n);
   std::iota(pos.begin(), pos.end(), 0);

@@ -17,26 +17,26 @@
 
 namespace kvx::kv {
 
-size_t PageBytes(const KVLayout& layout, const CodecConfig& codec) {
+size_t PageBytes(std::span<const LayerCodec> layers) {
   size_t most = 0;
-  for (const LayerCodec& lc : ResolveLayers(layout, codec)) {
+  for (const LayerCodec& lc : layers) {
     most = std::max(most, lc.packed_page_bytes);
     if (lc.sealed || lc.sink_pages > 0) most = std::max(most, lc.full_page_bytes);
   }
   return most;
 }
 
-size_t BytesPerToken(const KVLayout& layout, const CodecConfig& codec) {
+size_t BytesPerToken(const KVLayout& layout, std::span<const LayerCodec> layers) {
   size_t total = 0;
-  for (const LayerCodec& lc : ResolveLayers(layout, codec)) total += lc.packed_page_bytes * layout.n_kv_heads;
+  for (const LayerCodec& lc : layers) total += lc.packed_page_bytes * layout.n_kv_heads;
   return (total + layout.page_tokens - 1) / layout.page_tokens;
 }
 
-uint64_t BytesForContext(const KVLayout& layout, const CodecConfig& codec, int64_t n_ctx) {
+uint64_t BytesForContext(const KVLayout& layout, std::span<const LayerCodec> layers, int64_t n_ctx) {
   const int64_t T = layout.page_tokens;
   const int64_t pages = (n_ctx + T - 1) / T;
   uint64_t total = 0;
-  for (const LayerCodec& lc : ResolveLayers(layout, codec)) {
+  for (const LayerCodec& lc : layers) {
     int64_t full = 0;
     if (lc.sealed) {
       const int64_t packed_end = std::max<int64_t>(0, n_ctx - lc.residual) / T;
@@ -51,16 +51,10 @@ uint64_t BytesForContext(const KVLayout& layout, const CodecConfig& codec, int64
   return total;
 }
 
-size_t ExtentBytesFor(const KVLayout& layout, uint64_t budget, int n_seqs) {
-  const uint64_t tables =
-      static_cast<uint64_t>(std::max(n_seqs, 1)) * std::max(layout.n_layers, 1) * std::max(layout.n_kv_heads, 1);
-  return static_cast<size_t>(std::clamp<uint64_t>(budget / tables, 1, kMaxExtentBytes));
-}
-
-uint64_t BudgetForContext(const KVLayout& layout, const CodecConfig& codec, int64_t n_ctx) {
-  uint64_t total = BytesForContext(layout, codec, n_ctx);
+uint64_t BudgetForContext(const KVLayout& layout, std::span<const LayerCodec> layers, int64_t n_ctx) {
+  uint64_t total = BytesForContext(layout, layers, n_ctx);
   if (n_ctx == 0) return 0;
-  for (const LayerCodec& lc : ResolveLayers(layout, codec)) {
+  for (const LayerCodec& lc : layers) {
     if (!lc.sealed) continue;
     // Staging pages being sealed are freed only after their packed page is
     // written; at most residual/T + 2 of them per head at a time.
@@ -70,18 +64,40 @@ uint64_t BudgetForContext(const KVLayout& layout, const CodecConfig& codec, int6
   return total;
 }
 
-SequenceKV::SequenceKV(BlockPool* pool, const KVLayout& layout, const CodecConfig& codec)
-    : pool_(pool), layout_(layout), codec_(codec) {
+// The same, resolving the codec first.
+size_t PageBytes(const KVLayout& layout, const CodecConfig& codec) { return PageBytes(ResolveLayers(layout, codec)); }
+size_t BytesPerToken(const KVLayout& layout, const CodecConfig& codec) {
+  return BytesPerToken(layout, ResolveLayers(layout, codec));
+}
+uint64_t BytesForContext(const KVLayout& layout, const CodecConfig& codec, int64_t n_ctx) {
+  return BytesForContext(layout, ResolveLayers(layout, codec), n_ctx);
+}
+uint64_t BudgetForContext(const KVLayout& layout, const CodecConfig& codec, int64_t n_ctx) {
+  return BudgetForContext(layout, ResolveLayers(layout, codec), n_ctx);
+}
+
+size_t ExtentBytesFor(const KVLayout& layout, uint64_t budget, int n_seqs) {
+  const uint64_t tables =
+      static_cast<uint64_t>(std::max(n_seqs, 1)) * std::max(layout.n_layers, 1) * std::max(layout.n_kv_heads, 1);
+  return static_cast<size_t>(std::clamp<uint64_t>(budget / tables, 1, kMaxExtentBytes));
+}
+
+SequenceKV::SequenceKV(BlockPool* pool, const KVLayout& layout, const CodecConfig& codec,
+                       std::vector<LayerCodec> layers)
+    : pool_(pool), layout_(layout), codec_(codec), layers_(std::move(layers)) {
   KVX_CHECK(pool_ != nullptr);
   KVX_CHECK(layout_.Validate().ok());
-  KVX_CHECK_MSG(pool_->page_bytes() >= PageBytes(layout_, codec_), "pool pages are too small for this codec");
-  layers_ = ResolveLayers(layout_, codec_);
+  KVX_CHECK(static_cast<int>(layers_.size()) == layout_.n_layers);
+  KVX_CHECK_MSG(pool_->page_bytes() >= PageBytes(layers_), "pool pages are too small for this codec");
   size_class_.assign(2 * static_cast<size_t>(layout_.n_layers), -1);
   tables_.resize(static_cast<size_t>(layout_.n_layers) * layout_.n_kv_heads);
   kept_channels_.resize(tables_.size());
   reserved_.resize(layout_.n_layers);
   if (codec_.rotation != Rotation::kNone) rotation_ = std::make_unique<HadamardRotation>(layout_.head_dim);
 }
+
+SequenceKV::SequenceKV(BlockPool* pool, const KVLayout& layout, const CodecConfig& codec)
+    : SequenceKV(pool, layout, codec, ResolveLayers(layout, codec)) {}
 
 SequenceKV::~SequenceKV() { Clear(); }
 
@@ -117,7 +133,7 @@ int64_t SequenceKV::PagesInUse() const {
 }
 
 std::unique_ptr<SequenceKV> SequenceKV::EmptyCopy() const {
-  auto copy = std::make_unique<SequenceKV>(pool_, layout_, codec_);
+  auto copy = std::make_unique<SequenceKV>(pool_, layout_, codec_, layers_);
   copy->size_class_ = size_class_;
   copy->selection_ = selection_;
   copy->demote_id_ = demote_id_;

@@ -55,19 +55,26 @@
 
 namespace kvx::kv {
 
-// Bytes of the largest page `codec` uses with this layout (size class 0 of a
-// pool made for it).
+// Sizes of a layout's pages under a codec. Each takes the per-layer codecs
+// (ResolveLayers(layout, codec); a ResolvedKVSpec holds them) or, for callers
+// without a resolved spec, the codec config to resolve.
+// Bytes of the largest page the layers use (size class 0 of a pool made for
+// them).
+size_t PageBytes(std::span<const LayerCodec> layers);
 size_t PageBytes(const KVLayout& layout, const CodecConfig& codec);
 // Bytes one token costs across all layers and kv heads once its pages are
 // packed (sum over layers of packed page bytes * n_kv_heads / page_tokens,
 // rounded up): the asymptotic cost, without the f16 residual/sink pages.
+size_t BytesPerToken(const KVLayout& layout, std::span<const LayerCodec> layers);
 size_t BytesPerToken(const KVLayout& layout, const CodecConfig& codec);
 // Exact bytes of the pages of one sequence holding `n_ctx` tokens in every
 // (layer, kv-head), f16 residual and sink pages included.
+uint64_t BytesForContext(const KVLayout& layout, std::span<const LayerCodec> layers, int64_t n_ctx);
 uint64_t BytesForContext(const KVLayout& layout, const CodecConfig& codec, int64_t n_ctx);
 // Pool budget that holds `n_ctx` tokens of one sequence: BytesForContext plus,
 // for sealed codecs, the pages an Append may hold while it seals (the new
 // packed pages are allocated before the staging pages they replace are freed).
+uint64_t BudgetForContext(const KVLayout& layout, std::span<const LayerCodec> layers, int64_t n_ctx);
 uint64_t BudgetForContext(const KVLayout& layout, const CodecConfig& codec, int64_t n_ctx);
 
 // Extent size (BlockPoolOptions::extent_bytes, block_pool.h "Locality") for a
@@ -85,9 +92,14 @@ Status CanShareAcrossLayers(const LayerCodec& a, const LayerCodec& b);
 
 class SequenceKV {
  public:
-  // REQUIRES: pool outlives this object; layout.Validate() is OK;
-  // pool->page_bytes() >= PageBytes(layout, codec). ValidateCodecConfig()
-  // should have accepted `codec` (otherwise it is adapted, see ResolveLayers).
+  // `layers`: ResolveLayers(layout, codec), resolved once by the caller (a
+  // KVManager passes its ResolvedKVSpec's). REQUIRES: pool outlives this
+  // object; layout.Validate() is OK; layers.size() == layout.n_layers;
+  // pool->page_bytes() >= PageBytes(layers). ValidateCodecConfig() should
+  // have accepted `codec` (otherwise it is adapted, see ResolveLayers).
+  SequenceKV(BlockPool* pool, const KVLayout& layout, const CodecConfig& codec, std::vector<LayerCodec> layers);
+  // Resolves the layers itself: for a sequence made without a manager
+  // (tests, benchmarks).
   SequenceKV(BlockPool* pool, const KVLayout& layout, const CodecConfig& codec);
   ~SequenceKV();
   SequenceKV(const SequenceKV&) = delete;

@@ -39,7 +39,7 @@ class ServerTest : public ::testing::Test {
     ASSERT_TRUE(model::WriteSyntheticModel(o, path_).ok());
     engine::EngineOptions eo;
     eo.model_path = path_;
-    eo.kv_spec = kv_spec_;
+    eo.kv_spec = kv::ParseKVSpec(kv_spec_).value();
     eo.n_ctx = 2048;  // room for a long stream: a client leaving must be noticed before it ends
     eo.n_seqs = 8;
     eo.n_threads = 2;

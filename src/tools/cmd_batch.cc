@@ -34,7 +34,7 @@ namespace {
 using nlohmann::json;
 
 struct BatchFlags {
-  engine::EngineOptions runtime;
+  EngineFlags runtime;
   std::string input;
   std::string output;  // "" = stdout
   int max_tokens = 64;
@@ -143,7 +143,7 @@ struct Outcome {
 
 Status Batch(const BatchFlags& flags) {
   KVX_ASSIGN_OR_RETURN(std::vector<Item> items, ReadItems(flags));
-  KVX_ASSIGN_OR_RETURN(auto eng, engine::Engine::Load(flags.runtime));
+  KVX_ASSIGN_OR_RETURN(auto eng, LoadEngine(flags.runtime));
   const model::Tokenizer& tok = eng->model().tokenizer();
   std::vector<std::vector<int32_t>> prompts;
   for (Item& it : items) {
@@ -172,7 +172,7 @@ Status Batch(const BatchFlags& flags) {
   std::vector<Outcome> outcomes(items.size());
   engine::SchedulerOptions so;
   so.max_step_tokens = flags.max_step_tokens;
-  so.max_running = std::min(flags.runtime.n_seqs, flags.max_step_tokens);
+  so.max_running = std::min(flags.runtime.options.n_seqs, flags.max_step_tokens);
   KVX_ASSIGN_OR_RETURN(auto sched, engine::Scheduler::Create(*eng, so));
   const auto t0 = std::chrono::steady_clock::now();
 
@@ -277,20 +277,15 @@ Status Batch(const BatchFlags& flags) {
 
 void RegisterBatch(CLI::App& app, int* exit_code) {
   auto flags = std::make_shared<BatchFlags>();
-  flags->runtime.n_seqs = 8;
+  flags->runtime.options.n_seqs = 8;
   CLI::App* cmd = app.add_subcommand(
       "batch", "Run a JSONL file of requests through the scheduler, shared prefixes first (one JSON line each)");
   cmd->add_option("file", flags->input, "JSONL requests: {\"prompt\": \"...\", \"max_tokens\": N, ...} per line")
       ->required();
-  cmd->add_option("-m,--model", flags->runtime.model_path, "GGUF model file")->required();
+  AddEngineFlags(cmd, &flags->runtime,
+                 ContextFlag{.help = "Context length per request (0: the model's trained context)"});
   cmd->add_option("-o,--output", flags->output, "Write the results here (default: stdout)");
-  cmd->add_option("--kv", flags->runtime.kv_spec, "KV cache spec, e.g. 'codec=f16,page=16' (see README)");
-  cmd->add_option("-c,--ctx-size", flags->runtime.n_ctx, "Context length per request (0: the model's trained context)")
-      ->capture_default_str()
-      ->check(IntIn(0, kMaxContext, "0: the model's trained context"));
-  cmd->add_option("-t,--threads", flags->runtime.n_threads, "Threads (0: all cores)")->capture_default_str()
-      ->check(Threads());
-  cmd->add_option("--parallel", flags->runtime.n_seqs,
+  cmd->add_option("--parallel", flags->runtime.options.n_seqs,
                   "Sequences running at once (also sizes the KV budget when --kv sets none)")
       ->capture_default_str()
       ->check(IntIn(1, 4096));

@@ -17,7 +17,7 @@ namespace kvx::tools {
 namespace {
 
 struct BenchFlags {
-  engine::EngineOptions runtime;
+  EngineFlags runtime;
   std::string depths = "0,1024,4096,8192";
   std::string seqs;
   std::string seq_depths = "0,4096";
@@ -58,13 +58,13 @@ Status RunBench(BenchFlags flags) {
       most = std::max(most, n);
     }
     for (int d : flags.bench.seq_depths) max_depth = std::max(max_depth, d);
-    flags.runtime.n_seqs = most;  // the pool holds the largest batch at its deepest
+    flags.runtime.options.n_seqs = most;  // the pool holds the largest batch at its deepest
   }
-  if (flags.runtime.n_ctx == 0) {
-    flags.runtime.n_ctx = std::max(max_depth + flags.bench.gen_tokens + 1, flags.bench.prompt_tokens);
+  if (flags.runtime.options.n_ctx == 0) {
+    flags.runtime.options.n_ctx = std::max(max_depth + flags.bench.gen_tokens + 1, flags.bench.prompt_tokens);
   }
-  flags.runtime.n_batch = flags.bench.prompt_tokens;
-  KVX_ASSIGN_OR_RETURN(auto rt, engine::Engine::Load(flags.runtime));
+  flags.runtime.options.n_batch = flags.bench.prompt_tokens;
+  KVX_ASSIGN_OR_RETURN(auto rt, LoadEngine(flags.runtime));
   std::fprintf(stderr, "bench: measuring bandwidth, peak FLOP/s, prefill and decode at %zu depths...\n",
                flags.bench.depths.size());
   KVX_ASSIGN_OR_RETURN(eval::SpeedBenchResult r, eval::RunSpeedBench(rt.get(), flags.bench));
@@ -80,11 +80,9 @@ Status RunBench(BenchFlags flags) {
 void RegisterBench(CLI::App& app, int* exit_code) {
   auto flags = std::make_shared<BenchFlags>();
   CLI::App* cmd = app.add_subcommand("bench", "Prefill/decode speed at several depths against the measured roofline");
-  cmd->add_option("-m,--model", flags->runtime.model_path, "GGUF model file")->required();
-  cmd->add_option("-t,--threads", flags->runtime.n_threads, "Threads (0: all cores)")->capture_default_str()
-      ->check(Threads());
+  AddEngineFlags(cmd, &flags->runtime,
+                 ContextFlag{.help = "Context (0: just enough for the depths)", .hint = "0: just enough for the depths"});
   cmd->add_option("--depths", flags->depths, "Context depths for decode, comma-separated")->capture_default_str();
-  cmd->add_option("--kv", flags->runtime.kv_spec, "KV cache spec (see README)");
   cmd->add_option("--seqs", flags->seqs, "Also decode N concurrent sequences in batched steps, e.g. 1,2,4,8,16,32");
   cmd->add_option("--seq-depths", flags->seq_depths, "Context depths for --seqs")->capture_default_str();
   cmd->add_option("-p,--prompt-tokens", flags->bench.prompt_tokens, "Prefill batch size")->capture_default_str()
@@ -94,9 +92,6 @@ void RegisterBench(CLI::App& app, int* exit_code) {
       ->check(IntIn(1, kMaxBatch));
   cmd->add_option("-r,--reps", flags->bench.reps, "Repetitions (medians are reported)")->capture_default_str()
       ->check(IntIn(1, 1000));
-  cmd->add_option("-c,--ctx-size", flags->runtime.n_ctx, "Context (0: just enough for the depths)")
-      ->capture_default_str()
-      ->check(IntIn(0, kMaxContext, "0: just enough for the depths"));
   cmd->add_option("--json", flags->json_path, "Also write the results as JSON");
   cmd->callback([flags, exit_code] { *exit_code = ReportStatus(RunBench(*flags)); });
 }

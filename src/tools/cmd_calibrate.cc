@@ -16,7 +16,7 @@ namespace kvx::tools {
 namespace {
 
 struct CalibrateFlags {
-  engine::EngineOptions runtime;
+  EngineFlags runtime;
   eval::HeadCalibrationOptions options;
   std::string out;
   bool force = false;
@@ -24,10 +24,12 @@ struct CalibrateFlags {
 
 Status RunCalibrate(CalibrateFlags flags) {
   KVX_RETURN_IF_ERROR(CheckOutputFile(flags.out));
+  engine::EngineOptions options = flags.runtime.options;
+  KVX_ASSIGN_OR_RETURN(options.kv_spec, kv::ParseKVSpec(flags.runtime.kv));
   int longest = flags.options.span * flags.options.repeats + 1;
   for (int n : flags.options.lengths) longest = std::max(longest, n);
-  if (flags.runtime.n_ctx == 0) flags.runtime.n_ctx = longest;
-  KVX_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> model, model::Model::Load(flags.runtime.model_path));
+  if (options.n_ctx == 0) options.n_ctx = longest;
+  KVX_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> model, model::Model::Load(options.model_path));
   // Prompts longer than the model was trained on measure heads at positions
   // it never saw, at a cost that grows without bound (--lengths allows 2^20).
   if (const int trained = model->config().n_ctx_train; longest > trained && !flags.force) {
@@ -35,13 +37,13 @@ Status RunCalibrate(CalibrateFlags flags) {
                            " tokens, beyond the model's trained context of " + std::to_string(trained) +
                            " (--lengths, or --span x --repeats): shorten it, or pass --force to calibrate there");
   }
-  ThreadPool threads(flags.runtime.n_threads);
-  KVX_ASSIGN_OR_RETURN(auto engine, engine::Engine::Create(model.get(), &threads, flags.runtime));
+  ThreadPool threads(options.n_threads);
+  KVX_ASSIGN_OR_RETURN(auto engine, engine::Engine::Create(model.get(), &threads, options));
   if (!engine->kv_spec().policies.empty()) {
     return InvalidArgument("calibrate-heads measures the full cache: drop the policy from --kv");
   }
   KVX_ASSIGN_OR_RETURN(kv::HeadTable table, eval::CalibrateHeads(*engine, flags.options));
-  table.model = flags.runtime.model_path;
+  table.model = flags.runtime.options.model_path;
   KVX_RETURN_IF_ERROR(table.Save(flags.out));
   std::printf("calibrate-heads (%s): %d layers x %d kv heads -> %s\n", table.method.c_str(), table.n_layers,
               table.n_kv_heads, flags.out.c_str());
@@ -59,7 +61,8 @@ void RegisterCalibrateHeads(CLI::App& app, int* exit_code) {
   auto flags = std::make_shared<CalibrateFlags>();
   CLI::App* cmd = app.add_subcommand("calibrate-heads", "Score each (layer, kv head) as retrieval or streaming "
                                                         "(the head table of --kv policy=duo / policy=razor)");
-  cmd->add_option("-m,--model", flags->runtime.model_path, "GGUF model file")->required();
+  AddEngineFlags(cmd, &flags->runtime,
+                 ContextFlag{.help = "Context (0: the longest prompt)", .max = 1 << 20, .hint = ""});
   cmd->add_option("-o,--output", flags->out, "Head table file to write (JSON)")->required();
   cmd->add_option("--method", flags->options.method, "duo (passkey needle mass) | razor (echo/induction)")
       ->capture_default_str()->check(CLI::IsMember({"duo", "razor"}));
@@ -74,11 +77,6 @@ void RegisterCalibrateHeads(CLI::App& app, int* exit_code) {
   cmd->add_option("--repeats", flags->options.repeats, "razor: copies of the span")->capture_default_str()
       ->check(IntIn(2, 64));
   cmd->add_option("--seed", flags->options.seed, "Prompt seed")->capture_default_str();
-  cmd->add_option("-c,--ctx-size", flags->runtime.n_ctx, "Context (0: the longest prompt)")->capture_default_str()
-      ->check(IntIn(0, 1 << 20));
-  cmd->add_option("-t,--threads", flags->runtime.n_threads, "Threads (0: all cores)")->capture_default_str()
-      ->check(Threads());
-  cmd->add_option("--kv", flags->runtime.kv_spec, "KV cache spec (no policy)");
   cmd->add_flag("--force", flags->force, "Calibrate even with prompts longer than the model's trained context");
   cmd->callback([flags, exit_code] { *exit_code = ReportStatus(RunCalibrate(*flags)); });
 }

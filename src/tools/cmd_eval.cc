@@ -105,7 +105,7 @@ void RegisterEval(CLI::App& app, int* exit_code) {
       "Every result carries the KV bytes the spec's pool held (measured) and the compression vs a dense f16 "
       "cache.\nProtocols and the JSON schema: docs/eval.md.");
   cmd->add_option("-m,--model", o.model_path, "GGUF model file (required unless --render)");
-  cmd->add_option("--kv", o.specs, "A KV cache spec to judge (repeat the flag for several)")->allow_extra_args(false);
+  AddKVFlag(cmd, &o.specs, "a spec to judge");
   cmd->add_option("--baseline", o.baseline, "The reference KV spec")->capture_default_str();
   cmd->add_option("--tasks", flags->tasks,
                   "Comma-separated: ppl, kld, copy, passkey, lines, needle, niah_word, niah_number, niah_uuid, "

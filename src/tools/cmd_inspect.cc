@@ -12,6 +12,7 @@
 #include "kv/sequence_kv.h"
 #include "model/config.h"
 #include "tools/commands.h"
+#include "tools/flags.h"
 #include "util/printable.h"
 
 namespace kvx::tools {
@@ -99,10 +100,10 @@ Status Inspect(const InspectFlags& flags) {
       continue;
     }
     const kv::KVLayout& l = resolved->layout;
-    const size_t per_token = kv::BytesPerToken(l, spec.codec);
+    const size_t per_token = kv::BytesPerToken(l, resolved->layers);
     std::printf("  %-42s %12zu %7.2fx %14.2f\n", Printable(spec_text).c_str(), per_token,
                 static_cast<double>(f16) / per_token,
-                kv::BytesForContext(l, spec.codec, ctx) / (1024.0 * 1024.0));
+                kv::BytesForContext(l, resolved->layers, ctx) / (1024.0 * 1024.0));
   }
   // The machine this would run on: what kvx detected and the kernels it chose.
   std::printf("\n%s", eval::DescribeCpu().ToText().c_str());
@@ -116,7 +117,7 @@ void RegisterInspect(CLI::App& app, int* exit_code) {
   CLI::App* cmd = app.add_subcommand("inspect", "Show a GGUF model's metadata, tensors and KV bytes per token");
   cmd->add_option("model", flags->model_path, "GGUF model file")->required();
   cmd->add_flag("--all", flags->all_tensors, "List every tensor");
-  cmd->add_option("--kv", flags->kv_specs, "Also size this KV spec (repeatable; see README)");
+  AddKVFlag(cmd, &flags->kv_specs, "also size this spec");
   cmd->callback([flags, exit_code] { *exit_code = ReportStatus(Inspect(*flags)); });
 }
 

@@ -14,7 +14,7 @@ namespace kvx::tools {
 namespace {
 
 struct PerplexityFlags {
-  engine::EngineOptions runtime;
+  EngineFlags runtime;
   std::string file;
   int max_chunks = -1;
 };
@@ -24,10 +24,10 @@ Status RunPerplexity(PerplexityFlags flags) {
   // As llama.cpp's -f: one trailing newline is dropped.
   if (!text.empty() && text.back() == '\n') text.pop_back();
   eval::PerplexityOptions po;
-  po.n_ctx = flags.runtime.n_ctx;
+  po.n_ctx = flags.runtime.options.n_ctx;
   po.max_chunks = flags.max_chunks;
-  flags.runtime.n_batch = po.n_ctx;
-  KVX_ASSIGN_OR_RETURN(auto rt, engine::Engine::Load(flags.runtime));
+  flags.runtime.options.n_batch = po.n_ctx;
+  KVX_ASSIGN_OR_RETURN(auto rt, LoadEngine(flags.runtime));
   KVX_ASSIGN_OR_RETURN(std::vector<int32_t> tokens,
                        rt->model().tokenizer().Encode(text, /*add_special=*/true, /*parse_special=*/false));
   std::fprintf(stderr, "perplexity: %zu tokens, %d-token chunks, KV spec '%s'\n", tokens.size(), po.n_ctx,
@@ -47,15 +47,11 @@ Status RunPerplexity(PerplexityFlags flags) {
 
 void RegisterPerplexity(CLI::App& app, int* exit_code) {
   auto flags = std::make_shared<PerplexityFlags>();
-  flags->runtime.n_ctx = 512;
+  flags->runtime.options.n_ctx = 512;
   CLI::App* cmd = app.add_subcommand("perplexity", "Perplexity of a text file (llama.cpp's protocol)");
-  cmd->add_option("-m,--model", flags->runtime.model_path, "GGUF model file")->required();
+  AddEngineFlags(cmd, &flags->runtime,
+                 ContextFlag{.help = "Chunk length in tokens", .min = 4, .max = 1 << 20, .hint = ""});
   cmd->add_option("-f,--file", flags->file, "Text file")->required();
-  cmd->add_option("-c,--ctx-size", flags->runtime.n_ctx, "Chunk length in tokens")->capture_default_str()
-      ->check(IntIn(4, 1 << 20));
-  cmd->add_option("-t,--threads", flags->runtime.n_threads, "Threads (0: all cores)")->capture_default_str()
-      ->check(Threads());
-  cmd->add_option("--kv", flags->runtime.kv_spec, "KV cache spec (see README)");
   cmd->add_option("--chunks", flags->max_chunks, "Score at most this many chunks (-1: all)")->capture_default_str()
       ->check(AllOrAtLeastOne());
   cmd->callback([flags, exit_code] { *exit_code = ReportStatus(RunPerplexity(*flags)); });

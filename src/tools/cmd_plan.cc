@@ -20,6 +20,7 @@
 #include "model/synthetic_model.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
+#include "util/byte_size.h"
 #include "util/printable.h"
 #include "util/thread_pool.h"
 
@@ -38,16 +39,6 @@ struct PlanFlags {
   bool measure = false;
   std::string tier_dir = "/tmp";
 };
-
-Result<double> ParseBytes(const std::string& text) {
-  // Reuse the --kv budget grammar (K/M/G, binary) for one consistent syntax.
-  auto spec = kv::ParseKVSpec("budget=" + text);
-  if (!spec.ok() || text.find_first_of(",;=") != std::string::npos) {
-    return InvalidArgument("--mem " + QuotePrintable(text, 64) +
-                           " is not a size: give bytes with an optional K, M or G suffix (binary), e.g. --mem 16G");
-  }
-  return static_cast<double>(spec->budget_bytes);
-}
 
 // --tier-dir must be a directory kvx can write a probe file into; a missing
 // folder used to measure as 0 GB/s and give an infinite context switch.
@@ -70,16 +61,19 @@ Status RunPlan(const PlanFlags& flags) {
     return InvalidArgument("--measure needs a model file (-m); make one with kvx gen-model --shape ...");
   }
   eval::PlanInputs in;
-  KVX_ASSIGN_OR_RETURN(in.mem_bytes, ParseBytes(flags.mem));
+  auto mem = ParseByteSize(flags.mem);
+  if (!mem.ok()) return InvalidArgument("--mem " + mem.status().message());
+  in.mem_bytes = static_cast<double>(*mem);
   if (in.mem_bytes <= 0) return InvalidArgument("--mem must be a positive size, e.g. --mem 16G");
   KVX_RETURN_IF_ERROR(CheckTierDir(flags.tier_dir));
+  KVX_ASSIGN_OR_RETURN(const kv::KVSpec spec, kv::ParseKVSpec(flags.kv_spec));  // its one parse
   in.ctx = flags.ctx;
   std::unique_ptr<engine::Engine> rt;
   gguf::TensorType shape_type = gguf::TensorType::kF32;
   if (!flags.model_path.empty()) {
     engine::EngineOptions ro;
     ro.model_path = flags.model_path;
-    ro.kv_spec = flags.kv_spec;
+    ro.kv_spec = spec;
     ro.n_threads = flags.threads;
     ro.n_ctx = static_cast<int>(std::min<long>(flags.ctx + 64, 1 << 30));
     KVX_ASSIGN_OR_RETURN(rt, engine::Engine::Load(ro));
@@ -91,7 +85,6 @@ Status RunPlan(const PlanFlags& flags) {
     KVX_ASSIGN_OR_RETURN(model::ModelShape s, model::FindModelShape(flags.shape));
     gguf::TensorType& type = shape_type;
     if (!gguf::ParseTensorType(flags.type, &type)) return InvalidArgument("unknown --type '" + flags.type + "'");
-    KVX_ASSIGN_OR_RETURN(kv::KVSpec spec, kv::ParseKVSpec(flags.kv_spec));
     const model::ShapeWeightBytes w = model::ComputeShapeWeightBytes(s, type);
     in.model = s.name + " (" + flags.type + ")";
     in.n_layers = s.n_layers;
@@ -109,7 +102,7 @@ Status RunPlan(const PlanFlags& flags) {
     // The same resolution and checks as every command that runs the spec.
     KVX_ASSIGN_OR_RETURN(kv::ResolvedKVSpec resolved,
                          kv::ResolveKVSpec(spec, layout, static_cast<int>(std::min<long>(flags.ctx, 1 << 30)), 1));
-    in.kv_bytes_per_token = static_cast<double>(kv::BytesPerToken(resolved.layout, spec.codec));
+    in.kv_bytes_per_token = static_cast<double>(kv::BytesPerToken(resolved.layout, resolved.layers));
     in.kv_spec = spec.ToString();
   }
   ThreadPool own_pool(flags.threads);
@@ -172,7 +165,7 @@ void RegisterPlan(CLI::App& app, int* exit_code) {
   cmd->add_option("--ctx", flags->ctx, "Context length per sequence")->capture_default_str()
       ->check(IntIn(1, kMaxContext));
   cmd->add_option("--mem", flags->mem, "Memory for weights + KV (bytes, K/M/G suffixes)")->capture_default_str();
-  cmd->add_option("--kv", flags->kv_spec, "KV cache spec (see README)");
+  AddKVFlag(cmd, &flags->kv_spec);
   cmd->add_option("-t,--threads", flags->threads, "Threads (0: all cores)")->capture_default_str()
       ->check(Threads());
   cmd->add_option("--tier-dir", flags->tier_dir, "Directory whose write speed bounds the context switch")

@@ -17,7 +17,7 @@ namespace kvx::tools {
 namespace {
 
 struct RunFlags {
-  engine::EngineOptions runtime;
+  EngineFlags runtime;
   std::string prompt;
   std::string prompt_file;
   engine::GenerateOptions gen;
@@ -32,7 +32,7 @@ Status Run(const RunFlags& flags) {
   if (!flags.prompt_file.empty()) {
     KVX_ASSIGN_OR_RETURN(prompt, ReadNonEmptyTextFile(flags.prompt_file));
   }
-  KVX_ASSIGN_OR_RETURN(auto rt, engine::Engine::Load(flags.runtime));
+  KVX_ASSIGN_OR_RETURN(auto rt, LoadEngine(flags.runtime));
   const model::Tokenizer& tok = rt->model().tokenizer();
   std::unique_ptr<engine::Session> session;
   std::vector<float> resume_logits;
@@ -96,20 +96,14 @@ Status Run(const RunFlags& flags) {
 void RegisterRun(CLI::App& app, int* exit_code) {
   auto flags = std::make_shared<RunFlags>();
   CLI::App* cmd = app.add_subcommand("run", "Generate text from a prompt (streams to stdout, stats on stderr)");
-  cmd->add_option("-m,--model", flags->runtime.model_path, "GGUF model file")->required();
+  AddEngineFlags(cmd, &flags->runtime, ContextFlag{.help = "Context length (0: the model's trained context)"});
   auto* p = cmd->add_option("-p,--prompt", flags->prompt, "Prompt text");
   cmd->add_option("-f,--file", flags->prompt_file, "Read the prompt from a file")->excludes(p);
   cmd->add_option("-n,--n-predict", flags->gen.n_predict, "Tokens to generate (-1: until EOS or context end)")
       ->capture_default_str()
       ->check(IntIn(-1, kMaxCount, "-1: until end of text or the context is full"));
-  cmd->add_option("-c,--ctx-size", flags->runtime.n_ctx, "Context length (0: the model's trained context)")
-      ->capture_default_str()
-      ->check(IntIn(0, kMaxContext, "0: the model's trained context"));
-  cmd->add_option("-t,--threads", flags->runtime.n_threads, "Threads (0: all cores)")->capture_default_str()
-      ->check(Threads());
-  cmd->add_option("-b,--batch-size", flags->runtime.n_batch, "Prompt tokens per forward pass")->capture_default_str()
+  cmd->add_option("-b,--batch-size", flags->runtime.options.n_batch, "Prompt tokens per forward pass")->capture_default_str()
       ->check(IntIn(1, kMaxBatch));
-  cmd->add_option("--kv", flags->runtime.kv_spec, "KV cache spec, e.g. 'codec=f16,page=16' (see README)");
   // The sampler's ranges (model/sampler.h SamplerOptions::Validate), checked
   // here too so a bad value fails before the model loads.
   cmd->add_option("--temp", flags->gen.sampler.temperature, "Temperature (<= 0: greedy)")->capture_default_str()

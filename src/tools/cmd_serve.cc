@@ -22,7 +22,7 @@ namespace kvx::tools {
 namespace {
 
 struct ServeFlags {
-  engine::EngineOptions engine;
+  EngineFlags engine;
   engine::SchedulerOptions scheduler;
   server::ServerOptions server;
   int max_seqs = 16;
@@ -43,12 +43,12 @@ Status Serve(ServeFlags flags) {
     std::filesystem::create_directories(flags.server.session_dir, ec);
     if (ec) return InvalidArgument("cannot create --session-dir " + flags.server.session_dir + ": " + ec.message());
   }
-  flags.engine.n_seqs = flags.max_seqs;
+  flags.engine.options.n_seqs = flags.max_seqs;
   flags.scheduler.max_running = flags.max_seqs;
-  KVX_ASSIGN_OR_RETURN(auto engine, engine::Engine::Load(flags.engine));
+  KVX_ASSIGN_OR_RETURN(auto engine, LoadEngine(flags.engine));
   KVX_ASSIGN_OR_RETURN(auto scheduler, engine::Scheduler::Create(*engine, flags.scheduler));
   if (flags.server.model_id.empty()) {
-    flags.server.model_id = std::filesystem::path(flags.engine.model_path).stem().string();
+    flags.server.model_id = std::filesystem::path(flags.engine.options.model_path).stem().string();
   }
   flags.server.kv_spec = engine->kv_spec().ToString();
   KVX_ASSIGN_OR_RETURN(auto srv, server::Server::Create(*scheduler, flags.server));
@@ -81,17 +81,11 @@ Status Serve(ServeFlags flags) {
 void RegisterServe(CLI::App& app, int* exit_code) {
   auto flags = std::make_shared<ServeFlags>();
   CLI::App* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (completions, chat, metrics, sessions)");
-  cmd->add_option("-m,--model", flags->engine.model_path, "GGUF model file")->required();
-  cmd->add_option("--kv", flags->engine.kv_spec, "KV cache spec, e.g. 'codec=kivi4,page=32;budget=1G' (see README)");
+  AddEngineFlags(cmd, &flags->engine);
   cmd->add_option("--host", flags->server.host, "Address to bind (127.0.0.1: this machine only)")->capture_default_str();
   cmd->add_option("--port", flags->server.port, "Port (0: any free port, printed at start)")->capture_default_str()
       ->check(IntIn(0, 65535));
   cmd->add_option("--api-key", flags->server.api_key, "Require 'Authorization: Bearer KEY' on /v1/*");
-  cmd->add_option("-t,--threads", flags->engine.n_threads, "Threads (0: all cores)")->capture_default_str()
-      ->check(Threads());
-  cmd->add_option("-c,--ctx-size", flags->engine.n_ctx, "Context length per sequence (0: the model's trained context)")
-      ->capture_default_str()
-      ->check(IntIn(0, kMaxContext, "0: the model's trained context"));
   cmd->add_option("--max-seqs", flags->max_seqs,
                   "Sequences running at once; without a budget= in --kv the pool holds this many full contexts")
       ->capture_default_str()

@@ -100,4 +100,33 @@ CLI::Validator Finite(const std::string& hint) {
       "NUMBER");
 }
 
+namespace {
+
+constexpr const char* kKVHelp =
+    "KV cache spec: codec, page size, budget and policies, e.g. 'codec=kivi4,page=32;budget=1G' "
+    "(grammar: README, --kv)";
+
+}  // namespace
+
+CLI::Option* AddKVFlag(CLI::App* cmd, std::string* text) { return cmd->add_option("--kv", *text, kKVHelp); }
+
+CLI::Option* AddKVFlag(CLI::App* cmd, std::vector<std::string>* texts, const std::string& what) {
+  return cmd->add_option("--kv", *texts, std::string(kKVHelp) + "; " + what + " (repeat the flag for several)")
+      ->allow_extra_args(false);
+}
+
+void AddEngineFlags(CLI::App* cmd, EngineFlags* flags, const ContextFlag& ctx) {
+  engine::EngineOptions& o = flags->options;
+  cmd->add_option("-m,--model", o.model_path, "GGUF model file")->required();
+  cmd->add_option("-c,--ctx-size", o.n_ctx, ctx.help)->capture_default_str()->check(IntIn(ctx.min, ctx.max, ctx.hint));
+  cmd->add_option("-t,--threads", o.n_threads, "Threads (0: all cores)")->capture_default_str()->check(Threads());
+  AddKVFlag(cmd, &flags->kv);
+}
+
+Result<std::unique_ptr<engine::Engine>> LoadEngine(const EngineFlags& flags) {
+  engine::EngineOptions options = flags.options;
+  KVX_ASSIGN_OR_RETURN(options.kv_spec, kv::ParseKVSpec(flags.kv));
+  return engine::Engine::Load(options);
+}
+
 }  // namespace kvx::tools

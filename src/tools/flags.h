@@ -8,12 +8,20 @@
 // on the flag's text (each element of a list flag) before converting it, so
 // the validator parses the text itself and rejects what the conversion would
 // wrap or truncate.
+//
+// The flags of every command that loads an engine (-m, -c, -t, --kv) are
+// declared once, by AddEngineFlags, so they read and mean the same in each.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
+
+#include "engine/engine.h"
+#include "util/status.h"
 
 namespace kvx::tools {
 
@@ -37,5 +45,29 @@ CLI::Validator NumberIn(double lo, double hi, bool lo_open, bool hi_open, const 
 CLI::Validator Probability(const std::string& hint = "");
 // Any finite number (rejects nan and inf).
 CLI::Validator Finite(const std::string& hint = "");
+
+// --kv, with the one help text; the list form (repeatable) is for commands
+// that size or compare several specs, `what` saying what is done with each.
+CLI::Option* AddKVFlag(CLI::App* cmd, std::string* text);
+CLI::Option* AddKVFlag(CLI::App* cmd, std::vector<std::string>* texts, const std::string& what);
+
+// What -c/--ctx-size means for a command: its help and its range.
+struct ContextFlag {
+  std::string help = "Context length per sequence (0: the model's trained context)";
+  int64_t min = 0, max = kMaxContext;
+  std::string hint = "0: the model's trained context";
+};
+
+// The engine flags' values: EngineOptions as -m, -c and -t set them, and
+// the --kv text, parsed into options.kv_spec by LoadEngine (its one parse).
+struct EngineFlags {
+  engine::EngineOptions options;
+  std::string kv;
+};
+
+// Declares -m/--model (required), -c/--ctx-size, -t/--threads and --kv.
+void AddEngineFlags(CLI::App* cmd, EngineFlags* flags, const ContextFlag& ctx = {});
+// Parses --kv (InvalidArgument naming the bad item), then Engine::Load.
+Result<std::unique_ptr<engine::Engine>> LoadEngine(const EngineFlags& flags);
 
 }  // namespace kvx::tools

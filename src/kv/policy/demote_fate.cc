@@ -45,7 +45,8 @@ size_t DemotedPageBytes(CodecId codec, const KVLayout& layout) {
 
 }  // namespace
 
-Status DemoteFate::CheckSpec(const KVSpec& spec, const KVLayout& layout) const {
+Status DemoteFate::CheckSpec(const ResolvedKVSpec& resolved) const {
+  const KVLayout& layout = resolved.layout;
   const std::string name(CodecName(codec_));
   if (const std::string problem = DemotionCodecProblem(codec_, layout); !problem.empty()) {
     return InvalidArgument("fate=demote: " + problem + (IsKivi(codec_) ? "; use demote=int2" : "; use fate=drop"));
@@ -53,7 +54,7 @@ Status DemoteFate::CheckSpec(const KVSpec& spec, const KVLayout& layout) const {
   const size_t demoted_bytes = DemotedPageBytes(codec_, layout);
   size_t smallest_layer = SIZE_MAX;
   std::string smallest_layer_codec;
-  for (const LayerCodec& lc : ResolveLayers(layout, spec.codec)) {
+  for (const LayerCodec& lc : resolved.layers) {
     if (lc.packed_page_bytes < smallest_layer) {
       smallest_layer = lc.packed_page_bytes;
       smallest_layer_codec = std::string(CodecName(lc.id));

@@ -42,7 +42,7 @@ class DemoteFate : public EvictionFate {
                const std::vector<int>& kept) override;
   // Rejects a demotion codec the layout cannot use or one whose pages are
   // not smaller than some layer's packed pages (nothing would be saved).
-  Status CheckSpec(const KVSpec& spec, const KVLayout& layout) const override;
+  Status CheckSpec(const ResolvedKVSpec& resolved) const override;
   // The demoted pages of every table: they are written before compaction
   // frees the pages the entries came from (at most ceil(evicted / T) + 1 a
   // table; bounded by all tables at once, as policies compress table by table).

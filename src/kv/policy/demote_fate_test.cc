@@ -273,7 +273,7 @@ TEST(DemoteFateTest, ImpossibleCombinationsAreRejected) {
   auto create = [&](const std::string& spec) -> Status {
     auto r = ResolveKVSpec(spec, L, 256, 1);
     if (!r.ok()) return r.status();
-    return KVManager::Create(*r).status();
+    return KVManager::Create(std::move(*r)).status();
   };
   EXPECT_TRUE(create("codec=f16;policy=mikv").ok());
   EXPECT_TRUE(create("codec=f16;policy=snapkv,ratio=0.5,fate=demote,demote=int4").ok());

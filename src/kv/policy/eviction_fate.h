@@ -50,9 +50,8 @@ class EvictionFate {
     return 0;
   }
   // As KVPolicy::CheckSpec (e.g. a fate that needs a quantized codec).
-  virtual Status CheckSpec(const KVSpec& spec, const KVLayout& layout) const {
-    (void)spec;
-    (void)layout;
+  virtual Status CheckSpec(const ResolvedKVSpec& resolved) const {
+    (void)resolved;
     return Status::Ok();
   }
 };

@@ -31,7 +31,7 @@ class EvictionRig {
   EvictionRig(const std::string& spec, KVLayout layout, int n_heads, int n_ctx = 4096) : n_heads_(n_heads) {
     auto r = ResolveKVSpec(spec, layout, n_ctx, 1);
     EXPECT_TRUE(r.ok()) << r.status().ToString();
-    m_ = std::move(KVManager::Create(*r)).value();
+    m_ = std::move(KVManager::Create(std::move(*r))).value();
     seq_ = m_->AddSequence();
   }
   KVManager& manager() { return *m_; }

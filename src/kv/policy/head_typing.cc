@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kv/policy/params.h"
+#include "kv/policy/sinks_window.h"
 #include "util/output_file.h"
 
 namespace kvx::kv {
@@ -111,8 +112,8 @@ Result<std::unique_ptr<KVPolicy>> HeadTypingPolicy::Create(std::string name, con
   return std::unique_ptr<KVPolicy>(std::move(p));
 }
 
-Status HeadTypingPolicy::CheckSpec(const KVSpec& spec, const KVLayout& layout) const {
-  (void)spec;
+Status HeadTypingPolicy::CheckSpec(const ResolvedKVSpec& resolved) const {
+  const KVLayout& layout = resolved.layout;
   if (table_.n_layers != layout.n_layers || table_.n_kv_heads != layout.n_kv_heads) {
     return InvalidArgument("policy " + name_ + ": the head table has " + std::to_string(table_.n_layers) + " layers x " +
                            std::to_string(table_.n_kv_heads) + " kv heads, the model " +
@@ -134,33 +135,11 @@ Status HeadTypingPolicy::OnStepCommitted(KVManager& manager, SeqId seq) {
 Status HeadTypingPolicy::Compress(KVManager& manager, SeqId seq) { return Evict(manager, seq); }
 
 Status HeadTypingPolicy::Evict(KVManager& manager, SeqId seq) {
-  SequenceKV& kv = manager.kv(seq);
-  const KVLayout& L = kv.layout();
-  KVX_RETURN_IF_ERROR(CheckSpec(manager.spec().spec, L));
-  const int keep = StreamingKeep(manager.length(seq));
-  bool removed = false;
-  std::vector<int> drop;
-  for (int l = 0; l < L.n_layers; ++l) {
-    for (int h = 0; h < L.n_kv_heads; ++h) {
-      if (retrieval_[static_cast<size_t>(l) * L.n_kv_heads + h]) continue;
-      const int live = kv.LiveEntries(l, h);
-      if (live <= keep) continue;
-      // Live entries in chain order: the first `sinks` stay, the next live - keep go.
-      const PageTable& t = kv.table(l, h);
-      int to_drop = live - keep, seen = 0;
-      drop.clear();
-      for (int s = 0; s < t.length() && to_drop > 0; ++s) {
-        const int32_t pos = PagePositions(kv.pool().PageData(t.pages()[s / L.page_tokens]))[s % L.page_tokens];
-        if (pos == kDeadPosition || seen++ < sinks_) continue;
-        drop.push_back(s);
-        --to_drop;
-      }
-      KVX_RETURN_IF_ERROR(kv.RemoveEntries(l, h, drop));
-      removed = true;
-    }
-  }
-  if (removed) manager.MarkEntriesRemoved(seq);
-  return Status::Ok();
+  const KVLayout& L = manager.kv(seq).layout();
+  KVX_RETURN_IF_ERROR(CheckSpec(manager.spec()));
+  // Retrieval heads keep everything; streaming heads keep sinks + window.
+  auto streaming = [&](int l, int h) { return !retrieval_[static_cast<size_t>(l) * L.n_kv_heads + h]; };
+  return TrimToSinksAndWindow(manager, seq, sinks_, StreamingKeep(manager.length(seq)) - sinks_, streaming).status();
 }
 
 }  // namespace kvx::kv

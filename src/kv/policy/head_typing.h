@@ -63,7 +63,7 @@ class HeadTypingPolicy : public KVPolicy {
   std::optional<int> prompt_window() const override {
     return continuous_ ? std::nullopt : std::optional<int>(0);
   }
-  Status CheckSpec(const KVSpec& spec, const KVLayout& layout) const override;
+  Status CheckSpec(const ResolvedKVSpec& resolved) const override;
 
   const std::vector<uint8_t>& retrieval() const { return retrieval_; }
   // Entries a streaming head keeps at `tokens` tokens.

@@ -73,7 +73,7 @@ TEST(HeadTypingTest, RetrievalHeadsKeepEverythingStreamingHeadsKeepSinksAndWindo
     auto r = ResolveKVSpec(codec + ";policy=duo,heads=" + path + ",retrieval=0.5,sinks=4,window=20",
                            KVLayout{2, 2, 16, 8}, 4096, 1);
     ASSERT_TRUE(r.ok()) << r.status().ToString();
-    auto m = std::move(KVManager::Create(*r)).value();
+    auto m = std::move(KVManager::Create(std::move(*r))).value();
     const SeqId a = m->AddSequence();
     Step(*m, a, 60);
     for (int i = 0; i < 100; ++i) Step(*m, a, 1);
@@ -98,7 +98,7 @@ TEST(HeadTypingTest, RazorWindowGrowsWithTheSequenceAndOnceWaitsForCompress) {
                              ",retrieval=0.25,sinks=4,window=8,window_fraction=0.2,mode=once",
                          KVLayout{2, 2, 16, 8}, 4096, 1);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
-  auto m = std::move(KVManager::Create(*r)).value();
+  auto m = std::move(KVManager::Create(std::move(*r))).value();
   const SeqId a = m->AddSequence();
   Step(*m, a, 200);
   EXPECT_EQ(m->kv(a).LiveEntries(0, 0), 200);  // once: nothing before Compress

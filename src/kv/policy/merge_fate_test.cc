@@ -17,7 +17,7 @@ std::unique_ptr<KVManager> Manager(const std::string& spec, SeqId* seq, const st
                                    const std::vector<std::vector<float>>& v) {
   auto r = ResolveKVSpec(spec, KVLayout{1, 1, static_cast<int>(k[0].size()), 4}, 64, 1);
   EXPECT_TRUE(r.ok()) << r.status().ToString();
-  auto m = std::move(KVManager::Create(*r)).value();
+  auto m = std::move(KVManager::Create(std::move(*r))).value();
   *seq = m->AddSequence();
   const int n = static_cast<int>(k.size());
   std::vector<int32_t> toks(n, 1), pos(n);
@@ -125,7 +125,7 @@ TEST(MergeFateTest, RewriteEntriesCopiesSharedPagesAndReencodesSealedOnes) {
 TEST(MergeFateTest, KVMergerPolicyRunsEndToEnd) {
   auto r = ResolveKVSpec("codec=f16,page=8;policy=kvmerger,budget=24,window=8,sinks=2", KVLayout{2, 2, 16, 8}, 512, 1);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
-  auto m = std::move(KVManager::Create(*r)).value();
+  auto m = std::move(KVManager::Create(std::move(*r))).value();
   const SeqId a = m->AddSequence();
   std::mt19937 rng(5);
   std::normal_distribution<float> nd;

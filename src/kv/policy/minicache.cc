@@ -67,7 +67,9 @@ Result<std::unique_ptr<KVPolicy>> MiniCachePolicy::Create(const PolicyParams& pa
   return std::unique_ptr<KVPolicy>(new MiniCachePolicy(c));
 }
 
-Status MiniCachePolicy::CheckSpec(const KVSpec& spec, const KVLayout& layout) const {
+Status MiniCachePolicy::CheckSpec(const ResolvedKVSpec& resolved) const {
+  const KVSpec& spec = resolved.spec;
+  const KVLayout& layout = resolved.layout;
   const int start = Start(layout.n_layers);
   if (start + 1 >= layout.n_layers) {
     return InvalidArgument("policy minicache: start=" + std::to_string(start) + " leaves no pair of adjacent layers in " +
@@ -80,7 +82,7 @@ Status MiniCachePolicy::CheckSpec(const KVSpec& spec, const KVLayout& layout) co
                              "directions, not the per-layer scaled keys; use one of the two");
     }
   }
-  const std::vector<LayerCodec> layers = ResolveLayers(layout, spec.codec);
+  const std::vector<LayerCodec>& layers = resolved.layers;
   for (int a = start; a + 1 < layout.n_layers; a += 2) {
     if (Status s = CanShareAcrossLayers(layers[a], layers[a + 1]); !s.ok()) {
       return InvalidArgument("policy minicache (layers " + std::to_string(a) + " and " + std::to_string(a + 1) +

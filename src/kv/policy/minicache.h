@@ -80,7 +80,7 @@ class MiniCachePolicy : public KVPolicy {
   Status Compress(KVManager& manager, SeqId seq) override;
   // It merges at Compress from the pages alone.
   std::optional<int> prompt_window() const override { return 0; }
-  Status CheckSpec(const KVSpec& spec, const KVLayout& layout) const override;
+  Status CheckSpec(const ResolvedKVSpec& resolved) const override;
 
   const MiniCacheConfig& config() const { return config_; }
   const MiniCacheStats& last_stats() const { return stats_; }

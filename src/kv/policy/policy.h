@@ -9,6 +9,22 @@
 // Policies are created by name from a registry (PolicyRegistry), never an
 // if/else chain.
 //
+// Adding one (the registrations are listed in policy.cc, not made by static
+// registrars: the linker drops an object file of the static kvx_kv library
+// that nothing references, and its registrar with it):
+//   * a policy: kv/policy/NAME.{h,cc} (a KVPolicy with a static
+//     Create(const PolicyParams&)), one Register line in
+//     PolicyRegistry::Global() (policy.cc), and NAME_test.cc;
+//   * a scorer for score-based eviction (scorer.h), which gets the shared
+//     budgets, sinks, window, fates and adakv's base= for free:
+//     kv/policy/NAME.cc (the Scorer and `ScorerMethod NAMEMethod()` with
+//     the method's defaults), its declaration in eviction_policies.h and
+//     its entry in ScorerMethods() (eviction_policies.cc), which registers
+//     it by name, and its test beside the other scorers' (in
+//     eviction_policies_test.cc: what it keeps, and its name in
+//     ParametersAreChecked's list; tests/policy_codec_matrix_test.cc runs
+//     the listed policies under every codec).
+//
 // Thread-safety: called from the manager's thread only; the observer is
 // called from pool threads (see AttentionObserver).
 #pragma once
@@ -51,12 +67,13 @@ class KVPolicy {
   virtual bool compresses_once() const { return false; }
   // The sequence ended or was reset: drop any state kept for it.
   virtual void OnSequenceReleased(SeqId seq) { (void)seq; }
-  // Checks the policy against the resolved spec (codec, layout) before any
+  // Checks the policy against the resolved spec (codec, layout, per-layer
+  // codecs, context; its policies and budget are not set yet) before any
   // sequence exists, e.g. a mode that needs pre-RoPE keys; InvalidArgument
-  // naming the fix otherwise. Called by ResolveKVSpec.
-  virtual Status CheckSpec(const KVSpec& spec, const KVLayout& layout) const {
-    (void)spec;
-    (void)layout;
+  // naming the fix otherwise. Called by ResolveKVSpec (kv/resolved_spec.h),
+  // which builds each policy of a spec once; the KVManager adopts it.
+  virtual Status CheckSpec(const ResolvedKVSpec& resolved) const {
+    (void)resolved;
     return Status::Ok();
   }
   // What the policy's state after a prompt depends on besides the pages,
@@ -71,10 +88,8 @@ class KVPolicy {
   // pages before it frees any (a demotion writes the low-bit copies before
   // compaction returns the sources): ResolveKVSpec adds it to a budget
   // sized from the context, so a policy can compress a full pool.
-  virtual uint64_t CompressionHeadroomBytes(const KVSpec& spec, const KVLayout& layout, int n_ctx) const {
-    (void)spec;
-    (void)layout;
-    (void)n_ctx;
+  virtual uint64_t CompressionHeadroomBytes(const ResolvedKVSpec& resolved) const {
+    (void)resolved;
     return 0;
   }
   // The observer the forward pass runs with while this policy is active
@@ -88,7 +103,8 @@ class KVPolicy {
 using PolicyParams = std::map<std::string, std::string, std::less<>>;
 using PolicyFactory = std::function<Result<std::unique_ptr<KVPolicy>>(const PolicyParams&)>;
 
-// Name -> factory. Policies register themselves (KVX_REGISTER_POLICY).
+// Name -> factory. Global() holds the built-in policies (policy.cc lists
+// them); a test may Register its own.
 class PolicyRegistry {
  public:
   static PolicyRegistry& Global();

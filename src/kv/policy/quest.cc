@@ -24,8 +24,8 @@ Result<std::unique_ptr<KVPolicy>> QuestPolicy::Create(const PolicyParams& params
   return std::unique_ptr<KVPolicy>(new QuestPolicy(s));
 }
 
-Status QuestPolicy::CheckSpec(const KVSpec& spec, const KVLayout& layout) const {
-  if (Status st = CheckPageSelection(selection_, spec.codec.pre_rope, layout.page_tokens); !st.ok()) {
+Status QuestPolicy::CheckSpec(const ResolvedKVSpec& resolved) const {
+  if (Status st = CheckPageSelection(selection_, resolved.spec.codec.pre_rope, resolved.layout.page_tokens); !st.ok()) {
     return InvalidArgument("policy quest: " + st.message());
   }
   return Status::Ok();

@@ -32,7 +32,7 @@ class QuestPolicy : public KVPolicy {
   Status OnStepCommitted(KVManager& manager, SeqId seq) override;
   // What SetPageSelection would refuse at the first step, refused when the
   // spec is resolved instead (pre-RoPE keys, a budget under the forced pages).
-  Status CheckSpec(const KVSpec& spec, const KVLayout& layout) const override;
+  Status CheckSpec(const ResolvedKVSpec& resolved) const override;
   const PageSelection& selection() const { return selection_; }
   // It observes nothing; the selection it turns on after a step reads the
   // pages' bounds, computed from the pages when turned on.

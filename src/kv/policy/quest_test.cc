@@ -10,7 +10,7 @@ namespace {
 TEST(QuestPolicyTest, TurnsOnSelectionAfterTheFirstStepAndKeepsEveryEntry) {
   auto r = ResolveKVSpec("codec=int8,page=8;policy=quest,pages=3,dense_layers=1", KVLayout{2, 2, 16, 8}, 512, 1);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
-  auto m = std::move(KVManager::Create(*r)).value();
+  auto m = std::move(KVManager::Create(std::move(*r))).value();
   const SeqId a = m->AddSequence();
   std::vector<int32_t> toks(100, 1), pos(100);
   for (int i = 0; i < 100; ++i) pos[i] = i;
@@ -40,7 +40,7 @@ TEST(QuestPolicyTest, ParametersAreChecked) {
   auto manager = [](const std::string& spec) -> Status {
     auto r = ResolveKVSpec(spec, KVLayout{1, 1, 16, 8}, 64, 1);
     if (!r.ok()) return r.status();
-    return KVManager::Create(*r).status();
+    return KVManager::Create(std::move(*r)).status();
   };
   EXPECT_TRUE(manager("codec=f16;policy=quest,budget=32").ok());
   const Status prerope = manager("codec=f16,prerope=1;policy=quest");

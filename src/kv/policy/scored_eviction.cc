@@ -79,8 +79,8 @@ Result<std::unique_ptr<KVPolicy>> ScoredEvictionPolicy::Create(std::string name,
   return std::unique_ptr<KVPolicy>(std::move(p));
 }
 
-Status ScoredEvictionPolicy::CheckSpec(const KVSpec& spec, const KVLayout& layout) const {
-  return fate_->CheckSpec(spec, layout);
+Status ScoredEvictionPolicy::CheckSpec(const ResolvedKVSpec& resolved) const {
+  return fate_->CheckSpec(resolved);
 }
 
 int ScoredEvictionPolicy::Capacity(int tokens) const {
@@ -229,11 +229,11 @@ Status ScoredEvictionPolicy::Evict(KVManager& manager, SeqId seq) {
   return Status::Ok();
 }
 
-uint64_t ScoredEvictionPolicy::CompressionHeadroomBytes(const KVSpec& /*spec*/, const KVLayout& layout,
-                                                        int n_ctx) const {
+uint64_t ScoredEvictionPolicy::CompressionHeadroomBytes(const ResolvedKVSpec& resolved) const {
+  const int n_ctx = resolved.n_ctx;
   const int64_t evicted = config_.budget > 0 ? std::max<int64_t>(0, n_ctx - config_.budget)
                                              : static_cast<int64_t>(std::ceil(config_.ratio * n_ctx));
-  return fate_->HeadroomBytes(layout, evicted);
+  return fate_->HeadroomBytes(resolved.layout, evicted);
 }
 
 std::optional<int> ScoredEvictionPolicy::prompt_window() const {

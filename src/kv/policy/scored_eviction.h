@@ -102,9 +102,9 @@ class ScoredEvictionPolicy : public KVPolicy {
   // (SnapKV, TOVA, CAKE, ...) depend on the prompt's last queries only;
   // accumulated sums (H2O) and continuous eviction on all of it.
   std::optional<int> prompt_window() const override;
-  uint64_t CompressionHeadroomBytes(const KVSpec& spec, const KVLayout& layout, int n_ctx) const override;
+  uint64_t CompressionHeadroomBytes(const ResolvedKVSpec& resolved) const override;
   void OnSequenceReleased(SeqId seq) override;
-  Status CheckSpec(const KVSpec& spec, const KVLayout& layout) const override;
+  Status CheckSpec(const ResolvedKVSpec& resolved) const override;
   AttentionObserver* observer() override { return recorder_.get(); }
 
   const EvictionConfig& config() const { return config_; }

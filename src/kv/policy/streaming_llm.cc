@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "kv/codec/codec_id.h"
+#include "kv/policy/sinks_window.h"
 
 namespace kvx::kv {
 
@@ -39,32 +40,10 @@ Result<std::unique_ptr<KVPolicy>> StreamingLLMPolicy::Create(const PolicyParams&
 }
 
 Status StreamingLLMPolicy::OnStepCommitted(KVManager& manager, SeqId seq) {
-  SequenceKV& kv = manager.kv(seq);
-  const KVLayout& L = kv.layout();
-  const int keep = sinks_ + window_;
-  bool removed = false;
-  std::vector<int> drop;
-  for (int l = 0; l < L.n_layers; ++l) {
-    for (int h = 0; h < L.n_kv_heads; ++h) {
-      const int live = kv.LiveEntries(l, h);
-      if (live <= keep) continue;
-      // Live entries in chain order: the first `sinks` stay, then `live - keep` go.
-      const PageTable& t = kv.table(l, h);
-      int to_drop = live - keep, seen = 0;
-      drop.clear();
-      for (int s = 0; s < t.length() && to_drop > 0; ++s) {
-        const int32_t pos = PagePositions(kv.pool().PageData(t.pages()[s / L.page_tokens]))[s % L.page_tokens];
-        if (pos == kDeadPosition) continue;
-        if (seen++ < sinks_) continue;
-        drop.push_back(s);
-        --to_drop;
-      }
-      KVX_RETURN_IF_ERROR(kv.RemoveEntries(l, h, drop));
-      removed = true;
-    }
-  }
-  if (removed) manager.MarkEntriesRemoved(seq);
+  KVX_ASSIGN_OR_RETURN(const bool removed, TrimToSinksAndWindow(manager, seq, sinks_, window_));
   if (repack_ && removed) {
+    SequenceKV& kv = manager.kv(seq);
+    const KVLayout& L = kv.layout();
     // Renumber each head's live entries to n-k .. n-1 in chain order.
     const int32_t n = manager.length(seq);
     std::vector<int> slots;
@@ -87,8 +66,8 @@ Status StreamingLLMPolicy::OnStepCommitted(KVManager& manager, SeqId seq) {
   return Status::Ok();
 }
 
-Status StreamingLLMPolicy::CheckSpec(const KVSpec& spec, const KVLayout&) const {
-  if (repack_ && !spec.codec.pre_rope) {
+Status StreamingLLMPolicy::CheckSpec(const ResolvedKVSpec& resolved) const {
+  if (repack_ && !resolved.spec.codec.pre_rope) {
     return InvalidArgument("policy streamingllm: positions=repack renumbers the cached keys' positions, which needs "
                            "keys cached before RoPE; add prerope=1 to the codec (e.g. codec=f16,prerope=1;"
                            "policy=streamingllm,positions=repack) or use positions=original");

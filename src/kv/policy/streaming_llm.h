@@ -39,7 +39,7 @@ class StreamingLLMPolicy : public KVPolicy {
   static Result<std::unique_ptr<KVPolicy>> Create(const PolicyParams& params);
   std::string_view name() const override { return "streamingllm"; }
   Status OnStepCommitted(KVManager& manager, SeqId seq) override;
-  Status CheckSpec(const KVSpec& spec, const KVLayout& layout) const override;
+  Status CheckSpec(const ResolvedKVSpec& resolved) const override;
   int sinks() const { return sinks_; }
   int window() const { return window_; }
   bool repack() const { return repack_; }

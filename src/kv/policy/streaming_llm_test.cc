@@ -29,7 +29,7 @@ TEST(StreamingLLMTest, KeepsSinksAndWindowAndFreesThePagesBetween) {
     SCOPED_TRACE(codec);
     auto r = ResolveKVSpec(codec + ";policy=streamingllm,sinks=4,window=20", KVLayout{2, 2, 16, 8}, 4096, 1);
     ASSERT_TRUE(r.ok()) << r.status().ToString();
-    auto m = std::move(KVManager::Create(*r)).value();
+    auto m = std::move(KVManager::Create(std::move(*r))).value();
     ASSERT_EQ(m->policies().size(), 1u);
     const SeqId a = m->AddSequence();
     Step(*m, a, 50);  // a prompt
@@ -84,7 +84,7 @@ TEST(StreamingLLMTest, RepackedPositionsAreTheInCacheDistances) {
   auto r = ResolveKVSpec("codec=f16,page=8,prerope=1;policy=streamingllm,sinks=2,window=10,positions=repack", layout,
                          4096, 1);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
-  auto m = std::move(KVManager::Create(*r)).value();
+  auto m = std::move(KVManager::Create(std::move(*r))).value();
   ops::RopeParams rope{};
   rope.n_dims = 16;
   const SeqId a = m->AddSequence();

@@ -58,7 +58,9 @@ Result<std::unique_ptr<KVPolicy>> ThinKPolicy::Create(const PolicyParams& params
   return std::unique_ptr<KVPolicy>(new ThinKPolicy(c));
 }
 
-Status ThinKPolicy::CheckSpec(const KVSpec& spec, const KVLayout& layout) const {
+Status ThinKPolicy::CheckSpec(const ResolvedKVSpec& resolved) const {
+  const KVSpec& spec = resolved.spec;
+  const KVLayout& layout = resolved.layout;
   const CodecId id = spec.codec.id;
   if (IsKivi(id)) {
     return InvalidArgument("policy think has no pruned page format for " + std::string(CodecName(id)) +
@@ -94,7 +96,7 @@ Status ThinKPolicy::CheckSpec(const KVSpec& spec, const KVLayout& layout) const 
   // Every layer's pruned page must be smaller than its packed page (keys are
   // stored in multiples of 8 channel rows in f16 and int8, 16 in int4, 32 in
   // int2: whole 8-byte bit planes).
-  for (const LayerCodec& lc : ResolveLayers(layout, spec.codec)) {
+  for (const LayerCodec& lc : resolved.layers) {
     if (!pruned::BlockCodec(lc.id, lc.params).has_value()) {
       return InvalidArgument("policy think has no pruned page format for " + std::string(CodecName(lc.id)) +
                              "; use codec=f16, f32, int8, int4 or int2");

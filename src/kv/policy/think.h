@@ -91,7 +91,7 @@ class ThinKPolicy : public KVPolicy, public AttentionObserver {
   // The ring of the last `window` prompt queries.
   std::optional<int> prompt_window() const override { return config_.window; }
   void OnSequenceReleased(SeqId seq) override;
-  Status CheckSpec(const KVSpec& spec, const KVLayout& layout) const override;
+  Status CheckSpec(const ResolvedKVSpec& resolved) const override;
   AttentionObserver* observer() override { return this; }
 
   // The observer: the last `window` queries of each prompt (calls of

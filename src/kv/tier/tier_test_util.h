@@ -36,7 +36,7 @@ inline KVLayout SmolLm2Layout() { return KVLayout{30, 3, 64, 16}; }
 inline std::unique_ptr<KVManager> MakeManager(const std::string& spec, const KVLayout& layout, int n_ctx) {
   auto r = ResolveKVSpec(spec, layout, n_ctx, 2);
   if (!r.ok()) return nullptr;
-  auto m = KVManager::Create(*r);
+  auto m = KVManager::Create(std::move(*r));
   return m.ok() ? std::move(m).value() : nullptr;
 }
 

@@ -1,0 +1,63 @@
+#include "kv/resolved_spec.h"
+
+#include <string>
+
+#include "kv/policy/policy.h"
+#include "kv/sequence_kv.h"
+
+namespace kvx::kv {
+namespace {
+
+// Positions a pre-RoPE cache can hold (SequenceKV keeps a dense cos/sin table).
+constexpr int kMaxPreRopeContext = 1 << 22;
+
+}  // namespace
+
+ResolvedKVSpec::ResolvedKVSpec() = default;
+ResolvedKVSpec::~ResolvedKVSpec() = default;
+ResolvedKVSpec::ResolvedKVSpec(ResolvedKVSpec&&) noexcept = default;
+ResolvedKVSpec& ResolvedKVSpec::operator=(ResolvedKVSpec&&) noexcept = default;
+
+Result<ResolvedKVSpec> ResolveKVSpec(std::string_view text, const KVLayout& model_layout, int n_ctx, int n_seqs) {
+  KVX_ASSIGN_OR_RETURN(KVSpec spec, ParseKVSpec(text));
+  return ResolveKVSpec(spec, model_layout, n_ctx, n_seqs);
+}
+
+Result<ResolvedKVSpec> ResolveKVSpec(const KVSpec& spec, const KVLayout& model_layout, int n_ctx, int n_seqs) {
+  ResolvedKVSpec r;
+  r.spec = spec;
+  r.layout = model_layout;
+  r.layout.page_tokens = spec.page_tokens;
+  const std::string what = "--kv '" + spec.ToString() + "'";
+  KVX_RETURN_IF_ERROR(ValidateKVSpec(spec, r.layout));  // its messages name the spec and the fix
+  if (n_ctx < 1) return InvalidArgument("context length must be at least 1 token (got " + std::to_string(n_ctx) + ")");
+  if (spec.codec.pre_rope && n_ctx > kMaxPreRopeContext) {
+    return InvalidArgument(what + ": pre-RoPE keys support contexts up to " + std::to_string(kMaxPreRopeContext) +
+                           " tokens; lower -c");
+  }
+  if (n_seqs < 1) return InvalidArgument("sequence count must be at least 1");
+  r.n_ctx = n_ctx;
+  r.n_seqs = n_seqs;
+  r.layers = ResolveLayers(r.layout, spec.codec);  // the one resolution: pool, sequences, sizes and policies use it
+  uint64_t headroom = 0;  // what compressing a full sequence holds before it frees (KVPolicy)
+  for (const PolicySpec& p : spec.policies) {  // an unknown policy or parameter is an error here, on every path
+    KVX_ASSIGN_OR_RETURN(auto policy, PolicyRegistry::Global().Create(p.name, p.params));
+    KVX_RETURN_IF_ERROR(policy->CheckSpec(r));
+    headroom += policy->CompressionHeadroomBytes(r);
+    r.policies.push_back(std::move(policy));
+  }
+  r.budget_bytes = spec.budget_bytes;
+  if (r.budget_bytes == 0) {
+    r.budget_bytes = (BudgetForContext(r.layout, r.layers, n_ctx) + headroom) * static_cast<uint64_t>(n_seqs);
+  }
+  // The smallest useful budget: one token of one sequence in every table.
+  const uint64_t one_token = BudgetForContext(r.layout, r.layers, 1);
+  if (r.budget_bytes < one_token) {
+    return InvalidArgument(what + ": budget of " + std::to_string(r.budget_bytes) +
+                           " bytes cannot hold one token (needs " + std::to_string(one_token) +
+                           " bytes: a page per layer and kv head); raise budget=");
+  }
+  return r;
+}
+
+}  // namespace kvx::kv
