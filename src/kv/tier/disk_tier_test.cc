@@ -59,7 +59,7 @@ TEST(DiskTierTest, SurvivesARestart) {
     auto t = Open(dir.path(), 3000, &logged);
     for (uint64_t i = 0; i < 3; ++i) ASSERT_TRUE(t->Put(Key(i), Value(i)).ok());
   }
-  std::ofstream(dir.path() + "/" + Key(9).Hex() + ".kvxb.tmp.123.0") << "half a block";
+  std::ofstream(dir.path() + "/." + Key(9).Hex() + ".kvxb.kvx-tmp.123.0") << "half a block";  // OutputFile's name
   auto t = Open(dir.path(), 3000, &logged);
   EXPECT_EQ(t->stats().blocks, 3u);
   EXPECT_EQ(t->stats().bytes, 3000u);
