@@ -398,6 +398,7 @@ std::vector<Row> Rows() {
       {"NoCommand", {}, "give a command: run, inspect"},
       {"UnknownCommand", A("frobnicate -m {tiny}"), "unknown command 'frobnicate'"},
       {"UnknownCommandHostile", {"r\x1B[2Jun"}, "unknown command 'r\\x1B[2Jun'"},
+      {"ServeEmptyApiKey", {"serve", "-m", "{tiny}", "--port", "0", "--api-key", ""}, "an empty key would let every client in"},
       {"UnknownFlag", A(run + "--bogus 1"), "--bogus"},
       {"MissingModelFlag", A("run -p hi"), "--model is required"},
       {"PromptAndFileTogether", A(run + "-f {long.txt}"), "excludes"},

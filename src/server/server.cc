@@ -69,6 +69,17 @@ Server::Server(engine::Scheduler& scheduler, const ServerOptions& options)
       options_.http_threads > 0 ? options_.http_threads : 2 * scheduler_.options().max_running + 16;
   http_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   http_->set_payload_max_length(options_.max_body_bytes);
+  // cpp-httplib sets SO_REUSEPORT by default, so a second server on a port in
+  // use starts silently and takes half the connections (a stale build or
+  // another model serving a random half). Exclusive unless asked: a port in
+  // use is a bind error. SO_REUSEADDR only lets a restart rebind a port whose
+  // old connections are in TIME_WAIT.
+  const bool reuse_port = options_.reuse_port;
+  http_->set_socket_options([reuse_port](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    if (reuse_port) setsockopt(sock, SOL_SOCKET, SO_REUSEPORT, &yes, sizeof(yes));
+  });
 }
 
 Server::~Server() { Stop(); }
@@ -172,11 +183,13 @@ void Server::Routes() {
   SessionRoutes();
 }
 
-// Authentication of /v1/*, OpenAI-shaped error pages, responses counted by status.
+// Authentication of every endpoint but /health (a load balancer's probe;
+// /metrics tells pool bytes and request counts, so it is guarded too),
+// OpenAI-shaped error pages, responses counted by status.
 void Server::InstallHooks() {
   httplib::Server& svr = *http_;
   svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (options_.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
+    if (options_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
     if (req.get_header_value("Authorization") == "Bearer " + options_.api_key) {
       return httplib::Server::HandlerResponse::Unhandled;
     }

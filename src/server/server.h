@@ -60,7 +60,8 @@ namespace kvx::server {
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;                 // 0: any free port (see port())
-  std::string api_key;             // "": no authentication
+  std::string api_key;             // "": no authentication; else every endpoint but /health needs it
+  bool reuse_port = false;         // SO_REUSEPORT: let other processes listen on the same port
   std::string model_id;            // the name /v1/models reports
   std::string kv_spec;             // reported by /v1/models
   size_t max_body_bytes = 8 << 20; // larger requests get 413

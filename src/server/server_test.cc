@@ -57,10 +57,15 @@ class ServerTest : public ::testing::Test {
     opts.model_id = "tiny";
     opts.session_dir = ::testing::TempDir();
     opts.shutdown_grace_seconds = 0.5;
+    opts.api_key = api_key_;
+    opts_ = opts;
     auto srv = Server::Create(*scheduler_, opts);
     ASSERT_TRUE(srv.ok()) << srv.status().ToString();
     server_ = std::move(srv).value();
     thread_ = std::thread([this] { server_->Run(); });
+    // Until the listener is up, Stop() would find nothing to stop and a test
+    // that sends no request would hang in TearDown's join.
+    for (int i = 0; i < 500 && !Client().Get("/health"); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   void TearDown() override {
     if (server_) server_->Stop();
@@ -108,6 +113,8 @@ class ServerTest : public ::testing::Test {
   }
 
   std::string kv_spec_;  // set by a derived fixture's constructor
+  std::string api_key_;  // likewise
+  ServerOptions opts_;   // what the server was created with
   int max_queue_ = 4096;
   std::string path_;
   std::unique_ptr<engine::Engine> engine_;
@@ -289,6 +296,48 @@ TEST_F(ServerTest, WrongMethodIs405WithAllow) {
     EXPECT_EQ(r->get_header_value("Allow"), k.allow) << k.method << " " << k.path;
     EXPECT_EQ(json::parse(r->body)["error"]["type"], "invalid_request_error");
   }
+}
+
+// A port in use is an error, not a second listener: cpp-httplib's default
+// SO_REUSEPORT let a second kvx serve start silently and take half the
+// connections.
+TEST_F(ServerTest, APortInUseIsAnError) {
+  ServerOptions again = opts_;
+  again.port = server_->port();
+  auto second = Server::Create(*scheduler_, again);
+  ASSERT_FALSE(second.ok()) << "a second server listens on port " << again.port;
+  EXPECT_NE(second.status().message().find("cannot listen"), std::string::npos) << second.status().ToString();
+  again.reuse_port = true;  // asked for: both may listen (this one too must, then)
+  ServerOptions first = opts_;
+  first.reuse_port = true;
+  first.port = 0;
+  auto a = Server::Create(*scheduler_, first);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  again.port = (*a)->port();
+  EXPECT_TRUE(Server::Create(*scheduler_, again).ok());
+}
+
+// With a key, every endpoint but /health needs it: /metrics tells pool
+// bytes and request counts.
+class KeyedServerTest : public ServerTest {
+ protected:
+  KeyedServerTest() { api_key_ = "sekrit"; }
+};
+
+TEST_F(KeyedServerTest, EveryEndpointButHealthNeedsTheKey) {
+  auto c = Client();
+  for (const char* path : {"/metrics", "/v1/models"}) {
+    auto r = c.Get(path);
+    ASSERT_TRUE(r) << path;
+    EXPECT_EQ(r->status, 401) << path;
+    EXPECT_EQ(json::parse(r->body)["error"]["code"], "invalid_api_key") << path;
+    auto ok = c.Get(path, {{"Authorization", "Bearer sekrit"}});
+    ASSERT_TRUE(ok) << path;
+    EXPECT_EQ(ok->status, 200) << path;
+  }
+  auto health = c.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
 }
 
 // A pool of 64 KiB (about 256 tokens of the tiny model's f16 KV) and a

@@ -85,7 +85,14 @@ void RegisterServe(CLI::App& app, int* exit_code) {
   cmd->add_option("--host", flags->server.host, "Address to bind (127.0.0.1: this machine only)")->capture_default_str();
   cmd->add_option("--port", flags->server.port, "Port (0: any free port, printed at start)")->capture_default_str()
       ->check(IntIn(0, 65535));
-  cmd->add_option("--api-key", flags->server.api_key, "Require 'Authorization: Bearer KEY' on /v1/*");
+  cmd->add_option("--api-key", flags->server.api_key, "Require 'Authorization: Bearer KEY' on every endpoint but /health")
+      ->check([](const std::string& key) {
+        return key.empty() ? std::string("an empty key would let every client in: give a key, or leave --api-key "
+                                         "out to serve without authentication")
+                           : std::string();
+      });
+  cmd->add_flag("--reuse-port", flags->server.reuse_port,
+                "Let other processes listen on the same port (SO_REUSEPORT; off: a port in use is an error)");
   cmd->add_option("--max-seqs", flags->max_seqs,
                   "Sequences running at once; without a budget= in --kv the pool holds this many full contexts")
       ->capture_default_str()

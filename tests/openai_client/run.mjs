@@ -63,7 +63,8 @@ function startServer(extra = []) {
 }
 
 async function metrics(base) {
-  const text = await (await fetch(base + '/metrics')).text();
+  // /metrics is guarded by the API key like every endpoint but /health.
+  const text = await (await fetch(base + '/metrics', { headers: { Authorization: `Bearer ${KEY}` } })).text();
   const m = {};
   for (const line of text.split('\n')) {
     const r = line.match(/^([a-z_]+)(\{[^}]*\})? ([-0-9.e+]+)$/);
