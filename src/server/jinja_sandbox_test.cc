@@ -16,6 +16,7 @@
 #include "model/synthetic_model.h"
 #include "model/tokenizer.h"
 #include "server/chat_template.h"
+#include "support/char_tokenizer.h"
 #include "server/jinja.h"
 
 namespace kvx::server::jinja {
@@ -284,19 +285,7 @@ TEST(JinjaSandboxTest, RealTemplatesFitTheDefaultLimits) {
 namespace kvx::server {
 namespace {
 
-std::unique_ptr<model::Tokenizer> TinyTokenizer() {
-  const model::SyntheticVocab sv = model::MakeSyntheticVocab(512);
-  model::TokenizerVocab v;
-  v.model = "gpt2";
-  v.pre = "smollm";
-  v.tokens = sv.tokens;
-  v.token_types = sv.token_types;
-  v.merges = sv.merges;
-  v.eos_id = sv.eos_id;
-  auto tok = model::Tokenizer::FromVocab(v);
-  EXPECT_TRUE(tok.ok()) << tok.status().ToString();
-  return tok.ok() ? std::move(tok).value() : nullptr;
-}
+std::unique_ptr<model::Tokenizer> TinyTokenizer() { return testing::SyntheticBpeTokenizer(512); }
 
 // What kvx serve meets at model load: a template that cannot be parsed, or
 // that fails on a one-message conversation (beyond refusing it), fails the

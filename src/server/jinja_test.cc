@@ -18,6 +18,7 @@
 #include "model/synthetic_model.h"
 #include "model/tokenizer.h"
 #include "server/chat_template.h"
+#include "support/char_tokenizer.h"
 
 namespace kvx::server::jinja {
 namespace {
@@ -179,26 +180,18 @@ TEST(ChatTemplateTest, Phi3TemplateFromTheGguf) {
 }
 
 TEST(ChatTemplateTest, DefaultIsChatML) {
-  const model::SyntheticVocab sv = model::MakeSyntheticVocab(512);
-  model::TokenizerVocab v;
-  v.model = "gpt2";
-  v.pre = "smollm";
-  v.tokens = sv.tokens;
-  v.token_types = sv.token_types;
-  v.merges = sv.merges;
-  v.eos_id = sv.eos_id;
-  auto tok = model::Tokenizer::FromVocab(v);
-  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
-  auto t = ChatTemplate::Create("", **tok);
+  auto tok = kvx::testing::SyntheticBpeTokenizer(512);
+  ASSERT_NE(tok, nullptr);
+  auto t = ChatTemplate::Create("", *tok);
   ASSERT_TRUE(t.ok());
   EXPECT_TRUE(t->is_default());
   // ChatML's turn end stops generation when the vocabulary has it.
   ASSERT_EQ(t->stop_tokens().size(), 1u);
-  EXPECT_EQ((*tok)->TokenText(t->stop_tokens()[0]), "<|im_end|>");
+  EXPECT_EQ(tok->TokenText(t->stop_tokens()[0]), "<|im_end|>");
   auto r = t->Render({{"system", "S"}, {"user", "Hi"}}, true);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(*r, "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
-  auto bad = ChatTemplate::Create("{% call x() %}{% endcall %}", **tok);
+  auto bad = ChatTemplate::Create("{% call x() %}{% endcall %}", *tok);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("call"), std::string::npos);
 }

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "model/synthetic_model.h"
 #include "model/tokenizer.h"
 
 namespace kvx::testing {
@@ -27,6 +28,22 @@ inline std::unique_ptr<model::Tokenizer> CharTokenizer() {
   auto tok = model::Tokenizer::FromVocab(v);
   EXPECT_TRUE(tok.ok()) << tok.status().ToString();
   return std::move(*tok);
+}
+
+// The byte-level BPE vocabulary of kvx's synthetic models (gen-model's),
+// with `n_vocab` tokens: ChatML's control tokens included.
+inline std::unique_ptr<model::Tokenizer> SyntheticBpeTokenizer(int n_vocab) {
+  const model::SyntheticVocab sv = model::MakeSyntheticVocab(n_vocab);
+  model::TokenizerVocab v;
+  v.model = "gpt2";
+  v.pre = "smollm";
+  v.tokens = sv.tokens;
+  v.token_types = sv.token_types;
+  v.merges = sv.merges;
+  v.eos_id = sv.eos_id;
+  auto tok = model::Tokenizer::FromVocab(v);
+  EXPECT_TRUE(tok.ok()) << tok.status().ToString();
+  return tok.ok() ? std::move(tok).value() : nullptr;
 }
 
 // The text of `ids` without BOS and without the space the vocabulary puts in
