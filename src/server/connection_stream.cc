@@ -53,7 +53,10 @@ void ChunkedBodyMeter::Feed(const char* data, size_t n) {
       payload_ += take;
       size_ -= take;
       i += take;
-      if (size_ == 0) state_ = State::kDataCr;
+      if (size_ == 0) {
+        state_ = State::kCr;
+        after_ = State::kSize;
+      }
       continue;
     }
     const char c = data[i];
@@ -65,38 +68,34 @@ void ChunkedBodyMeter::Feed(const char* data, size_t n) {
         } else if (c == ';' && digits_ > 0) {
           state_ = State::kExtension;
         } else if (c == '\r' && digits_ > 0) {
-          state_ = State::kSizeLf;
+          state_ = State::kLf;
+          after_ = State::kData;
         } else {
           Fail();
           continue;  // this byte counts as payload
         }
         break;
       case State::kExtension:
-        if (c == '\r') state_ = State::kSizeLf;
+        if (c == '\r') {
+          state_ = State::kLf;
+          after_ = State::kData;
+        }
         break;
-      case State::kSizeLf:
-        if (c != '\n') {
+      case State::kCr:
+      case State::kLf:
+        if (c != (state_ == State::kCr ? '\r' : '\n')) {
           Fail();
           continue;
         }
-        digits_ = 0;
-        state_ = size_ == 0 ? State::kLastCr : State::kData;
-        break;
-      case State::kDataCr:
-      case State::kLastCr:
-        if (c != '\r') {
-          Fail();
-          continue;
+        if (state_ == State::kCr) {
+          state_ = State::kLf;
+        } else if (after_ == State::kData && size_ == 0) {  // the last chunk: one more line end
+          state_ = State::kCr;
+          after_ = State::kDone;
+        } else {
+          state_ = after_;
+          digits_ = 0;
         }
-        state_ = state_ == State::kDataCr ? State::kDataLf : State::kLastLf;
-        break;
-      case State::kDataLf:
-      case State::kLastLf:
-        if (c != '\n') {
-          Fail();
-          continue;
-        }
-        state_ = state_ == State::kDataLf ? State::kSize : State::kDone;
         break;
       default:  // kDone: bytes past the end are not this body's
         Fail();

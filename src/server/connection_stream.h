@@ -57,9 +57,11 @@ class ChunkedBodyMeter {
   bool invalid() const { return state_ == State::kInvalid; }
 
  private:
-  enum class State { kSize, kExtension, kSizeLf, kData, kDataCr, kDataLf, kLastCr, kLastLf, kDone, kInvalid };
+  // kCr, kLf: a line end, then after_.
+  enum class State { kSize, kExtension, kData, kCr, kLf, kDone, kInvalid };
   void Fail() { state_ = State::kInvalid; }
   State state_ = State::kSize;
+  State after_ = State::kData;
   uint64_t size_ = 0;  // of the chunk being read
   int digits_ = 0;
   uint64_t payload_ = 0;

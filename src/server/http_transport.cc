@@ -107,11 +107,11 @@ std::string ErrorResponse(const TransportError& e, const std::string& body) {
 // Content-Length) would see the reset, not the answer. The write side is
 // shut first (the client sees the answer end), then input is read and
 // dropped, never kept, until the client closes, is quiet for a second, or
-// for 5 s at most.
-void CloseGently(int fd) {
+// for 5 s at most (not while the server stops).
+void CloseGently(int fd, bool linger) {
   shutdown(fd, SHUT_WR);
   char sink[16 << 10];
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(linger ? 5 : 0);
   while (std::chrono::steady_clock::now() < until) {
     pollfd p{fd, POLLIN, 0};
     if (poll(&p, 1, 1000) <= 0 || recv(fd, sink, sizeof sink, MSG_DONTWAIT) <= 0) break;
@@ -233,7 +233,7 @@ bool HttpTransport::process_and_close_socket(socket_t sock) {
   }
   ConnectionStream stream(sock, limits_, [this] { return svr_sock_ == INVALID_SOCKET; });
   Serve(stream);
-  CloseGently(sock);
+  CloseGently(sock, /*linger=*/svr_sock_ != INVALID_SOCKET);
   return true;
 }
 
