@@ -30,15 +30,9 @@
 #include <string>
 #include <vector>
 
-namespace kvx::server {
+#include "server/transport_limits.h"
 
-struct TransportLimits {
-  int max_connections = 256;           // beyond: 503 at accept
-  double header_timeout_seconds = 10;  // first byte of a request -> end of its headers
-  double request_timeout_seconds = 60; // first byte of a request -> end of its body
-  double keep_alive_timeout_seconds = 5;  // idle between requests (and before the first)
-  size_t max_body_bytes = 8 << 20;
-};
+namespace kvx::server {
 
 // The request line and headers of one request at most (cpp-httplib checks a
 // line's length only once it has read the whole line into memory).

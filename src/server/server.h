@@ -51,7 +51,7 @@
 #include "engine/scheduler.h"
 #include "server/chat_template.h"
 #include "server/completion.h"
-#include "server/connection_stream.h"
+#include "server/transport_limits.h"
 #include "server/metrics.h"
 #include "util/status.h"
 
