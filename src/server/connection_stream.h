@@ -90,6 +90,10 @@ class ConnectionStream : public httplib::Stream {
   // leaves bytes that are not a request).
   bool Reusable() const;
   Failure failure() const { return failure_; }
+  // Whether the request declared (Content-Length) a body over the budget.
+  bool DeclaredBodyTooLarge() const {
+    return framing_.kind == BodyFraming::Kind::kLength && framing_.length > limits_.max_body_bytes;
+  }
   // Bytes written for the current request (0: no response started).
   size_t written() const { return written_; }
   // Writes bytes that are not the response (an interim 1xx response).

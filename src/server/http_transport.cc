@@ -5,10 +5,11 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <strings.h>
+
 #include <condition_variable>
 #include <deque>
 #include <mutex>
-#include <strings.h>
 #include <thread>
 #include <vector>
 
@@ -119,6 +120,8 @@ void CloseGently(int fd, bool linger) {
   close(fd);
 }
 
+TransportError BodyTooLarge() { return {413, "the request body is too large (--max-body)"}; }
+
 bool AllDigits(const std::string& s) {
   return !s.empty() && s.size() <= 18 && s.find_first_not_of("0123456789") == std::string::npos;
 }
@@ -180,6 +183,19 @@ HttpTransport::HttpTransport(const TransportLimits& limits,
   set_payload_max_length(limits_.max_body_bytes);
   set_keep_alive_max_count(kMaxRequestsPerConnection);
   set_keep_alive_timeout(static_cast<time_t>(limits_.keep_alive_timeout_seconds));
+  // A client that asks before sending its body (Expect: 100-continue, as
+  // curl does for large ones) is refused before it sends it, not invited
+  // with 100 (cpp-httplib's answer to every such request).
+  set_expect_100_continue_handler([this](const httplib::Request&, httplib::Response& res) {
+    std::optional<TransportError> refused = Refusal();
+    if (!refused && t_connection != nullptr && t_connection->stream().DeclaredBodyTooLarge()) {
+      refused = BodyTooLarge();
+    }
+    if (!refused) return 100;
+    res.status = refused->status;
+    res.set_content(error_body_(*refused), "application/json");
+    return refused->status;
+  });
   // A response on a connection that cannot carry another request says so.
   set_post_routing_handler([](const httplib::Request&, httplib::Response& res) {
     ClientConnection* c = CurrentConnection();
@@ -220,7 +236,7 @@ std::optional<TransportError> HttpTransport::ReadFailure() {
     case ConnectionStream::Failure::kHeadTooLarge:
       return TransportError{431, "the request line and headers exceed 64 KiB"};
     case ConnectionStream::Failure::kBodyTooLarge:
-      return TransportError{413, "the request body is too large (--max-body)"};
+      return BodyTooLarge();
     default:
       return std::nullopt;
   }

@@ -141,6 +141,14 @@ TEST_F(HttpTransportTest, ADeclaredBodyOverTheLimitIs413AtOnce) {
   const std::string response = ReadUntilClosed(fd, 3s);
   close(fd);
   EXPECT_EQ(response.rfind("HTTP/1.1 413", 0), 0u) << response;
+  // A client that asks first (Expect: 100-continue) is refused, not invited to send it.
+  const int asks = Connect();
+  ASSERT_TRUE(SendAll(asks, "POST /size HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000\r\n"
+                            "Expect: 100-continue\r\n\r\n"));
+  const std::string refused = ReadUntilClosed(asks, 3s);
+  close(asks);
+  EXPECT_EQ(refused.rfind("HTTP/1.1 413", 0), 0u) << refused;
+  EXPECT_NE(refused.find("--max-body"), std::string::npos) << refused;
   EXPECT_EQ(bodies_, 0);
 }
 
