@@ -399,6 +399,8 @@ std::vector<Row> Rows() {
       {"UnknownCommand", A("frobnicate -m {tiny}"), "unknown command 'frobnicate'"},
       {"UnknownCommandHostile", {"r\x1B[2Jun"}, "unknown command 'r\\x1B[2Jun'"},
       {"ServeEmptyApiKey", {"serve", "-m", "{tiny}", "--port", "0", "--api-key", ""}, "an empty key would let every client in"},
+      {"ServeNoConnections", A("serve -m {tiny} --port 0 --max-connections 0"), "'0' is not an integer in 1..16384"},
+      {"ServeZeroHeaderTimeout", A("serve -m {tiny} --port 0 --header-timeout 0"), "'0' is not a number in (0, 3600]"},
       {"UnknownFlag", A(run + "--bogus 1"), "--bogus"},
       {"MissingModelFlag", A("run -p hi"), "--model is required"},
       {"PromptAndFileTogether", A(run + "-f {long.txt}"), "excludes"},
