@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cstdio>
 #include <random>
-#include <set>
 
 #include "engine/chunk_assembly.h"
 #include "engine/engine.h"
@@ -17,40 +16,32 @@ namespace kvx::eval {
 namespace {
 
 constexpr std::string_view kInstruction =
-    "Some special magic numbers are hidden in the documents below. Memorize them, I will ask about one of them.";
+    "A pass key is hidden in one of the documents below. Find it and remember it, I will ask you about it.";
+constexpr std::string_view kQuestion = "\nWhat is the pass key? The pass key is";
 
-struct Document {
-  std::string text;
-  std::string key, value;
-};
-
-// D documents of about chunk_tokens tokens each, one needle each.
-Result<std::vector<Document>> MakeDocuments(const model::Tokenizer& tok, const Haystack& hay, int count, int chunk_tokens,
-                                            std::mt19937_64& rng) {
-  std::vector<Document> docs;
-  std::set<std::string> used;
+// A run of essay sentences of at most chunk_tokens tokens (at least one
+// sentence) from a random start; with `value`, the pass-key needle at a
+// random sentence boundary.
+Result<std::string> MakeDocument(const model::Tokenizer& tok, const Haystack& hay, int chunk_tokens, const std::string& value,
+                                 std::mt19937_64& rng) {
+  std::vector<std::string> sentences;
   const size_t n_sent = hay.sentences.size();
-  for (int d = 0; d < count; ++d) {
-    Document doc;
-    do doc.key = RandomNeedleString(NeedleKind::kWord, rng);
-    while (!used.insert(doc.key).second);
-    do doc.value = RandomNeedleString(NeedleKind::kNumber, rng);
-    while (!used.insert(doc.value).second);
-    std::vector<std::string> sentences;
-    size_t at = rng() % n_sent;
-    int tokens = 0;
-    while (tokens < chunk_tokens) {
-      sentences.push_back(hay.sentences[at]);
-      at = (at + 1) % n_sent;
-      KVX_ASSIGN_OR_RETURN(std::vector<int32_t> t, tok.Encode(sentences.back(), false, false));
-      tokens += static_cast<int>(t.size());
-    }
-    sentences.insert(sentences.begin() + static_cast<std::ptrdiff_t>(rng() % (sentences.size() + 1)),
-                     NiahNeedle(NeedleKind::kNumber, doc.key, doc.value));
-    for (const std::string& s : sentences) doc.text += (doc.text.empty() ? "" : " ") + s;
-    docs.push_back(std::move(doc));
+  size_t at = rng() % n_sent;
+  int tokens = 0;
+  while (true) {
+    KVX_ASSIGN_OR_RETURN(std::vector<int32_t> t, tok.Encode(hay.sentences[at], false, false));
+    if (!sentences.empty() && tokens + static_cast<int>(t.size()) > chunk_tokens) break;
+    sentences.push_back(hay.sentences[at]);
+    tokens += static_cast<int>(t.size());
+    at = (at + 1) % n_sent;
   }
-  return docs;
+  if (!value.empty()) {
+    sentences.insert(sentences.begin() + static_cast<std::ptrdiff_t>(rng() % (sentences.size() + 1)),
+                     "The pass key is " + value + ". Remember it. " + value + " is the pass key.");
+  }
+  std::string text;
+  for (const std::string& s : sentences) text += (text.empty() ? "" : " ") + s;
+  return text;
 }
 
 int ArgMax(const float* logits, int n) { return static_cast<int>(std::max_element(logits, logits + n) - logits); }
@@ -124,17 +115,30 @@ class RagRunner {
 Result<std::vector<RagRow>> RunSize(const model::Model& model, ThreadPool* threads, const RagOptions& o, const Haystack& hay,
                                     int size, const std::vector<engine::ChunkRepair>& repairs, std::mt19937_64& rng) {
   const model::Tokenizer& tok = model.tokenizer();
-  const int n_docs = std::max(1, size / o.chunk_tokens);
-  KVX_ASSIGN_OR_RETURN(std::vector<Document> docs, MakeDocuments(tok, hay, n_docs, o.chunk_tokens, rng));
-  std::vector<std::string> texts;
-  for (const Document& d : docs) texts.push_back(d.text);
+  // D - 1 plain documents every question shares, and one document with a
+  // pass key per question.
+  const int n_docs = std::max(2, size / o.chunk_tokens);
+  std::vector<std::string> texts, values;
+  for (int d = 0; d + 1 < n_docs; ++d) {
+    KVX_ASSIGN_OR_RETURN(std::string text, MakeDocument(tok, hay, o.chunk_tokens, "", rng));
+    texts.push_back(std::move(text));
+  }
+  for (int q = 0; q < o.questions; ++q) {
+    values.push_back(std::to_string(1 + rng() % 50000));
+    KVX_ASSIGN_OR_RETURN(std::string text, MakeDocument(tok, hay, o.chunk_tokens, values.back(), rng));
+    texts.push_back(std::move(text));
+  }
   KVX_ASSIGN_OR_RETURN(std::vector<std::vector<int32_t>> chunks, engine::TokenizeChunks(tok, texts));
   KVX_ASSIGN_OR_RETURN(std::vector<int32_t> prefix, tok.Encode(std::string(kInstruction) + "\n", true, false));
-  int64_t chunk_total = 0;
-  for (const auto& c : chunks) chunk_total += static_cast<int64_t>(c.size());
+  KVX_ASSIGN_OR_RETURN(std::vector<int32_t> suffix, tok.Encode(kQuestion, false, false));
+  // The longest prompt: the plain documents and the longest needle document.
+  size_t longest_needle = 0;
+  for (int q = 0; q < o.questions; ++q) longest_needle = std::max(longest_needle, chunks[n_docs - 1 + q].size());
+  int64_t chunk_total = static_cast<int64_t>(longest_needle);
+  for (int d = 0; d + 1 < n_docs; ++d) chunk_total += static_cast<int64_t>(chunks[d].size());
   engine::EngineOptions eo;
   KVX_ASSIGN_OR_RETURN(eo.kv_spec, kv::ParseKVSpec(o.kv_spec));
-  eo.n_ctx = static_cast<int>(prefix.size() + chunk_total) + 128 + o.n_gen;
+  eo.n_ctx = static_cast<int>(prefix.size() + chunk_total + suffix.size()) + o.n_gen;
   eo.n_batch = o.n_batch;
   eo.n_seqs = 2;  // the question's sequence and its teacher-forced fork
   KVX_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine, engine::Engine::Create(&model, threads, eo));
@@ -146,7 +150,11 @@ Result<std::vector<RagRow>> RunSize(const model::Model& model, ThreadPool* threa
   engine::ChunkRepair full;
   full.mode = engine::ChunkRepairMode::kFull;
   // The documents were seen before: every chunk in the cache.
-  KVX_RETURN_IF_ERROR(runner.Run(prefix, chunks, std::vector<int32_t>{tok.bos() >= 0 ? tok.bos() : 0}, none, nullptr).status());
+  for (int q = 0; q < o.questions; ++q) {
+    std::vector<std::vector<int32_t>> prompt(chunks.begin(), chunks.begin() + (n_docs - 1));
+    prompt.push_back(chunks[n_docs - 1 + q]);
+    KVX_RETURN_IF_ERROR(runner.Run(prefix, prompt, suffix, none, nullptr).status());
+  }
 
   struct Acc {
     int n = 0, hits = 0;
@@ -157,16 +165,16 @@ Result<std::vector<RagRow>> RunSize(const model::Model& model, ThreadPool* threa
   int64_t prompt_tokens = 0;
   for (int q = 0; q < o.questions; ++q) {
     std::vector<int> order(n_docs);
-    for (int i = 0; i < n_docs; ++i) order[i] = i;
+    for (int i = 0; i + 1 < n_docs; ++i) order[i] = i;
+    order[n_docs - 1] = n_docs - 1 + q;
     std::shuffle(order.begin(), order.end(), rng);
-    const Document& asked = docs[rng() % docs.size()];
     std::vector<std::vector<int32_t>> shuffled;
-    for (int i : order) shuffled.push_back(chunks[i]);
-    const std::string question = "\nWhat is the special magic number for " + asked.key +
-                                 " mentioned in the provided text? The special magic number for " + asked.key +
-                                 " mentioned in the provided text is";
-    KVX_ASSIGN_OR_RETURN(std::vector<int32_t> suffix, tok.Encode(question, false, false));
-    prompt_tokens = static_cast<int64_t>(prefix.size() + chunk_total + suffix.size());
+    int64_t prompt_chunk_tokens = 0;
+    for (int i : order) {
+      shuffled.push_back(chunks[i]);
+      prompt_chunk_tokens += static_cast<int64_t>(chunks[i].size());
+    }
+    prompt_tokens = static_cast<int64_t>(prefix.size() + suffix.size()) + prompt_chunk_tokens;
     KVX_ASSIGN_OR_RETURN(Answer reference, runner.Run(prefix, shuffled, suffix, full, nullptr));
     for (size_t r = 0; r < repairs.size(); ++r) {
       Answer a = reference;
@@ -175,7 +183,7 @@ Result<std::vector<RagRow>> RunSize(const model::Model& model, ThreadPool* threa
       }
       Acc& x = acc[r];
       ++x.n;
-      if (ValuesFound(tok.Decode(a.tokens, false), {asked.value}) >= 1.0) ++x.hits;
+      if (ValuesFound(tok.Decode(a.tokens, false), {values[q]}) >= 1.0) ++x.hits;
       for (size_t i = 0; i < reference.logits.size() && i < a.logits.size(); ++i) {
         x.kld.Add(Kld(reference.logits[i].data(), a.logits[i].data(), model.config().n_vocab));
       }

@@ -2,20 +2,19 @@
 // RAG-shaped prompt in natural text (docs/kv-reuse.md).
 //
 // For each size T (tokens of chunks per prompt): D = T / chunk_tokens
-// documents, each a run of Paul Graham essay sentences of about chunk_tokens
-// tokens holding one RULER multi-key needle "One of the special magic numbers
-// for KEY is: VALUE." (a key of its own per document) at a random sentence.
-// A question is: BOS + an instruction (the prefix, the same for every
-// question), all D documents in a fresh random order (the chunks), then
-// "What is the special magic number for KEY mentioned in the provided text?
-// The special magic number for KEY mentioned in the provided text is" for the
-// KEY of a random document (the suffix). So a prefix cache would hit only the
-// instruction, while every document is in the chunk cache: the documents are
-// assembled once (not measured) before the questions.
+// documents of Paul Graham essay sentences (at most chunk_tokens tokens
+// each, whole sentences): D - 1 plain ones that every question shares, and
+// per question one more holding the recall model's trained needle "The pass
+// key is N. Remember it. N is the pass key." at a random sentence. A
+// question is BOS + an instruction (the prefix, the same every time), its D
+// documents in a fresh random order (the chunks), then "What is the pass
+// key? The pass key is" (the suffix). A prefix cache would hit only the
+// instruction; every document was assembled once before the questions (not
+// measured), so the chunk cache holds them all.
 //
 // Per question and repair: the assembly's time (time to first token, the
 // chunk cache warm), the fraction of chunk tokens recomputed, a greedy answer
-// (a hit when it holds VALUE: text_score.h ValuesFound), and the KL divergence
+// (a hit when it holds N: text_score.h ValuesFound), and the KL divergence
 // KL(full || repair) of the next-token distributions at the answer's
 // positions, teacher-forced with `full`'s greedy answer (n_gen positions).
 // Accuracy carries a Wilson 95% interval.
@@ -54,7 +53,7 @@ struct RagRow {
   double kld_mean = 0;            // over questions x n_gen positions
   double ttft_ms_median = 0;
   double recomputed_fraction = 0;  // mean over questions
-  int64_t prompt_tokens = 0;       // of the last question
+  int64_t prompt_tokens = 0;       // of the last question (the size column: its chunk tokens)
 };
 
 // InvalidArgument for a bad repair or spec, NotFound without the essays.
