@@ -212,6 +212,11 @@ Result<const kv::KVManager::SequenceImage*> ChunkAssembler::ChunkImage(uint64_t 
   }
   KVX_ASSIGN_OR_RETURN(std::unique_ptr<Session> alone, engine_->NewSession(salt));
   KVX_RETURN_IF_ERROR(alone->Feed(tokens).status());
+  if (engine_->kv_manager().entries_removed(alone->id())) {
+    return InvalidArgument("chunk reuse needs the KV of every chunk token, but the spec's policy removed entries "
+                           "while a chunk was computed alone: use its mode=once (it then compresses the assembled "
+                           "prompt) or no policy");
+  }
   KVX_ASSIGN_OR_RETURN(kv::KVManager::SequenceImage image, engine_->kv_manager().ExportSequence(alone->id()));
   usage->computed_tokens += static_cast<int64_t>(tokens.size());
   const kv::KVManager::SequenceImage* kept = cache_.Insert(key, image);
@@ -236,10 +241,12 @@ Status ChunkAssembler::LoadChunkRows(const kv::KVManager::SequenceImage& image, 
   for (int l = 0; l < layout.n_layers; ++l) {
     for (int h = 0; h < layout.n_kv_heads; ++h) {
       seq.ReadChain(l, h, &ck, &cv, &pos);
-      if (static_cast<int>(pos.size()) != n) {
+      bool in_order = static_cast<int>(pos.size()) == n;
+      for (int j = 0; in_order && j < n; ++j) in_order = pos[j] == j;
+      if (!in_order) {
         manager.ReleaseSequence(id);
-        return Internal("a cached chunk's table holds " + std::to_string(pos.size()) + " entries for " +
-                        std::to_string(n) + " tokens");
+        return Internal("a cached chunk's table does not hold its " + std::to_string(n) +
+                        " tokens at positions 0..n-1");
       }
       for (int j = 0; j < n; ++j) {
         float* dk = &(*k)[l][static_cast<size_t>(row + j) * kv_dim + static_cast<size_t>(h) * hd];

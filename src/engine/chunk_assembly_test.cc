@@ -297,6 +297,33 @@ TEST(ChunkAssemblyErrorsTest, ClearErrors) {
   EXPECT_TRUE(ChunkAssembler::Create(e->get(), 1 << 20).ok());
 }
 
+// Eviction composes after assembly (a once-mode policy compresses the
+// assembled prompt); a continuous one would evict from a chunk computed
+// alone, which chunk reuse refuses.
+TEST(ChunkAssemblyPolicyTest, OnceModePoliciesCompressTheAssembledPrompt) {
+  KVX_REQUIRE_SHARED();
+  Fixture once = Make("codec=f16;policy=snapkv,ratio=0.5,window=4,mode=once");
+  ASSERT_NE(once.assembler, nullptr);
+  const std::vector<int32_t> prefix = Tokens(*once.engine, "Read the texts below.", true);
+  const std::vector<int32_t> suffix = Tokens(*once.engine, " Answer:");
+  auto s = once.engine->NewSession();
+  ASSERT_TRUE(s.ok());
+  const auto chunks = Chunks(*once.engine);
+  ASSERT_TRUE(once.assembler->Assemble(s->get(), prefix, chunks, suffix, ChunkRepair{}).ok());
+  const int live_before = (*s)->kv().LiveEntries(0, 0);
+  ASSERT_TRUE((*s)->Compress().ok());
+  EXPECT_LT((*s)->kv().LiveEntries(0, 0), live_before);
+  EXPECT_TRUE(once.engine->kv_manager().CheckInvariants().ok());
+
+  Fixture continuous = Make("codec=f16;policy=h2o,budget=8");
+  ASSERT_NE(continuous.assembler, nullptr);
+  auto c = continuous.engine->NewSession();
+  ASSERT_TRUE(c.ok());
+  auto r = continuous.assembler->Assemble(c->get(), prefix, chunks, suffix, ChunkRepair{});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("mode=once"), std::string::npos) << r.status().ToString();
+}
+
 // Chunks are tokenized one by one: a chunk cut inside a multi-byte character
 // is not valid UTF-8 and is refused naming the chunk.
 TEST(ChunkAssemblyErrorsTest, ChunkCutInsideACharacterIsRefused) {
