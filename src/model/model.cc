@@ -297,8 +297,8 @@ Status Model::Forward(const ForwardBatch& batch, std::span<kv::SequenceKV* const
       return InvalidArgument("layer " + std::to_string(l) + " recomputes rows the layer before it did not");
     }
     if (want.size() != rows.size()) {
-      if (!std::includes(rows.begin(), rows.end(), want.begin(), want.end()) ||
-          !std::is_sorted(want.begin(), want.end())) {
+      if (!std::is_sorted(want.begin(), want.end()) ||
+          !std::includes(rows.begin(), rows.end(), want.begin(), want.end())) {
         return InvalidArgument("layer " + std::to_string(l) + " recomputes rows the layer before it did not");
       }
       for_tokens(residual_rows);  // the previous layer's, over the old rows
