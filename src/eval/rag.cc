@@ -221,6 +221,13 @@ Result<std::vector<RagRow>> RunRagEval(const model::Model& model, ThreadPool* th
     KVX_ASSIGN_OR_RETURN(engine::ChunkRepair r, engine::ParseChunkRepair(text));
     repairs.push_back(r);
   }
+  {  // The spec's pages must take chunks (checked before any data is read).
+    engine::EngineOptions eo;
+    KVX_ASSIGN_OR_RETURN(eo.kv_spec, kv::ParseKVSpec(o.kv_spec));
+    eo.n_ctx = 64;
+    KVX_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine, engine::Engine::Create(&model, threads, eo));
+    KVX_RETURN_IF_ERROR(engine::ChunkAssembler::Create(engine.get(), 0).status());
+  }
   KVX_ASSIGN_OR_RETURN(std::string essays, LoadEssays(o.data_dir + "/paul_graham_essays"));
   const Haystack hay = MakeHaystack(essays);
   std::mt19937_64 rng(o.seed);

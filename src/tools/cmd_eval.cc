@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/chunk_assembly.h"
 #include "eval/eval.h"
 #include "eval/rag.h"
 #include "eval/report.h"
@@ -40,6 +41,7 @@ Status RunRagCommand(EvalFlags& flags) {
   const eval::EvalOptions& o = flags.options;
   if (o.specs.size() > 1) return InvalidArgument("--tasks rag measures one --kv spec at a time");
   if (!o.specs.empty()) flags.rag.kv_spec = o.specs[0];
+  for (const std::string& repair : flags.rag.repairs) KVX_RETURN_IF_ERROR(engine::ParseChunkRepair(repair).status());
   flags.rag.data_dir = o.data_dir;
   flags.rag.seed = o.seed;
   flags.rag.n_batch = o.n_batch;
@@ -69,6 +71,10 @@ Status RunEvalCommand(EvalFlags flags) {
   if (o.model_path.empty()) return InvalidArgument("-m MODEL is required (or --render JSON)");
   if (flags.n_threads < 0) return InvalidArgument("thread count (-t) must be >= 0 (0 = all cores)");
   if (flags.tasks == "rag") return RunRagCommand(flags);
+  if (flags.tasks.find("rag") != std::string::npos) {
+    return InvalidArgument("--tasks rag runs alone (it compares chunk repairs on one spec, not specs): drop the other "
+                           "tasks or run them separately");
+  }
   if (!flags.json_file.empty()) KVX_RETURN_IF_ERROR(CheckOutputFile(flags.json_file));
   KVX_ASSIGN_OR_RETURN(o.tasks, eval::ParseTasks(flags.tasks));
   if (!flags.text_file.empty()) {
