@@ -195,6 +195,23 @@ TEST_P(ChunkAssemblyTest, CachedKeysAtNewPositionsEqualAFullPrefillsAtLayerZero)
   RecordProperty("max_abs_layer0_kv_diff", std::to_string(worst));
 }
 
+// The prefix can come from a prefix hit: a session forked from one that
+// holds it, assembled with an empty prefix.
+TEST_P(ChunkAssemblyTest, PrefixFromAForkedSession) {
+  const std::vector<float> full = FullPrefill(*f_.engine, prefix_, chunks_, suffix_);
+  auto holder = f_.engine->NewSession();
+  ASSERT_TRUE(holder.ok());
+  ASSERT_TRUE((*holder)->Feed(prefix_).ok());
+  auto fork = f_.engine->ForkSession(**holder, static_cast<int>(prefix_.size()));
+  ASSERT_TRUE(fork.ok());
+  ChunkUsage usage;
+  auto logits = f_.assembler->Assemble(fork->get(), {}, chunks_, suffix_, *ParseChunkRepair("blend,r=1"), &usage);
+  ASSERT_TRUE(logits.ok()) << logits.status().ToString();
+  EXPECT_LT(MaxAbsDiff(std::vector<float>(*logits, *logits + f_.engine->model().config().n_vocab), full),
+            kRoundingTolerance);
+  EXPECT_EQ(usage.prefix_tokens, 0);
+}
+
 TEST_P(ChunkAssemblyTest, EpicRecomputesTheFirstTokensOfEachChunk) {
   ChunkUsage usage;
   Assembled(f_, prefix_, chunks_, suffix_, "epic,k=4", &usage);
