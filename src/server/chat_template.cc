@@ -3,26 +3,21 @@
 #include "server/jinja.h"
 
 namespace kvx::server {
-namespace {
-
-const char* const kWhose = "the model's chat template (tokenizer.chat_template)";
-
-}  // namespace
-
-Result<ChatTemplate> ChatTemplate::Create(const std::string& source, const model::Tokenizer& tokenizer) {
+Result<ChatTemplate> ChatTemplate::Create(const std::string& source, const model::Tokenizer& tokenizer,
+                                          const std::string& origin) {
   ChatTemplate t;
   t.source_ = source;
   if (tokenizer.bos() >= 0) t.bos_ = tokenizer.TokenText(tokenizer.bos());
   if (tokenizer.eos() >= 0) t.eos_ = tokenizer.TokenText(tokenizer.eos());
   if (!source.empty()) {
     auto program = jinja::Template::Parse(source);
-    if (!program.ok()) return program.status().WithContext(kWhose);
+    if (!program.ok()) return program.status().WithContext(origin);
     t.program_ = *program;
     // A template that cannot render one user message (beyond refusing it, as
     // raise_exception does) would fail every chat request: fail the load.
     auto probe = t.Render({{"user", "Hi"}}, /*add_generation_prompt=*/true);
     if (!probe.ok() && probe.status().code() != StatusCode::kInvalidArgument) {
-      return InvalidArgument(probe.status().WithContext(kWhose).message() + " (rendering one user message)");
+      return InvalidArgument(probe.status().WithContext(origin).message() + " (rendering one user message)");
     }
   }
   // Turn-end tokens of common formats that are not the vocabulary's EOS.

@@ -33,12 +33,16 @@ jinja::Value::Object ChatContext(const std::vector<ChatMessage>& messages, bool 
 
 class ChatTemplate {
  public:
-  // The model's template (source `tokenizer.chat_template` of the GGUF, or
-  // empty for the default), with its BOS/EOS token texts. InvalidArgument
-  // naming the construct or limit for a template the interpreter cannot
-  // parse, or that fails on one user message otherwise than by refusing it
-  // (a limit passed, an overflow: jinja.h's sandbox).
-  static Result<ChatTemplate> Create(const std::string& source, const model::Tokenizer& tokenizer);
+  // What the errors of the model's own template say it is.
+  static constexpr const char* kModelTemplate = "the model's chat template (tokenizer.chat_template)";
+  // The template `source` (the GGUF's `tokenizer.chat_template`, a
+  // --chat-template file; empty for the default), with the tokenizer's
+  // BOS/EOS token texts. InvalidArgument naming `origin` and the construct
+  // or limit for a template the interpreter cannot parse, or that fails on
+  // one user message otherwise than by refusing it (a limit passed, an
+  // overflow: jinja.h's sandbox).
+  static Result<ChatTemplate> Create(const std::string& source, const model::Tokenizer& tokenizer,
+                                     const std::string& origin = kModelTemplate);
 
   // The prompt for `messages`, ending with the assistant's turn opening when
   // add_generation_prompt. InvalidArgument for what the template refuses

@@ -5,9 +5,6 @@
 #include <limits>
 #include <random>
 
-#define XXH_INLINE_ALL
-#include <xxhash.h>
-
 #include "server/text_stream.h"
 
 namespace kvx::server {
@@ -174,7 +171,6 @@ std::optional<ApiError> BuildGenerationRequest(const CompletionParams& p, const 
   g.sampling.seed = p.seed ? *p.seed : std::random_device{}();
   g.n = p.n;
   g.stop_at_eog = !p.ignore_eos;
-  if (!p.user.empty()) g.tenant_salt = XXH3_64bits(p.user.data(), p.user.size()) | 1;
   g.continue_session = p.session;
   return std::nullopt;
 }

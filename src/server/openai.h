@@ -10,8 +10,8 @@
 // strings, or an array of token ids) / messages (role + content string or
 // text parts), max_tokens (max_completion_tokens), temperature, top_p, n,
 // stream, stream_options.include_usage, stop (string or up to 4 strings),
-// seed, user (the tenant: prefix-cache entries are never shared between
-// users), echo (completions). kvx extensions: top_k, min_p,
+// seed, user (without API keys, the tenant: server/tenants.h), echo
+// (completions). kvx extensions: top_k, min_p,
 // repeat_penalty, session (a named session to continue and keep),
 // ignore_eos (llama-server's name: generate past the end-of-generation
 // tokens, e.g. to fill a session to a length).
