@@ -26,8 +26,9 @@ struct ChatMessage {
   std::string content;
 };
 
-// The variables a chat template renders with: `messages` (role, content),
-// `add_generation_prompt`, `bos_token`, `eos_token`.
+// The variables a chat template renders with: `messages` (role, content:
+// data, jinja::Value::Data), `add_generation_prompt`, `bos_token`,
+// `eos_token`.
 jinja::Value::Object ChatContext(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
                                  const std::string& bos, const std::string& eos);
 
@@ -45,10 +46,13 @@ class ChatTemplate {
                                      const std::string& origin = kModelTemplate);
 
   // The prompt for `messages`, ending with the assistant's turn opening when
-  // add_generation_prompt. InvalidArgument for what the template refuses
-  // (raise_exception, e.g. roles out of order); Internal when it fails
-  // otherwise (a limit, an overflow, a construct it cannot evaluate).
-  Result<std::string> Render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const;
+  // add_generation_prompt, with the bytes that came from message content
+  // marked (jinja.h, "Data marks"): the tokenizer reads those as text only,
+  // so content cannot open or close a turn (role injection).
+  // InvalidArgument for what the template refuses (raise_exception, e.g.
+  // roles out of order); Internal when it fails otherwise (a limit, an
+  // overflow, a construct it cannot evaluate).
+  Result<jinja::MarkedText> Render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const;
 
   bool is_default() const { return source_.empty(); }
   const std::string& source() const { return source_; }
