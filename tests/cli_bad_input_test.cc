@@ -353,6 +353,15 @@ std::string Fixture(const std::string& name) {
          WriteFile(dir + "/plain_file", "x");
          return dir + "/plain_file";
        }},
+      // kvx serve's files: API keys (two tenants with one key), a chat template.
+      {"same_keys.txt", [dir] {
+         WriteFile(dir + "/same_keys.txt", "alice:k-sekrit\nbob:k-sekrit\n");
+         return dir + "/same_keys.txt";
+       }},
+      {"call_block.jinja", [dir] {
+         WriteFile(dir + "/call_block.jinja", "{% call x() %}{% endcall %}");
+         return dir + "/call_block.jinja";
+       }},
   };
   auto it = kMakers.find(name);
   if (it == kMakers.end()) {
@@ -399,6 +408,13 @@ std::vector<Row> Rows() {
       {"UnknownCommand", A("frobnicate -m {tiny}"), "unknown command 'frobnicate'"},
       {"UnknownCommandHostile", {"r\x1B[2Jun"}, "unknown command 'r\\x1B[2Jun'"},
       {"ServeEmptyApiKey", {"serve", "-m", "{tiny}", "--port", "0", "--api-key", ""}, "an empty key would let every client in"},
+      {"ServeApiKeysShared", A("serve -m {tiny} --port 0 --api-keys {same_keys.txt}"),
+       "line 2: tenant 'bob' has the same key as another tenant"},
+      {"ServeApiKeyAlsoInFile", A("serve -m {tiny} --port 0 --api-key other --api-keys {same_keys.txt}"),
+       "line 2: tenant 'bob' has the same key"},
+      {"ServeChatTemplateUnsupported", A("serve -m {tiny} --port 0 --chat-template {call_block.jinja}"),
+       "the --chat-template file: chat template line 1: unsupported construct 'call'"},
+      {"ServeChatTemplateEmpty", A("serve -m {tiny} --port 0 --chat-template {empty.txt}"), "is empty"},
       {"UnknownFlag", A(run + "--bogus 1"), "--bogus"},
       {"MissingModelFlag", A("run -p hi"), "--model is required"},
       {"PromptAndFileTogether", A(run + "-f {long.txt}"), "excludes"},
@@ -578,6 +594,15 @@ std::vector<Row> Rows() {
        "--baseline '" + kSnapKv + "' has a policy that compresses only when asked"},
       {"CalibrateBeyondContext", A("calibrate-heads -m {tiny} --lengths 1048576 -o {plain_file}"),
        "beyond the model's trained context of 512"},
+      {"PerplexityBeyondContext", A("perplexity -m {tiny} -f {long.txt} -c 4096"),
+       "the chunk (-c) has 4096 tokens, beyond the model's trained context of 512"},
+      {"BenchBeyondContext", A("bench -m {tiny} --depths 0,4096 -p 8 -n 2 -r 1"),
+       "the deepest context (--depths, --seq-depths, -p) has 4096 tokens, beyond"},
+      {"BenchSeqDepthsBeyondContext", A("bench -m {tiny} --depths 0 --seqs 2 --seq-depths 2048 -p 8 -n 2 -r 1"),
+       "has 2048 tokens, beyond the model's trained context of 512"},
+      {"EvalEveryCellFailed",
+       A("eval -m {tiny} --kv codec=f16,budget=8K --baseline codec=f16,budget=8K --tasks ppl,kld -f {long.txt} -c 64 -q"),
+       "every cell of the evaluation failed (3 cells"},
       {"CalibrateRazorBeyondContext",
        A("calibrate-heads -m {tiny} --method razor --span 512 --repeats 64 -o {plain_file}"),
        "32769 tokens"},
