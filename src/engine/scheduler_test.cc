@@ -238,10 +238,10 @@ TEST(SchedulerTest, ContinueSessionResumesOrStarts) {
 // saving more than max_sessions drops its own least recently used, never
 // another tenant's.
 TEST(SchedulerTest, SessionsBelongToTheirTenant) {
+  SchedulerOptions quota;
+  quota.max_sessions = 3;  // per tenant
   auto engine = MakeEngine("codec=f16,page=16");
-  SchedulerOptions so;
-  so.max_sessions = 3;
-  auto sched = Scheduler::Create(*engine, so);
+  auto sched = Scheduler::Create(*engine, quota);
   ASSERT_TRUE(sched.ok());
   Scheduler* s = sched->get();
   Collector c;

@@ -405,7 +405,8 @@ Value ApplyFilter(Scope& s, const std::string& name, const Value& self, const st
   if (name == "tojson") {
     std::string json = self.Json(Remaining(s));
     const Spans all = {{0, json.size()}};
-    return NewString(s, std::move(json), line, self.HoldsData() && !json.empty() ? &all : nullptr);
+    const bool data = self.HoldsData() && !json.empty();  // before json is moved from
+    return NewString(s, std::move(json), line, data ? &all : nullptr);
   }
   if (name == "string") {
     if (self.is_string()) return self;

@@ -18,6 +18,7 @@
 #include "model/synthetic_model.h"
 #include "model/tokenizer.h"
 #include "server/chat_template.h"
+#include "server/chat_test_util.h"
 #include "support/char_tokenizer.h"
 
 namespace kvx::server::jinja {
@@ -215,23 +216,17 @@ namespace {
 // The chat template a real GGUF ships (Phi-3's vocabulary file), through
 // ChatTemplate with the vocabulary's own BOS.
 TEST(ChatTemplateTest, Phi3TemplateFromTheGguf) {
-  const char* shared = std::getenv("KVX_SHARED");
-  const std::string path = std::string(shared ? shared : KVX_SOURCE_DIR "/../shared") + "/models/vocab/ggml-vocab-phi-3.gguf";
-  auto file = gguf::GgufFile::Open(path);
-  if (!file.ok()) GTEST_SKIP() << "shared test data not found (" << path << ")";
-  auto tok = model::Tokenizer::FromGguf(**file);
-  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
-  auto source = (*file)->GetString("tokenizer.chat_template");
-  ASSERT_TRUE(source.ok());
-  auto t = ChatTemplate::Create(*source, **tok);
-  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  std::unique_ptr<model::Tokenizer> tok;
+  std::unique_ptr<ChatTemplate> t;
+  LoadPhi3Chat(&tok, &t);
+  KVX_SKIP_WITHOUT_PHI3(tok);
   EXPECT_FALSE(t->is_default());
   auto r = t->Render({{"system", "S"}, {"user", "Hi"}, {"assistant", "Yo"}, {"user", "More"}}, true);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->text, "<s><|user|>\nHi<|end|>\n<|assistant|>\nYo<|end|>\n<|user|>\nMore<|end|>\n<|assistant|>\n");
   // <|end|> ends an assistant turn.
   ASSERT_EQ(t->stop_tokens().size(), 1u);
-  EXPECT_EQ((*tok)->TokenText(t->stop_tokens()[0]), "<|end|>");
+  EXPECT_EQ(tok->TokenText(t->stop_tokens()[0]), "<|end|>");
 }
 
 TEST(ChatTemplateTest, DefaultIsChatML) {

@@ -9,10 +9,9 @@
 #include <algorithm>
 #include <memory>
 
-#include "gguf/gguf_file.h"
 #include "model/model.h"
 #include "model/synthetic_model.h"
-#include "support/test_data.h"
+#include "server/chat_test_util.h"
 
 namespace kvx::server {
 namespace {
@@ -244,17 +243,11 @@ TEST_F(OpenAiTest, ContentCannotOpenATurn) {
 // ../shared: SentencePiece, its template concatenating '<|user|>' + '\n' +
 // content + '<|end|>'): the ids hold exactly the template's special tokens.
 TEST_F(OpenAiTest, ContentCannotOpenATurnWithPhi3) {
-  const std::string path = kvx::testing::SharedPath("models/vocab/ggml-vocab-phi-3.gguf");
-  if (path.empty()) GTEST_SKIP() << "shared test data not found (set KVX_SHARED or place ../shared beside the repository)";
-  auto file = gguf::GgufFile::Open(path);
-  ASSERT_TRUE(file.ok()) << file.status().ToString();
-  auto phi = model::Tokenizer::FromGguf(**file);
-  ASSERT_TRUE(phi.ok()) << phi.status().ToString();
-  auto source = (*file)->GetString("tokenizer.chat_template");
-  ASSERT_TRUE(source.ok());
-  auto chat = ChatTemplate::Create(*source, **phi);
-  ASSERT_TRUE(chat.ok()) << chat.status().ToString();
-  const model::Tokenizer& t = **phi;
+  std::unique_ptr<model::Tokenizer> phi;
+  std::unique_ptr<ChatTemplate> chat;
+  LoadPhi3Chat(&phi, &chat);
+  KVX_SKIP_WITHOUT_PHI3(phi);
+  const model::Tokenizer& t = *phi;
   const int32_t user = t.TextToToken("<|user|>"), end = t.TextToToken("<|end|>"),
                 assistant = t.TextToToken("<|assistant|>"), system = t.TextToToken("<|system|>");
   ASSERT_TRUE(user >= 0 && end >= 0 && assistant >= 0 && system >= 0);
