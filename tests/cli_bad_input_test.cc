@@ -388,6 +388,8 @@ std::vector<Row> Rows() {
       {"ServeApiKeyAlsoInFile", A(serve + "--api-key x --api-keys {same_keys.txt}"), "tenant 'bob' has the same key"},
       {"ServeChatTemplateCall", A(serve + "--chat-template {call_block.jinja}"), "--chat-template file: chat template"},
       {"ServeChatTemplateEmpty", A(serve + "--chat-template {empty.txt}"), "is empty"},
+      {"ServeNoConnections", A(serve + "--max-connections 0"), "'0' is not an integer in 1..16384"},
+      {"ServeZeroHeaderTimeout", A(serve + "--header-timeout 0"), "'0' is not a number in (0, 3600]"},
       {"UnknownFlag", A(run + "--bogus 1"), "--bogus"},
       {"MissingModelFlag", A("run -p hi"), "--model is required"},
       {"PromptAndFileTogether", A(run + "-f {long.txt}"), "excludes"},

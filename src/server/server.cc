@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "engine/session_file.h"
+#include "server/http_transport.h"
 #include "server/openai.h"
 #include "util/check.h"
 
@@ -53,26 +54,23 @@ Result<std::unique_ptr<Server>> Server::Create(engine::Scheduler& scheduler, con
                                             own ? "the --chat-template file" : ChatTemplate::kModelTemplate));
   s->chat_ = std::make_unique<ChatTemplate>(std::move(chat));
   s->Routes();
-  if (options.port == 0) {
-    s->port_ = s->http_->bind_to_any_port(options.host);
-    if (s->port_ < 0) return IoError("cannot bind to " + options.host + " (any port)");
-  } else {
-    if (!s->http_->bind_to_port(options.host, options.port)) {
-      return IoError("cannot listen on " + options.host + ":" + std::to_string(options.port) +
-                     " (port in use or host not local?); pick another with --port");
-    }
-    s->port_ = options.port;
+  s->port_ = s->http_->Bind(options.host, options.port);
+  if (s->port_ < 0) {
+    return IoError("cannot listen on " + options.host + ":" + std::to_string(options.port) +
+                   " (port in use or host not local?); pick another with --port");
   }
   return s;
 }
 
 Server::Server(engine::Scheduler& scheduler, const ServerOptions& options)
-    : scheduler_(scheduler), options_(options), http_(std::make_unique<httplib::Server>()), tenants_(options.api_keys) {
+    : scheduler_(scheduler),
+      options_(options),
+      http_(std::make_unique<HttpTransport>(options.limits, [](const TransportError& e) {
+        return Dump(ApiError{e.status, e.message, e.status >= 500 ? "server_error" : "invalid_request_error", "", ""}
+                        .ToJson());
+      })),
+      tenants_(options.api_keys) {
   created_ = static_cast<int64_t>(std::time(nullptr));
-  const int threads =
-      options_.http_threads > 0 ? options_.http_threads : 2 * scheduler_.options().max_running + 16;
-  http_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
-  http_->set_payload_max_length(options_.max_body_bytes);
   // cpp-httplib sets SO_REUSEPORT by default, so a second server on a port in
   // use starts silently and takes half the connections (a stale build or
   // another model serving a random half). Exclusive unless asked: a port in
@@ -101,8 +99,16 @@ void Server::Track(engine::RequestId id, bool live) {
 }
 
 HttpCounters Server::Counters() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return counters_;
+  HttpCounters c;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    c = counters_;
+  }
+  const TransportStats t = http_->Stats();
+  c.open_connections = t.open_connections;
+  c.refused_connections = t.refused_connections;
+  c.request_timeouts = t.request_timeouts;
+  return c;
 }
 
 void Server::Stop() {
@@ -117,7 +123,7 @@ void Server::Stop() {
     for (engine::RequestId id : live_) scheduler_.Cancel(id);
     idle_.wait_for(lock, std::chrono::seconds(10), [&] { return live_.empty() && open_calls_ == 0; });
   }
-  http_->stop();
+  http_->StopListening();
 }
 
 std::shared_ptr<void> Server::OpenResponse() { return std::make_shared<OpenCall>(mu_, idle_, open_calls_); }
@@ -193,6 +199,10 @@ void Server::Routes() {
 void Server::InstallHooks() {
   httplib::Server& svr = *http_;
   svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (auto refused = HttpTransport::Refusal()) {  // a framing refused before its body is read
+      SendError(res, ApiError{refused->status, refused->message, "invalid_request_error", "", ""});
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (!tenants_.keyed() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
     if (tenants_.Identify(req.get_header_value("Authorization"), "")) return httplib::Server::HandlerResponse::Unhandled;
     ApiError e;
@@ -204,6 +214,8 @@ void Server::InstallHooks() {
   });
   svr.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    const std::optional<TransportError> failed = HttpTransport::ReadFailure();  // 408, 413, 431
+    if (failed) res.status = failed->status;
     if (res.status == 404) {
       // No route for this method: a path another method serves is 405.
       const std::string allow = AllowedMethods(req.path);
@@ -214,8 +226,8 @@ void Server::InstallHooks() {
     }
     ApiError e;
     e.status = res.status;
-    e.message = res.status == 404 ? "no such endpoint"
-                : res.status == 413 ? "the request body is too large"
+    e.message = failed              ? failed->message
+                : res.status == 404 ? "no such endpoint"
                 : res.status == 405 ? "method not allowed"
                                      : std::string("HTTP error ") + std::to_string(res.status);
     if (res.status >= 500) e.type = "server_error";
@@ -276,7 +288,7 @@ void Server::HandleCompletion(bool chat, const httplib::Request& req, httplib::R
   built.request.tenant_salt = TenantOf(req, p.user).salt;
   const std::string object_id =
       (chat ? "chatcmpl-" : "cmpl-") + std::to_string(created_) + "-" + std::to_string(next_id_++);
-  AnswerCompletion(*this, p, std::move(built), object_id, req, res);
+  AnswerCompletion(*this, p, std::move(built), object_id, res);
 }
 
 Tenant Server::TenantOf(const httplib::Request& req, const std::string& user) const {

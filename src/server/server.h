@@ -21,17 +21,22 @@
 //
 // Clients that leave: a stream's client is noticed at the next write (a
 // token, or a ": keep-alive" comment sent every 100 ms while the request
-// waits or prefills); a non-streaming request's handler checks the
-// connection's socket every 100 ms while it waits (server/client_socket.h).
-// Either way the request is cancelled at once (Scheduler::Cancel frees its
-// sequences before the next step).
+// waits or prefills); a non-streaming request's handler checks its
+// connection every 100 ms while it waits (ClientConnection::Gone in
+// server/http_transport.h: a client that only half-closed still gets its
+// answer). Either way the request is cancelled at once (Scheduler::Cancel
+// frees its sequences before the next step).
+//
+// Connections (server/http_transport.h): a thread each, up to
+// --max-connections (503 beyond), header and request deadlines (408), the
+// body budget for every framing (413), pipelined requests in order.
 //
 // Shutdown (Stop, e.g. on SIGTERM): new requests get 503; requests in flight
 // may finish for `shutdown_grace_seconds`, then the rest are cancelled
 // (streams end with an error event and [DONE]); then the listener stops.
 //
-// Thread-safety: Stop may be called from any thread; handlers run on the
-// HTTP thread pool.
+// Thread-safety: Stop may be called from any thread (before Run too);
+// handlers run on their connection's thread.
 #pragma once
 
 #include <atomic>
@@ -49,17 +54,19 @@
 #include "engine/scheduler.h"
 #include "server/chat_template.h"
 #include "server/completion.h"
+#include "server/transport_limits.h"
 #include "server/metrics.h"
 #include "server/tenants.h"
 #include "util/status.h"
 
 namespace httplib {
-class Server;
 struct Request;
 struct Response;
 }
 
 namespace kvx::server {
+
+class HttpTransport;
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
@@ -68,11 +75,10 @@ struct ServerOptions {
   bool reuse_port = false;         // SO_REUSEPORT: let other processes listen on the same port
   std::string model_id;            // the name /v1/models reports
   std::string kv_spec;             // reported by /v1/models
-  size_t max_body_bytes = 8 << 20; // larger requests get 413
+  TransportLimits limits;          // connections, timeouts, body size (server/http_transport.h)
   int max_n = 16;                  // samples per request
   std::string session_dir;         // "": session endpoints answer 501
   std::string chat_template;       // a Jinja chat template (--chat-template); "": the model's
-  int http_threads = 0;            // 0: 2 * the scheduler's max_running + 16
   double shutdown_grace_seconds = 5;
 };
 
@@ -120,7 +126,7 @@ class Server : private CompletionHost {
 
   engine::Scheduler& scheduler_;
   ServerOptions options_;
-  std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<HttpTransport> http_;
   std::unique_ptr<ChatTemplate> chat_;
   Tenants tenants_;
   std::vector<std::pair<std::string, std::string>> routes_;  // (path pattern, method); set before listening

@@ -22,6 +22,8 @@
 
 namespace kvx::tools {
 
+using server::TransportLimits;
+
 namespace {
 
 struct ServeFlags {
@@ -154,7 +156,26 @@ void RegisterServe(CLI::App& app, int* exit_code) {
   cmd->add_option("--session-dir", flags->server.session_dir,
                   "Directory for /v1/sessions/{name}/save and /restore files (off when empty)");
   cmd->add_option("--model-id", flags->server.model_id, "Model name in /v1/models (default: the file name)");
-  cmd->add_option("--max-body", flags->server.max_body_bytes, "Largest request body in bytes")->capture_default_str();
+  TransportLimits& limits = flags->server.limits;
+  cmd->add_option("--max-body", limits.max_body_bytes,
+                  "Largest request body in bytes, counted as it is read (Content-Length or chunked): 413 beyond")
+      ->capture_default_str();
+  cmd->add_option("--max-connections", limits.max_connections,
+                  "Client connections open at once, each with its own thread: 503 with Retry-After beyond")
+      ->capture_default_str()
+      ->check(IntIn(1, 16384));
+  cmd->add_option("--header-timeout", limits.header_timeout_seconds,
+                  "Seconds from a request's first byte to the end of its headers: 408 beyond")
+      ->capture_default_str()
+      ->check(NumberIn(0, 3600, true, false));
+  cmd->add_option("--request-timeout", limits.request_timeout_seconds,
+                  "Seconds from a request's first byte to the end of its body: 408 beyond")
+      ->capture_default_str()
+      ->check(NumberIn(0, 86400, true, false));
+  cmd->add_option("--keep-alive-timeout", limits.keep_alive_timeout_seconds,
+                  "Seconds a connection may wait idle for its next request (or its first)")
+      ->capture_default_str()
+      ->check(NumberIn(0, 3600, true, false));
   cmd->add_option("--shutdown-grace", flags->server.shutdown_grace_seconds,
                   "Seconds in-flight requests may finish after SIGTERM before they are cancelled")
       ->capture_default_str()
