@@ -3,6 +3,7 @@
 #include <httplib.h>
 
 #include <chrono>
+#include <cstdio>
 #include <ctime>
 #include <algorithm>
 #include <filesystem>
@@ -45,9 +46,12 @@ Result<std::unique_ptr<Server>> Server::Create(engine::Scheduler& scheduler, con
   const engine::Engine& e = scheduler.engine();
   const model::Tokenizer& tok = e.model().tokenizer();
   KVX_ASSIGN_OR_RETURN(std::string source, e.model().file().GetStringOr("tokenizer.chat_template", ""));
+  const bool own = !options.chat_template.empty();
   // A template that cannot be parsed, or passes the sandbox's limits on one
   // message, fails the start (serving ChatML instead would be silently wrong).
-  KVX_ASSIGN_OR_RETURN(ChatTemplate chat, ChatTemplate::Create(source, tok));
+  KVX_ASSIGN_OR_RETURN(ChatTemplate chat,
+                       ChatTemplate::Create(own ? options.chat_template : source, tok,
+                                            own ? "the --chat-template file" : ChatTemplate::kModelTemplate));
   s->chat_ = std::make_unique<ChatTemplate>(std::move(chat));
   s->Routes();
   s->port_ = s->http_->Bind(options.host, options.port);
@@ -64,7 +68,8 @@ Server::Server(engine::Scheduler& scheduler, const ServerOptions& options)
       http_(std::make_unique<HttpTransport>(options.limits, [](const TransportError& e) {
         return Dump(ApiError{e.status, e.message, e.status >= 500 ? "server_error" : "invalid_request_error", "", ""}
                         .ToJson());
-      })) {
+      })),
+      tenants_(options.api_keys) {
   created_ = static_cast<int64_t>(std::time(nullptr));
   // cpp-httplib sets SO_REUSEPORT by default, so a second server on a port in
   // use starts silently and takes half the connections (a stale build or
@@ -198,13 +203,11 @@ void Server::InstallHooks() {
       SendError(res, ApiError{refused->status, refused->message, "invalid_request_error", "", ""});
       return httplib::Server::HandlerResponse::Handled;
     }
-    if (options_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
-    if (req.get_header_value("Authorization") == "Bearer " + options_.api_key) {
-      return httplib::Server::HandlerResponse::Unhandled;
-    }
+    if (!tenants_.keyed() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+    if (tenants_.Identify(req.get_header_value("Authorization"), "")) return httplib::Server::HandlerResponse::Unhandled;
     ApiError e;
     e.status = 401;
-    e.message = "Incorrect API key provided: send 'Authorization: Bearer <key>' with the key kvx serve was given";
+    e.message = "Incorrect API key provided: send 'Authorization: Bearer <key>' with a key kvx serve was given";
     e.code = "invalid_api_key";
     SendError(res, e);
     return httplib::Server::HandlerResponse::Handled;
@@ -282,12 +285,19 @@ void Server::HandleCompletion(bool chat, const httplib::Request& req, httplib::R
   if (auto e = BuildGenerationRequest(p, engine.model().tokenizer(), *chat_, engine.n_ctx(), &built)) {
     return SendError(res, *e);
   }
+  built.request.tenant_salt = TenantOf(req, p.user).salt;
   const std::string object_id =
       (chat ? "chatcmpl-" : "cmpl-") + std::to_string(created_) + "-" + std::to_string(next_id_++);
   AnswerCompletion(*this, p, std::move(built), object_id, res);
 }
 
-// Named sessions and their files.
+Tenant Server::TenantOf(const httplib::Request& req, const std::string& user) const {
+  // With keys the hook let only identified requests through.
+  return tenants_.Identify(req.get_header_value("Authorization"), user).value_or(Tenant{});
+}
+
+// Named sessions and their files, each tenant's own (without keys, the
+// `user` query parameter names the tenant, as `user` does in a completion).
 void Server::SessionRoutes() {
   auto handler = [this](const std::string& action) {
     return [this, action](const httplib::Request& req, httplib::Response& res) {
@@ -301,7 +311,7 @@ void Server::SessionRoutes() {
                                        "invalid_request_error", "", "sessions_disabled"});
       }
       json out = {{"session", name}};
-      const Status st = SessionAction(action, name, &out);
+      const Status st = SessionAction(action, TenantOf(req, req.get_param_value("user")), name, &out);
       if (!st.ok()) {
         ApiError err = FromStatus(st);
         if (st.code() == StatusCode::kInvalidArgument || st.code() == StatusCode::kUnimplemented) err.code = "invalid_session_file";
@@ -318,10 +328,11 @@ void Server::SessionRoutes() {
   Route("POST", R"(/v1/sessions/([^/]+)/save)", handler("save"));
   Route("POST", R"(/v1/sessions/([^/]+)/restore)", handler("restore"));
   Route("DELETE", R"(/v1/sessions/([^/]+))", handler("delete"));
-  Route("GET", "/v1/sessions", [this](const httplib::Request&, httplib::Response& res) {
+  Route("GET", "/v1/sessions", [this](const httplib::Request& req, httplib::Response& res) {
     std::vector<std::string> names;
+    const uint64_t salt = TenantOf(req, req.get_param_value("user")).salt;
     Status st = scheduler_.RunBetweenSteps([&](engine::Engine&) {
-      names = scheduler_.SessionNames();
+      names = scheduler_.SessionNames(salt);
       return Status::Ok();
     });
     if (!st.ok()) return SendError(res, FromStatus(st));
@@ -329,20 +340,46 @@ void Server::SessionRoutes() {
   });
 }
 
-Status Server::SessionAction(const std::string& action, const std::string& name, json* out) {
-  const std::string path = (std::filesystem::path(options_.session_dir) / (name + ".kvxs")).string();
+namespace {
+
+// A tenant's session files are in a directory of its own (the nameless
+// tenant's in --session-dir itself), named by its salt: tenant names may
+// hold characters a file name should not.
+std::filesystem::path SessionFilePath(const std::string& session_dir, const Tenant& tenant, const std::string& name) {
+  std::filesystem::path dir(session_dir);
+  if (tenant.salt != 0) {
+    char sub[32];
+    std::snprintf(sub, sizeof sub, "tenant-%016llx", static_cast<unsigned long long>(tenant.salt));
+    dir /= sub;
+  }
+  return dir / (name + ".kvxs");
+}
+
+}  // namespace
+
+Status Server::SessionAction(const std::string& action, const Tenant& tenant, const std::string& name, json* out) {
+  const std::filesystem::path file = SessionFilePath(options_.session_dir, tenant, name);
+  const std::string path = file.string();
   return scheduler_.RunBetweenSteps([&](engine::Engine& e) -> Status {
-    if (action == "delete") return scheduler_.DropSession(name);
+    if (action == "delete") return scheduler_.DropSession(tenant.salt, name);
     if (action == "save") {
-      KVX_ASSIGN_OR_RETURN(kv::SeqId seq, scheduler_.SessionSequence(name));
-      KVX_ASSIGN_OR_RETURN(std::vector<int32_t> pending, scheduler_.SessionPendingTokens(name));
+      KVX_ASSIGN_OR_RETURN(kv::SeqId seq, scheduler_.SessionSequence(tenant.salt, name));
+      KVX_ASSIGN_OR_RETURN(std::vector<int32_t> pending, scheduler_.SessionPendingTokens(tenant.salt, name));
+      std::error_code ec;
+      std::filesystem::create_directories(file.parent_path(), ec);
+      if (ec) return IoError("cannot create the tenant's session directory: " + ec.message());
       KVX_RETURN_IF_ERROR(engine::SaveSessionFile(e, seq, path, {.logits = {}, .pending = pending}));
       (*out)["tokens"] = e.kv_manager().length(seq) + static_cast<int>(pending.size());
       return Status::Ok();
     }
     KVX_ASSIGN_OR_RETURN(engine::RestoredSession r, engine::LoadSessionFile(e, path));
+    if (e.kv_manager().salt(r.seq) != tenant.salt) {
+      // A file of another tenant's (copied here): not this tenant's to load.
+      e.kv_manager().ReleaseSequence(r.seq);
+      return NotFound("no session file " + path);
+    }
     const int tokens = e.kv_manager().length(r.seq) + static_cast<int>(r.pending.size());
-    Status adopted = scheduler_.AdoptSession(name, r.seq, e.kv_manager().salt(r.seq), r.pending);
+    Status adopted = scheduler_.AdoptSession(name, r.seq, tenant.salt, r.pending);
     if (!adopted.ok()) {
       e.kv_manager().ReleaseSequence(r.seq);
       return adopted;

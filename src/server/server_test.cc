@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/synthetic_model.h"
+#include "support/test_data.h"
 #include "support/raw_client.h"
 
 namespace kvx::server {
@@ -54,9 +55,11 @@ class ServerTest : public ::testing::Test {
     ServerOptions opts;
     opts.port = 0;
     opts.model_id = "tiny";
-    opts.session_dir = ::testing::TempDir();
+    // A directory of this test's own: session files of earlier runs must not be found.
+    opts.session_dir = kvx::testing::TempDir() + "/sessions-" +
+                       ::testing::UnitTest::GetInstance()->current_test_info()->name();
     opts.shutdown_grace_seconds = 0.5;
-    opts.api_key = api_key_;
+    opts.api_keys = api_keys_;
     opts_ = opts;
     auto srv = Server::Create(*scheduler_, opts);
     ASSERT_TRUE(srv.ok()) << srv.status().ToString();
@@ -106,7 +109,7 @@ class ServerTest : public ::testing::Test {
   }
 
   std::string kv_spec_;  // set by a derived fixture's constructor
-  std::string api_key_;  // likewise
+  std::vector<ApiKey> api_keys_;  // likewise
   ServerOptions opts_;   // what the server was created with
   int max_queue_ = 4096;
   int max_running_ = 8;
@@ -221,7 +224,7 @@ TEST_F(ServerTest, SessionSaveRestoreAndBadFile) {
   r = c.Post("/v1/sessions/t1/restore", "", "application/json");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200) << r->body;
-  std::ofstream(::testing::TempDir() + "/junk.kvxs") << "KVXSESS junk";
+  std::ofstream(opts_.session_dir + "/junk.kvxs") << "KVXSESS junk";
   r = c.Post("/v1/sessions/junk/restore", "", "application/json");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 400);
@@ -292,6 +295,33 @@ TEST_F(ServerTest, WrongMethodIs405WithAllow) {
   }
 }
 
+// --chat-template replaces the model's template, checked by the same
+// sandbox at start.
+TEST_F(ServerTest, ChatTemplateOverride) {
+  ServerOptions own = opts_;
+  own.chat_template = "{% call x() %}{% endcall %}";
+  auto bad = Server::Create(*scheduler_, own);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("the --chat-template file"), std::string::npos) << bad.status().ToString();
+  own.chat_template = "{{ (-9223372036854775807 - 1) // -1 }}";
+  EXPECT_FALSE(Server::Create(*scheduler_, own).ok());
+  // A template that prints the last message alone: fewer prompt tokens than ChatML.
+  own.chat_template = "{{ messages[-1]['content'] }}";
+  auto srv = Server::Create(*scheduler_, own);
+  ASSERT_TRUE(srv.ok()) << srv.status().ToString();
+  std::thread t([&] { (*srv)->Run(); });
+  httplib::Client plain("127.0.0.1", (*srv)->port());
+  const json chat = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 1}};
+  for (int i = 0; i < 500 && !plain.Get("/health"); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  auto ours = plain.Post("/v1/chat/completions", chat.dump(), "application/json");
+  auto chatml = Client().Post("/v1/chat/completions", chat.dump(), "application/json");
+  (*srv)->Stop();
+  t.join();
+  ASSERT_TRUE(ours && chatml);
+  ASSERT_EQ(ours->status, 200) << ours->body;
+  EXPECT_LT(json::parse(ours->body)["usage"]["prompt_tokens"], json::parse(chatml->body)["usage"]["prompt_tokens"]);
+}
+
 // A port in use is an error, not a second listener: cpp-httplib's default
 // SO_REUSEPORT let a second kvx serve start silently and take half the
 // connections.
@@ -311,11 +341,22 @@ TEST_F(ServerTest, APortInUseIsAnError) {
   EXPECT_TRUE(Server::Create(*scheduler_, again).ok());
 }
 
-// With a key, every endpoint but /health needs it: /metrics tells pool
-// bytes and request counts.
+// With keys, every endpoint but /health needs one: /metrics tells pool
+// bytes and request counts. Each key is a tenant.
 class KeyedServerTest : public ServerTest {
  protected:
-  KeyedServerTest() { api_key_ = "sekrit"; }
+  KeyedServerTest() { api_keys_ = {{"alice", "key-a"}, {"bob", "key-b"}}; }
+  // A request as the tenant holding `key`: (status, body as JSON).
+  std::pair<int, json> As(const std::string& key, const std::string& method, const std::string& path,
+                          const json& body = nullptr) {
+    auto c = Client();
+    const httplib::Headers auth = {{"Authorization", "Bearer " + key}};
+    httplib::Result r = method == "GET"    ? c.Get(path, auth)
+                        : method == "POST" ? c.Post(path, auth, body.is_null() ? "" : body.dump(), "application/json")
+                                           : c.Delete(path, auth);
+    if (!r) return {0, json()};
+    return {r->status, json::parse(r->body, nullptr, false)};
+  }
 };
 
 TEST_F(KeyedServerTest, EveryEndpointButHealthNeedsTheKey) {
@@ -325,13 +366,73 @@ TEST_F(KeyedServerTest, EveryEndpointButHealthNeedsTheKey) {
     ASSERT_TRUE(r) << path;
     EXPECT_EQ(r->status, 401) << path;
     EXPECT_EQ(json::parse(r->body)["error"]["code"], "invalid_api_key") << path;
-    auto ok = c.Get(path, {{"Authorization", "Bearer sekrit"}});
+    auto ok = c.Get(path, {{"Authorization", "Bearer key-b"}});
     ASSERT_TRUE(ok) << path;
     EXPECT_EQ(ok->status, 200) << path;
   }
   auto health = c.Get("/health");
   ASSERT_TRUE(health);
   EXPECT_EQ(health->status, 200);
+}
+
+// A tenant (a key) sees, saves, restores, deletes and continues only its
+// own sessions: another tenant's is 404 with the body of a missing one,
+// whatever `user` it claims. Session files are per tenant too.
+TEST_F(KeyedServerTest, TenantsSeeOnlyTheirOwnSessions) {
+  const json turn = {{"prompt", "remember this"}, {"max_tokens", 3}, {"temperature", 0}, {"session", "s"}};
+  ASSERT_EQ(As("key-a", "POST", "/v1/completions", turn).first, 200);
+  EXPECT_EQ(As("key-a", "GET", "/v1/sessions").second["data"], json::array({"s"}));
+  json spoof = turn;
+  spoof["user"] = "alice";
+  spoof["prompt"] = "";
+  const auto missing = As("key-b", "POST", "/v1/sessions/nothing/save");
+  EXPECT_EQ(missing.first, 404);
+  for (const auto& [method, path, body] : std::vector<std::tuple<std::string, std::string, json>>{
+           {"GET", "/v1/sessions", nullptr},
+           {"POST", "/v1/sessions/s/save", nullptr},
+           {"DELETE", "/v1/sessions/s", nullptr},
+           {"POST", "/v1/completions", spoof}}) {
+    const auto [status, j] = As("key-b", method, path, body);
+    if (method == "GET") {
+      EXPECT_EQ(status, 200);
+      EXPECT_EQ(j["data"], json::array()) << "bob lists alice's sessions";
+      continue;
+    }
+    EXPECT_EQ(status, 404) << method << " " << path << ": " << j;
+    if (path == "/v1/sessions/s/save") {
+      json expected = missing.second;
+      expected["error"]["message"] = "no session named 's'";
+      EXPECT_EQ(j, expected) << "not the answer for a missing session";
+    }
+  }
+  // Both save a session "s" to a file: each restores its own.
+  ASSERT_EQ(As("key-a", "POST", "/v1/sessions/s/save").first, 200);
+  EXPECT_EQ(As("key-b", "POST", "/v1/sessions/s/restore").first, 404);
+  json longer = turn;
+  longer["prompt"] = "a much longer turn than alice's, to tell them apart";
+  ASSERT_EQ(As("key-b", "POST", "/v1/completions", longer).first, 200);
+  const auto bob_saved = As("key-b", "POST", "/v1/sessions/s/save");
+  ASSERT_EQ(bob_saved.first, 200);
+  const auto alice_restored = As("key-a", "POST", "/v1/sessions/s/restore");
+  ASSERT_EQ(alice_restored.first, 200) << alice_restored.second;
+  EXPECT_LT(alice_restored.second["tokens"], bob_saved.second["tokens"]);
+  EXPECT_EQ(As("key-b", "POST", "/v1/sessions/s/restore").second["tokens"], bob_saved.second["tokens"]);
+  // Alice's session is still there for her, and only for her.
+  EXPECT_EQ(As("key-a", "DELETE", "/v1/sessions/s").first, 200);
+  EXPECT_EQ(As("key-a", "DELETE", "/v1/sessions/s").first, 404);
+  EXPECT_EQ(As("key-b", "GET", "/v1/sessions").second["data"], json::array({"s"}));
+}
+
+// Without keys the tenant is the advisory `user` (a completion's field, the
+// session endpoints' query parameter).
+TEST_F(ServerTest, WithoutKeysTheUserIsTheTenant) {
+  auto c = Client();
+  const json turn = {{"prompt", "hello"}, {"max_tokens", 2}, {"session", "u"}, {"user", "carol"}};
+  ASSERT_EQ(c.Post("/v1/completions", turn.dump(), "application/json")->status, 200);
+  EXPECT_EQ(json::parse(c.Get("/v1/sessions?user=carol")->body)["data"], json::array({"u"}));
+  EXPECT_EQ(json::parse(c.Get("/v1/sessions")->body)["data"], json::array());
+  EXPECT_EQ(c.Delete("/v1/sessions/u?user=dave")->status, 404);
+  EXPECT_EQ(c.Delete("/v1/sessions/u?user=carol")->status, 200);
 }
 
 // A pool of 64 KiB (about 256 tokens of the tiny model's f16 KV) and a

@@ -65,6 +65,40 @@ Status RenderCommand(const EvalFlags& flags) {
   return Status::Ok();
 }
 
+// The result of one (spec, task) cell; null when the task did not run.
+const eval::TaskOutcome* OutcomeOf(const eval::SpecResult& s, eval::Task t) {
+  switch (t) {
+    case eval::Task::kPpl: return s.ppl ? &*s.ppl : nullptr;
+    case eval::Task::kKld: return s.kld ? &*s.kld : nullptr;
+    case eval::Task::kCopy: return s.copy ? &*s.copy : nullptr;
+    default: {
+      const auto* r = s.Retrieval(t);
+      return r != nullptr && *r ? &**r : nullptr;
+    }
+  }
+}
+
+// A run whose every cell failed measured nothing: an error (exit 1) naming
+// the first failure, not a table of errors and exit 0.
+Status CheckSomeCellRan(const eval::EvalReport& report) {
+  int cells = 0, failed = 0;
+  std::string first;
+  for (const eval::SpecResult& s : report.specs) {
+    for (eval::Task t : report.settings.tasks) {
+      const eval::TaskOutcome* o = OutcomeOf(s, t);
+      if (s.error.empty() && o == nullptr) continue;
+      ++cells;
+      const bool ok = s.error.empty() && o->ok;
+      if (ok) continue;
+      ++failed;
+      if (first.empty()) first = s.spec + ", " + std::string(eval::TaskName(t)) + ": " + (s.error.empty() ? o->error : s.error);
+    }
+  }
+  if (cells == 0 || failed < cells) return Status::Ok();
+  return InvalidArgument("every cell of the evaluation failed (" + std::to_string(cells) +
+                         " cells; the table above has each error); the first: " + first);
+}
+
 Status RunEvalCommand(EvalFlags flags) {
   if (!flags.render_json.empty()) return RenderCommand(flags);
   eval::EvalOptions& o = flags.options;
@@ -113,7 +147,7 @@ Status RunEvalCommand(EvalFlags flags) {
   if (!flags.report_dir.empty() && !flags.quiet) {
     std::fprintf(stderr, "wrote %s/report.md (+ report.json, SVG plots)\n", flags.report_dir.c_str());
   }
-  return Status::Ok();
+  return CheckSomeCellRan(report);
 }
 
 }  // namespace
