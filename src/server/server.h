@@ -82,7 +82,7 @@ struct ServerOptions {
   double shutdown_grace_seconds = 5;
 };
 
-class Server : private CompletionHost {
+class Server final : private CompletionHost {
  public:
   // Binds the socket (IoError naming host:port when it cannot). The
   // scheduler must outlive the server.
