@@ -99,14 +99,12 @@ Status DemoteFate::Apply(KVManager& manager, SeqId seq, int layer, int kv_head, 
   return Status::Ok();
 }
 
-void RegisterDemotePolicies(PolicyRegistry& registry) {
-  EvictionFateRegistry::Global().Register("demote", DemoteFate::Create);
-  ScorerMethod m = H2OMethod();
-  m.defaults.fate = "demote";
-  m.defaults.ratio = 0.75;  // MiKV keeps about 20-25% at high precision (METHODS.md A5)
-  registry.Register("mikv", [m](const PolicyParams& params) {
-    return ScoredEvictionPolicy::Create("mikv", params, m.defaults, m.make);
-  });
-}
+namespace {
+const FateRegistrar kFate("demote", DemoteFate::Create);
+const PolicyRegistrar kPolicy("mikv", ScoredPolicyFactory("mikv", "h2o", [](EvictionConfig& d) {
+    d.fate = "demote";
+    d.ratio = 0.75;  // MiKV keeps about 20-25% at high precision (METHODS.md A5)
+  }));
+}  // namespace
 
 }  // namespace kvx::kv

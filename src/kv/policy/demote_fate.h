@@ -49,6 +49,7 @@ class DemoteFate : public EvictionFate {
   bool allocates() const override { return true; }
   uint64_t HeadroomBytes(const KVLayout& layout, int64_t evicted) const override;
 
+  PolicyParams Parameters() const override { return {{"demote", std::string(CodecName(codec_))}}; }
   CodecId codec() const { return codec_; }
   // Entries demoted so far, for tests and reports.
   int64_t demoted() const { return demoted_; }
@@ -57,8 +58,5 @@ class DemoteFate : public EvictionFate {
   CodecId codec_ = CodecId::kInt2;
   int64_t demoted_ = 0;
 };
-
-// Registers fate "demote" and policy "mikv".
-void RegisterDemotePolicies(PolicyRegistry& registry);
 
 }  // namespace kvx::kv

@@ -27,7 +27,8 @@ namespace kvx::kv {
 
 class QuestPolicy : public KVPolicy {
  public:
-  static Result<std::unique_ptr<KVPolicy>> Create(const PolicyParams& params);
+  static Result<std::unique_ptr<KVPolicy>> Create(PolicyParamReader& params);
+  PolicyParams Parameters() const override;
   std::string_view name() const override { return "quest"; }
   Status OnStepCommitted(KVManager& manager, SeqId seq) override;
   // What SetPageSelection would refuse at the first step, refused when the

@@ -36,7 +36,8 @@ namespace kvx::kv {
 
 class StreamingLLMPolicy : public KVPolicy {
  public:
-  static Result<std::unique_ptr<KVPolicy>> Create(const PolicyParams& params);
+  static Result<std::unique_ptr<KVPolicy>> Create(PolicyParamReader& params);
+  PolicyParams Parameters() const override;
   std::string_view name() const override { return "streamingllm"; }
   Status OnStepCommitted(KVManager& manager, SeqId seq) override;
   Status CheckSpec(const ResolvedKVSpec& resolved) const override;
