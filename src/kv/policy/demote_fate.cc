@@ -83,6 +83,11 @@ Status DemoteFate::CheckSpec(const ResolvedKVSpec& resolved) const {
                          std::to_string(smallest_layer) + " bytes), so demoting would save nothing; " + fix);
 }
 
+double DemoteFate::BytesPerEvictedToken(const KVLayout& layout) const {
+  if (!DemotionCodecProblem(codec_, layout).empty()) return 0;  // refused by CheckSpec
+  return static_cast<double>(DemotedPageBytes(codec_, layout)) / layout.page_tokens * layout.n_layers * layout.n_kv_heads;
+}
+
 uint64_t DemoteFate::HeadroomBytes(const KVLayout& layout, int64_t evicted) const {
   if (!DemotionCodecProblem(codec_, layout).empty()) return 0;  // refused by CheckSpec
   const uint64_t pages = static_cast<uint64_t>((evicted + layout.page_tokens - 1) / layout.page_tokens + 1);

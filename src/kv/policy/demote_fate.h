@@ -47,6 +47,7 @@ class DemoteFate : public EvictionFate {
   // frees the pages the entries came from (at most ceil(evicted / T) + 1 a
   // table; bounded by all tables at once, as policies compress table by table).
   bool allocates() const override { return true; }
+  double BytesPerEvictedToken(const KVLayout& layout) const override;
   uint64_t HeadroomBytes(const KVLayout& layout, int64_t evicted) const override;
 
   PolicyParams Parameters() const override { return {{"demote", std::string(CodecName(codec_))}}; }

@@ -48,6 +48,12 @@ class EvictionFate {
     (void)evicted;
     return 0;
   }
+  // Bytes per token the fate keeps of an evicted token, all layers and heads
+  // (0: dropped or folded into kept entries; demote: its low-bit copy).
+  virtual double BytesPerEvictedToken(const KVLayout& layout) const {
+    (void)layout;
+    return 0;
+  }
   // As KVPolicy::Parameters: the fate's keys with the values in use.
   virtual PolicyParams Parameters() const { return {}; }
   // As KVPolicy::CheckSpec (e.g. a fate that needs a quantized codec).

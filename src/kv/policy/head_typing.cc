@@ -134,6 +134,15 @@ Status HeadTypingPolicy::CheckSpec(const ResolvedKVSpec& resolved) const {
   return Status::Ok();
 }
 
+double HeadTypingPolicy::KeptBytesPerToken(const ResolvedKVSpec& resolved, int tokens, double bytes_per_token) const {
+  (void)resolved;
+  if (retrieval_.empty()) return bytes_per_token;
+  const double retrieval =
+      static_cast<double>(std::count(retrieval_.begin(), retrieval_.end(), 1)) / static_cast<double>(retrieval_.size());
+  const double streaming_kept = std::min(1.0, static_cast<double>(StreamingKeep(tokens)) / tokens);
+  return bytes_per_token * (retrieval + (1.0 - retrieval) * streaming_kept);
+}
+
 int HeadTypingPolicy::StreamingKeep(int tokens) const {
   const int window = std::max(window_, static_cast<int>(std::floor(window_fraction_ * tokens)));
   return sinks_ + window;

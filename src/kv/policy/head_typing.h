@@ -55,6 +55,8 @@ class HeadTypingPolicy : public KVPolicy {
   static Result<std::unique_ptr<KVPolicy>> CreateDuo(PolicyParamReader& params);
   static Result<std::unique_ptr<KVPolicy>> CreateRazor(PolicyParamReader& params);
   PolicyParams Parameters() const override;
+  // Retrieval heads keep every token, streaming heads StreamingKeep.
+  double KeptBytesPerToken(const ResolvedKVSpec& resolved, int tokens, double bytes_per_token) const override;
 
   std::string_view name() const override { return name_; }
   Status OnStepCommitted(KVManager& manager, SeqId seq) override;

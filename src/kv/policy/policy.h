@@ -93,6 +93,23 @@ class KVPolicy {
     (void)resolved;
     return 0;
   }
+  // Bytes the policy keeps for `seq` outside the pool (e.g. the attention
+  // statistics a scorer ranks by): part of the sequence's kept bytes
+  // (KVManager::SideBytes), as its pages are.
+  virtual uint64_t SideBytes(SeqId seq) const {
+    (void)seq;
+    return 0;
+  }
+  // What a `tokens`-token sequence holds per token at steady state once the
+  // policy has acted, given `bytes_per_token` before it (the codec's, or what
+  // the policies before it leave); bytes the layout determines outside the
+  // pool included (Quest's bounds). What kvx plan sizes a sequence by
+  // (SteadyStateBytesPerToken, resolved_spec.h). Default: unchanged.
+  virtual double KeptBytesPerToken(const ResolvedKVSpec& resolved, int tokens, double bytes_per_token) const {
+    (void)resolved;
+    (void)tokens;
+    return bytes_per_token;
+  }
   // The parameters the policy acts with, resolved (defaults included), by
   // key: every key its factory read appears here with the value in use,
   // so a key that is accepted but changes nothing shows up in a test

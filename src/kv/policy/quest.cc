@@ -29,6 +29,12 @@ PolicyParams QuestPolicy::Parameters() const {
           {"dense_layers", std::to_string(s.dense_layers)}};
 }
 
+double QuestPolicy::KeptBytesPerToken(const ResolvedKVSpec& resolved, int tokens, double bytes_per_token) const {
+  (void)tokens;
+  const KVLayout& L = resolved.layout;
+  return bytes_per_token + 2.0 * L.head_dim * sizeof(float) * L.n_layers * L.n_kv_heads / L.page_tokens;
+}
+
 Status QuestPolicy::CheckSpec(const ResolvedKVSpec& resolved) const {
   if (Status st = CheckPageSelection(selection_, resolved.spec.codec.pre_rope, resolved.layout.page_tokens); !st.ok()) {
     return InvalidArgument("policy quest: " + st.message());

@@ -284,6 +284,16 @@ uint64_t ScoredEvictionPolicy::CompressionHeadroomBytes(const ResolvedKVSpec& re
   return fate_->HeadroomBytes(resolved.layout, evicted);
 }
 
+double ScoredEvictionPolicy::KeptBytesPerToken(const ResolvedKVSpec& resolved, int tokens,
+                                               double bytes_per_token) const {
+  // As Evict: the capacity, never below the protected entries.
+  const int capacity = Capacity(tokens);
+  const int window = config_.window_fraction > 0 ? static_cast<int>(config_.window_fraction * capacity) : config_.window;
+  const int kept = std::min(tokens, std::max(capacity, config_.sinks + window));
+  const double evicted = static_cast<double>(tokens - kept) / tokens;
+  return bytes_per_token * (1.0 - evicted) + fate_->BytesPerEvictedToken(resolved.layout) * evicted;
+}
+
 std::optional<int> ScoredEvictionPolicy::prompt_window() const {
   if (config_.continuous) return std::nullopt;
   const ObservationNeeds needs = scorer_->needs();

@@ -111,6 +111,10 @@ class ScoredEvictionPolicy : public KVPolicy {
   Status CheckSpec(const ResolvedKVSpec& resolved) const override;
   AttentionObserver* observer() override { return recorder_.get(); }
   PolicyParams Parameters() const override;
+  // The attention statistics kept for the sequence.
+  uint64_t SideBytes(SeqId seq) const override { return recorder_ != nullptr ? recorder_->Bytes(seq) : 0; }
+  // Its budget of entries (and the fate's copies of the evicted).
+  double KeptBytesPerToken(const ResolvedKVSpec& resolved, int tokens, double bytes_per_token) const override;
 
   const EvictionConfig& config() const { return config_; }
   const Scorer& scorer() const { return *scorer_; }
