@@ -363,12 +363,7 @@ struct OneTable {
 };
 
 PageSelection Selection(int pages, int sink_pages, int recent_pages) {
-  PageSelection s;
-  s.enabled = true;
-  s.pages = pages;
-  s.sink_pages = sink_pages;
-  s.recent_pages = recent_pages;
-  return s;
+  return {.enabled = true, .pages = pages, .sink_pages = sink_pages, .recent_pages = recent_pages};
 }
 
 // SelectedPageCount, which lays out the attention items before any page is
