@@ -592,9 +592,11 @@ def render(out):
                 lines.append("| %d | %s | %s | %s | %s | %s |" % (n, mode, "–" if ratio is None else "%g" % ratio,
                              " | ".join(fmt(scores.get(t)) for t in TASKS), fmt(frac),
                              fmt(live[i] if i < len(live) else None)))
+            # one cell per ratio column, as in the KLD tables: a codec combination's r=0 is the codec alone
+            # (its f16 baseline row is left out), a policy's r=0 is the f16 baseline
             cs = cell_scores(data[(m, n, mode)], m)
             summary.append("| %s | %d | %s | %s |" % (m, n, mode, " | ".join(
-                "%s (%s)" % (fmt(s.get("passkey")), fmt(f)) for _, _, s, f in cs)))
+                "%s (%s)" % (fmt(s.get("passkey")), fmt(f)) for _, r, s, f in cs if r is not None)))
         lines.append("")
         if kld_rows:
             lines += ["| chunk | ratio | perplexity | mean KLD | bytes vs f16 | live slots |",

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 
@@ -131,6 +132,18 @@ TEST(CliTest, BenchAndPlan) {
   const CommandResult plan = RunKvx("plan --shape smollm2-135m --ctx 4096 --mem 1G --kv codec=f16 -t 2");
   ASSERT_EQ(plan.exit_code, 0) << plan.output;
   EXPECT_NE(plan.output.find("concurrency"), std::string::npos);
+  // A policy's steady-state bytes size the sequences: SnapKV removing half
+  // of a 4k context fits about twice the sequences of plain f16.
+  const CommandResult snapkv =
+      RunKvx("plan --shape smollm2-135m --ctx 4096 --mem 1G --kv 'codec=f16;policy=snapkv,ratio=0.5' -t 2");
+  ASSERT_EQ(snapkv.exit_code, 0) << snapkv.output;
+  auto concurrency = [](const std::string& out) {
+    const std::string row = "| concurrency (sequences that fit) | ";
+    const size_t at = out.find(row);
+    return at == std::string::npos ? -1L : std::atol(out.c_str() + at + row.size());
+  };
+  EXPECT_GT(concurrency(plan.output), 0) << plan.output;
+  EXPECT_GE(concurrency(snapkv.output), 2 * concurrency(plan.output) - 1) << snapkv.output;
   const CommandResult measured = RunKvx("plan -m " + TinyModel() + " --ctx 128 --mem 64M --measure -t 2");
   ASSERT_EQ(measured.exit_code, 0) << measured.output;
   EXPECT_NE(measured.output.find("measured/bound"), std::string::npos);

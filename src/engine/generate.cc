@@ -77,7 +77,8 @@ Status Generate(Session* session, const std::vector<int32_t>& prompt, const Gene
     KVX_ASSIGN_OR_RETURN(logits, session->Feed({token}));
   }
   stats->generate_seconds = SecondsSince(t1);
-  stats->kv_bytes_in_use = session->kv().BytesInUse();
+  // The pages plus every byte kept beside them (bounds, norms, channel maps, the policies' statistics).
+  stats->kv_bytes_in_use = session->kv().BytesInUse() + session->engine().kv_manager().SideBytes(session->id());
   return Status::Ok();
 }
 

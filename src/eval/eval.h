@@ -27,8 +27,10 @@
 // not blamed for what the model never could (BaselineSolved).
 //
 // Every task result carries KV bytes measured from the spec's BlockPool:
-// BlockPool::bytes_in_use() read at the end of every sequence (after its last
-// token, before the cache is cleared), the maximum kept, together with the
+// BlockPool::bytes_in_use() plus the bytes the sequence keeps beside the pool
+// (KVManager::SideBytes: Quest's bounds, MiniCache's norms, ThinK's channel
+// maps, a scorer's statistics) read at the end of every sequence (after its
+// last token, before the cache is cleared), the maximum kept, together with the
 // sequence length then; and the bytes a dense f16 K/V cache holds for that
 // many tokens (2 x 2 bytes x layers x kv_heads x head_dim per token), whose
 // ratio is the compression against f16.
@@ -158,7 +160,7 @@ int RulerDefaultGen(Task t);
 
 // KV bytes held by a spec's pool (see the header comment).
 struct KvMeasure {
-  uint64_t peak_bytes = 0;  // max BlockPool::bytes_in_use() at the end of a sequence
+  uint64_t peak_bytes = 0;  // max pool bytes in use + side bytes at the end of a sequence
   int64_t peak_tokens = 0;  // that sequence's length
   uint64_t f16_bytes = 0;   // dense f16 K+V bytes for peak_tokens tokens
   // Live entries over the slots of the pages that sequence's tables list:

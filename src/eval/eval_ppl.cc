@@ -72,11 +72,12 @@ double LiveSlotFraction(const kv::SequenceKV& seq) {
 }
 
 void ObserveKv(const EvalRun& run, uint64_t f16_bytes_per_token, KvMeasure* kv) {
-  // The per-entry scales of a cross-layer merged cache (policy=minicache's
-  // per-layer norms) and the key-channel masks of a pruned one (policy
-  // think) live beside the tables; 0 otherwise.
+  // Every byte kept outside the pool counts: the page bounds (quest), the
+  // per-entry scales of a cross-layer merged cache (minicache's norms), the
+  // key-channel masks of a pruned one (think) and the policies' per-sequence
+  // statistics (KVManager::SideBytes).
   const kv::SequenceKV& seq = run.session->kv();
-  const uint64_t side = seq.EntryScaleBytes() + seq.KeyChannelBytes();
+  const uint64_t side = run.engine->kv_manager().SideBytes(run.session->id());
   kv->Observe(run.engine->pool().bytes_in_use() + side, run.session->n_past(), f16_bytes_per_token,
               LiveSlotFraction(seq));
 }

@@ -44,7 +44,7 @@ std::string PlanResult::ToString(const PlanInputs& in) const {
                 "tier %.2f GB/s\n\n"
                 "| quantity | value |\n|---|---|\n"
                 "| weights | %.1f MiB |\n"
-                "| KV bytes per token | %.0f |\n"
+                "| KV bytes per token (steady state: after the policies, side bytes included) | %.0f |\n"
                 "| KV per sequence at context | %.1f MiB |\n"
                 "| concurrency (sequences that fit) | %ld |\n"
                 "| prefill of one context (compute bound) | %.3f s (%.0f tok/s, %.2f T ops, %.0f%% attention) |\n"

@@ -35,7 +35,7 @@ struct PlanInputs {
   double weight_bytes = 0;         // resident weights
   double decode_weight_bytes = 0;  // read per decode step
   double matmul_flops_per_token = 0;
-  double kv_bytes_per_token = 0;   // for the KV spec
+  double kv_bytes_per_token = 0;   // for the KV spec at ctx: kv::SteadyStateBytesPerToken (policies included)
   std::string kv_spec;
   // Deployment.
   long ctx = 0;

@@ -554,7 +554,7 @@ void SelectJobPages(Job& job) {
   job.sel_state = std::make_unique<std::atomic<int>[]>(H);
   for (int h = 0; h < H; ++h) {
     const int n = kv.table(job.layer, h).num_pages();
-    job.visits[h] = SelectedPageCount(n, kv.page_selection(), L.page_tokens);
+    job.visits[h] = SelectedPageCount(kv.table(job.layer, h), kv.page_selection(), L.page_tokens);
     job.sel_state[h].store(job.visits[h] < n ? 0 : 2, std::memory_order_relaxed);
   }
 }

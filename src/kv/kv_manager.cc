@@ -423,4 +423,10 @@ Status KVManager::CheckInvariants() const {
   return Status::Ok();
 }
 
+uint64_t KVManager::SideBytes(SeqId seq) const {
+  uint64_t bytes = kv(seq).SideBytes();
+  for (const auto& p : policies_) bytes += p->SideBytes(seq);
+  return bytes;
+}
+
 }  // namespace kvx::kv

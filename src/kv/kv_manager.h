@@ -184,6 +184,10 @@ class KVManager {
   uint64_t ReleaseFreeMemory() { return pool_->ReleaseFreeMemory(); }
   // Bytes of pages in use over all sequences.
   uint64_t BytesInUse() const { return pool_->bytes_in_use(); }
+  // Bytes `seq` keeps outside the pool: its own (SequenceKV::SideBytes) and
+  // its policies' (KVPolicy::SideBytes). A sequence's kept bytes are its
+  // pages plus these.
+  uint64_t SideBytes(SeqId seq) const;
 
   // Every invariant: the pool's (BlockPool::CheckInvariants), each table's
   // (SequenceKV::CheckTables), every page's refcount equal to the references

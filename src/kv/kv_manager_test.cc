@@ -575,7 +575,7 @@ TEST(KVManagerTest, CompressionReturnsTheFreedMemoryToTheOs) {
 
 TEST(PolicyRegistryTest, UnknownNamesListTheKnownOnes) {
   PolicyRegistry reg;
-  reg.Register("keep-all", [](const PolicyParams&) -> Result<std::unique_ptr<KVPolicy>> {
+  reg.Register("keep-all", [](PolicyParamReader&) -> Result<std::unique_ptr<KVPolicy>> {
     return std::unique_ptr<KVPolicy>(new DropOldest(1 << 30));
   });
   EXPECT_TRUE(reg.Create("keep-all", {}).ok());

@@ -20,6 +20,7 @@
 #include "kv/kv_manager.h"
 #include "kv/kv_spec.h"
 #include "kv/sequence_kv.h"
+#include "ops/simd_target.h"
 
 // Expects a pool's invariants to hold, printing the violation otherwise.
 #define EXPECT_INVARIANTS(pool) EXPECT_TRUE((pool).CheckInvariants().ok()) << (pool).CheckInvariants().ToString()
@@ -137,24 +138,24 @@ inline double RelError(const std::vector<float>& a, const std::vector<double>& b
 
 // The attention kernel paths a test can force: the best the CPU has (AVX-512
 // or AVX2), AVX2 even on an AVX-512 CPU, and the scalar reference. On CPUs
-// without AVX-512 (or non-x86) the first two (or all three) coincide.
+// without AVX-512 (or non-x86) the first two (or all three) coincide; so do
+// best and AVX2 in a build whose ops compile the baseline target only (TSan).
 enum class KernelPath { kBest, kAvx2, kScalar };
 inline const char* Name(KernelPath p) {
   return p == KernelPath::kBest ? "best" : p == KernelPath::kAvx2 ? "avx2" : "scalar";
 }
 inline constexpr KernelPath kAllKernelPaths[] = {KernelPath::kBest, KernelPath::kAvx2, KernelPath::kScalar};
 
-// Forces a kernel path for its lifetime (tests run single-threaded here).
+// Forces a kernel path for its lifetime through the one SIMD hook,
+// ops::ForceSimdTarget (tests run single-threaded here).
 class ScopedKernelPath {
  public:
   explicit ScopedKernelPath(KernelPath p) {
-    simd::ForceAvx2ForTest() = p == KernelPath::kAvx2;
-    simd::ForceScalarForTest() = p == KernelPath::kScalar;
+    ops::ForceSimdTarget("");
+    if (p == KernelPath::kAvx2) ops::ForceSimdTarget("AVX2");
+    if (p == KernelPath::kScalar) ops::ForceSimdTarget(ops::AvailableSimdTargets().back());
   }
-  ~ScopedKernelPath() {
-    simd::ForceAvx2ForTest() = false;
-    simd::ForceScalarForTest() = false;
-  }
+  ~ScopedKernelPath() { ops::ForceSimdTarget(""); }
   ScopedKernelPath(const ScopedKernelPath&) = delete;
   ScopedKernelPath& operator=(const ScopedKernelPath&) = delete;
 };

@@ -120,12 +120,35 @@ void PageUpperBounds(const float* bounds, int n_pages, int D, const float* q, in
   for (int i = 0; i < n_pages; ++i) out[i] = PageUpperBound(bounds + static_cast<size_t>(i) * 2 * D, D, q, n_rows);
 }
 
-int SelectedPageCount(int n_pages, const PageSelection& sel, int page_tokens) {
-  const int budget = sel.PagesFor(page_tokens);
-  if (budget >= n_pages) return n_pages;
-  // Forced pages, as SelectPages counts them; the budget fills up the rest.
-  const int sinks = std::min(sel.sink_pages, n_pages), recent_from = std::max(sinks, n_pages - sel.recent_pages);
-  return std::max(budget, sinks + (n_pages - recent_from));
+namespace {
+
+// The pages always read: [0, sinks) and [recent_from, n), the last
+// `recent_pages` and, before them, the uncompressed tail (the f16 staging
+// and residual pages of a sealed codec, kPageFull): Quest ranks the
+// compressed pages only, so its budget never caps what the codec keeps
+// exact. `take`: the ranked pages the budget reads, which the sinks and
+// recent pages count against but the rest of the tail does not.
+struct Forced {
+  int sinks, recent_from, take;
+};
+Forced ForcedPages(const PageTable& t, const PageSelection& sel, int page_tokens) {
+  const int n = t.num_pages();
+  Forced f;
+  f.sinks = std::min(sel.sink_pages, n);
+  const int recent = std::max(f.sinks, n - sel.recent_pages);
+  f.recent_from = recent;
+  while (f.recent_from > f.sinks && t.format(f.recent_from - 1) == kPageFull) --f.recent_from;
+  f.take = std::clamp(sel.PagesFor(page_tokens) - f.sinks - (n - recent), 0, f.recent_from - f.sinks);
+  return f;
+}
+
+}  // namespace
+
+int SelectedPageCount(const PageTable& t, const PageSelection& sel, int page_tokens) {
+  const int n = t.num_pages();
+  if (sel.PagesFor(page_tokens) >= n) return n;
+  const Forced f = ForcedPages(t, sel, page_tokens);
+  return f.sinks + f.take + (n - f.recent_from);
 }
 
 void SelectPages(const PageTable& t, const PageSelection& sel, int page_tokens, const float* q, int n_rows, int D,
@@ -138,8 +161,9 @@ void SelectPages(const PageTable& t, const PageSelection& sel, int page_tokens, 
     std::iota(out->begin(), out->end(), 0);
     return;
   }
-  // Forced pages first: [0, sinks) and [n - recent, n).
-  const int sinks = std::min(sel.sink_pages, n), recent_from = std::max(sinks, n - sel.recent_pages);
+  // Forced pages first: [0, sinks) and [recent_from, n) (ForcedPages).
+  const Forced f = ForcedPages(t, sel, page_tokens);
+  const int sinks = f.sinks, recent_from = f.recent_from, take = f.take;
   const int n_ranked = recent_from - sinks;
   thread_local std::vector<float> scores;
   thread_local std::vector<std::pair<float, int>> ranked;
@@ -147,8 +171,6 @@ void SelectPages(const PageTable& t, const PageSelection& sel, int page_tokens, 
   if (n_ranked > 0) PageUpperBounds(t.bounds(sinks), n_ranked, D, q, n_rows, scores.data());
   ranked.resize(n_ranked);
   for (int i = 0; i < n_ranked; ++i) ranked[i] = {scores[i], sinks + i};
-  const int forced = sinks + (n - recent_from);
-  const int take = std::clamp(budget - forced, 0, n_ranked);
   // Highest bound first, ties by the lower page index (deterministic).
   auto better = [](const std::pair<float, int>& a, const std::pair<float, int>& b) {
     return a.first != b.first ? a.first > b.first : a.second < b.second;

@@ -17,8 +17,10 @@
 //
 // Selection (per kv head, per decode query): the first `sink_pages` pages
 // and the last `recent_pages` pages are always read (the attention sink and
-// the page being written); the other pages are ranked by U, ties broken by
-// the lower page index, and the best fill the budget. Prompts (more than one
+// the page being written), and so is a sealed codec's uncompressed tail
+// (its f16 staging and residual pages, kPageFull) without counting against
+// the budget; the other pages are ranked by U, ties broken by the lower
+// page index, and the best fill the budget. Prompts (more than one
 // query per sequence in a call) and the first `dense_layers` layers attend
 // densely, as the reference does (q_len > 1 or layer_id < 2).
 //
@@ -69,10 +71,11 @@ float PageUpperBound(const float* bounds, int D, const float* q, int n_rows);
 // than reading the pages it saved (kvx bench decode at 0.54x f16's tok/s).
 void PageUpperBounds(const float* bounds, int n_pages, int D, const float* q, int n_rows, float* out);
 
-// How many pages SelectPages picks from `n_pages` (the visit count, known
+// How many pages SelectPages picks from table `t` (the visit count, known
 // before the scores): all of them when the budget covers them, else the
-// budget (at least the forced pages).
-int SelectedPageCount(int n_pages, const PageSelection& sel, int page_tokens);
+// budget (at least the forced pages) plus the uncompressed tail beyond the
+// recent pages.
+int SelectedPageCount(const PageTable& t, const PageSelection& sel, int page_tokens);
 
 // Pages of table `t` one decode query of the group reads, ascending
 // (SelectedPageCount of them). Reads all pages (0..n-1) when the budget

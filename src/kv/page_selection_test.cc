@@ -349,18 +349,29 @@ TEST(PageSelectionTest, VectorizedBoundsEqualTheScalarOnes) {
   }
 }
 
+// One (layer, kv head) of 16-token pages under `spec`, room for `tokens`,
+// with `sel` turned on.
+struct OneTable {
+  OneTable(const std::string& spec, int tokens, const PageSelection& sel)
+      : codec(Codec(spec)), pool(testing::PoolFor(layout, codec, tokens)), kv(pool.get(), layout, codec) {
+    EXPECT_TRUE(kv.SetPageSelection(sel).ok());
+  }
+  const KVLayout layout{1, 1, kDim, 16};
+  const CodecConfig codec;
+  std::unique_ptr<BlockPool> pool;
+  SequenceKV kv;
+};
+
+PageSelection Selection(int pages, int sink_pages, int recent_pages) {
+  return {.enabled = true, .pages = pages, .sink_pages = sink_pages, .recent_pages = recent_pages};
+}
+
 // SelectedPageCount, which lays out the attention items before any page is
 // picked, is the number of pages SelectPages picks.
 TEST(PageSelectionTest, SelectedPageCountIsWhatSelectPagesPicks) {
-  const KVLayout layout{1, 1, kDim, 16};
-  const CodecConfig codec = Codec("codec=f16,page=16");
-  auto pool = testing::PoolFor(layout, codec, 50 * 16);
-  SequenceKV kv(pool.get(), layout, codec);
-  PageSelection on;
-  on.enabled = true;
-  on.pages = 1;
-  on.sink_pages = 0;
-  ASSERT_TRUE(kv.SetPageSelection(on).ok());
+  const PageSelection on = Selection(1, 0, 1);
+  OneTable one("codec=f16,page=16", 50 * 16, on);
+  SequenceKV& kv = one.kv;
   std::mt19937 rng(2);
   std::normal_distribution<float> nd;
   std::vector<float> q(2 * kDim);
@@ -376,12 +387,37 @@ TEST(PageSelectionTest, SelectedPageCountIsWhatSelectPagesPicks) {
           sel.sink_pages = sinks;
           sel.recent_pages = recent;
           SelectPages(kv.table(0, 0), sel, 16, q.data(), 2, kDim, &chosen);
-          ASSERT_EQ(SelectedPageCount(n, sel, 16), static_cast<int>(chosen.size()))
+          ASSERT_EQ(SelectedPageCount(kv.table(0, 0), sel, 16), static_cast<int>(chosen.size()))
               << "pages " << n << " budget " << pages << " sinks " << sinks << " recent " << recent;
         }
       }
     }
   }
+}
+
+// A sealed codec keeps its newest `residual` tokens exact (f16 pages): the
+// selection reads that whole tail besides its budget, never ranks it away.
+TEST(PageSelectionTest, TheUncompressedTailIsAlwaysReadAndNotCountedAgainstTheBudget) {
+  const PageSelection sel = Selection(3, 1, 1);
+  OneTable one("codec=kivi4,page=16,residual=64", 40 * 16, sel);
+  SequenceKV& kv = one.kv;
+  std::mt19937 rng(3);
+  AppendRandom(kv, 30 * 16, 0, rng);
+  const PageTable& t = kv.table(0, 0);
+  int tail = 0;
+  while (tail < t.num_pages() - 1 && t.format(t.num_pages() - 1 - tail) == kPageFull) ++tail;
+  ASSERT_GE(tail, 3) << "the residual should span several pages";
+  std::normal_distribution<float> nd;
+  std::vector<float> q(kDim);
+  for (auto& x : q) x = nd(rng);
+  std::vector<int> chosen;
+  SelectPages(t, sel, 16, q.data(), 1, kDim, &chosen);
+  for (int p = t.num_pages() - tail; p < t.num_pages(); ++p) {
+    EXPECT_NE(std::find(chosen.begin(), chosen.end(), p), chosen.end()) << "tail page " << p << " was not read";
+  }
+  // The sink, one ranked page (3 - sink - recent), and the tail.
+  EXPECT_EQ(static_cast<int>(chosen.size()), 1 + 1 + tail);
+  EXPECT_EQ(SelectedPageCount(t, sel, 16), static_cast<int>(chosen.size()));
 }
 
 // Each kv head picks its own pages inside the attention items (in

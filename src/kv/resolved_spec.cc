@@ -60,4 +60,11 @@ Result<ResolvedKVSpec> ResolveKVSpec(const KVSpec& spec, const KVLayout& model_l
   return r;
 }
 
+double SteadyStateBytesPerToken(const ResolvedKVSpec& resolved, std::span<const std::unique_ptr<KVPolicy>> policies,
+                                int tokens) {
+  double bytes = static_cast<double>(BytesPerToken(resolved.layout, resolved.layers));
+  for (const auto& p : policies) bytes = p->KeptBytesPerToken(resolved, std::max(tokens, 1), bytes);
+  return bytes;
+}
+
 }  // namespace kvx::kv

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -55,6 +56,13 @@ struct ResolvedKVSpec {
 // at least one token of one sequence. InvalidArgument naming the problem and
 // what to change otherwise.
 Result<ResolvedKVSpec> ResolveKVSpec(std::string_view text, const KVLayout& model_layout, int n_ctx, int n_seqs);
+
+// Bytes per token a `tokens`-token sequence holds at steady state: the
+// codecs' (BytesPerToken), then each policy's KVPolicy::KeptBytesPerToken in
+// order (eviction keeps its budget, demotion adds the demoted copies, Quest
+// its bounds). What kvx plan sizes a sequence by.
+double SteadyStateBytesPerToken(const ResolvedKVSpec& resolved, std::span<const std::unique_ptr<KVPolicy>> policies,
+                                int tokens);
 Result<ResolvedKVSpec> ResolveKVSpec(const KVSpec& spec, const KVLayout& model_layout, int n_ctx, int n_seqs);
 
 }  // namespace kvx::kv

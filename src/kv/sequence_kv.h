@@ -321,6 +321,11 @@ class SequenceKV {
   const PageSelection& page_selection() const { return selection_; }
   // Bytes the page bounds take (heap, beside the tables; not pool pages).
   size_t PageBoundsBytes() const;
+  // Every byte the sequence keeps outside the pool: the page bounds (Quest),
+  // the key-channel masks of pruned pages (ThinK) and the per-entry scales
+  // of cross-layer merged pages (MiniCache's norms). KVManager::SideBytes
+  // adds what the policies keep per sequence.
+  size_t SideBytes() const { return PageBoundsBytes() + KeyChannelBytes() + EntryScaleBytes(); }
 
   // Decodes the whole chain of (layer, kv_head) page by page: k, v
   // [Length][head_dim] (rotation undone; pre-RoPE keys stay un-roped, others

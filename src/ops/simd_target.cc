@@ -81,6 +81,14 @@ std::vector<int64_t> Available() {
   return out;
 }
 
+// The vector class a target string allows the kernels outside Highway (the
+// kv attention kernels): AVX-512 with avx512f, AVX2 with avx2, else scalar.
+util::SimdClass SimdClassOf(const std::string& features) {
+  if (features.find("avx512f") != std::string::npos) return util::SimdClass::kAvx512;
+  if (features.find("avx2") != std::string::npos) return util::SimdClass::kAvx2;
+  return util::SimdClass::kScalar;
+}
+
 std::atomic<bool>& AvxVnniFlag() {
   static std::atomic<bool> flag(CpuHasAvxVnni());
   return flag;
@@ -130,6 +138,7 @@ bool ForceSimdTarget(const std::string& name) {
   (void)kDispatchVerified;
   hwy::SetSupportedTargetsForTest(0);
   AvxVnniFlag().store(CpuHasAvxVnni(), std::memory_order_relaxed);
+  util::SimdClassLimit().store(util::SimdClass::kAvx512, std::memory_order_relaxed);
   if (name.empty()) return true;
   const bool vnni = name == kAvx2Vnni;
   if (vnni && !CpuHasAvxVnni()) return false;
@@ -138,6 +147,7 @@ bool ForceSimdTarget(const std::string& name) {
     if (hwy_name == hwy::TargetName(t)) {
       hwy::SetSupportedTargetsForTest(t);
       AvxVnniFlag().store(vnni, std::memory_order_relaxed);
+      util::SimdClassLimit().store(SimdClassOf(SimdTargetFeatures(name)), std::memory_order_relaxed);
       return true;
     }
   }

@@ -39,6 +39,10 @@ std::string SimdTargetFeatures(const std::string& name);
 
 // Restricts dispatch to the named target (one of AvailableSimdTargets());
 // "" restores the default. Returns false for an unknown/unavailable name.
+// The one way to force a SIMD path in tests and benchmarks: it also limits
+// the kernels outside Highway (the kv attention kernels) to the target's
+// vector class (util::SimdClassLimit): AVX2 for "AVX2", scalar for the
+// baseline target (the last of AvailableSimdTargets()).
 bool ForceSimdTarget(const std::string& name);
 
 }  // namespace kvx::ops

@@ -47,6 +47,23 @@ TEST(SimdTargetTest, DispatchNeverChoosesATargetWhoseFeaturesTheCpuLacks) {
   RecordProperty("cpu", util::CpuBrand());
 }
 
+// One forced target routes every kernel: the kernels that dispatch outside
+// Highway (the kv attention kernels) read the vector class it allows.
+TEST(SimdTargetTest, ForcingATargetLimitsTheOtherKernelsToItsClass) {
+  const std::vector<std::string> available = AvailableSimdTargets();
+  ASSERT_TRUE(ForceSimdTarget(available.back()));
+  EXPECT_FALSE(util::SimdClassAllowed(util::SimdClass::kAvx2)) << available.back();
+  if (Contains(available, "AVX2")) {
+    ASSERT_TRUE(ForceSimdTarget("AVX2"));
+    EXPECT_TRUE(util::SimdClassAllowed(util::SimdClass::kAvx2));
+    EXPECT_FALSE(util::SimdClassAllowed(util::SimdClass::kAvx512));
+  }
+  ASSERT_TRUE(ForceSimdTarget(""));
+  EXPECT_TRUE(util::SimdClassAllowed(util::SimdClass::kAvx512));
+  EXPECT_FALSE(ForceSimdTarget("NOT_A_TARGET"));
+  EXPECT_TRUE(util::SimdClassAllowed(util::SimdClass::kAvx512)) << "a refused target must not leave a limit";
+}
+
 // The features each target's string names are the ones its kernels need and
 // no more: AVX3_DL's 256-bit dot products must be the EVEX form of
 // AVX512-VNNI (+VL), never AVX-VNNI's VEX form, which Zen 4, Ice Lake-SP and

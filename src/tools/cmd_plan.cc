@@ -81,6 +81,8 @@ Status RunPlan(const PlanFlags& flags) {
     model_in.ctx = in.ctx;
     model_in.mem_bytes = in.mem_bytes;
     in = model_in;
+    const kv::KVManager& m = rt->kv_manager();
+    in.kv_bytes_per_token = kv::SteadyStateBytesPerToken(m.spec(), m.policies(), static_cast<int>(std::min<long>(in.ctx, 1 << 30)));
   } else {
     KVX_ASSIGN_OR_RETURN(model::ModelShape s, model::FindModelShape(flags.shape));
     gguf::TensorType& type = shape_type;
@@ -102,7 +104,8 @@ Status RunPlan(const PlanFlags& flags) {
     // The same resolution and checks as every command that runs the spec.
     KVX_ASSIGN_OR_RETURN(kv::ResolvedKVSpec resolved,
                          kv::ResolveKVSpec(spec, layout, static_cast<int>(std::min<long>(flags.ctx, 1 << 30)), 1));
-    in.kv_bytes_per_token = static_cast<double>(kv::BytesPerToken(resolved.layout, resolved.layers));
+    in.kv_bytes_per_token =
+        kv::SteadyStateBytesPerToken(resolved, resolved.policies, static_cast<int>(std::min<long>(flags.ctx, 1 << 30)));
     in.kv_spec = spec.ToString();
   }
   ThreadPool own_pool(flags.threads);

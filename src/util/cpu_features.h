@@ -14,6 +14,7 @@
 // Thread-safety: read once, then immutable; every function is thread-safe.
 #pragma once
 
+#include <atomic>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -35,6 +36,19 @@ std::vector<std::string> MissingCpuFeatures(std::string_view target_string);
 // The known features this CPU has, in a fixed order, e.g. "sse4.2 avx avx2
 // fma f16c avx512f ... avx512vnni avxvnni".
 std::string CpuFeatureList();
+
+// The widest class of vector code any kernel may run: a test and benchmark
+// hook, set only by ops::ForceSimdTarget (together with Highway's dispatch of
+// the ops kernels), and read by the kernels that dispatch on their own (the
+// kv attention kernels, kv/codec/simd_x86.h), so one forced target routes
+// every kernel. kAvx512 (the default) limits nothing. Never a CPU check: a
+// kernel still runs only where the CPU has its features.
+enum class SimdClass { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+inline std::atomic<SimdClass>& SimdClassLimit() {
+  static std::atomic<SimdClass> limit{SimdClass::kAvx512};
+  return limit;
+}
+inline bool SimdClassAllowed(SimdClass c) { return SimdClassLimit().load(std::memory_order_relaxed) >= c; }
 
 // The CPU's brand string (CPUID 0x80000002..4), e.g. "AMD EPYC 9R14", or
 // "unknown" when the CPU does not report one.

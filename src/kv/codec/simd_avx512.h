@@ -21,17 +21,10 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
 namespace kvx::kv::simd {
-
-// Tests only: route the kernels to the AVX2 path even when AVX-512 is there.
-inline std::atomic<bool>& ForceAvx2ForTest() {
-  static std::atomic<bool> force{false};
-  return force;
-}
 
 // The features the AVX-512 kernels are compiled with, and the check that
 // the CPU (and OS: zmm/opmask state in XCR0) has every one of them
@@ -475,8 +468,9 @@ KVX_KV_AVX512 inline bool SoftmaxStep(float* s, int ss, int n, float* mx, float*
 
 }  // namespace avx512
 
-// Whether the AVX-512 kernels run (CPU, test hook); for a row source, also its shape.
-inline bool UseAvx512() { return HasAvx512() && !ForceAvx2ForTest().load(std::memory_order_relaxed); }
+// Whether the AVX-512 kernels run (CPU, and the class a test or benchmark
+// forced through ops::ForceSimdTarget); for a row source, also its shape.
+inline bool UseAvx512() { return HasAvx512() && util::SimdClassAllowed(util::SimdClass::kAvx512); }
 template <class Src>
 inline bool UseAvx512For(const Src& src) {
   return UseAvx512() && avx512::Zmm<Src>::Ok(src);

@@ -10,7 +10,6 @@
 #pragma once
 
 #include <algorithm>
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -25,12 +24,6 @@
 #endif
 
 namespace kvx::kv::simd {
-
-// Tests only: route every kernel to its scalar reference (to compare the two).
-inline std::atomic<bool>& ForceScalarForTest() {
-  static std::atomic<bool> force{false};
-  return force;
-}
 
 #ifdef KVX_KV_HAVE_X86_SIMD
 
@@ -728,17 +721,13 @@ inline bool SoftmaxStep(float* s, int ss, int n, int nr, float* mx, float* sum, 
 
 // Whether the SIMD path applies to rows of `d` elements on this CPU.
 inline bool UseSimd(int d) {
-  return d % 8 == 0 && HasAvx2Fma() && !ForceScalarForTest().load(std::memory_order_relaxed);
+  return d % 8 == 0 && HasAvx2Fma() && util::SimdClassAllowed(util::SimdClass::kAvx2);
 }
 // Whether the quantized SIMD path applies: whole 8-byte blocks per plane.
 inline bool UseSimdQuant(int d, int bits) { return (d * bits) % 64 == 0 && UseSimd(d); }
 
 #else
 
-inline std::atomic<bool>& ForceAvx2ForTest() {  // no AVX paths here; kept for tests
-  static std::atomic<bool> force{false};
-  return force;
-}
 inline bool HasAvx512() { return false; }
 inline bool UseSimd(int) { return false; }
 inline bool UseSimdQuant(int, int) { return false; }

@@ -37,6 +37,9 @@ class CakeScorer : public Scorer {
     };
     GroupStat(in, GroupReduce::kMean, indicator, scores, kernel_, /*max_pool=*/false);
   }
+  PolicyParams Parameters() const override {
+    return {{"window", std::to_string(window_)}, {"kernel", std::to_string(kernel_)}, {"gamma", std::to_string(gamma_)}};
+  }
 
  private:
   int window_, kernel_;
@@ -45,7 +48,7 @@ class CakeScorer : public Scorer {
 
 }  // namespace
 
-ScorerMethod CakeMethod() {
+static ScorerMethod CakeMethod() {
   EvictionConfig d;
   d.window = 32;
   d.sinks = 4;
@@ -61,5 +64,9 @@ ScorerMethod CakeMethod() {
           },
           d};
 }
+
+namespace {
+const ScorerRegistrar kRegistered(CakeMethod());
+}  // namespace
 
 }  // namespace kvx::kv

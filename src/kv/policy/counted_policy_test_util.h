@@ -20,7 +20,7 @@ class CountedPolicy : public KVPolicy {
 
   // Makes "policy=test_counted" available in PolicyRegistry::Global().
   static void Register() {
-    PolicyRegistry::Global().Register(std::string(kName), [](const PolicyParams&) -> Result<std::unique_ptr<KVPolicy>> {
+    PolicyRegistry::Global().Register(std::string(kName), [](PolicyParamReader&) -> Result<std::unique_ptr<KVPolicy>> {
       return std::unique_ptr<KVPolicy>(new CountedPolicy());
     });
   }

@@ -83,6 +83,11 @@ Status DemoteFate::CheckSpec(const ResolvedKVSpec& resolved) const {
                          std::to_string(smallest_layer) + " bytes), so demoting would save nothing; " + fix);
 }
 
+double DemoteFate::BytesPerEvictedToken(const KVLayout& layout) const {
+  if (!DemotionCodecProblem(codec_, layout).empty()) return 0;  // refused by CheckSpec
+  return static_cast<double>(DemotedPageBytes(codec_, layout)) / layout.page_tokens * layout.n_layers * layout.n_kv_heads;
+}
+
 uint64_t DemoteFate::HeadroomBytes(const KVLayout& layout, int64_t evicted) const {
   if (!DemotionCodecProblem(codec_, layout).empty()) return 0;  // refused by CheckSpec
   const uint64_t pages = static_cast<uint64_t>((evicted + layout.page_tokens - 1) / layout.page_tokens + 1);
@@ -99,14 +104,12 @@ Status DemoteFate::Apply(KVManager& manager, SeqId seq, int layer, int kv_head, 
   return Status::Ok();
 }
 
-void RegisterDemotePolicies(PolicyRegistry& registry) {
-  EvictionFateRegistry::Global().Register("demote", DemoteFate::Create);
-  ScorerMethod m = H2OMethod();
-  m.defaults.fate = "demote";
-  m.defaults.ratio = 0.75;  // MiKV keeps about 20-25% at high precision (METHODS.md A5)
-  registry.Register("mikv", [m](const PolicyParams& params) {
-    return ScoredEvictionPolicy::Create("mikv", params, m.defaults, m.make);
-  });
-}
+namespace {
+const FateRegistrar kFate("demote", DemoteFate::Create);
+const PolicyRegistrar kPolicy("mikv", ScoredPolicyFactory("mikv", "h2o", [](EvictionConfig& d) {
+    d.fate = "demote";
+    d.ratio = 0.75;  // MiKV keeps about 20-25% at high precision (METHODS.md A5)
+  }));
+}  // namespace
 
 }  // namespace kvx::kv

@@ -47,8 +47,10 @@ class DemoteFate : public EvictionFate {
   // frees the pages the entries came from (at most ceil(evicted / T) + 1 a
   // table; bounded by all tables at once, as policies compress table by table).
   bool allocates() const override { return true; }
+  double BytesPerEvictedToken(const KVLayout& layout) const override;
   uint64_t HeadroomBytes(const KVLayout& layout, int64_t evicted) const override;
 
+  PolicyParams Parameters() const override { return {{"demote", std::string(CodecName(codec_))}}; }
   CodecId codec() const { return codec_; }
   // Entries demoted so far, for tests and reports.
   int64_t demoted() const { return demoted_; }
@@ -57,8 +59,5 @@ class DemoteFate : public EvictionFate {
   CodecId codec_ = CodecId::kInt2;
   int64_t demoted_ = 0;
 };
-
-// Registers fate "demote" and policy "mikv".
-void RegisterDemotePolicies(PolicyRegistry& registry);
 
 }  // namespace kvx::kv

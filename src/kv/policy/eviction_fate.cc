@@ -3,15 +3,15 @@
 namespace kvx::kv {
 
 EvictionFateRegistry& EvictionFateRegistry::Global() {
-  static EvictionFateRegistry* registry = [] {
-    auto* r = new EvictionFateRegistry();
-    r->Register("drop", [](PolicyParamReader&) -> Result<std::unique_ptr<EvictionFate>> {
-      return std::unique_ptr<EvictionFate>(new DropFate());
-    });
-    return r;
-  }();
-  return *registry;
+  static EvictionFateRegistry registry;
+  return registry;
 }
+
+namespace {
+const FateRegistrar kRegistered("drop", [](PolicyParamReader&) -> Result<std::unique_ptr<EvictionFate>> {
+  return std::unique_ptr<EvictionFate>(new DropFate());
+});
+}  // namespace
 
 void EvictionFateRegistry::Register(std::string name, FateFactory factory) {
   factories_[std::move(name)] = std::move(factory);

@@ -6,10 +6,9 @@
 // their most similar kept neighbour. A policy group picks one with
 // `fate=NAME`; the fate reads its own parameters from the same group.
 //
-// Registration: EvictionFateRegistry::Global() holds the built-ins;
-// a module adds its fates by calling Register() from its policy
-// registration function (kv/policy/policy.cc runs those before any policy
-// is created), so a new fate needs no edit of the eviction code.
+// Registration: EvictionFateRegistry::Global() holds the built-ins, each
+// added by a FateRegistrar in its own file, so a new fate needs no edit of
+// the eviction code.
 //
 // Thread-safety: Apply runs on the manager's thread between steps.
 #pragma once
@@ -49,6 +48,14 @@ class EvictionFate {
     (void)evicted;
     return 0;
   }
+  // Bytes per token the fate keeps of an evicted token, all layers and heads
+  // (0: dropped or folded into kept entries; demote: its low-bit copy).
+  virtual double BytesPerEvictedToken(const KVLayout& layout) const {
+    (void)layout;
+    return 0;
+  }
+  // As KVPolicy::Parameters: the fate's keys with the values in use.
+  virtual PolicyParams Parameters() const { return {}; }
   // As KVPolicy::CheckSpec (e.g. a fate that needs a quantized codec).
   virtual Status CheckSpec(const ResolvedKVSpec& resolved) const {
     (void)resolved;
@@ -70,6 +77,14 @@ class EvictionFateRegistry {
 
  private:
   std::map<std::string, FateFactory, std::less<>> factories_;
+};
+
+// Registers a fate at static initialization, one line in its file:
+// `const FateRegistrar kRegistered("merge", MergeFate::Create);`
+struct FateRegistrar {
+  FateRegistrar(std::string name, FateFactory factory) {
+    EvictionFateRegistry::Global().Register(std::move(name), std::move(factory));
+  }
 };
 
 // The default fate: the evicted entries are removed.

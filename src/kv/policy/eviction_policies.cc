@@ -1,48 +1,63 @@
 #include "kv/policy/eviction_policies.h"
 
+#include <map>
+
 namespace kvx::kv {
-
-std::vector<ScorerMethod> ScorerMethods() {
-  return {H2OMethod(), ScissorhandsMethod(), TovaMethod(), SnapKVMethod(), CakeMethod(), KeyNormMethod(), RandomMethod()};
-}
-
 namespace {
 
-PolicyFactory FactoryFor(ScorerMethod m, const std::string& name) {
-  return [m, name](const PolicyParams& params) { return ScoredEvictionPolicy::Create(name, params, m.defaults, m.make); };
+std::map<std::string, ScorerMethod, std::less<>>& Scorers() {
+  static std::map<std::string, ScorerMethod, std::less<>> scorers;
+  return scorers;
+}
+
+std::string ScorerList() {
+  std::string list;
+  for (const auto& [name, m] : Scorers()) list += (list.empty() ? "" : ", ") + name;
+  return list;
 }
 
 // Ada-KV over any scorer: base=NAME picks it (default snapkv, Ada-SnapKV).
-Result<std::unique_ptr<KVPolicy>> CreateAdaKV(const PolicyParams& params) {
+Result<std::unique_ptr<KVPolicy>> CreateAdaKV(PolicyParamReader& r) {
   std::string base = "snapkv";
-  if (auto it = params.find("base"); it != params.end()) base = it->second;
   std::vector<std::string> names;
-  for (const ScorerMethod& m : ScorerMethods()) {
-    names.push_back(m.name);
-    if (m.name != base) continue;
-    EvictionConfig d = m.defaults;
-    d.heads = "adakv";
-    d.continuous = false;  // Ada-KV compresses at the end of prefill
-    auto make = [m, names](PolicyParamReader& r) {
-      std::string b;
-      r.Choice("base", &b, {m.name});  // marks base= as known
-      return m.make(r);
-    };
-    return ScoredEvictionPolicy::Create("adakv", params, d, make);
-  }
-  std::string list;
-  for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
-  return InvalidArgument("policy adakv: base=" + base + " is not a scorer; choose one of " + list);
+  for (const auto& [name, m] : Scorers()) names.push_back(name);
+  r.Choice("base", &base, names);
+  KVX_ASSIGN_OR_RETURN(ScorerMethod m, FindScorerMethod(base));
+  EvictionConfig d = m.defaults;
+  d.heads = "adakv";
+  d.continuous = false;  // Ada-KV compresses at the end of prefill
+  return ScoredEvictionPolicy::Create("adakv", r, d, m.make);
 }
+
+const PolicyRegistrar kAdaKV("adakv", CreateAdaKV);
 
 }  // namespace
 
-void RegisterEvictionPolicies(PolicyRegistry& registry) {
-  for (const ScorerMethod& m : ScorerMethods()) registry.Register(m.name, FactoryFor(m, m.name));
-  ScorerMethod pyramid = SnapKVMethod();
-  pyramid.defaults.layers = "pyramid";
-  registry.Register("pyramidkv", FactoryFor(pyramid, "pyramidkv"));
-  registry.Register("adakv", CreateAdaKV);
+std::vector<ScorerMethod> ScorerMethods() {
+  std::vector<ScorerMethod> out;
+  for (const auto& [name, m] : Scorers()) out.push_back(m);
+  return out;
+}
+
+Result<ScorerMethod> FindScorerMethod(std::string_view name) {
+  auto it = Scorers().find(name);
+  if (it == Scorers().end()) {
+    return InvalidArgument("'" + std::string(name) + "' is not a scorer; choose one of " + ScorerList());
+  }
+  return it->second;
+}
+
+PolicyFactory ScoredPolicyFactory(std::string policy, std::string scorer, std::function<void(EvictionConfig&)> adjust) {
+  return [policy, scorer, adjust](PolicyParamReader& r) -> Result<std::unique_ptr<KVPolicy>> {
+    KVX_ASSIGN_OR_RETURN(ScorerMethod m, FindScorerMethod(scorer));
+    if (adjust) adjust(m.defaults);
+    return ScoredEvictionPolicy::Create(policy, r, m.defaults, m.make);
+  };
+}
+
+ScorerRegistrar::ScorerRegistrar(ScorerMethod method) {
+  PolicyRegistry::Global().Register(method.name, ScoredPolicyFactory(method.name, method.name));
+  Scorers()[method.name] = std::move(method);
 }
 
 }  // namespace kvx::kv

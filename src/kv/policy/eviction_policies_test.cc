@@ -102,17 +102,23 @@ TEST(BudgetTest, CakeFollowsThePreferencesWithinCaps) {
   EXPECT_EQ(std::accumulate(c.begin(), c.end(), 0), 300);
 }
 
-TEST(BudgetTest, CakePolicyGivesTheDispersedLayerMore) {
+// layers=cake acts with any scorer that observes attention (SnapKV's and
+// H2O's included: the recorder then keeps entropy and variance too), not
+// only with CAKE's own.
+TEST(BudgetTest, CakeLayersGiveTheDispersedLayerMoreWithAnyObservingScorer) {
   // Layer 0's window attention is flat (high entropy), layer 1's is peaked.
-  EvictionRig rig("codec=f16,page=8;policy=cake,budget=24,window=8,sinks=0", kLayout, 4);
-  auto pattern = [](int l, int, int32_t q, int32_t p) { return l == 0 ? 1.0 + (p * 7 + q) % 5 : (p == 3 ? 1000.0 : 0.001); };
-  ASSERT_TRUE(rig.Step(128, pattern, 128).ok());
-  ASSERT_TRUE(rig.manager().Compress(rig.seq()).ok());
-  const auto& b = rig.scored().last_stats().layer_budget;
-  ASSERT_EQ(b.size(), 2u);
-  EXPECT_EQ(b[0] + b[1], 48);
-  EXPECT_GT(b[0], b[1]) << b[0] << " " << b[1];
-  EXPECT_EQ(rig.manager().kv(rig.seq()).LiveEntries(0, 0), b[0]);
+  for (const std::string policy : {"policy=cake", "policy=snapkv,layers=cake", "policy=h2o,mode=once,layers=cake"}) {
+    SCOPED_TRACE(policy);
+    EvictionRig rig("codec=f16,page=8;" + policy + ",budget=24,window=8,sinks=0", kLayout, 4);
+    auto pattern = [](int l, int, int32_t q, int32_t p) { return l == 0 ? 1.0 + (p * 7 + q) % 5 : (p == 3 ? 1000.0 : 0.001); };
+    ASSERT_TRUE(rig.Step(128, pattern, 128).ok());
+    ASSERT_TRUE(rig.manager().Compress(rig.seq()).ok());
+    const auto& b = rig.scored().last_stats().layer_budget;
+    ASSERT_EQ(b.size(), 2u);
+    EXPECT_EQ(b[0] + b[1], 48);
+    EXPECT_GT(b[0], b[1]) << b[0] << " " << b[1];
+    EXPECT_EQ(rig.manager().kv(rig.seq()).LiveEntries(0, 0), b[0]);
+  }
 }
 
 TEST(AdaKVTest, APeakedHeadGivesEntriesToAFlatOne) {
@@ -202,7 +208,16 @@ TEST(ScoredEvictionTest, ParametersAreChecked) {
   EXPECT_NE(bad("policy=snapkv,ratio=0.5,budget=64").find("not both"), std::string::npos);
   EXPECT_NE(bad("policy=snapkv,budget=8,window=32").find("protected"), std::string::npos);
   EXPECT_NE(bad("policy=snapkv,kernel=4").find("odd"), std::string::npos);
-  EXPECT_NE(bad("policy=h2o,windw=3").find("no parameter 'windw'"), std::string::npos);
+  // A key refused where it does not act, saying why.
+  for (const auto& [spec, why] : std::vector<std::pair<std::string, std::string>>{
+           {"policy=h2o,windw=3", "'windw' does not apply to policy h2o; it takes: "},
+           {"policy=snapkv,beta=10", "only layers=pyramid"},
+           {"policy=cake,alpha=0.1", "only heads=adakv"},
+           {"policy=pyramidkv,tau1=2", "only layers=cake"},
+           {"policy=knorm,layers=cake", "observes no attention"}}) {
+    EXPECT_NE(bad(spec).find(why), std::string::npos) << spec << ": " << bad(spec);
+  }
+  EXPECT_EQ(bad("policy=snapkv,heads=adakv,alpha=0.5"), "");
   EXPECT_NE(bad("policy=h2o,mode=sometimes").find("once"), std::string::npos);
   EXPECT_NE(bad("policy=snapkv,fate=shred").find("drop"), std::string::npos);
   EXPECT_NE(bad("policy=adakv,base=nope").find("snapkv"), std::string::npos);

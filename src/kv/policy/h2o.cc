@@ -24,6 +24,7 @@ class H2OScorer : public Scorer {
   void Score(const ScoringInput& in, std::vector<float>* scores) const override {
     GroupStat(in, reduce_, [](const HeadStats& s, int32_t p) { return s.Sum(p); }, scores);
   }
+  PolicyParams Parameters() const override { return {{"reduce", std::string(GroupReduceName(reduce_))}}; }
 
  private:
   GroupReduce reduce_;
@@ -31,7 +32,7 @@ class H2OScorer : public Scorer {
 
 }  // namespace
 
-ScorerMethod H2OMethod() {
+static ScorerMethod H2OMethod() {
   EvictionConfig d;
   d.window_fraction = 0.5;
   d.sinks = 4;
@@ -45,5 +46,9 @@ ScorerMethod H2OMethod() {
           },
           d};
 }
+
+namespace {
+const ScorerRegistrar kRegistered(H2OMethod());
+}  // namespace
 
 }  // namespace kvx::kv

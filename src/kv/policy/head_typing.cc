@@ -72,15 +72,20 @@ std::vector<uint8_t> HeadTable::RetrievalMask(double fraction) const {
   return mask;
 }
 
-Result<std::unique_ptr<KVPolicy>> HeadTypingPolicy::CreateDuo(const PolicyParams& params) {
+Result<std::unique_ptr<KVPolicy>> HeadTypingPolicy::CreateDuo(PolicyParamReader& params) {
   return Create("duo", params, 0.5, 128, 256, 0.0);
 }
 
-Result<std::unique_ptr<KVPolicy>> HeadTypingPolicy::CreateRazor(const PolicyParams& params) {
+Result<std::unique_ptr<KVPolicy>> HeadTypingPolicy::CreateRazor(PolicyParamReader& params) {
   return Create("razor", params, 0.15, 4, 256, 0.2);
 }
 
-Result<std::unique_ptr<KVPolicy>> HeadTypingPolicy::Create(std::string name, const PolicyParams& params,
+namespace {
+const PolicyRegistrar kDuo("duo", HeadTypingPolicy::CreateDuo);
+const PolicyRegistrar kRazor("razor", HeadTypingPolicy::CreateRazor);
+}  // namespace
+
+Result<std::unique_ptr<KVPolicy>> HeadTypingPolicy::Create(std::string name, PolicyParamReader& r,
                                                            double retrieval, int sinks, int window,
                                                            double window_fraction) {
   std::unique_ptr<HeadTypingPolicy> p(new HeadTypingPolicy());
@@ -89,27 +94,33 @@ Result<std::unique_ptr<KVPolicy>> HeadTypingPolicy::Create(std::string name, con
   p->window_ = window;
   p->window_fraction_ = window_fraction;
   std::string mode = "continuous";
-  PolicyParamReader r(name, params);
   r.Double("retrieval", &retrieval, 0.0, 1.0)
       .Int("sinks", &p->sinks_, 0, 1 << 24)
       .Int("window", &p->window_, 1, 1 << 24)
       .Double("window_fraction", &p->window_fraction_, 0.0, 1.0)
       .Choice("mode", &mode, {"continuous", "once"});
-  auto it = params.find("heads");
   std::string heads;
-  if (it != params.end()) heads = it->second;
-  // "heads" is read here, not by the reader: mark it known by asking for it
-  // as a choice of itself.
-  if (!heads.empty()) r.Choice("heads", &heads, {heads});
-  KVX_RETURN_IF_ERROR(r.Finish());
+  r.Text("heads", &heads);
+  KVX_RETURN_IF_ERROR(r.error());
   if (heads.empty()) {
     return InvalidArgument("policy " + name + " needs heads=FILE, a head table written by `kvx calibrate-heads -m MODEL" +
                            " --method " + name + " -o FILE`");
   }
   KVX_ASSIGN_OR_RETURN(p->table_, HeadTable::Load(heads));
   p->retrieval_ = p->table_.RetrievalMask(retrieval);
+  p->retrieval_fraction_ = retrieval;
+  p->heads_file_ = heads;
   p->continuous_ = mode == "continuous";
   return std::unique_ptr<KVPolicy>(std::move(p));
+}
+
+PolicyParams HeadTypingPolicy::Parameters() const {
+  return {{"heads", heads_file_},
+          {"retrieval", std::to_string(retrieval_fraction_)},
+          {"sinks", std::to_string(sinks_)},
+          {"window", std::to_string(window_)},
+          {"window_fraction", std::to_string(window_fraction_)},
+          {"mode", continuous_ ? "continuous" : "once"}};
 }
 
 Status HeadTypingPolicy::CheckSpec(const ResolvedKVSpec& resolved) const {
@@ -121,6 +132,15 @@ Status HeadTypingPolicy::CheckSpec(const ResolvedKVSpec& resolved) const {
                            "; calibrate this model with kvx calibrate-heads");
   }
   return Status::Ok();
+}
+
+double HeadTypingPolicy::KeptBytesPerToken(const ResolvedKVSpec& resolved, int tokens, double bytes_per_token) const {
+  (void)resolved;
+  if (retrieval_.empty()) return bytes_per_token;
+  const double retrieval =
+      static_cast<double>(std::count(retrieval_.begin(), retrieval_.end(), 1)) / static_cast<double>(retrieval_.size());
+  const double streaming_kept = std::min(1.0, static_cast<double>(StreamingKeep(tokens)) / tokens);
+  return bytes_per_token * (retrieval + (1.0 - retrieval) * streaming_kept);
 }
 
 int HeadTypingPolicy::StreamingKeep(int tokens) const {

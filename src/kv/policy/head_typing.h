@@ -52,8 +52,11 @@ struct HeadTable {
 
 class HeadTypingPolicy : public KVPolicy {
  public:
-  static Result<std::unique_ptr<KVPolicy>> CreateDuo(const PolicyParams& params);
-  static Result<std::unique_ptr<KVPolicy>> CreateRazor(const PolicyParams& params);
+  static Result<std::unique_ptr<KVPolicy>> CreateDuo(PolicyParamReader& params);
+  static Result<std::unique_ptr<KVPolicy>> CreateRazor(PolicyParamReader& params);
+  PolicyParams Parameters() const override;
+  // Retrieval heads keep every token, streaming heads StreamingKeep.
+  double KeptBytesPerToken(const ResolvedKVSpec& resolved, int tokens, double bytes_per_token) const override;
 
   std::string_view name() const override { return name_; }
   Status OnStepCommitted(KVManager& manager, SeqId seq) override;
@@ -70,13 +73,15 @@ class HeadTypingPolicy : public KVPolicy {
   int StreamingKeep(int tokens) const;
 
  private:
-  static Result<std::unique_ptr<KVPolicy>> Create(std::string name, const PolicyParams& params, double retrieval,
+  static Result<std::unique_ptr<KVPolicy>> Create(std::string name, PolicyParamReader& params, double retrieval,
                                                   int sinks, int window, double window_fraction);
   Status Evict(KVManager& manager, SeqId seq);
 
   std::string name_;
   HeadTable table_;
   std::vector<uint8_t> retrieval_;  // [n_layers * n_kv_heads]
+  double retrieval_fraction_ = 0;   // retrieval=
+  std::string heads_file_;          // heads=
   int sinks_ = 0, window_ = 0;
   double window_fraction_ = 0;
   bool continuous_ = true;

@@ -33,12 +33,16 @@ class KeyNormScorer : public Scorer {
 
 }  // namespace
 
-ScorerMethod KeyNormMethod() {
+static ScorerMethod KeyNormMethod() {
   EvictionConfig d;
   d.window = 0;
   d.sinks = 0;
   return {"knorm", [](PolicyParamReader&) -> Result<std::unique_ptr<Scorer>> { return std::unique_ptr<Scorer>(new KeyNormScorer()); },
           d};
 }
+
+namespace {
+const ScorerRegistrar kRegistered(KeyNormMethod());
+}  // namespace
 
 }  // namespace kvx::kv

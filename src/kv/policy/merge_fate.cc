@@ -16,6 +16,10 @@ Result<std::unique_ptr<EvictionFate>> MergeFate::Create(PolicyParamReader& param
   return std::unique_ptr<EvictionFate>(std::move(f));
 }
 
+PolicyParams MergeFate::Parameters() const {
+  return {{"merge_weight", gauss_ ? "gauss" : "cos"}, {"merge_min_sim", std::to_string(min_sim_)}};
+}
+
 Status MergeFate::Apply(KVManager& manager, SeqId seq, int layer, int kv_head, const std::vector<int>& evicted,
                         const std::vector<int>& kept) {
   SequenceKV& kv = manager.kv(seq);
@@ -88,13 +92,11 @@ Status MergeFate::Apply(KVManager& manager, SeqId seq, int layer, int kv_head, c
   return kv.RemoveEntries(layer, kv_head, evicted);
 }
 
-void RegisterMergePolicies(PolicyRegistry& registry) {
-  EvictionFateRegistry::Global().Register("merge", MergeFate::Create);
-  ScorerMethod m = H2OMethod();
-  m.defaults.fate = "merge";
-  registry.Register("kvmerger", [m](const PolicyParams& params) {
-    return ScoredEvictionPolicy::Create("kvmerger", params, m.defaults, m.make);
-  });
-}
+namespace {
+const FateRegistrar kFate("merge", MergeFate::Create);
+const PolicyRegistrar kPolicy("kvmerger", ScoredPolicyFactory("kvmerger", "h2o", [](EvictionConfig& d) {
+    d.fate = "merge";
+  }));
+}  // namespace
 
 }  // namespace kvx::kv

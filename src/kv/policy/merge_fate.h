@@ -39,6 +39,7 @@ class MergeFate : public EvictionFate {
   Status Apply(KVManager& manager, SeqId seq, int layer, int kv_head, const std::vector<int>& evicted,
                const std::vector<int>& kept) override;
 
+  PolicyParams Parameters() const override;
   // Entries merged (not dropped) so far, for tests and reports.
   int64_t merged() const { return merged_; }
 
@@ -47,8 +48,5 @@ class MergeFate : public EvictionFate {
   double min_sim_ = -1.0;
   int64_t merged_ = 0;
 };
-
-// Registers fate "merge" and policy "kvmerger".
-void RegisterMergePolicies(PolicyRegistry& registry);
 
 }  // namespace kvx::kv

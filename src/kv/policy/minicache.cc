@@ -48,16 +48,15 @@ double SlerpDirection(const float* x_a, const float* x_b, int d, double t, float
   return w;
 }
 
-Result<std::unique_ptr<KVPolicy>> MiniCachePolicy::Create(const PolicyParams& params) {
+Result<std::unique_ptr<KVPolicy>> MiniCachePolicy::Create(PolicyParamReader& r) {
   MiniCacheConfig c;
   std::string retain = "topk", mode = "once";
-  PolicyParamReader r("minicache", params);
   r.Int("start", &c.start, 0, 1 << 16)
       .Double("t", &c.t, 0.0, 1.0)
       .Double("gamma", &c.gamma, 0.0, 1.0)
       .Choice("retain", &retain, {"topk", "range"})
       .Choice("mode", &mode, {"once", "continuous"});
-  KVX_RETURN_IF_ERROR(r.Finish());
+  KVX_RETURN_IF_ERROR(r.error());
   if (mode == "continuous") {
     return InvalidArgument("policy minicache: mode=continuous is not implemented (merging new tokens as decode "
                            "goes); minicache merges at the compression moment (mode=once, e.g. kvx eval --compress "
@@ -66,6 +65,16 @@ Result<std::unique_ptr<KVPolicy>> MiniCachePolicy::Create(const PolicyParams& pa
   c.retain_range = retain == "range";
   return std::unique_ptr<KVPolicy>(new MiniCachePolicy(c));
 }
+
+PolicyParams MiniCachePolicy::Parameters() const {
+  const MiniCacheConfig& c = config_;
+  return {{"start", std::to_string(c.start)}, {"t", std::to_string(c.t)}, {"gamma", std::to_string(c.gamma)},
+          {"retain", c.retain_range ? "range" : "topk"}, {"mode", "once"}};
+}
+
+namespace {
+const PolicyRegistrar kRegistered("minicache", MiniCachePolicy::Create);
+}  // namespace
 
 Status MiniCachePolicy::CheckSpec(const ResolvedKVSpec& resolved) const {
   const KVSpec& spec = resolved.spec;

@@ -70,7 +70,8 @@ double SlerpDirection(const float* x_a, const float* x_b, int d, double t, float
 
 class MiniCachePolicy : public KVPolicy {
  public:
-  static Result<std::unique_ptr<KVPolicy>> Create(const PolicyParams& params);
+  static Result<std::unique_ptr<KVPolicy>> Create(PolicyParamReader& params);
+  PolicyParams Parameters() const override;
   std::string_view name() const override { return "minicache"; }
   Status OnStepCommitted(KVManager& manager, SeqId seq) override {
     (void)manager;

@@ -89,6 +89,8 @@ TEST(MiniCacheTest, ParallelLayersMergeOutputsRestoreOddTokenRetainedPagesFreed)
   EXPECT_EQ(stats.pairs, 1);
   EXPECT_EQ(stats.merged, 2 * (kTokens - 1));
   EXPECT_EQ(stats.retained, 2);
+  // The norms of the merged tokens live beside the pool and count: a K and a V scale (f32) per layer.
+  EXPECT_GE(m->SideBytes(seq), static_cast<uint64_t>(stats.merged) * 2 * 2 * sizeof(float));
 
   // Memory: per kv head, the pair held 2 * 8 pages; now ceil(63 / 8) = 8
   // shared + one own page per layer for the retained token = 10 pages.

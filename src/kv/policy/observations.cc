@@ -119,4 +119,10 @@ const SequenceObservations* ProbabilityRecorder::Find(SeqId seq) const {
   return it == seqs_.end() ? nullptr : &it->second;
 }
 
+size_t SequenceObservations::Bytes() const {
+  size_t n = 0;
+  for (const auto& [key, h] : heads_) n += (h.sum.size() + h.sq.size() + h.low.size()) * sizeof(float) + sizeof(HeadStats);
+  return n;
+}
+
 }  // namespace kvx::kv

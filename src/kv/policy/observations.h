@@ -76,6 +76,8 @@ class SequenceObservations {
   // Folds `step` in: accumulate (fold_window 0) or sliding window.
   void Fold(const SequenceObservations& step, const ObservationNeeds& needs);
   bool empty() const { return heads_.empty(); }
+  // Bytes the statistics take (heap).
+  size_t Bytes() const;
 
  private:
   std::map<std::pair<int, int>, HeadStats> heads_;
@@ -99,6 +101,11 @@ class ProbabilityRecorder : public AttentionObserver {
   void FoldStep(const KVManager& manager, SeqId seq);
   // The sequence's statistics (nullptr before any observation).
   const SequenceObservations* Find(SeqId seq) const;
+  // Bytes kept for `seq` between steps (0 before any observation).
+  size_t Bytes(SeqId seq) const {
+    const SequenceObservations* o = Find(seq);
+    return o == nullptr ? 0 : o->Bytes();
+  }
   void Forget(SeqId seq) { seqs_.erase(seq); }
   const ObservationNeeds& needs() const { return needs_; }
 

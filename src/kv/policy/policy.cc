@@ -1,38 +1,19 @@
 #include "kv/policy/policy.h"
 
-#include "kv/policy/demote_fate.h"
-#include "kv/policy/head_typing.h"
-#include "kv/policy/merge_fate.h"
-#include "kv/policy/minicache.h"
-#include "kv/policy/quest.h"
-#include "kv/policy/eviction_policies.h"
-#include "kv/policy/streaming_llm.h"
-#include "kv/policy/think.h"
+#include "kv/policy/params.h"
 
 namespace kvx::kv {
 
-// The built-in policies, registered on first use (a static registrar in a
-// static library's object file would be dropped by the linker).
+// Empty until the registrars in the policies' own files run (static
+// initialization; kvx_kv is linked whole-archive so none is dropped).
 PolicyRegistry& PolicyRegistry::Global() {
-  static PolicyRegistry* registry = [] {
-    auto* r = new PolicyRegistry();
-    r->Register("streamingllm", StreamingLLMPolicy::Create);
-    r->Register("quest", QuestPolicy::Create);
-    r->Register("duo", HeadTypingPolicy::CreateDuo);
-    r->Register("razor", HeadTypingPolicy::CreateRazor);
-    r->Register("minicache", MiniCachePolicy::Create);
-    r->Register("think", ThinKPolicy::Create);
-    RegisterMergePolicies(*r);  // fate=merge, kvmerger (merge_fate.h)
-    RegisterDemotePolicies(*r);  // fate=demote, mikv (demote_fate.h)
-    RegisterEvictionPolicies(*r);  // h2o, snapkv, ... (eviction_policies.h)
-    return r;
-  }();
-  return *registry;
+  static PolicyRegistry registry;
+  return registry;
 }
 
 void PolicyRegistry::Register(std::string name, PolicyFactory factory) { factories_[std::move(name)] = std::move(factory); }
 
-Result<std::unique_ptr<KVPolicy>> PolicyRegistry::Create(std::string_view name, const PolicyParams& params) const {
+Result<std::unique_ptr<KVPolicy>> PolicyRegistry::Build(std::string_view name, PolicyParamReader& reader) const {
   auto it = factories_.find(name);
   if (it == factories_.end()) {
     std::string known;
@@ -40,7 +21,23 @@ Result<std::unique_ptr<KVPolicy>> PolicyRegistry::Create(std::string_view name, 
     return InvalidArgument("unknown KV policy '" + std::string(name) + "'; known policies: " +
                            (known.empty() ? "none" : known));
   }
-  return it->second(params);
+  auto policy = it->second(reader);
+  // A factory that failed may not have read every key: its error (or the
+  // reader's first parse error) says what is wrong, not the unread keys.
+  if (!policy.ok()) return reader.error().ok() ? policy.status() : reader.error();
+  KVX_RETURN_IF_ERROR(reader.Finish());
+  return policy;
+}
+
+Result<std::unique_ptr<KVPolicy>> PolicyRegistry::Create(std::string_view name, const PolicyParams& params) const {
+  PolicyParamReader reader(std::string(name), params);
+  return Build(name, reader);
+}
+
+Result<PolicyParams> PolicyRegistry::KeyExamples(std::string_view name, const PolicyParams& params) const {
+  PolicyParamReader reader(std::string(name), params);
+  KVX_RETURN_IF_ERROR(Build(name, reader).status());
+  return reader.examples();
 }
 
 std::vector<std::string> PolicyRegistry::Names() const {

@@ -7,23 +7,24 @@
 // that needs attention probabilities provides an AttentionObserver, which
 // the engine hands to the forward pass (with its query window).
 // Policies are created by name from a registry (PolicyRegistry), never an
-// if/else chain.
+// if/else chain, and register themselves next to their code.
 //
-// Adding one (the registrations are listed in policy.cc, not made by static
-// registrars: the linker drops an object file of the static kvx_kv library
-// that nothing references, and its registrar with it):
-//   * a policy: kv/policy/NAME.{h,cc} (a KVPolicy with a static
-//     Create(const PolicyParams&)), one Register line in
-//     PolicyRegistry::Global() (policy.cc), and NAME_test.cc;
+// Adding one (each file registers itself with a static registrar; the
+// linker keeps every object file of kvx_kv, which CMakeLists.txt links
+// whole-archive, so no list elsewhere names it):
+//   * a policy: kv/policy/NAME.{h,cc} (a KVPolicy whose factory reads its
+//     keys from a PolicyParamReader, and reports them in Parameters()),
+//     `const PolicyRegistrar kRegistered("NAME", Factory);` in NAME.cc, and
+//     NAME_test.cc;
 //   * a scorer for score-based eviction (scorer.h), which gets the shared
-//     budgets, sinks, window, fates and adakv's base= for free:
-//     kv/policy/NAME.cc (the Scorer and `ScorerMethod NAMEMethod()` with
-//     the method's defaults), its declaration in eviction_policies.h and
-//     its entry in ScorerMethods() (eviction_policies.cc), which registers
-//     it by name, and its test beside the other scorers' (in
+//     budgets, sinks, window, fates and adakv's base= for free: one file,
+//     kv/policy/NAME.cc, with the Scorer, its ScorerMethod (the method's
+//     defaults) and `const ScorerRegistrar kRegistered(NAMEMethod());`
+//     (eviction_policies.h), plus its test beside the other scorers' (in
 //     eviction_policies_test.cc: what it keeps, and its name in
-//     ParametersAreChecked's list; tests/policy_codec_matrix_test.cc runs
-//     the listed policies under every codec).
+//     RegistryTest.EveryPolicyIsRegistered's list, policy_registry_test.cc;
+//     tests/policy_codec_matrix_test.cc runs the listed policies under
+//     every codec).
 //
 // Thread-safety: called from the manager's thread only; the observer is
 // called from pool threads (see AttentionObserver).
@@ -92,6 +93,28 @@ class KVPolicy {
     (void)resolved;
     return 0;
   }
+  // Bytes the policy keeps for `seq` outside the pool (e.g. the attention
+  // statistics a scorer ranks by): part of the sequence's kept bytes
+  // (KVManager::SideBytes), as its pages are.
+  virtual uint64_t SideBytes(SeqId seq) const {
+    (void)seq;
+    return 0;
+  }
+  // What a `tokens`-token sequence holds per token at steady state once the
+  // policy has acted, given `bytes_per_token` before it (the codec's, or what
+  // the policies before it leave); bytes the layout determines outside the
+  // pool included (Quest's bounds). What kvx plan sizes a sequence by
+  // (SteadyStateBytesPerToken, resolved_spec.h). Default: unchanged.
+  virtual double KeptBytesPerToken(const ResolvedKVSpec& resolved, int tokens, double bytes_per_token) const {
+    (void)resolved;
+    (void)tokens;
+    return bytes_per_token;
+  }
+  // The parameters the policy acts with, resolved (defaults included), by
+  // key: every key its factory read appears here with the value in use,
+  // so a key that is accepted but changes nothing shows up in a test
+  // (policy_registry_test.cc).
+  virtual std::map<std::string, std::string, std::less<>> Parameters() const { return {}; }
   // The observer the forward pass runs with while this policy is active
   // (nullptr: the policy needs no attention probabilities, and attention
   // keeps its fast kernels).
@@ -99,22 +122,40 @@ class KVPolicy {
 };
 
 // Policy parameters as the --kv spec's policy group gives them (key -> value
-// text); each policy parses and range-checks its own.
+// text); each policy parses and range-checks its own (params.h).
 using PolicyParams = std::map<std::string, std::string, std::less<>>;
-using PolicyFactory = std::function<Result<std::unique_ptr<KVPolicy>>(const PolicyParams&)>;
+class PolicyParamReader;
+// Reads the policy's keys from the reader (the registry then refuses any
+// other key) and builds the policy.
+using PolicyFactory = std::function<Result<std::unique_ptr<KVPolicy>>(PolicyParamReader& params)>;
 
-// Name -> factory. Global() holds the built-in policies (policy.cc lists
-// them); a test may Register its own.
+// Name -> factory. Global() holds the built-in policies (each registered by
+// a PolicyRegistrar in its own file); a test may Register its own.
 class PolicyRegistry {
  public:
   static PolicyRegistry& Global();
   void Register(std::string name, PolicyFactory factory);
-  // InvalidArgument listing the registered names for an unknown one.
+  // InvalidArgument listing the registered names for an unknown one, or
+  // naming a key that does not apply to the policy and the keys it takes.
   Result<std::unique_ptr<KVPolicy>> Create(std::string_view name, const PolicyParams& params) const;
+  // The keys the named policy takes with `params` (some keys apply only
+  // with others, e.g. beta with layers=pyramid), each with a valid example
+  // value other than its default.
+  Result<PolicyParams> KeyExamples(std::string_view name, const PolicyParams& params) const;
   std::vector<std::string> Names() const;
 
  private:
+  // Runs the named factory on `reader`, then refuses the keys it did not read.
+  Result<std::unique_ptr<KVPolicy>> Build(std::string_view name, PolicyParamReader& reader) const;
   std::map<std::string, PolicyFactory, std::less<>> factories_;
+};
+
+// Registers a policy at static initialization; one line in the policy's
+// own .cc: `const PolicyRegistrar kRegistered("quest", QuestPolicy::Create);`
+struct PolicyRegistrar {
+  PolicyRegistrar(std::string name, PolicyFactory factory) {
+    PolicyRegistry::Global().Register(std::move(name), std::move(factory));
+  }
 };
 
 }  // namespace kvx::kv

@@ -27,7 +27,11 @@ namespace kvx::kv {
 
 class QuestPolicy : public KVPolicy {
  public:
-  static Result<std::unique_ptr<KVPolicy>> Create(const PolicyParams& params);
+  static Result<std::unique_ptr<KVPolicy>> Create(PolicyParamReader& params);
+  PolicyParams Parameters() const override;
+  // Evicts nothing; adds the page bounds (a min and a max key a page and
+  // kv head, f32) that live beside the pool.
+  double KeptBytesPerToken(const ResolvedKVSpec& resolved, int tokens, double bytes_per_token) const override;
   std::string_view name() const override { return "quest"; }
   Status OnStepCommitted(KVManager& manager, SeqId seq) override;
   // What SetPageSelection would refuse at the first step, refused when the

@@ -30,11 +30,11 @@ TEST(QuestPolicyTest, TurnsOnSelectionAfterTheFirstStepAndKeepsEveryEntry) {
 }
 
 TEST(QuestPolicyTest, ParametersAreChecked) {
-  EXPECT_TRUE(QuestPolicy::Create({{"budget", "512"}, {"sink_pages", "0"}}).ok());
-  EXPECT_FALSE(QuestPolicy::Create({{"budget", "0"}}).ok());
-  EXPECT_FALSE(QuestPolicy::Create({{"pages", "x"}}).ok());
-  EXPECT_FALSE(QuestPolicy::Create({{"recent_pages", "0"}}).ok());
-  EXPECT_FALSE(QuestPolicy::Create({{"ratio", "0.5"}}).ok());
+  EXPECT_TRUE(PolicyRegistry::Global().Create("quest", {{"budget", "512"}, {"sink_pages", "0"}}).ok());
+  EXPECT_FALSE(PolicyRegistry::Global().Create("quest", {{"budget", "0"}}).ok());
+  EXPECT_FALSE(PolicyRegistry::Global().Create("quest", {{"pages", "x"}}).ok());
+  EXPECT_FALSE(PolicyRegistry::Global().Create("quest", {{"recent_pages", "0"}}).ok());
+  EXPECT_FALSE(PolicyRegistry::Global().Create("quest", {{"ratio", "0.5"}}).ok());
   // prerope and a budget under the forced pages: refused when the manager is made, before any
   // sequence exists (not at the first step of a sequence).
   auto manager = [](const std::string& spec) -> Status {

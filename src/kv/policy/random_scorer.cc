@@ -26,6 +26,7 @@ class RandomScorer : public Scorer {
       (*scores)[i] = static_cast<float>(Mix(base ^ static_cast<uint32_t>(in.positions[i])) >> 40) / 16777216.0f;
     }
   }
+  PolicyParams Parameters() const override { return {{"seed", std::to_string(seed_)}}; }
 
  private:
   uint64_t seed_;
@@ -33,7 +34,7 @@ class RandomScorer : public Scorer {
 
 }  // namespace
 
-ScorerMethod RandomMethod() {
+static ScorerMethod RandomMethod() {
   EvictionConfig d;
   d.window = 0;
   d.sinks = 0;
@@ -45,5 +46,9 @@ ScorerMethod RandomMethod() {
           },
           d};
 }
+
+namespace {
+const ScorerRegistrar kRegistered(RandomMethod());
+}  // namespace
 
 }  // namespace kvx::kv

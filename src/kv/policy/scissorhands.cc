@@ -31,6 +31,7 @@ class ScissorhandsScorer : public Scorer {
     // The attention over the history is < history + 1: it only breaks ties of whole counts.
     for (size_t i = 0; i < scores->size(); ++i) (*scores)[i] = -(*scores)[i] + attention[i] / (history_ + 1.0f);
   }
+  PolicyParams Parameters() const override { return {{"history", std::to_string(history_)}}; }
 
  private:
   int history_;
@@ -38,7 +39,7 @@ class ScissorhandsScorer : public Scorer {
 
 }  // namespace
 
-ScorerMethod ScissorhandsMethod() {
+static ScorerMethod ScissorhandsMethod() {
   EvictionConfig d;
   d.window = 32;
   d.sinks = 4;
@@ -51,5 +52,9 @@ ScorerMethod ScissorhandsMethod() {
           },
           d};
 }
+
+namespace {
+const ScorerRegistrar kRegistered(ScissorhandsMethod());
+}  // namespace
 
 }  // namespace kvx::kv

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <sstream>
 
 #include "kv/policy/budget.h"
 
@@ -38,12 +39,25 @@ Status ReadEvictionConfig(PolicyParamReader& r, EvictionConfig* c) {
       .Int("sinks", &c->sinks, 0, 1 << 20)
       .Choice("mode", &mode, {"once", "continuous"})
       .Choice("layers", &c->layers, {"uniform", "pyramid", "cake"})
-      .Double("beta", &c->beta, 1.0, 1e6)
-      .Double("tau1", &c->tau1, 0.01, 100.0)
-      .Double("tau2", &c->tau2, 0.01, 100.0)
       .Choice("heads", &c->heads, {"uniform", "adakv"})
-      .Double("alpha", &c->alpha, 0.0, 1.0)
       .Double("compact", &c->compact, 0.0, 1.0);
+  // The allocations' own knobs are read only where they act.
+  if (c->layers == "pyramid") {
+    r.Double("beta", &c->beta, 1.0, 1e6);
+  } else {
+    r.NotApplicable("beta", "only layers=pyramid uses it; layers=" + c->layers);
+  }
+  if (c->layers == "cake") {
+    r.Double("tau1", &c->tau1, 0.01, 100.0).Double("tau2", &c->tau2, 0.01, 100.0);
+  } else {
+    r.NotApplicable("tau1", "only layers=cake uses it; layers=" + c->layers);
+    r.NotApplicable("tau2", "only layers=cake uses it; layers=" + c->layers);
+  }
+  if (c->heads == "adakv") {
+    r.Double("alpha", &c->alpha, 0.0, 1.0);
+  } else {
+    r.NotApplicable("alpha", "only heads=adakv uses it; heads=" + c->heads);
+  }
   std::string fate = c->fate;
   // The fate name is free text here; the registry checks it.
   if (r.Has("fate")) {
@@ -62,21 +76,55 @@ Status ReadEvictionConfig(PolicyParamReader& r, EvictionConfig* c) {
   return Status::Ok();
 }
 
-Result<std::unique_ptr<KVPolicy>> ScoredEvictionPolicy::Create(std::string name, const PolicyParams& params,
+Result<std::unique_ptr<KVPolicy>> ScoredEvictionPolicy::Create(std::string name, PolicyParamReader& r,
                                                                const EvictionConfig& defaults,
                                                                const ScorerFactory& make_scorer) {
-  PolicyParamReader r(name, params);
   std::unique_ptr<ScoredEvictionPolicy> p(new ScoredEvictionPolicy());
   p->name_ = std::move(name);
   p->config_ = defaults;
   KVX_ASSIGN_OR_RETURN(p->scorer_, make_scorer(r));
   KVX_RETURN_IF_ERROR(ReadEvictionConfig(r, &p->config_));
   KVX_ASSIGN_OR_RETURN(p->fate_, EvictionFateRegistry::Global().Create(p->config_.fate, r));
-  KVX_RETURN_IF_ERROR(r.Finish());
   ObservationNeeds needs = p->scorer_->needs();
   needs.single_queries = p->config_.continuous;
+  if (p->config_.layers == "cake") {
+    // CAKE's layer preferences need the attention's entropy and variance:
+    // recorded for any scorer that observes attention at all.
+    if (!needs.probabilities) {
+      return InvalidArgument("policy " + p->name_ + ": layers=cake allocates by attention entropy and variance, and " +
+                             std::string(p->scorer_->name()) +
+                             " observes no attention; use layers=uniform or pyramid, or a scorer that observes "
+                             "attention (snapkv, h2o, tova, ...)");
+    }
+    needs.squares = needs.entropy = true;
+  }
   if (needs.probabilities) p->recorder_ = std::make_unique<ProbabilityRecorder>(needs);
   return std::unique_ptr<KVPolicy>(std::move(p));
+}
+
+PolicyParams ScoredEvictionPolicy::Parameters() const {
+  PolicyParams p = scorer_->Parameters();
+  const EvictionConfig& c = config_;
+  auto number = [](double x) {
+    std::ostringstream m;
+    m << x;
+    return m.str();
+  };
+  p["scorer"] = std::string(scorer_->name());
+  p["ratio"] = number(c.ratio);
+  p["budget"] = std::to_string(c.budget);
+  p["window"] = c.window_fraction > 0 ? number(c.window_fraction) + " of the kept" : std::to_string(c.window);
+  p["sinks"] = std::to_string(c.sinks);
+  p["mode"] = c.continuous ? "continuous" : "once";
+  p["layers"] = c.layers;
+  p["heads"] = c.heads;
+  p["compact"] = number(c.compact);
+  p["fate"] = c.fate;
+  if (c.layers == "pyramid") p["beta"] = number(c.beta);
+  if (c.layers == "cake") p["tau1"] = number(c.tau1), p["tau2"] = number(c.tau2);
+  if (c.heads == "adakv") p["alpha"] = number(c.alpha);
+  for (const auto& [k, v] : fate_->Parameters()) p[k] = v;
+  return p;
 }
 
 Status ScoredEvictionPolicy::CheckSpec(const ResolvedKVSpec& resolved) const {
@@ -234,6 +282,16 @@ uint64_t ScoredEvictionPolicy::CompressionHeadroomBytes(const ResolvedKVSpec& re
   const int64_t evicted = config_.budget > 0 ? std::max<int64_t>(0, n_ctx - config_.budget)
                                              : static_cast<int64_t>(std::ceil(config_.ratio * n_ctx));
   return fate_->HeadroomBytes(resolved.layout, evicted);
+}
+
+double ScoredEvictionPolicy::KeptBytesPerToken(const ResolvedKVSpec& resolved, int tokens,
+                                               double bytes_per_token) const {
+  // As Evict: the capacity, never below the protected entries.
+  const int capacity = Capacity(tokens);
+  const int window = config_.window_fraction > 0 ? static_cast<int>(config_.window_fraction * capacity) : config_.window;
+  const int kept = std::min(tokens, std::max(capacity, config_.sinks + window));
+  const double evicted = static_cast<double>(tokens - kept) / tokens;
+  return bytes_per_token * (1.0 - evicted) + fate_->BytesPerEvictedToken(resolved.layout) * evicted;
 }
 
 std::optional<int> ScoredEvictionPolicy::prompt_window() const {

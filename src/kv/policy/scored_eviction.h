@@ -37,7 +37,11 @@
 //   sinks     first entries always kept                       (method default)
 //   mode      once | continuous
 //   layers    uniform | pyramid | cake;  beta (pyramid, 20), tau1, tau2 (cake, 1)
-//   heads     uniform | adakv;  alpha (adakv floor, 0.2)
+//             are read only with their layers= (refused otherwise); cake's
+//             preferences come from attention entropy and variance, which
+//             the recorder then keeps for any scorer that observes
+//             attention (refused for knorm and random, which observe none)
+//   heads     uniform | adakv;  alpha (adakv floor, 0.2) only with adakv
 //   compact   live fraction of a table's slots under which it is compacted,
 //             0..1 (1: whenever a page can be freed)
 //   fate      drop | (registered fates), with their own parameters
@@ -90,8 +94,8 @@ class ScoredEvictionPolicy : public KVPolicy {
  public:
   using ScorerFactory = std::function<Result<std::unique_ptr<Scorer>>(PolicyParamReader& params)>;
   // Reads the scorer's parameters (make_scorer), then the shared ones over
-  // `defaults`, then the fate's; rejects unknown keys.
-  static Result<std::unique_ptr<KVPolicy>> Create(std::string name, const PolicyParams& params,
+  // `defaults`, then the fate's (PolicyRegistry::Create refuses the rest).
+  static Result<std::unique_ptr<KVPolicy>> Create(std::string name, PolicyParamReader& params,
                                                   const EvictionConfig& defaults, const ScorerFactory& make_scorer);
 
   std::string_view name() const override { return name_; }
@@ -106,6 +110,11 @@ class ScoredEvictionPolicy : public KVPolicy {
   void OnSequenceReleased(SeqId seq) override;
   Status CheckSpec(const ResolvedKVSpec& resolved) const override;
   AttentionObserver* observer() override { return recorder_.get(); }
+  PolicyParams Parameters() const override;
+  // The attention statistics kept for the sequence.
+  uint64_t SideBytes(SeqId seq) const override { return recorder_ != nullptr ? recorder_->Bytes(seq) : 0; }
+  // Its budget of entries (and the fate's copies of the evicted).
+  double KeptBytesPerToken(const ResolvedKVSpec& resolved, int tokens, double bytes_per_token) const override;
 
   const EvictionConfig& config() const { return config_; }
   const Scorer& scorer() const { return *scorer_; }

@@ -12,6 +12,15 @@ Result<GroupReduce> ParseGroupReduce(std::string_view text) {
   return InvalidArgument("GQA reduce '" + std::string(text) + "' is not one of mean, max, min, sum");
 }
 
+std::string_view GroupReduceName(GroupReduce reduce) {
+  switch (reduce) {
+    case GroupReduce::kMax: return "max";
+    case GroupReduce::kMin: return "min";
+    case GroupReduce::kSum: return "sum";
+    default: return "mean";
+  }
+}
+
 void Pool1D(std::vector<float>* scores, int kernel, bool max_pool) {
   if (kernel <= 1 || scores->size() < 2) return;
   const int n = static_cast<int>(scores->size()), r = kernel / 2;

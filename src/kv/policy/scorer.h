@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kv/policy/observations.h"
+#include "kv/policy/policy.h"
 #include "kv/sequence_kv.h"
 
 namespace kvx::kv {
@@ -35,6 +36,8 @@ class Scorer {
   virtual ~Scorer() = default;
   virtual std::string_view name() const = 0;
   virtual ObservationNeeds needs() const = 0;
+  // The scorer's own keys with the values in use (KVPolicy::Parameters).
+  virtual PolicyParams Parameters() const { return {}; }
   // scores->size() == in.slots.size() on return; higher = keep first. Ties
   // are broken by position (the later entry stays).
   virtual void Score(const ScoringInput& in, std::vector<float>* scores) const = 0;
@@ -44,6 +47,7 @@ class Scorer {
 // "GQA aggregation").
 enum class GroupReduce { kMean, kMax, kMin, kSum };
 Result<GroupReduce> ParseGroupReduce(std::string_view text);
+std::string_view GroupReduceName(GroupReduce reduce);
 
 // For every candidate, the statistic `stat(head_stats, position)` of the
 // query heads of kv_head's group, reduced. Heads never observed count as 0.

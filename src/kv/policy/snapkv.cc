@@ -30,6 +30,12 @@ class SnapKVScorer : public Scorer {
     // Pool per query head, then reduce the group.
     GroupStat(in, reduce_, [](const HeadStats& s, int32_t p) { return s.Sum(p); }, scores, kernel_, max_pool_);
   }
+  PolicyParams Parameters() const override {
+    return {{"window", std::to_string(window_)},
+            {"kernel", std::to_string(kernel_)},
+            {"pool", max_pool_ ? "max" : "avg"},
+            {"reduce", std::string(GroupReduceName(reduce_))}};
+  }
 
  private:
   int window_, kernel_;
@@ -37,7 +43,7 @@ class SnapKVScorer : public Scorer {
   GroupReduce reduce_;
 };
 
-ScorerMethod SnapKVMethod() {
+static ScorerMethod SnapKVMethod() {
   EvictionConfig d;
   d.window = 32;
   d.sinks = 4;
@@ -55,5 +61,12 @@ ScorerMethod SnapKVMethod() {
           },
           d};
 }
+
+namespace {
+const ScorerRegistrar kRegistered(SnapKVMethod());
+// PyramidKV: SnapKV's scores with PyramidKV's layer budgets.
+const PolicyRegistrar kPyramidKV("pyramidkv",
+                                 ScoredPolicyFactory("pyramidkv", "snapkv", [](EvictionConfig& d) { d.layers = "pyramid"; }));
+}  // namespace
 
 }  // namespace kvx::kv

@@ -3,41 +3,26 @@
 #include <vector>
 
 #include "kv/codec/codec_id.h"
+#include "kv/policy/params.h"
 #include "kv/policy/sinks_window.h"
 
 namespace kvx::kv {
 
-Result<std::unique_ptr<KVPolicy>> StreamingLLMPolicy::Create(const PolicyParams& params) {
+Result<std::unique_ptr<KVPolicy>> StreamingLLMPolicy::Create(PolicyParamReader& r) {
   int sinks = 4, window = 1020;
-  bool repack = false;
-  for (const auto& [key, value] : params) {
-    if (key == "positions") {
-      if (value != "original" && value != "repack") {
-        return InvalidArgument("policy streamingllm: positions=" + value + " must be original or repack");
-      }
-      repack = value == "repack";
-      continue;
-    }
-    int* out = key == "sinks" ? &sinks : key == "window" ? &window : nullptr;
-    if (out == nullptr) {
-      return InvalidArgument("policy streamingllm has no parameter '" + key + "'; it takes sinks, window and positions");
-    }
-    size_t used = 0;
-    long v = -1;
-    try {
-      v = std::stol(value, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != value.size() || v < 0 || v > (1 << 24)) {
-      return InvalidArgument("policy streamingllm: " + key + "=" + value + " must be a token count in 0.." +
-                             std::to_string(1 << 24));
-    }
-    *out = static_cast<int>(v);
-  }
-  if (window < 1) return InvalidArgument("policy streamingllm: window must be at least 1 token");
-  return std::unique_ptr<KVPolicy>(new StreamingLLMPolicy(sinks, window, repack));
+  std::string positions = "original";
+  r.Int("sinks", &sinks, 0, 1 << 24).Int("window", &window, 1, 1 << 24).Choice("positions", &positions, {"original", "repack"});
+  return std::unique_ptr<KVPolicy>(new StreamingLLMPolicy(sinks, window, positions == "repack"));
 }
+
+PolicyParams StreamingLLMPolicy::Parameters() const {
+  return {{"sinks", std::to_string(sinks_)}, {"window", std::to_string(window_)},
+          {"positions", repack_ ? "repack" : "original"}};
+}
+
+namespace {
+const PolicyRegistrar kRegistered("streamingllm", StreamingLLMPolicy::Create);
+}  // namespace
 
 Status StreamingLLMPolicy::OnStepCommitted(KVManager& manager, SeqId seq) {
   KVX_ASSIGN_OR_RETURN(const bool removed, TrimToSinksAndWindow(manager, seq, sinks_, window_));

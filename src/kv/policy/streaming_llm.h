@@ -36,7 +36,12 @@ namespace kvx::kv {
 
 class StreamingLLMPolicy : public KVPolicy {
  public:
-  static Result<std::unique_ptr<KVPolicy>> Create(const PolicyParams& params);
+  static Result<std::unique_ptr<KVPolicy>> Create(PolicyParamReader& params);
+  PolicyParams Parameters() const override;
+  double KeptBytesPerToken(const ResolvedKVSpec& resolved, int tokens, double bytes_per_token) const override {
+    (void)resolved;
+    return bytes_per_token * std::min(tokens, sinks_ + window_) / tokens;
+  }
   std::string_view name() const override { return "streamingllm"; }
   Status OnStepCommitted(KVManager& manager, SeqId seq) override;
   Status CheckSpec(const ResolvedKVSpec& resolved) const override;

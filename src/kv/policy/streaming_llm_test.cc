@@ -131,15 +131,15 @@ TEST(StreamingLLMTest, RepackNeedsPreRopeKeys) {
   auto bad = ResolveKVSpec("codec=f16;policy=streamingllm,positions=repack", KVLayout{2, 2, 16, 8}, 64, 1);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("prerope=1"), std::string::npos);
-  EXPECT_FALSE(StreamingLLMPolicy::Create({{"positions", "shuffled"}}).ok());
+  EXPECT_FALSE(PolicyRegistry::Global().Create("streamingllm", {{"positions", "shuffled"}}).ok());
 }
 
 TEST(StreamingLLMTest, ParametersAreChecked) {
-  EXPECT_TRUE(StreamingLLMPolicy::Create({{"sinks", "0"}, {"window", "1"}}).ok());
-  EXPECT_FALSE(StreamingLLMPolicy::Create({{"window", "0"}}).ok());
-  EXPECT_FALSE(StreamingLLMPolicy::Create({{"window", "-3"}}).ok());
-  EXPECT_FALSE(StreamingLLMPolicy::Create({{"window", "12x"}}).ok());
-  EXPECT_FALSE(StreamingLLMPolicy::Create({{"ratio", "0.5"}}).ok());
+  EXPECT_TRUE(PolicyRegistry::Global().Create("streamingllm", {{"sinks", "0"}, {"window", "1"}}).ok());
+  EXPECT_FALSE(PolicyRegistry::Global().Create("streamingllm", {{"window", "0"}}).ok());
+  EXPECT_FALSE(PolicyRegistry::Global().Create("streamingllm", {{"window", "-3"}}).ok());
+  EXPECT_FALSE(PolicyRegistry::Global().Create("streamingllm", {{"window", "12x"}}).ok());
+  EXPECT_FALSE(PolicyRegistry::Global().Create("streamingllm", {{"ratio", "0.5"}}).ok());
   auto bad = ResolveKVSpec("codec=f16;policy=nope", KVLayout{2, 2, 16, 8}, 64, 1);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("streamingllm"), std::string::npos);

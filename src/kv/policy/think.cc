@@ -37,16 +37,15 @@ std::vector<int> ThinKKeptChannels(const float* q, int n_rows, int G, const floa
   return order;
 }
 
-Result<std::unique_ptr<KVPolicy>> ThinKPolicy::Create(const PolicyParams& params) {
+Result<std::unique_ptr<KVPolicy>> ThinKPolicy::Create(PolicyParamReader& r) {
   ThinKConfig c;
   std::string mode = "once";
-  PolicyParamReader r("think", params);
   r.Double("lambda", &c.lambda, 0.0, 0.99)
       .Int("keep", &c.keep, 1, 1 << 16)
       .Int("window", &c.window, 1, 1 << 20)
       .Int("recent", &c.recent, 0, 1 << 20)
       .Choice("mode", &mode, {"once", "continuous"});
-  KVX_RETURN_IF_ERROR(r.Finish());
+  KVX_RETURN_IF_ERROR(r.error());
   if (r.Has("lambda") && r.Has("keep")) {
     return InvalidArgument("policy think: give lambda= (the fraction pruned) or keep= (the channels kept), not both");
   }
@@ -57,6 +56,16 @@ Result<std::unique_ptr<KVPolicy>> ThinKPolicy::Create(const PolicyParams& params
   }
   return std::unique_ptr<KVPolicy>(new ThinKPolicy(c));
 }
+
+PolicyParams ThinKPolicy::Parameters() const {
+  const ThinKConfig& c = config_;
+  return {{"lambda", std::to_string(c.lambda)}, {"keep", std::to_string(c.keep)},
+          {"window", std::to_string(c.window)}, {"recent", std::to_string(c.recent)}, {"mode", "once"}};
+}
+
+namespace {
+const PolicyRegistrar kRegistered("think", ThinKPolicy::Create);
+}  // namespace
 
 Status ThinKPolicy::CheckSpec(const ResolvedKVSpec& resolved) const {
   const KVSpec& spec = resolved.spec;

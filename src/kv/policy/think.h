@@ -83,7 +83,8 @@ struct ThinKStats {
 
 class ThinKPolicy : public KVPolicy, public AttentionObserver {
  public:
-  static Result<std::unique_ptr<KVPolicy>> Create(const PolicyParams& params);
+  static Result<std::unique_ptr<KVPolicy>> Create(PolicyParamReader& params);
+  PolicyParams Parameters() const override;
   std::string_view name() const override { return "think"; }
   Status OnStepCommitted(KVManager& manager, SeqId seq) override;
   Status Compress(KVManager& manager, SeqId seq) override;

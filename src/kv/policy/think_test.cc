@@ -142,6 +142,8 @@ TEST(ThinKTest, PrunesThePlantedChannelsAndFreesTheirBytes) {
   EXPECT_EQ(saved_per_page, 384u);  // 8 tokens * 24 channels * 2 bytes
   EXPECT_EQ(before - m->pool().bytes_in_use(),
             saved_per_page * kPrunedPages * kLayout.n_layers * kLayout.n_kv_heads);
+  // The channel maps live beside the pool and count: a kept channel's index per table at least.
+  EXPECT_GE(m->SideBytes(seq), static_cast<uint64_t>(kLayout.n_layers) * kLayout.n_kv_heads * kKeep);
 
   // Attention over the pruned cache is attention with the other channels of
   // the aged tokens zeroed, and not with the wrong channels kept.

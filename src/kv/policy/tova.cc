@@ -34,7 +34,7 @@ class TovaScorer : public Scorer {
 
 }  // namespace
 
-ScorerMethod TovaMethod() {
+static ScorerMethod TovaMethod() {
   EvictionConfig d;
   d.window = 1;
   d.sinks = 0;
@@ -42,5 +42,9 @@ ScorerMethod TovaMethod() {
   return {"tova", [](PolicyParamReader&) -> Result<std::unique_ptr<Scorer>> { return std::unique_ptr<Scorer>(new TovaScorer()); },
           d};
 }
+
+namespace {
+const ScorerRegistrar kRegistered(TovaMethod());
+}  // namespace
 
 }  // namespace kvx::kv
