@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <random>
 #include <set>
+
+#include "util/mmap_file.h"
 
 namespace kvx::eval {
 
@@ -464,6 +467,28 @@ Result<ProbePlan> BuildVtPlan(const model::Tokenizer& tok, const std::vector<int
     }
   }
   return plan;
+}
+
+Result<std::string> LoadEssays(const std::string& dir) {
+  std::error_code ec;
+  std::vector<std::string> files;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (e.is_regular_file() && name.size() > 4 && name.substr(name.size() - 4) == ".txt" &&
+        name.rfind("LICENSE", 0) != 0) {
+      files.push_back(e.path().string());
+    }
+  }
+  if (ec || files.empty()) {
+    return NotFound("no .txt essays in " + dir + " (the Paul Graham essays: point --data at ../shared/data)");
+  }
+  std::sort(files.begin(), files.end());
+  std::string essays;
+  for (const std::string& f : files) {
+    KVX_ASSIGN_OR_RETURN(std::string text, ReadFileToString(f));
+    essays += text;
+  }
+  return essays;
 }
 
 }  // namespace kvx::eval

@@ -69,6 +69,11 @@ struct Haystack {
 };
 Haystack MakeHaystack(std::string_view raw);
 
+// The essays of `dir` (the .txt files but LICENSE*, in name order)
+// concatenated: the haystack of needle and niah*, and kvx tune's default
+// text. NotFound naming the folder when it holds none.
+Result<std::string> LoadEssays(const std::string& dir);
+
 // "One of the special magic numbers for KEY is: VALUE."
 std::string NiahNeedle(NeedleKind value_kind, std::string_view key, std::string_view value);
 
