@@ -92,8 +92,10 @@ class Tuner {
       }
       Choose();
     }
-    if (!Stopped() && !alive.empty()) Descend(&alive);
+    // The finalists are validated before the descent, so a search stopped
+    // in the descent still reports them on unseen text.
     if (!Stopped()) Validate(alive);
+    if (!Stopped() && !alive.empty()) Descend(&alive);
     result_.finalists = alive;
     Choose();
     result_.seconds = Seconds() - start_;
@@ -375,6 +377,7 @@ class Tuner {
     alive->push_back(static_cast<int>(result_.candidates.size()) - 1);
     Rank(alive, result_.rungs - 1);
     Choose();
+    Validate({static_cast<int>(result_.candidates.size()) - 1});
   }
 
   void Validate(const std::vector<int>& finalists) {
