@@ -11,7 +11,9 @@
 #include <csignal>
 #include <cstdio>
 #include <ctime>
+#include <iomanip>
 #include <memory>
+#include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -68,13 +70,12 @@ Result<double> ParseQuality(std::string text) {
   return x;
 }
 
+// "2026-11-28T22:28:13Z", as kvx eval's reports record their time.
 std::string UtcNow() {
   const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
+  std::ostringstream s;
+  s << std::put_time(std::gmtime(&t), "%FT%TZ");
+  return s.str();
 }
 
 Status RunTuneCommand(TuneFlags flags) {
