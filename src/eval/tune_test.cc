@@ -7,11 +7,13 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <limits>
 #include <random>
 
 #include "engine/engine.h"
 #include "engine/session.h"
+#include "eval/svg.h"
 #include "kv/block_pool.h"
 #include "model/synthetic_model.h"
 #include "support/test_data.h"
@@ -59,6 +61,12 @@ class TuneTest : public ::testing::Test {
     return SteadyStateBytes(kv::KVSpec{}, model_->KVLayoutFor(16), kCtx, 1).value();
   }
 
+  static std::string WriteResult(const std::string& json) {
+    const std::string path = testing::TempDir() + "/tune_result.json";
+    std::ofstream(path) << json;
+    return path;
+  }
+
   static const model::Model* model_;
   static ThreadPool* threads_;
 };
@@ -77,6 +85,10 @@ TEST_F(TuneTest, ChosenSpecFitsTheBudget) {
   EXPECT_LE(chosen.bytes, o.mem_bytes) << chosen.spec;
   for (const TuneCandidate& c : r->candidates) EXPECT_LE(c.bytes, o.mem_bytes) << c.spec;
   EXPECT_TRUE(chosen.holdout.has_value()) << "the chosen spec is validated on unseen text";
+  // The file --kv @FILE reads gives the chosen spec; the chart is well-formed.
+  EXPECT_EQ(kv::ExpandKVSpecArg("@" + WriteResult(TuneResultJson(*r, o, "{}"))).value(), chosen.spec);
+  std::string xml_error;
+  EXPECT_TRUE(XmlWellFormed(TuneParetoSvg(*r), &xml_error)) << xml_error;
   // A real engine with the chosen spec, filled to --ctx, holds no more.
   engine::EngineOptions eo;
   eo.kv_spec = kv::ParseKVSpec(chosen.spec).value();
