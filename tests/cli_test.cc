@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gguf/gguf_writer.h"
+#include "support/run_command.h"
 #include "support/test_data.h"
 
 namespace kvx {
@@ -217,6 +218,54 @@ TEST(CliTest, PerplexityNeedsEnoughText) {
   const std::string path = TempDir() + "/short.txt";
   WriteFile(path, "too short");
   ExpectError("perplexity -m " + TinyModel() + " -f " + path + " -c 64", "at least");
+}
+
+// The generated text before run's stats line, and the stats line's KV bytes.
+std::pair<std::string, std::string> TextAndKvBytes(const std::string& output) {
+  const size_t stats = output.rfind("prompt: ");
+  const size_t kv = output.find("KV in use: ", stats);
+  if (stats == std::string::npos || kv == std::string::npos) return {output, ""};
+  return {output.substr(0, stats), output.substr(kv, output.find(' ', kv + 11) - kv)};
+}
+
+// kvx tune writes the file that --kv @FILE reads: run, eval and serve run the
+// spec it chose exactly as if it were given as text.
+TEST(CliTest, TunedSpecLoadsWithKvAtFileInRunEvalAndServe) {
+  const std::string dir = TempDir(), out = dir + "/tuned.json", text = dir + "/tune_text.txt";
+  std::string words;
+  for (int i = 0; words.size() < 12000; ++i) words += "word" + std::to_string(i * 7919 % 1000) + " and more text. ";
+  WriteFile(text, words);
+  const CommandResult tune = RunKvx("tune -m " + TinyModel() + " --mem 40K --ctx 256 -f " + text +
+                                    " --first-chunk 64 --max-chunk 128 -t 2 -q -o " + out + " --svg " + dir +
+                                    "/tuned.svg");
+  ASSERT_EQ(tune.exit_code, 0) << tune.output;
+  EXPECT_NE(tune.output.find("chosen: --kv '"), std::string::npos) << tune.output;
+  std::ifstream in(out);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  const std::string spec = j.at("spec").get<std::string>();
+  ASSERT_FALSE(spec.empty());
+  EXPECT_LE(j.at("chosen").at("bytes").get<uint64_t>(), 40u * 1024);
+
+  const std::string run = "run -m " + TinyModel() + " -p 'hello world' -n 12 --temp 0 --ignore-eos -t 2 --kv ";
+  const CommandResult by_file = RunKvx(run + "@" + out), by_text = RunKvx(run + "'" + spec + "'");
+  ASSERT_EQ(by_file.exit_code, 0) << by_file.output;
+  ASSERT_EQ(by_text.exit_code, 0) << by_text.output;
+  EXPECT_EQ(TextAndKvBytes(by_file.output), TextAndKvBytes(by_text.output));
+
+  const std::string report = dir + "/tuned_eval.json";
+  const CommandResult eval = RunKvx("eval -m " + TinyModel() + " --kv @" + out +
+                                    " --tasks copy --copy-trials 1 -c 256 -t 2 -q --json " + report);
+  ASSERT_EQ(eval.exit_code, 0) << eval.output;
+  std::ifstream rin(report);
+  EXPECT_EQ(nlohmann::json::parse(rin).at("results").at(1).at("canonical").get<std::string>(), spec);
+
+  // serve prints the spec it runs once it listens; it is then stopped by the timeout.
+  const testing::CommandOutcome serve = testing::RunCommand(
+      {BinaryDir() + "/kvx", "serve", "-m", TinyModel(), "--kv", "@" + out, "--port", "0", "-t", "1"}, 2);
+  EXPECT_NE(serve.output.find("--kv '" + spec + "'"), std::string::npos) << serve.output;
+
+  ExpectError("run -m " + TinyModel() + " -p hi --kv @" + dir + "/no_such_tuned.json", "no_such_tuned.json");
+  ExpectError("serve -m " + TinyModel() + " --kv @" + text, "not valid JSON");
 }
 
 }  // namespace

@@ -144,6 +144,9 @@ struct EvalOptions {
   // llama.cpp's protocol.
   std::string compress = "excluded";
   double kld_context = 0.75;  // (0, 1): the context's share of a ppl/kld chunk in the split protocol
+  // The split protocol for every run, with a policy or not (kvx tune: KLDs
+  // of specs measured in different passes stay comparable).
+  bool always_split = false;
   // Retrieval prompts: specs of the same codec and page size take the
   // prompt's prefill from the first of them that ran it (a copy of its
   // pages), and run only the prompt's last calls themselves, when their

@@ -25,6 +25,7 @@ bool Has(const std::vector<Task>& tasks, Task t) { return std::find(tasks.begin(
 // logit (the sweep saw KLD exactly 0 at every ratio).
 bool SplitTextChunks(const EvalOptions& opt, std::span<const EvalRun> runs) {
   if (opt.compress == "none") return false;
+  if (opt.always_split) return true;
   for (const EvalRun& run : runs) {
     if (!run.engine->kv_manager().policies().empty()) return true;
   }

@@ -347,7 +347,6 @@ class Runner {
     return Status::Ok();
   }
 
-
   Status SetUpSpecs() {
     std::vector<std::string> all = {opt_.baseline};
     all.insert(all.end(), opt_.specs.begin(), opt_.specs.end());

@@ -189,7 +189,7 @@ std::string RenderParetoSvg(const ParetoChart& chart) {
       svg.Line(left, y, right, y, "#e4e4e4", 1);
       svg.Text(left - 5, y + 3, FormatTick(t, ystep, panel.percent), 9, "end", "#444");
     }
-    svg.Text((left + right) / 2, bottom + 32, "KV bytes held by the pool (peak)", 10, "middle", "#333");
+    svg.Text((left + right) / 2, bottom + 32, chart.x_label, 10, "middle", "#333");
     // Frontier.
     const std::vector<size_t> front = ParetoFrontier(panel.points, panel.higher_is_better);
     if (front.size() >= 2) {

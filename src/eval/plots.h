@@ -34,6 +34,7 @@ struct ParetoChart {
   std::string subtitle;
   std::vector<std::string> legend;  // series labels (spec strings)
   std::vector<ParetoPanel> panels;
+  std::string x_label = "KV bytes held by the pool (peak)";
 };
 
 // Indices of the non-dominated points, ordered by bytes ascending: a point is

@@ -243,7 +243,7 @@ Result<std::string> LoadEssays(const std::string& dir) {
     }
   }
   if (ec || files.empty()) {
-    return NotFound("needle, niah and rag need the Paul Graham essays: no .txt files in " + dir +
+    return NotFound("needle, niah, rag and kvx tune need the Paul Graham essays: no .txt files in " + dir +
                     "; point --data at ../shared/data");
   }
   std::sort(files.begin(), files.end());

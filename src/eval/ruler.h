@@ -75,7 +75,8 @@ Haystack MakeHaystack(std::string_view raw);
 std::string RandomNeedleString(NeedleKind kind, std::mt19937_64& rng);
 
 // The Paul Graham essays of `dir` (its .txt files but LICENSE*, sorted by
-// name, concatenated). NotFound naming the folder when there are none.
+// name, concatenated): the haystack of needle, niah* and rag, and kvx
+// tune's default text. NotFound naming the folder when there are none.
 Result<std::string> LoadEssays(const std::string& dir);
 
 // "One of the special magic numbers for KEY is: VALUE."

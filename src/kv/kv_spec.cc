@@ -7,8 +7,12 @@
 #include <set>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "kv/layout.h"
 #include "util/byte_size.h"
+#include "util/mmap_file.h"
+#include "util/printable.h"
 
 namespace kvx::kv {
 namespace {
@@ -298,6 +302,27 @@ Status ValidateKVSpec(const KVSpec& spec, const KVLayout& layout) {
   KVLayout l = layout;
   l.page_tokens = spec.page_tokens;
   return ValidateCodecConfig(l, spec.codec);
+}
+
+Result<std::string> ExpandKVSpecArg(std::string_view arg) {
+  if (arg.empty() || arg.front() != '@') return std::string(arg);
+  const std::string path(arg.substr(1));
+  const std::string what = "@" + QuotePrintable(path, 4096);
+  if (path.empty()) return InvalidArgument("--kv @FILE needs a file name after '@' (a JSON file from kvx tune -o)");
+  auto text = ReadFileToString(path, size_t{1} << 26);
+  if (!text.ok()) return InvalidArgument(what + ": " + text.status().message());
+  const nlohmann::json doc = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) return InvalidArgument(what + ": not valid JSON (expected kvx tune's output file)");
+  const auto spec = doc.is_object() ? doc.find(kSpecFileKey) : doc.end();
+  if (!doc.is_object() || spec == doc.end() || !spec->is_string()) {
+    return InvalidArgument(what + ": no string member \"" + std::string(kSpecFileKey) +
+                           "\" (expected kvx tune's output file, {\"spec\": \"codec=...\", ...})");
+  }
+  const std::string spec_text = spec->get<std::string>();
+  if (!spec_text.empty() && spec_text.front() == '@') return InvalidArgument(what + ": its spec names another file");
+  const Result<KVSpec> parsed = ParseKVSpec(spec_text);
+  if (!parsed.ok()) return InvalidArgument(what + ": its spec does not parse: " + parsed.status().message());
+  return spec_text;
 }
 
 }  // namespace kvx::kv

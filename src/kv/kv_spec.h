@@ -100,4 +100,13 @@ Result<KVSpec> ParseKVSpec(std::string_view text);
 // (ValidateCodecConfig: head_dim, layer ranges, page sizes).
 Status ValidateKVSpec(const KVSpec& spec, const KVLayout& layout);
 
+// The --kv argument of every command: a spec, or "@FILE", a JSON object
+// whose string member kSpecFileKey holds the spec (what `kvx tune -o FILE`
+// writes, with its provenance beside it). Returns the spec text: `arg`
+// itself, or the file's spec once it parses. InvalidArgument naming the
+// file for a missing or unreadable file, malformed JSON, no "spec" string,
+// or a spec that does not parse.
+inline constexpr const char* kSpecFileKey = "spec";
+Result<std::string> ExpandKVSpecArg(std::string_view arg);
+
 }  // namespace kvx::kv

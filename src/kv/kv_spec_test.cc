@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+
+#include "support/test_data.h"
+
 namespace kvx::kv {
 
 // Readable gtest failure messages.
@@ -201,6 +205,43 @@ TEST(KVSpecPolicyTest, PolicyInsideAGroupOpensThePolicyGroup) {
   // Same as the ';' form, and the canonical form round-trips.
   EXPECT_EQ(*s, *ParseKVSpec("codec=kivi4;policy=snapkv,ratio=0.75,window=32"));
   EXPECT_EQ(*ParseKVSpec(s->ToString()), *s);
+}
+
+// --kv @FILE: the spec a kvx tune file holds, checked; every bad file is an
+// error naming it.
+class KVSpecFileTest : public ::testing::Test {
+ protected:
+  std::string Write(const std::string& name, const std::string& bytes) {
+    const std::string path = testing::TempDir() + "/" + name;
+    std::ofstream(path, std::ios::binary) << bytes;
+    return path;
+  }
+  void ExpectError(const std::string& arg, std::initializer_list<std::string_view> needles) {
+    const Result<std::string> r = ExpandKVSpecArg(arg);
+    ASSERT_FALSE(r.ok()) << arg;
+    for (std::string_view n : needles) EXPECT_NE(r.status().message().find(n), std::string::npos) << r.status().message();
+  }
+};
+
+TEST_F(KVSpecFileTest, AFileGivesItsSpecAndTextStaysText) {
+  EXPECT_EQ(ExpandKVSpecArg("codec=kivi2,page=128").value(), "codec=kivi2,page=128");
+  EXPECT_EQ(ExpandKVSpecArg("").value(), "");
+  const std::string spec = "codec=kivi4,page=32;policy=snapkv,pool=max,ratio=0.5";
+  const std::string path = Write("tuned.json", R"({"spec": ")" + spec + R"(", "about": {"model": "m.gguf"}})");
+  const Result<std::string> r = ExpandKVSpecArg("@" + path);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, spec);
+}
+
+TEST_F(KVSpecFileTest, BadFilesAreErrorsNamingTheFile) {
+  ExpectError("@", {"needs a file name"});
+  ExpectError("@" + testing::TempDir() + "/no_such_tune.json", {"no_such_tune.json", "No such file"});
+  ExpectError("@" + Write("malformed.json", "{\"spec\": "), {"malformed.json", "not valid JSON"});
+  ExpectError("@" + Write("nospec.json", "{\"kvx_tune\": 1}"), {"nospec.json", "no string member \"spec\""});
+  ExpectError("@" + Write("array.json", "[\"codec=f16\"]"), {"array.json", "no string member"});
+  ExpectError("@" + Write("number.json", "{\"spec\": 3}"), {"number.json", "no string member"});
+  ExpectError("@" + Write("badspec.json", "{\"spec\": \"codec=zz\"}"), {"badspec.json", "does not parse", "zz"});
+  ExpectError("@" + Write("chain.json", "{\"spec\": \"@other.json\"}"), {"chain.json", "another file"});
 }
 
 }  // namespace

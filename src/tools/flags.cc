@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "gguf/gguf_file.h"
+#include "kv/kv_spec.h"
 #include "model/config.h"
 #include "util/printable.h"
 
@@ -106,15 +107,31 @@ namespace {
 
 constexpr const char* kKVHelp =
     "KV cache spec: codec, page size, budget and policies, e.g. 'codec=kivi4,page=32;budget=1G' "
-    "(grammar: README, --kv)";
+    "(grammar: README, --kv), or @FILE, the JSON file kvx tune -o wrote";
 
 }  // namespace
 
-CLI::Option* AddKVFlag(CLI::App* cmd, std::string* text) { return cmd->add_option("--kv", *text, kKVHelp); }
+// --kv @FILE (kvx tune's output) becomes the file's spec as the flag is
+// read, so every command that takes --kv takes a tuned spec alike.
+CLI::Validator SpecFile() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        Result<std::string> spec = kv::ExpandKVSpecArg(text);
+        if (!spec.ok()) return spec.status().message();
+        text = std::move(*spec);
+        return "";
+      },
+      "SPEC or @FILE");
+}
+
+CLI::Option* AddKVFlag(CLI::App* cmd, std::string* text) {
+  return cmd->add_option("--kv", *text, kKVHelp)->transform(SpecFile());
+}
 
 CLI::Option* AddKVFlag(CLI::App* cmd, std::vector<std::string>* texts, const std::string& what) {
   return cmd->add_option("--kv", *texts, std::string(kKVHelp) + "; " + what + " (repeat the flag for several)")
-      ->allow_extra_args(false);
+      ->allow_extra_args(false)
+      ->transform(SpecFile());
 }
 
 void AddEngineFlags(CLI::App* cmd, EngineFlags* flags, const ContextFlag& ctx) {

@@ -1,0 +1,475 @@
+// RunTune: the budget filter, successive halving, the per-layer descent and
+// the validation of tune.h.
+#include "eval/tune.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <memory>
+
+#include "engine/engine.h"
+#include "engine/session.h"
+#include "eval/eval_ppl.h"
+#include "eval/plots.h"
+#include "kv/resolved_spec.h"
+#include "kv/sequence_kv.h"
+
+namespace kvx::eval {
+namespace {
+
+double Seconds() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+std::string Human(uint64_t b) {
+  char buf[48];
+  std::snprintf(buf, sizeof(buf), "%llu bytes (%.2f MiB)", static_cast<unsigned long long>(b), b / 1048576.0);
+  return buf;
+}
+
+// The bit widths a layer's keys or values step through.
+constexpr int kWidths[] = {2, 4, 8};
+
+int NextWidth(int bits, int step) {
+  const int* at = std::find(std::begin(kWidths), std::end(kWidths), bits);
+  if (at == std::end(kWidths)) return 0;
+  const long i = (at - std::begin(kWidths)) + step;
+  return i >= 0 && i < static_cast<long>(std::size(kWidths)) ? kWidths[i] : 0;
+}
+
+// One per-layer move: layer `layer`'s keys (or values) to `bits`, and the
+// KLD change it caused alone.
+struct LayerMove {
+  int layer = 0;
+  bool keys = true;
+  int bits = 0;
+  double delta = 0;
+};
+
+// `base` with every move applied (per-layer bits.L overrides).
+kv::KVSpec WithMoves(const kv::KVSpec& base, int n_layers, std::span<const LayerMove> moves) {
+  const int k = base.codec.k_bits > 0 ? base.codec.k_bits : kv::DefaultBits(base.codec.id);
+  const int v = base.codec.v_bits > 0 ? base.codec.v_bits : kv::DefaultBits(base.codec.id);
+  std::vector<std::pair<int, int>> bits(static_cast<size_t>(n_layers), {k, v});
+  for (const LayerMove& m : moves) (m.keys ? bits[m.layer].first : bits[m.layer].second) = m.bits;
+  kv::KVSpec out = base;
+  out.codec.layer_bits.clear();
+  for (int l = 0; l < n_layers; ++l) {
+    if (bits[l] == std::make_pair(k, v)) continue;
+    kv::LayerBits lb;
+    lb.first = lb.last = l;
+    lb.k_bits = bits[l].first;
+    lb.v_bits = bits[l].second;
+    out.codec.layer_bits.push_back(lb);
+  }
+  return out;
+}
+
+class Tuner {
+ public:
+  Tuner(const model::Model& model, ThreadPool* threads, std::span<const int32_t> text, const TuneOptions& options,
+        const TuneHooks& hooks)
+      : model_(model), threads_(threads), text_(text), opt_(options), hooks_(hooks), layout_(model.KVLayoutFor(16)) {}
+
+  Result<TuneResult> Run() {
+    start_ = Seconds();
+    KVX_RETURN_IF_ERROR(Check());
+    KVX_RETURN_IF_ERROR(Filter());
+    PlanRungs();
+    std::vector<int> alive(result_.candidates.size());
+    for (size_t i = 0; i < alive.size(); ++i) alive[i] = static_cast<int>(i);
+    SetProgressTotal(alive.size());
+    for (size_t r = 0; r < rungs_.size() && !Stopped(); ++r) {
+      Measure(alive, r);
+      if (Stopped()) break;
+      result_.rungs = static_cast<int>(r) + 1;
+      Rank(&alive, r);
+      if (r + 1 < rungs_.size()) {
+        const size_t keep = std::max<size_t>(opt_.finalists, (alive.size() + opt_.eta - 1) / opt_.eta);
+        if (alive.size() > keep) alive.resize(keep);
+      } else if (alive.size() > static_cast<size_t>(opt_.finalists)) {
+        alive.resize(opt_.finalists);
+      }
+      Choose();
+    }
+    // The finalists are validated before the descent, so a search stopped
+    // in the descent still reports them on unseen text.
+    if (!Stopped()) Validate(alive);
+    if (!Stopped() && !alive.empty()) Descend(&alive);
+    result_.finalists = alive;
+    Choose();
+    result_.seconds = Seconds() - start_;
+    Notify();
+    return std::move(result_);
+  }
+
+ private:
+  struct Rung {
+    int chunk = 0, n_chunks = 0;
+  };
+
+  Status Check() {
+    if (opt_.ctx < 16) return InvalidArgument("--ctx must be at least 16 tokens");
+    if (opt_.sessions < 1) return InvalidArgument("--sessions must be at least 1");
+    if (opt_.mem_bytes == 0) return InvalidArgument("--mem must be a positive size, e.g. --mem 64M");
+    if (opt_.finalists < 1 || opt_.eta < 2 || opt_.batch < 1 || opt_.first_chunk < 16 ||
+        opt_.max_chunk < opt_.first_chunk) {
+      return InvalidArgument("tune: finalists >= 1, eta >= 2, batch >= 1 and 16 <= first chunk <= max chunk");
+    }
+    if (opt_.max_kld && !(*opt_.max_kld > 0)) return InvalidArgument("--quality kld<=X needs X > 0");
+    const int64_t need = TuneTextTokens(opt_);
+    if (static_cast<int64_t>(text_.size()) < need) {
+      return InvalidArgument("the text has " + std::to_string(text_.size()) + " tokens; tune needs " +
+                             std::to_string(need) + " (the search's chunks and as many unseen tokens to validate " +
+                             "on): give a longer text (-f) or a smaller --max-chunk");
+    }
+    return Status::Ok();
+  }
+
+  // Every spec of the space that resolves for this model, sized; the ones
+  // that fit become candidates. None fits: the error names the smallest.
+  Status Filter() {
+    const std::vector<std::string> space = opt_.space.empty() ? DefaultTuneSpace() : opt_.space;
+    const Result<uint64_t> f16 = SteadyStateBytes(kv::KVSpec{}, layout_, opt_.ctx, opt_.sessions);
+    result_.f16_bytes = f16.ok() ? *f16 : 0;
+    std::string smallest;
+    uint64_t smallest_bytes = UINT64_MAX;
+    for (const std::string& text : space) {
+      Result<kv::KVSpec> spec = kv::ParseKVSpec(text);
+      if (!spec.ok()) return spec.status().WithContext("tune space");
+      Result<uint64_t> bytes = SteadyStateBytes(*spec, layout_, opt_.ctx, opt_.sessions);
+      if (!bytes.ok()) continue;  // not for this model (a group wider than its heads, ThinK on KIVI...)
+      result_.space_size++;
+      if (*bytes < smallest_bytes) smallest_bytes = *bytes, smallest = spec->ToString();
+      if (*bytes > opt_.mem_bytes) continue;
+      TuneCandidate c;
+      c.spec = spec->ToString();
+      c.origin = "space";
+      c.bytes = *bytes;
+      result_.candidates.push_back(std::move(c));
+    }
+    if (result_.space_size == 0) return InvalidArgument("tune: no spec of the space resolves for this model");
+    if (result_.candidates.empty()) {
+      return InvalidArgument("no KV spec fits --mem " + Human(opt_.mem_bytes) + " for " +
+                             std::to_string(opt_.sessions) + " session(s) x " + std::to_string(opt_.ctx) +
+                             " tokens: the smallest, --kv '" + smallest + "', needs " + Human(smallest_bytes) +
+                             "; raise --mem to at least that, or lower --ctx or --sessions");
+    }
+    return Status::Ok();
+  }
+
+  void PlanRungs() {
+    const int last = std::min(opt_.ctx, opt_.max_chunk);
+    for (int c = std::min(opt_.first_chunk, last);; c = std::min(c * 2, last)) {
+      rungs_.push_back(Rung{c, rungs_.empty() ? 1 : 2});
+      if (c == last) break;
+    }
+  }
+
+  void SetProgressTotal(size_t n) {
+    if (!hooks_.progress) return;
+    double weight = 0;
+    int64_t items = 0;
+    for (const Rung& r : rungs_) {
+      weight += static_cast<double>(n) * r.chunk * r.n_chunks;
+      items += static_cast<int64_t>(n) * r.n_chunks;
+      n = std::max<size_t>(opt_.finalists, (n + opt_.eta - 1) / opt_.eta);
+    }
+    hooks_.progress->SetTotal(items, weight);
+  }
+
+  bool Stopped() {
+    if (result_.stopped) return true;
+    if (hooks_.stop) {
+      std::string why = hooks_.stop();
+      if (!why.empty()) result_.stopped = true, result_.stop_reason = std::move(why);
+    }
+    return result_.stopped;
+  }
+
+  // KLD of `specs` against f32 on n_chunks chunks of `text`, in passes of
+  // opt_.batch specs (each pass runs the baseline again); store(i, measure)
+  // receives each spec's, and after each pass the best so far is chosen
+  // again (and reported). Stops between passes; the unmeasured get nothing.
+  using Store = std::function<void(size_t, const TuneMeasure&)>;
+  void MeasureSpecs(const std::vector<std::string>& specs, std::span<const int32_t> text, int chunk, int n_chunks,
+                    const std::string& label, const Store& store) {
+    EvalOptions eo;
+    eo.tasks = {Task::kKld};
+    eo.chunk = chunk;
+    eo.always_split = true;
+    const uint64_t f16_per_token = 2ull * 2ull * layout_.n_layers * layout_.n_kv_heads * layout_.head_dim;
+    for (size_t at = 0; at < specs.size(); at += static_cast<size_t>(opt_.batch)) {
+      if (Stopped()) break;
+      const size_t end = std::min(specs.size(), at + static_cast<size_t>(opt_.batch));
+      std::vector<std::unique_ptr<engine::Engine>> engines;
+      std::vector<std::unique_ptr<engine::Session>> sessions;
+      std::vector<EvalRun> runs;
+      std::vector<std::string> errors;
+      for (size_t i = at; i <= end; ++i) {  // runs[0]: the f32 baseline
+        engine::EngineOptions so;
+        // Room for a few pages more than the chunk: a sealed codec without
+        // a residual window sizes a pool for 1-2 pages below its one-token
+        // minimum and refuses it (kvx run -c 64 --kv codec=kivi2,page=32,
+        // residual=0); a larger pool only reserves address space.
+        so.n_ctx = std::max(chunk, std::min(1024, model_.config().n_ctx_train));
+        so.kv_spec = *kv::ParseKVSpec(i == at ? "codec=f32" : specs[i - 1]);
+        Result<std::unique_ptr<engine::Engine>> e = engine::Engine::Create(&model_, threads_, so);
+        Result<std::unique_ptr<engine::Session>> s =
+            e.ok() ? (*e)->NewSession() : Result<std::unique_ptr<engine::Session>>(e.status());
+        if (!s.ok()) {
+          errors.push_back(s.status().message());
+          continue;
+        }
+        errors.push_back("");
+        runs.push_back(EvalRun{e->get(), s->get()});
+        engines.push_back(std::move(*e));
+        sessions.push_back(std::move(*s));
+      }
+      if (!errors[0].empty()) {  // the baseline itself failed: nothing can be compared
+        for (size_t i = at; i < end; ++i) store(i, TuneMeasure{.error = "the f32 baseline failed: " + errors[0]});
+        continue;
+      }
+      const TextPassHooks th{[&](size_t r, std::string_view) {
+                               if (hooks_.progress && r > 0) hooks_.progress->SetLabel(label + " " + specs[at + r - 1]);
+                             },
+                             [&](double w) {
+                               if (hooks_.progress) hooks_.progress->Advance(0, w);
+                             }};
+      std::vector<TextTaskResult> res = RunTextTasks(model_, eo, text, n_chunks, runs, f16_per_token, th);
+      size_t run = 1;
+      for (size_t i = at; i < end; ++i) {
+        TuneMeasure m;
+        m.chunk = chunk;
+        m.n_chunks = n_chunks;
+        if (!errors[i - at + 1].empty()) {
+          m.error = errors[i - at + 1];
+        } else {
+          const KldResult& k = *res[run++].kld;
+          if (!k.ok) m.error = k.error;
+          m.kld = k.mean;
+          m.kld_stderr = k.mean_stderr;
+          m.top1 = k.top1;
+          m.kv_bytes = k.kv.peak_bytes;
+          m.kv_tokens = k.kv.peak_tokens;
+        }
+        store(i, m);
+        if (hooks_.progress) hooks_.progress->Advance(n_chunks, 0);
+      }
+      Choose();
+    }
+  }
+
+  std::span<const int32_t> SearchText() const { return text_.first(text_.size() - HoldoutTokens()); }
+  size_t HoldoutTokens() const { return static_cast<size_t>(rungs_.back().chunk) * rungs_.back().n_chunks; }
+
+  void Measure(const std::vector<int>& which, size_t r) {
+    std::vector<std::string> specs;
+    for (int i : which) specs.push_back(result_.candidates[i].spec);
+    const std::string label = "rung " + std::to_string(r + 1) + "/" + std::to_string(rungs_.size());
+    MeasureSpecs(specs, SearchText(), rungs_[r].chunk, rungs_[r].n_chunks, label,
+                 [&](size_t j, const TuneMeasure& m) { result_.candidates[which[j]].search.push_back(m); });
+  }
+
+  // Whether candidate a ranks before b on their measurement at rung r:
+  // errors last; with a quality floor, those meeting it first, smallest
+  // first; otherwise (and among those missing the floor) lowest KLD first.
+  bool Before(int a, int b, size_t r) const {
+    const TuneMeasure& ma = result_.candidates[a].search[r];
+    const TuneMeasure& mb = result_.candidates[b].search[r];
+    if (ma.error.empty() != mb.error.empty()) return ma.error.empty();
+    const uint64_t ba = result_.candidates[a].bytes, bb = result_.candidates[b].bytes;
+    if (opt_.max_kld) {
+      const bool ok_a = ma.kld <= *opt_.max_kld, ok_b = mb.kld <= *opt_.max_kld;
+      if (ok_a != ok_b) return ok_a;
+      if (ok_a && ba != bb) return ba < bb;
+    }
+    if (ma.kld != mb.kld) return ma.kld < mb.kld;
+    return ba < bb;
+  }
+
+  void Rank(std::vector<int>* which, size_t r) const {
+    std::stable_sort(which->begin(), which->end(), [&](int a, int b) { return Before(a, b, r); });
+  }
+
+  // The best candidate of the deepest rung any candidate reached.
+  void Choose() {
+    size_t deepest = 0;
+    for (const TuneCandidate& c : result_.candidates) deepest = std::max(deepest, c.search.size());
+    std::vector<int> at;
+    for (size_t i = 0; i < result_.candidates.size(); ++i) {
+      if (deepest > 0 && result_.candidates[i].search.size() == deepest) at.push_back(static_cast<int>(i));
+    }
+    if (at.empty()) return;
+    Rank(&at, deepest - 1);
+    result_.chosen = at.front();
+    Notify();
+  }
+
+  // KVTuner-style: from the best finalist with a quantized codec, each
+  // layer's keys or values one width up (fitting a budget) or down (under a
+  // quality floor), measured alone on rung 0; then the moves in order of
+  // benefit while the spec fits (or the summed KLD changes keep the floor).
+  void Descend(std::vector<int>* alive) {
+    const int base_index = alive->front();
+    const TuneCandidate base_c = result_.candidates[base_index];
+    const kv::KVSpec base = *kv::ParseKVSpec(base_c.spec);
+    if (!kv::IsQuantized(base.codec.id) || !base.codec.layer_bits.empty()) return;
+    const int step = opt_.max_kld ? -1 : +1;
+    std::vector<LayerMove> moves;
+    std::vector<std::string> probes;
+    for (int l = 0; l < layout_.n_layers; ++l) {
+      for (bool keys : {true, false}) {
+        const int now = keys ? (base.codec.k_bits ? base.codec.k_bits : kv::DefaultBits(base.codec.id))
+                             : (base.codec.v_bits ? base.codec.v_bits : kv::DefaultBits(base.codec.id));
+        const LayerMove m{l, keys, NextWidth(now, step), 0};
+        if (m.bits == 0) continue;
+        const kv::KVSpec probe = WithMoves(base, layout_.n_layers, std::span(&m, 1));
+        if (!SteadyStateBytes(probe, layout_, opt_.ctx, opt_.sessions).ok()) continue;
+        moves.push_back(m);
+        probes.push_back(probe.ToString());
+      }
+    }
+    if (moves.empty()) return;
+    if (hooks_.progress) {
+      hooks_.progress->SetTotal(hooks_.progress->state().total_items + static_cast<int64_t>(moves.size()),
+                                hooks_.progress->state().total_weight +
+                                    static_cast<double>(moves.size()) * rungs_[0].chunk);
+    }
+    const double base_kld = base_c.search[0].kld;
+    std::vector<LayerMove> measured;
+    MeasureSpecs(probes, SearchText(), rungs_[0].chunk, rungs_[0].n_chunks, "per-layer",
+                 [&](size_t i, const TuneMeasure& m) {
+                   if (!m.error.empty()) return;
+                   moves[i].delta = m.kld - base_kld;
+                   measured.push_back(moves[i]);
+                 });
+    if (Stopped()) return;
+    std::stable_sort(measured.begin(), measured.end(),
+                     [](const LayerMove& a, const LayerMove& b) { return a.delta < b.delta; });
+    std::vector<LayerMove> taken;
+    double predicted = base_kld;
+    for (const LayerMove& mv : measured) {
+      if (!opt_.max_kld && mv.delta >= 0) break;  // raising bits that do not help costs bytes for nothing
+      std::vector<LayerMove> next = taken;
+      next.push_back(mv);
+      const Result<uint64_t> bytes = SteadyStateBytes(WithMoves(base, layout_.n_layers, next), layout_, opt_.ctx,
+                                                       opt_.sessions);
+      if (!bytes.ok() || *bytes > opt_.mem_bytes) continue;
+      if (opt_.max_kld && predicted + mv.delta > *opt_.max_kld) continue;
+      predicted += mv.delta;
+      taken = std::move(next);
+    }
+    if (taken.empty()) return;
+    const kv::KVSpec tuned = WithMoves(base, layout_.n_layers, taken);
+    TuneCandidate c;
+    c.spec = tuned.ToString();
+    c.origin = "per-layer descent";
+    c.bytes = *SteadyStateBytes(tuned, layout_, opt_.ctx, opt_.sessions);
+    // Measured on every rung's text as the finalists were, so it ranks
+    // beside them at the deepest rung.
+    for (size_t r = 0; r < static_cast<size_t>(result_.rungs) && !Stopped(); ++r) {
+      MeasureSpecs({c.spec}, SearchText(), rungs_[r].chunk, rungs_[r].n_chunks, "per-layer",
+                   [&](size_t, const TuneMeasure& m) { c.search.push_back(m); });
+    }
+    if (c.search.size() != static_cast<size_t>(result_.rungs)) return;
+    result_.candidates.push_back(std::move(c));
+    alive->push_back(static_cast<int>(result_.candidates.size()) - 1);
+    Rank(alive, result_.rungs - 1);
+    Choose();
+    Validate({static_cast<int>(result_.candidates.size()) - 1});
+  }
+
+  void Validate(const std::vector<int>& finalists) {
+    std::vector<std::string> specs;
+    for (int i : finalists) specs.push_back(result_.candidates[i].spec);
+    const Rung& last = rungs_.back();
+    MeasureSpecs(specs, text_.last(HoldoutTokens()), last.chunk, last.n_chunks, "unseen text",
+                 [&](size_t j, const TuneMeasure& m) { result_.candidates[finalists[j]].holdout = m; });
+  }
+
+  void Notify() {
+    result_.pareto = TuneFront(result_);
+    result_.seconds = Seconds() - start_;
+    if (hooks_.on_update) hooks_.on_update(result_);
+  }
+
+  const model::Model& model_;
+  ThreadPool* threads_;
+  std::span<const int32_t> text_;
+  TuneOptions opt_;
+  const TuneHooks& hooks_;
+  kv::KVLayout layout_;
+  std::vector<Rung> rungs_;
+  TuneResult result_;
+  double start_ = 0;
+};
+
+}  // namespace
+
+std::vector<std::string> DefaultTuneSpace() {
+  std::vector<std::string> s = {"codec=f16",         "codec=int8",          "codec=int8,sym=1",
+                                "codec=int4",        "codec=int4,sym=1",    "codec=int4,group=64",
+                                "codec=int4,rotate=hadamard", "codec=int2", "codec=int2,rotate=hadamard"};
+  for (const char* codec : {"kivi4", "kivi2"}) {
+    for (int page : {32, 128}) {
+      for (int group : {32, 64}) {
+        for (int prerope : {0, 1}) {
+          for (int residual : {0, 32}) {
+            s.push_back(std::string("codec=") + codec + ",page=" + std::to_string(page) + ",group=" +
+                        std::to_string(group) + ",prerope=" + std::to_string(prerope) + ",residual=" +
+                        std::to_string(residual));
+          }
+        }
+      }
+    }
+    s.push_back(std::string("codec=") + codec + ",page=128,group=64,residual=0,rotate=hadamard");
+  }
+  // Policies on f16 and on the codecs they combine with (ThinK takes no KIVI).
+  for (const char* codec : {"codec=f16", "codec=int8", "codec=kivi4,page=128,group=64,prerope=1,residual=0"}) {
+    for (const char* ratio : {"0.25", "0.5", "0.75"}) {
+      for (const char* policy : {"policy=snapkv,pool=max", "policy=adakv", "policy=cake"}) {
+        s.push_back(std::string(codec) + ";" + policy + ",ratio=" + ratio);
+      }
+    }
+  }
+  for (const char* codec : {"codec=f16", "codec=int8"}) {
+    for (const char* lambda : {"0.25", "0.5"}) s.push_back(std::string(codec) + ";policy=think,lambda=" + lambda);
+    s.push_back(std::string(codec) + ";policy=snapkv,pool=max,ratio=0.5;policy=think,lambda=0.25");
+  }
+  return s;
+}
+
+std::vector<ParetoPoint> TuneRung0Points(const TuneResult& result, std::vector<int>* which) {
+  std::vector<ParetoPoint> points;
+  for (size_t i = 0; i < result.candidates.size(); ++i) {
+    const TuneCandidate& c = result.candidates[i];
+    if (c.search.empty() || !c.search[0].error.empty()) continue;
+    points.push_back(ParetoPoint{static_cast<int>(i), static_cast<double>(c.bytes), c.search[0].kld});
+    if (which) which->push_back(static_cast<int>(i));
+  }
+  return points;
+}
+
+std::vector<int> TuneFront(const TuneResult& result) {
+  std::vector<int> which, front;
+  for (size_t p : ParetoFrontier(TuneRung0Points(result, &which), false)) front.push_back(which[p]);
+  return front;
+}
+
+Result<uint64_t> SteadyStateBytes(const kv::KVSpec& spec, const kv::KVLayout& layout, int ctx, int sessions) {
+  KVX_ASSIGN_OR_RETURN(kv::ResolvedKVSpec r, kv::ResolveKVSpec(spec, layout, ctx, sessions));
+  return kv::BytesForContext(r.layout, r.layers, ctx) * static_cast<uint64_t>(sessions);
+}
+
+int64_t TuneTextTokens(const TuneOptions& options) {
+  const int64_t last = std::min(options.ctx, options.max_chunk);
+  return 4 * last;  // 2 chunks for the search's last rung, 2 unseen
+}
+
+Result<TuneResult> RunTune(const model::Model& model, ThreadPool* threads, std::span<const int32_t> text,
+                           const TuneOptions& options, const TuneHooks& hooks) {
+  return Tuner(model, threads, text, options, hooks).Run();
+}
+
+}  // namespace kvx::eval

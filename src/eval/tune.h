@@ -1,0 +1,133 @@
+// kvx tune: the KV spec with the best quality whose steady-state bytes fit a
+// memory budget (or, with a quality floor, the smallest spec that meets it),
+// for one model and one text. docs/tune.md describes the search and its cost.
+//
+// The search:
+//   1. the space (DefaultTuneSpace: codecs with their group, page, residual,
+//      pre-RoPE and rotation settings; SnapKV with max pooling, Ada-KV, CAKE
+//      and ThinK at several ratios, alone and on codecs) is filtered by
+//      steady-state bytes: sessions x the exact pages of one session holding
+//      ctx tokens (kv::BytesForContext); what does not fit is never run;
+//   2. successive halving on teacher-forced KLD against an f32 cache (the
+//      split protocol of kvx eval for every spec: prefill 3/4 of a chunk,
+//      compress, score the rest token by token): rung 0 measures every
+//      candidate on one short chunk, each later rung doubles the chunk and
+//      keeps the best 1/eta, down to `finalists`;
+//   3. a KVTuner-style greedy per-layer descent from the best quantized
+//      finalist: each layer's keys and values are moved one bit width (up
+//      when fitting the budget, down under a quality floor) alone and
+//      measured; the moves are then taken in order of measured benefit while
+//      the spec still fits (or its predicted KLD still meets the floor);
+//   4. the finalists are measured again on text the search did not see (the
+//      end of the text), and both figures are reported.
+// Between passes (a few candidates at a time) the stop hook is polled: a
+// stopped search (Ctrl-C, --time-budget) returns the best candidate of the
+// deepest rung reached.
+//
+// Bytes: the plan's function (kv::BytesForContext) counts a spec's codec
+// pages only, not what its policies evict: a policy is sized as its codec.
+// (The policy-aware bytes per token are another branch's work; tune uses
+// whatever SteadyStateBytes returns.)
+//
+// Thread-safety: RunTune uses the given ThreadPool; one call at a time.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "eval/progress.h"
+#include "kv/kv_spec.h"
+#include "kv/layout.h"
+#include "model/model.h"
+#include "util/status.h"
+#include "util/thread_pool.h"
+
+namespace kvx::eval {
+
+struct TuneOptions {
+  uint64_t mem_bytes = 0;  // KV bytes for all sessions (the pool, not the weights)
+  int ctx = 0;             // tokens per session
+  int sessions = 1;
+  std::optional<double> max_kld;  // a quality floor: the smallest spec whose KLD <= this
+  int first_chunk = 512;          // rung 0's chunk (tokens); each rung doubles it
+  int max_chunk = 2048;           // the last rung's chunk: min(ctx, max_chunk)
+  int finalists = 3;
+  int eta = 3;   // each rung keeps the best 1/eta
+  int batch = 6; // candidates measured per pass (the stop hook is polled between passes)
+  std::vector<std::string> space;  // the candidate specs; empty: DefaultTuneSpace()
+};
+
+// One KLD measurement of a spec (KL(f32 || spec) per scored position).
+struct TuneMeasure {
+  int chunk = 0, n_chunks = 0;
+  double kld = 0, kld_stderr = 0, top1 = 0;
+  uint64_t kv_bytes = 0;  // the pool's bytes at the end of a chunk (measured), and its tokens
+  int64_t kv_tokens = 0;
+  std::string error;  // the spec failed to run (then it ranks last)
+};
+
+struct TuneCandidate {
+  std::string spec;    // canonical (KVSpec::ToString)
+  std::string origin;  // "space" or "per-layer descent"
+  uint64_t bytes = 0;  // steady-state: SteadyStateBytes
+  std::vector<TuneMeasure> search;     // one per rung reached, on the search text
+  std::optional<TuneMeasure> holdout;  // finalists: on the text the search did not see
+};
+
+struct TuneResult {
+  std::vector<TuneCandidate> candidates;  // those that fit, space order, then the descent's
+  int chosen = -1;                        // index into candidates; -1: nothing measured
+  std::vector<int> finalists;             // indices, best first
+  std::vector<int> pareto;                // bytes vs rung-0 KLD, bytes ascending
+  bool stopped = false;                   // chosen is the best so far
+  std::string stop_reason;
+  int space_size = 0;       // specs in the space that resolve for this model
+  uint64_t f16_bytes = 0;   // the same sessions x ctx in f16
+  int rungs = 0;            // rungs completed
+  double seconds = 0;
+};
+
+struct TuneHooks {
+  std::function<std::string()> stop;                 // polled between passes: why to stop, "" to go on
+  std::function<void(const TuneResult&)> on_update;  // after every pass
+  ProgressBar* progress = nullptr;
+};
+
+// Codecs, their settings, policies and their combinations (docs/tune.md).
+std::vector<std::string> DefaultTuneSpace();
+
+// Sessions x the bytes of one session holding ctx tokens in every (layer,
+// kv head), residual and sink pages included (kv::BytesForContext); the
+// spec resolved against `layout` (InvalidArgument when it does not).
+Result<uint64_t> SteadyStateBytes(const kv::KVSpec& spec, const kv::KVLayout& layout, int ctx, int sessions);
+
+// Searches options.space on `text` (its end is kept for validation).
+// InvalidArgument before anything runs for bad options, a text too short
+// for the chunks, or a budget no spec fits (naming the smallest spec of the
+// space and its bytes).
+Result<TuneResult> RunTune(const model::Model& model, ThreadPool* threads, std::span<const int32_t> text,
+                           const TuneOptions& options, const TuneHooks& hooks);
+
+// The candidates measured on rung 0 as Pareto points (series: the
+// candidate's index, x: steady-state bytes, y: KLD), and the indices of the
+// non-dominated ones, bytes ascending (every candidate's rung-0 figure is
+// measured alike, so the front compares like with like).
+struct ParetoPoint;
+std::vector<ParetoPoint> TuneRung0Points(const TuneResult& result, std::vector<int>* which);
+std::vector<int> TuneFront(const TuneResult& result);
+
+// What RunTune needs of the text: tokens for the search and the validation.
+int64_t TuneTextTokens(const TuneOptions& options);
+
+// Reports (tune_report.cc). The JSON is what --kv @FILE reads: the chosen
+// spec under kv::kSpecFileKey, then the provenance (`about`: model, budget,
+// text...), the finalists and the Pareto front.
+std::string TuneResultJson(const TuneResult& result, const TuneOptions& options, const std::string& about_json);
+std::string TuneParetoSvg(const TuneResult& result);
+std::string TuneSummary(const TuneResult& result, const TuneOptions& options);
+
+}  // namespace kvx::eval
