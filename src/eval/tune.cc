@@ -459,7 +459,13 @@ std::vector<int> TuneFront(const TuneResult& result) {
 
 Result<uint64_t> SteadyStateBytes(const kv::KVSpec& spec, const kv::KVLayout& layout, int ctx, int sessions) {
   KVX_ASSIGN_OR_RETURN(kv::ResolvedKVSpec r, kv::ResolveKVSpec(spec, layout, ctx, sessions));
-  return kv::BytesForContext(r.layout, r.layers, ctx) * static_cast<uint64_t>(sessions);
+  // The codec's pages for `ctx` tokens (page rounding included), scaled by
+  // what the policies keep at steady state (kvx plan's bytes per token):
+  // SnapKV at ratio 0.5 holds half, Quest adds its bounds.
+  const double codec_per_token = static_cast<double>(kv::BytesPerToken(r.layout, r.layers));
+  const double kept = kv::SteadyStateBytesPerToken(r, r.policies, ctx) / codec_per_token;
+  const double per_session = std::ceil(static_cast<double>(kv::BytesForContext(r.layout, r.layers, ctx)) * kept);
+  return static_cast<uint64_t>(per_session) * static_cast<uint64_t>(sessions);
 }
 
 int64_t TuneTextTokens(const TuneOptions& options) {

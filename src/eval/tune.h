@@ -24,10 +24,9 @@
 // stopped search (Ctrl-C, --time-budget) returns the best candidate of the
 // deepest rung reached.
 //
-// Bytes: the plan's function (kv::BytesForContext) counts a spec's codec
-// pages only, not what its policies evict: a policy is sized as its codec.
-// (The policy-aware bytes per token are another branch's work; tune uses
-// whatever SteadyStateBytes returns.)
+// Bytes: SteadyStateBytes, the codec's pages scaled by what the policies
+// keep at steady state (kv::SteadyStateBytesPerToken, as kvx plan sizes a
+// sequence), so an eviction policy fits a budget its codec alone does not.
 //
 // Thread-safety: RunTune uses the given ThreadPool; one call at a time.
 #pragma once
@@ -101,7 +100,8 @@ struct TuneHooks {
 std::vector<std::string> DefaultTuneSpace();
 
 // Sessions x the bytes of one session holding ctx tokens in every (layer,
-// kv head), residual and sink pages included (kv::BytesForContext); the
+// kv head), residual and sink pages included (kv::BytesForContext), scaled
+// by the policies' steady-state share (kv::SteadyStateBytesPerToken); the
 // spec resolved against `layout` (InvalidArgument when it does not).
 Result<uint64_t> SteadyStateBytes(const kv::KVSpec& spec, const kv::KVLayout& layout, int ctx, int sessions);
 

@@ -100,6 +100,27 @@ TEST_F(TuneTest, ChosenSpecFitsTheBudget) {
   EXPECT_LE(engine->pool().bytes_in_use(), o.mem_bytes) << chosen.spec;
 }
 
+// A policy's evictions count: below every codec-only spec's bytes, a spec
+// that evicts still fits (SteadyStateBytes scales by what policies keep).
+TEST_F(TuneTest, APolicyFitsABudgetNoCodecAloneFits) {
+  uint64_t smallest_codec = std::numeric_limits<uint64_t>::max();
+  uint64_t smallest_policy = std::numeric_limits<uint64_t>::max();
+  for (const std::string& s : DefaultTuneSpace()) {
+    const Result<uint64_t> b = SteadyStateBytes(kv::ParseKVSpec(s).value(), model_->KVLayoutFor(16), kCtx, 1);
+    if (!b.ok()) continue;
+    uint64_t& smallest = s.find("policy=") == std::string::npos ? smallest_codec : smallest_policy;
+    smallest = std::min(smallest, *b);
+  }
+  ASSERT_LT(smallest_policy, smallest_codec);
+  const TuneOptions o = Options(smallest_codec - 1);
+  Result<TuneResult> r = RunTune(*model_, threads_, Text(o), o, {});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_GE(r->chosen, 0);
+  const TuneCandidate& chosen = r->candidates[r->chosen];
+  EXPECT_NE(chosen.spec.find("policy="), std::string::npos) << chosen.spec;
+  EXPECT_LE(chosen.bytes, o.mem_bytes) << chosen.spec;
+}
+
 TEST_F(TuneTest, ImpossibleBudgetNamesTheSmallestSpec) {
   const TuneOptions o = Options(1024);
   uint64_t smallest = std::numeric_limits<uint64_t>::max();
