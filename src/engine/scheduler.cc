@@ -57,6 +57,10 @@ Result<std::unique_ptr<Scheduler>> Scheduler::Create(Engine& engine, SchedulerOp
   }
   if (options.max_queue < 1) return InvalidArgument("max_queue must be at least 1");
   if (options.max_sessions < 0) return InvalidArgument("max_sessions must be >= 0");
+  if (!(options.prefill_tokens_per_second > 0)) return InvalidArgument("prefill_tokens_per_second must be > 0");
+  if (options.tiers && options.tiers->space().spec_fingerprint != kv::tier::SpecFingerprint(engine.kv_manager().spec())) {
+    return InvalidArgument("the KV tiers were made for another KV spec than the engine's");
+  }
   if (!options.clock) {
     options.clock = [] {
       return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -74,6 +78,13 @@ Scheduler::Scheduler(Engine& engine, SchedulerOptions options) : engine_(engine)
   block_bytes_ = KvBytesFor(page_tokens_);
   compress_once_ = engine_.kv_manager().HasOncePolicy();
   if (options_.prefix_cache) cache_ = std::make_unique<kv::RadixCache>(&engine_.kv_manager());
+  if (cache_ && options_.tiers) {  // the tiers load into the prefix cache: nothing to load into without it
+    tiers_ = options_.tiers;
+    tiers_->SetOnLoad([this] {
+      std::lock_guard<std::mutex> lock(mu_);
+      wake_.notify_one();
+    });
+  }
   start_time_ = Now();
   work_.pool_budget_bytes = engine_.pool().budget_bytes();
   stats_ = work_;
@@ -81,6 +92,7 @@ Scheduler::Scheduler(Engine& engine, SchedulerOptions options) : engine_(engine)
 
 Scheduler::~Scheduler() {
   Shutdown(ShutdownMode::kCancel);
+  if (tiers_) tiers_->SetOnLoad({});
   // Sequences before the cache's holders, sessions, then the cache.
   queue_.clear();
   running_.clear();
@@ -309,6 +321,10 @@ void Scheduler::PublishStats() {
     s.cache_blocks = cache_->num_blocks();
     s.cache_bytes = static_cast<uint64_t>(s.cache_blocks) * block_bytes_;
     s.cache_evicted_blocks = cache_->evicted_blocks();
+  }
+  if (tiers_) {
+    s.tiers = tiers_->Metrics();
+    s.tier_counters = tiers_->counters();
   }
   s.uptime_seconds = Now() - start_time_;
   std::lock_guard<std::mutex> lock(stats_mu_);
