@@ -21,14 +21,7 @@ using testing::BinaryDir;
 using testing::RunCommand;
 using testing::TempDir;
 
-std::string TinyModel() {
-  static const std::string path = [] {
-    const std::string p = TempDir() + "/tier_tiny.gguf";
-    RunCommand({BinaryDir() + "/kvx", "gen-model", "--shape", "tiny", "--type", "q8_0", "-o", p});
-    return p;
-  }();
-  return path;
-}
+std::string TinyModel() { return testing::TinyModelFile("tier_tiny.gguf"); }
 
 std::string Requests() {
   const std::string path = TempDir() + "/tier_in.jsonl";

@@ -40,6 +40,13 @@ std::unique_ptr<kv::tier::Tier> Redis(const std::string& url) {
   return kv::tier::RedisTier::Open({.url = url, .retry_seconds = 0, .log = [](const std::string&) {}}).value();
 }
 
+// A tier store for `engine` over one disk tier in `dir`.
+std::shared_ptr<TierStore> DiskStore(const Engine& engine, const std::string& dir) {
+  std::vector<std::unique_ptr<kv::tier::Tier>> t;
+  t.push_back(Disk(dir));
+  return Store(engine, std::move(t));
+}
+
 // Runs `request` on a scheduler over `engine` with `store`; its outcome.
 Outcome RunOne(Engine& engine, std::shared_ptr<TierStore> store, GenerationRequest request, double prefill_tps = 1000) {
   SchedulerOptions o;
@@ -70,11 +77,7 @@ TEST(SchedulerTierTest, ARestartOnTheSameDirectoryHitsTheDisk) {
   auto first = MakeEngine(kSpec, 512);
   const auto alone = Alone(*first, kPrompt, 6, 7);
   {
-    auto store = Store(*first, [&] {
-      std::vector<std::unique_ptr<kv::tier::Tier>> t;
-      t.push_back(Disk(dir.path()));
-      return t;
-    }());
+    auto store = DiskStore(*first, dir.path());
     const Outcome miss = RunOne(*first, store, FixedLengthRequest(kPrompt, 6, 7));
     EXPECT_EQ(FromTier(miss, "disk"), 0);
     EXPECT_EQ(miss.finish.at(0).tokens, alone);
@@ -163,11 +166,7 @@ TEST(SchedulerTierTest, AFlippedBitIsDroppedAndRecomputed) {
   kv::tier::testing::TempDir dir;
   auto a = MakeEngine(kSpec, 512);
   const auto alone = Alone(*a, kPrompt, 6, 7);
-  auto disk_store = [&](const Engine& e) {
-    std::vector<std::unique_ptr<kv::tier::Tier>> t;
-    t.push_back(Disk(dir.path()));
-    return Store(e, std::move(t));
-  };
+  auto disk_store = [&](const Engine& e) { return DiskStore(e, dir.path()); };
   RunOne(*a, disk_store(*a), FixedLengthRequest(kPrompt, 6, 7));
   // Flip one bit in the middle of block 2's file.
   const auto keys = kv::tier::BlockKeys(disk_store(*a)->space(), 0, kPrompt);
@@ -193,11 +192,7 @@ TEST(SchedulerTierTest, AFlippedBitIsDroppedAndRecomputed) {
 
 TEST(SchedulerTierTest, AnotherTenantModelOrSpecNeverHits) {
   kv::tier::testing::TempDir dir;
-  auto disk_store = [&](const Engine& e) {
-    std::vector<std::unique_ptr<kv::tier::Tier>> t;
-    t.push_back(Disk(dir.path()));
-    return Store(e, std::move(t));
-  };
+  auto disk_store = [&](const Engine& e) { return DiskStore(e, dir.path()); };
   auto a = MakeEngine(kSpec, 512);
   RunOne(*a, disk_store(*a), FixedLengthRequest(kPrompt, 6, 7));
   // Another tenant.
@@ -223,11 +218,7 @@ TEST(SchedulerTierTest, AnotherTenantModelOrSpecNeverHits) {
 
 TEST(SchedulerTierTest, ALoadSlowerThanRecomputingIsAbandoned) {
   kv::tier::testing::TempDir dir;
-  auto disk_store = [&](const Engine& e) {
-    std::vector<std::unique_ptr<kv::tier::Tier>> t;
-    t.push_back(Disk(dir.path()));
-    return Store(e, std::move(t));
-  };
+  auto disk_store = [&](const Engine& e) { return DiskStore(e, dir.path()); };
   auto a = MakeEngine(kSpec, 512);
   const auto alone = Alone(*a, kPrompt, 6, 7);
   RunOne(*a, disk_store(*a), FixedLengthRequest(kPrompt, 6, 7));
