@@ -5,6 +5,7 @@
 #include <set>
 
 #include "engine/scheduler_request.h"
+#include "engine/session.h"
 #include "kv/sequence_kv.h"
 
 namespace kvx::engine {
@@ -57,7 +58,7 @@ Result<std::unique_ptr<Scheduler>> Scheduler::Create(Engine& engine, SchedulerOp
   }
   if (options.max_queue < 1) return InvalidArgument("max_queue must be at least 1");
   if (options.max_sessions < 0) return InvalidArgument("max_sessions must be >= 0");
-  if (!(options.prefill_tokens_per_second > 0)) return InvalidArgument("prefill_tokens_per_second must be > 0");
+  if (!(options.prefill_tokens_per_second >= 0)) return InvalidArgument("prefill_tokens_per_second must be >= 0");
   if (options.tiers && options.tiers->space().spec_fingerprint != kv::tier::SpecFingerprint(engine.kv_manager().spec())) {
     return InvalidArgument("the KV tiers were made for another KV spec than the engine's");
   }
@@ -66,9 +67,27 @@ Result<std::unique_ptr<Scheduler>> Scheduler::Create(Engine& engine, SchedulerOp
       return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
     };
   }
+  if (options.tiers && options.prefill_tokens_per_second == 0) {
+    options.prefill_tokens_per_second = MeasurePrefill(engine);
+  }
   std::unique_ptr<Scheduler> s(new Scheduler(engine, std::move(options)));
   s->thread_ = std::thread([p = s.get()] { p->Loop(); });
   return s;
+}
+
+// Tokens per second of one prefill of up to 128 tokens on a sequence of its
+// own (released after): what a tier load must beat before the steps have
+// measured the real thing. 0 (no deadline) when it cannot run.
+double Scheduler::MeasurePrefill(Engine& engine) {
+  const int n = std::min(128, engine.n_ctx() - 1);
+  std::vector<int32_t> tokens(static_cast<size_t>(std::max(n, 1)));
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(i % engine.model().config().n_vocab);
+  Result<std::unique_ptr<Session>> session = engine.NewSession();
+  if (!session.ok()) return 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  if (!(*session)->Feed(tokens).ok()) return 0;
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return static_cast<double>(tokens.size()) / std::max(seconds, 1e-6);
 }
 
 Scheduler::Scheduler(Engine& engine, SchedulerOptions options) : engine_(engine), options_(std::move(options)) {

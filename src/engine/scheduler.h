@@ -121,10 +121,12 @@ struct SchedulerOptions {
   // of their pages). Shared: the store finishes its writes when its last
   // owner lets it go.
   std::shared_ptr<kv::tier::TierStore> tiers;
-  // The prefill speed assumed until one is measured, in tokens per second:
-  // a tier load slower than recomputing at the measured (or this) speed is
-  // abandoned (> 0).
-  double prefill_tokens_per_second = 1000;
+  // The prefill speed, in tokens per second, assumed until the steps
+  // measure one: a tier load slower than recomputing at that speed is
+  // abandoned. 0 (with tiers): measured at Create by a short prefill of its
+  // own (128 tokens), so a new process's first lookups are not judged by a
+  // guess (>= 0).
+  double prefill_tokens_per_second = 0;
 };
 
 // What a request lets the prefix cache and the tiers do with its KV.
@@ -395,6 +397,7 @@ class Scheduler {
   };
 
   Scheduler(Engine& engine, SchedulerOptions options);
+  static double MeasurePrefill(Engine& engine);
   // The gate's parts (scheduler_gate.cc): the checks that need no session;
   // continue_session resolved against the sessions kept (under mu_); the
   // checks of a resumed session (at Submit and again at admission).

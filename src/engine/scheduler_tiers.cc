@@ -33,8 +33,9 @@ bool Scheduler::WaitsForTiers(Request& r) {
   q.salt = r.req.tenant_salt;
   q.tokens.assign(prompt.begin(), prompt.begin() + limit);
   q.max_blocks = limit / B;
-  q.recompute_seconds_per_token =
-      prefill_seconds_per_token_ > 0 ? prefill_seconds_per_token_ : 1.0 / options_.prefill_tokens_per_second;
+  q.recompute_seconds_per_token = prefill_seconds_per_token_ > 0 ? prefill_seconds_per_token_
+                                   : options_.prefill_tokens_per_second > 0 ? 1.0 / options_.prefill_tokens_per_second
+                                                                            : 0;
   r.tier_load = tiers_->Lookup(std::move(q));
   return true;
 }
