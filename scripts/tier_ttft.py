@@ -52,7 +52,7 @@ def main():
         for size in args.sizes:
             prompt = os.path.join(tmp, "p%d.jsonl" % size)
             with open(prompt, "w") as f:  # ~3.85 tokens per word with this tokenizer
-                f.write(json.dumps({"prompt": " ".join("w%d" % i for i in range(int(size / 3.85))), "max_tokens": 1}))
+                f.write(json.dumps({"prompt": " ".join("w%d" % (i % 1000) for i in range(int(size / 3.85))), "max_tokens": 1}))
             ctx = size + 512
             miss = []
             for rep in range(args.miss_reps):

@@ -103,6 +103,8 @@ Scheduler::Scheduler(Engine& engine, SchedulerOptions options) : engine_(engine)
       std::lock_guard<std::mutex> lock(mu_);
       wake_.notify_one();
     });
+    // Write-back: blocks go to the tiers when they leave the pool.
+    if (tiers_->write_back()) cache_->SetEvictionObserver([this](kv::SeqId holder) { WriteBlocks(holder); });
   }
   start_time_ = Now();
   work_.pool_budget_bytes = engine_.pool().budget_bytes();
@@ -111,7 +113,12 @@ Scheduler::Scheduler(Engine& engine, SchedulerOptions options) : engine_(engine)
 
 Scheduler::~Scheduler() {
   Shutdown(ShutdownMode::kCancel);
-  if (tiers_) tiers_->SetOnLoad({});
+  if (tiers_) {
+    tiers_->SetOnLoad({});
+    if (tiers_->write_back()) {  // what the cache still holds leaves the pool now
+      for (kv::SeqId holder : cache_->Holders()) WriteBlocks(holder);
+    }
+  }
   // Sequences before the cache's holders, sessions, then the cache.
   queue_.clear();
   running_.clear();

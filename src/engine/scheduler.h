@@ -424,8 +424,11 @@ class Scheduler {
   // imports a finished load into the pool and the prefix cache.
   bool WaitsForTiers(Request& r);
   void ImportTierLoad(Request& r);
-  // Write-through of a sequence leaving a request (finished or preempted).
+  // Write-through of a sequence leaving a request (finished or preempted);
+  // nothing in write-back mode.
   void WriteThrough(const Request& r, kv::SeqId seq);
+  // Writes the blocks of `seq` no tier is known to hold (write-back).
+  void WriteBlocks(kv::SeqId seq);
   // Whether the request may use the prefix cache.
   bool Caches(const Request& r) const;
   void PublishPrefix(Sample& s, int blocks);

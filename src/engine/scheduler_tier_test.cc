@@ -263,5 +263,40 @@ TEST(SchedulerTierTest, ARedisKilledMidRunFailsNoRequest) {
   EXPECT_GT(metrics[1].stats.errors, 0u);  // Redis refused what came after it died
 }
 
+TEST(SchedulerTierTest, WriteBackWritesWhatTheCacheEvictsAndHoldsAtShutdown) {
+  kv::tier::testing::TempDir dir;
+  // A pool that holds one prompt's KV (~46 KB), not two: the second evicts the first's cached blocks.
+  auto a = MakeEngine("codec=f16,page=16;budget=64K", 512, 1);
+  auto space = kv::tier::MakeBlockSpace(a->kv_manager().spec(), model::ModelFingerprint(a->model().file()), kBlock);
+  ASSERT_TRUE(space.ok());
+  std::vector<std::unique_ptr<kv::tier::Tier>> tiers;
+  tiers.push_back(Disk(dir.path()));
+  kv::tier::TierStoreOptions back;
+  back.write_back = true;
+  std::shared_ptr<TierStore> store = TierStore::Create(std::move(space).value(), std::move(tiers), back).value();
+  SchedulerOptions o;
+  o.tiers = store;
+  o.prefill_tokens_per_second = 1000;
+  auto sched = Scheduler::Create(*a, o);
+  ASSERT_TRUE(sched.ok());
+  Collector c;
+  ASSERT_TRUE((*sched)->Submit(FixedLengthRequest(kPrompt, 6, 7), c.Callback(0)).ok());
+  c.Wait(0);
+  store->Flush();
+  EXPECT_EQ(store->counters().blocks_written, 0u);  // finished, cached in the pool: not written yet
+  ASSERT_TRUE((*sched)->Submit(FixedLengthRequest(Tokens(150, 5), 6, 7), c.Callback(1)).ok());
+  c.Wait(1);
+  store->Flush();
+  EXPECT_EQ(store->counters().blocks_written, 4u);  // the first prompt's blocks, evicted for the second
+  sched->reset();  // shutdown: what the cache holds (the second prompt's blocks) is written
+  store->Flush();
+  EXPECT_EQ(store->counters().blocks_written, 8u);
+  auto b = MakeEngine(kSpec, 512);
+  auto alone = Alone(*b, kPrompt, 6, 7);
+  const Outcome hit = RunOne(*b, DiskStore(*b, dir.path()), FixedLengthRequest(kPrompt, 6, 7));
+  EXPECT_EQ(FromTier(hit, "disk"), 4 * kBlock);
+  EXPECT_EQ(hit.finish.at(0).tokens, alone);
+}
+
 }  // namespace
 }  // namespace kvx::engine::scheduler_test

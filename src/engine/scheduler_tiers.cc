@@ -68,7 +68,10 @@ void Scheduler::ImportTierLoad(Request& r) {
 }
 
 void Scheduler::WriteThrough(const Request& r, kv::SeqId seq) {
-  if (!tiers_ || !Caches(r)) return;
+  if (tiers_ && Caches(r) && !tiers_->write_back()) WriteBlocks(seq);
+}
+
+void Scheduler::WriteBlocks(kv::SeqId seq) {
   std::optional<kv::tier::BlockSnapshot> snapshot = tiers_->Snapshot(engine_.kv_manager(), seq);
   if (snapshot) tiers_->Write(std::move(*snapshot));
 }

@@ -166,6 +166,11 @@ void AddCacheFlags(CLI::App* cmd, CacheFlags* flags) {
         Result<kv::tier::RedisAddress> a = kv::tier::ParseRedisUrl(url);
         return a.ok() ? std::string() : a.status().message();
       });
+  cmd->add_option("--cache-write", flags->write,
+                  "When blocks go to the KV tiers: through (when a request finishes or is preempted) or back (when "
+                  "the prefix cache evicts them, and at shutdown)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"through", "back"}));
   cmd->add_option("--cache-block", flags->block_tokens,
                   "Tokens per KV tier block (a multiple of the KV page size, at most 4096)")
       ->capture_default_str()
@@ -194,7 +199,9 @@ Result<std::shared_ptr<kv::tier::TierStore>> OpenTiers(const CacheFlags& flags, 
   const kv::ResolvedKVSpec& spec = engine.kv_manager().spec();
   Result<BlockSpace> space = MakeBlockSpace(spec, model::ModelFingerprint(engine.model().file()), flags.block_tokens);
   if (!space.ok()) return space.status().WithContext("--cache-block");
-  KVX_ASSIGN_OR_RETURN(auto store, TierStore::Create(std::move(space).value(), std::move(tiers)));
+  TierStoreOptions options;
+  options.write_back = flags.write == "back";
+  KVX_ASSIGN_OR_RETURN(auto store, TierStore::Create(std::move(space).value(), std::move(tiers), options));
   return std::shared_ptr<TierStore>(std::move(store));
 }
 

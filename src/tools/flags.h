@@ -80,6 +80,7 @@ struct CacheFlags {
   std::string dir_bytes = "10G";
   std::string redis;            // "": no Redis tier
   int block_tokens = 256;
+  std::string write = "through";  // or "back"
 };
 void AddCacheFlags(CLI::App* cmd, CacheFlags* flags);
 // The tier store the flags ask for, host RAM -> disk -> Redis, for

@@ -52,6 +52,11 @@ struct TierStoreOptions {
   // Keys remembered as stored (so a block is written once); the set is
   // cleared when it grows past this many.
   size_t max_known_keys = 1u << 20;
+  // When blocks are written: through (every full, final block of a sequence
+  // that finishes or is preempted) or back (when the prefix cache evicts
+  // them, and what it still holds when it shuts down). Read by the user
+  // (the scheduler); the store writes what it is given either way.
+  bool write_back = false;
 };
 
 // What a lookup found: blocks 0..n-1 of the prompt.
@@ -130,6 +135,7 @@ class TierStore {
   size_t num_tiers() const { return tiers_.size(); }
   // The short kind of tier i ("ram", "disk", "redis"): metric labels, usage.
   const std::string& tier_kind(size_t i) const { return kinds_[i]; }
+  bool write_back() const { return options_.write_back; }
 
   // Starts a lookup on the I/O thread.
   std::shared_ptr<PendingLoad> Lookup(LookupRequest request);
