@@ -31,7 +31,7 @@ def main():
         for mode in ("off", "on"):
             flags = ["--cache-dir", os.path.join(tmp, "dir%d" % rep)] if mode == "on" else []
             r = subprocess.run([args.kvx, "batch", batch, "-m", model, "-c", "1024", "--parallel", str(args.requests),
-                                "--ignore-eos", "--no-grouping", "-o", os.devnull] + flags,
+                                "--ignore-eos", "--no-grouping", "-o", os.path.join(tmp, "out.jsonl")] + flags,
                                check=True, stderr=subprocess.PIPE, text=True)
             speed[mode].append(float(re.search(r"generated \d+ tokens, ([\d.]+) tok/s", r.stderr).group(1)))
     off, on = statistics.median(speed["off"]), statistics.median(speed["on"])
