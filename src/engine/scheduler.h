@@ -278,6 +278,9 @@ struct SchedulerStats {
   std::vector<kv::tier::TierMetrics> tiers;
   kv::tier::TierStoreCounters tier_counters;
   uint64_t tier_hit_tokens = 0;  // prompt tokens admitted from blocks loaded from a tier
+  // Tokens of preempted requests loaded back from a tier at readmission
+  // (swap-in) instead of recomputed.
+  uint64_t swapped_in_tokens = 0;
   // Work.
   uint64_t steps = 0;
   uint64_t prompt_tokens_computed = 0;  // prefill rows run (cache hits excluded)
@@ -423,6 +426,7 @@ class Scheduler {
   // Tier lookups (scheduler_tiers.cc): true while `r` waits for a load;
   // imports a finished load into the pool and the prefix cache.
   bool WaitsForTiers(Request& r);
+  std::vector<int32_t> LookupTokens(const Request& r) const;
   void ImportTierLoad(Request& r);
   // Write-through of a sequence leaving a request (finished or preempted);
   // nothing in write-back mode.

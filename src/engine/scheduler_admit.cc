@@ -269,6 +269,7 @@ void Scheduler::Preempt(Request* r) {
     s.pending.clear();
   }
   r->timing.preemptions++;
+  r->tiers_asked = false;  // readmission looks up what the preemption wrote (swap-in)
   work_.preemptions++;
   Enqueue(TakeRunning(r));
 }

@@ -298,5 +298,42 @@ TEST(SchedulerTierTest, WriteBackWritesWhatTheCacheEvictsAndHoldsAtShutdown) {
   EXPECT_EQ(hit.finish.at(0).tokens, alone);
 }
 
+// Swap preemption through the tiers: a preempted request's blocks are written
+// (write-through at preemption) and loaded back at readmission when the
+// prefix cache gave them up, instead of recomputed; every request gives what
+// it gives alone.
+TEST(SchedulerTierTest, APreemptedRequestIsSwappedBackInFromTheRamTier) {
+  SchedulerOptions so;
+  so.max_step_tokens = 32;
+  so.max_running = 8;
+  so.prefill_tokens_per_second = 1000;
+  auto engine = MakeEngine("codec=f16,page=16,budget=40000", 256, 1);
+  std::vector<std::unique_ptr<kv::tier::Tier>> tiers;
+  tiers.push_back(kv::tier::RamTier::Open(64 << 20).value());
+  so.tiers = Store(*engine, std::move(tiers));
+  auto sched = Scheduler::Create(*engine, so);
+  ASSERT_TRUE(sched.ok());
+  Collector c;
+  std::vector<Job> jobs;
+  for (int i = 0; i < 6; ++i) jobs.push_back({Tokens(40 + 6 * i, 20 + i), 24, static_cast<uint64_t>(i)});
+  ASSERT_TRUE((*sched)->RunBetweenSteps([&](Engine&) -> Status {
+                for (size_t i = 0; i < jobs.size(); ++i) {
+                  KVX_RETURN_IF_ERROR(
+                      (*sched)->Submit(JobRequest(jobs[i]), c.Callback(static_cast<int>(i))).status());
+                }
+                return Status::Ok();
+              }).ok());
+  auto alone_engine = MakeEngine(kSpec, 256, 1);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const Outcome o = c.Wait(static_cast<int>(i));
+    EXPECT_EQ(o.finish.at(0).tokens, Alone(*alone_engine, jobs[i].prompt, jobs[i].max_tokens, jobs[i].seed))
+        << "request " << i << ": " << o.finish.at(0).status.ToString();
+  }
+  ExpectInvariants(**sched);
+  const SchedulerStats st = (*sched)->Stats();
+  EXPECT_GT(st.preemptions, 0u);
+  EXPECT_GT(st.swapped_in_tokens, 0u);
+}
+
 }  // namespace
 }  // namespace kvx::engine::scheduler_test

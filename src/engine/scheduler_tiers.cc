@@ -13,8 +13,15 @@ namespace kvx::engine {
 
 bool Scheduler::Caches(const Request& r) const { return cache_ != nullptr && r.req.cache != CacheMode::kNone; }
 
+// What a lookup covers: the prompt, or for a preempted request (swap-in
+// through the tiers its preemption wrote to) everything it holds.
+std::vector<int32_t> Scheduler::LookupTokens(const Request& r) const {
+  return r.started ? r.Full(r.samples[0]) : r.req.prompt;
+}
+
 bool Scheduler::WaitsForTiers(Request& r) {
-  if (!tiers_ || !Caches(r) || r.started || !r.req.resume_session.empty()) return false;
+  if (!tiers_ || !Caches(r) || !r.req.resume_session.empty()) return false;
+  if (r.started && r.req.n != 1) return false;  // a preempted request with samples recomputes
   if (r.tier_load) {
     if (!r.tier_load->done()) return true;
     ImportTierLoad(r);
@@ -23,15 +30,16 @@ bool Scheduler::WaitsForTiers(Request& r) {
   }
   if (r.tiers_asked) return false;
   r.tiers_asked = true;
-  // What admission's lookup may match: all but the prompt's last token.
-  const std::vector<int32_t>& prompt = r.req.prompt;
-  const int limit = static_cast<int>(prompt.size()) - 1, B = tiers_->block_tokens();
+  // What admission's lookup may match: all but the last token.
+  const std::vector<int32_t> tokens = LookupTokens(r);
+  const int limit = static_cast<int>(tokens.size()) - 1, B = tiers_->block_tokens();
   if (limit / B == 0) return false;
-  const kv::RadixCache::Match in_pool = cache_->Lookup(r.req.tenant_salt, prompt, limit);
+  const kv::RadixCache::Match in_pool = cache_->Lookup(r.req.tenant_salt, tokens, limit);
   if (in_pool.tokens >= limit / B * B) return false;  // the pool holds every tier block already
   kv::tier::LookupRequest q;
   q.salt = r.req.tenant_salt;
-  q.tokens.assign(prompt.begin(), prompt.begin() + limit);
+  q.tokens.assign(tokens.begin(), tokens.begin() + limit);
+  q.after_writes = r.started;  // behind the writes of its own preemption
   q.max_blocks = limit / B;
   q.recompute_seconds_per_token = prefill_seconds_per_token_ > 0 ? prefill_seconds_per_token_
                                    : options_.prefill_tokens_per_second > 0 ? 1.0 / options_.prefill_tokens_per_second
@@ -49,7 +57,7 @@ void Scheduler::ImportTierLoad(Request& r) {
   if (load.blocks.empty()) return;
   const int B = tiers_->block_tokens();
   const int tokens = static_cast<int>(load.blocks.size()) * B;
-  const kv::RadixCache::Match in_pool = cache_->Lookup(r.req.tenant_salt, r.req.prompt, tokens);
+  const kv::RadixCache::Match in_pool = cache_->Lookup(r.req.tenant_salt, LookupTokens(r), tokens);
   if (in_pool.tokens >= tokens) return;  // another request brought them meanwhile
   Result<kv::KVManager::SequenceImage> image = kv::tier::PrefixImage(load.blocks, tiers_->space(), r.req.tenant_salt);
   if (!image.ok()) return;
@@ -65,6 +73,7 @@ void Scheduler::ImportTierLoad(Request& r) {
     const int from = std::max(static_cast<int>(b) * B, in_pool.tokens), to = static_cast<int>(b + 1) * B;
     if (to > from) r.tier_tokens[load.tier_of_block[b]] += to - from;
   }
+  if (r.started) work_.swapped_in_tokens += static_cast<uint64_t>(tokens - in_pool.tokens);
 }
 
 void Scheduler::WriteThrough(const Request& r, kv::SeqId seq) {

@@ -104,6 +104,9 @@ void TierMetrics(const engine::SchedulerStats& s, Out& o) {
             static_cast<double>(c.writes_dropped));
   o.Counter("kvx_tier_hit_tokens_total", "Prompt tokens admitted from blocks loaded from a tier",
             static_cast<double>(s.tier_hit_tokens));
+  o.Counter("kvx_tier_swapped_in_tokens_total",
+            "Tokens of preempted requests loaded back from a tier at readmission instead of recomputed",
+            static_cast<double>(s.swapped_in_tokens));
 }
 
 }  // namespace

@@ -47,6 +47,9 @@ TierStore::~TierStore() {
       load->done_.store(true, std::memory_order_release);
     }
     lookups_.clear();
+    for (WriteJob& job : writes_) {
+      if (job.load) job.load->Cancel();  // served at once: it stops before its first block
+    }
     stopping_ = true;
     wake_.notify_all();
   }
@@ -57,7 +60,14 @@ std::shared_ptr<PendingLoad> TierStore::Lookup(LookupRequest request) {
   auto load = std::make_shared<PendingLoad>();
   std::lock_guard<std::mutex> lock(mu_);
   counters_.lookups++;
-  lookups_.emplace_back(std::move(request), load);
+  if (request.after_writes) {
+    WriteJob job;
+    job.load = load;
+    job.lookup = std::move(request);
+    writes_.push_back(std::move(job));
+  } else {
+    lookups_.emplace_back(std::move(request), load);
+  }
   wake_.notify_all();
   return load;
 }
@@ -74,20 +84,19 @@ void TierStore::Loop() {
     if (!lookups_.empty()) {  // loads first: a request waits for them
       auto [request, load] = std::move(lookups_.front());
       lookups_.pop_front();
-      busy_ = true;
-      lock.unlock();
-      RunLookup(request, *load);
-      lock.lock();
-      load->done_.store(true, std::memory_order_release);
-      if (on_load_) on_load_();
+      ServeLookup(request, load, lock);
     } else if (!writes_.empty()) {
       WriteJob job = std::move(writes_.front());
       writes_.pop_front();
-      busy_ = true;
-      lock.unlock();
-      RunWrite(job);
-      lock.lock();
-      pending_write_bytes_ -= job.bytes;
+      if (job.load) {
+        ServeLookup(job.lookup, job.load, lock);
+      } else {
+        busy_ = true;
+        lock.unlock();
+        RunWrite(job);
+        lock.lock();
+        pending_write_bytes_ -= job.bytes;
+      }
     } else {
       break;  // stopping, and every write is done
     }
@@ -96,6 +105,16 @@ void TierStore::Loop() {
   }
   busy_ = false;
   idle_.notify_all();
+}
+
+void TierStore::ServeLookup(const LookupRequest& request, const std::shared_ptr<PendingLoad>& load,
+                            std::unique_lock<std::mutex>& lock) {
+  busy_ = true;
+  lock.unlock();
+  RunLookup(request, *load);
+  lock.lock();
+  load->done_.store(true, std::memory_order_release);
+  if (on_load_) on_load_();
 }
 
 void TierStore::Flush() {

@@ -89,6 +89,10 @@ struct LookupRequest {
   // The caller's measured prefill cost; the load is abandoned once it is
   // slower than recomputing what it loaded. 0: no deadline.
   double recompute_seconds_per_token = 0;
+  // Served in order with the writes queued before it (a preempted
+  // request's lookup of the blocks its preemption just wrote), not ahead
+  // of them.
+  bool after_writes = false;
 };
 
 // The pages of the blocks of one sequence to write (Snapshot): a sequence
@@ -163,10 +167,15 @@ class TierStore {
     std::vector<EncodedBlock> encoded;      // put in tiers [0, tiers_end)
     size_t tiers_end = 0;
     uint64_t bytes = 0;
+    std::shared_ptr<PendingLoad> load;      // or a lookup behind the writes (`lookup`)
+    LookupRequest lookup;
   };
   TierStore(BlockSpace space, std::vector<std::unique_ptr<Tier>> tiers, TierStoreOptions options);
   void Loop();
   void RunLookup(const LookupRequest& request, PendingLoad& load);
+  // REQUIRES: mu_ held (unlocked while the lookup runs).
+  void ServeLookup(const LookupRequest& request, const std::shared_ptr<PendingLoad>& load,
+                   std::unique_lock<std::mutex>& lock);
   void RunWrite(WriteJob& job);
   // Remembers `key` as stored; true when it was not known.
   bool Remember(const BlockKey& key);
