@@ -316,13 +316,7 @@ TEST(SchedulerTierTest, APreemptedRequestIsSwappedBackInFromTheRamTier) {
   Collector c;
   std::vector<Job> jobs;
   for (int i = 0; i < 6; ++i) jobs.push_back({Tokens(40 + 6 * i, 20 + i), 24, static_cast<uint64_t>(i)});
-  ASSERT_TRUE((*sched)->RunBetweenSteps([&](Engine&) -> Status {
-                for (size_t i = 0; i < jobs.size(); ++i) {
-                  KVX_RETURN_IF_ERROR(
-                      (*sched)->Submit(JobRequest(jobs[i]), c.Callback(static_cast<int>(i))).status());
-                }
-                return Status::Ok();
-              }).ok());
+  ASSERT_TRUE(SubmitTogether(**sched, jobs, c).ok());
   auto alone_engine = MakeEngine(kSpec, 256, 1);
   for (size_t i = 0; i < jobs.size(); ++i) {
     const Outcome o = c.Wait(static_cast<int>(i));

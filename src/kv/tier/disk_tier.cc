@@ -86,12 +86,7 @@ void DiskTier::EvictFor(uint64_t incoming) {
   CountSize();
 }
 
-void DiskTier::CountSize() {
-  Count([&](TierStats& s) {
-    s.bytes = index_.used_bytes();
-    s.blocks = index_.size();
-  });
-}
+void DiskTier::CountSize() { SetSize(index_.used_bytes(), index_.size()); }
 
 Status DiskTier::Put(const BlockKey& key, std::string_view bytes) {
   std::lock_guard<std::mutex> lock(mu_);

@@ -7,12 +7,7 @@ Result<std::unique_ptr<RamTier>> RamTier::Open(uint64_t max_bytes) {
   return std::unique_ptr<RamTier>(new RamTier(max_bytes));
 }
 
-void RamTier::CountSize() {
-  Count([&](TierStats& s) {
-    s.bytes = index_.used_bytes();
-    s.blocks = index_.size();
-  });
-}
+void RamTier::CountSize() { SetSize(index_.used_bytes(), index_.size()); }
 
 Status RamTier::Put(const BlockKey& key, std::string_view bytes) {
   std::lock_guard<std::mutex> lock(mu_);
