@@ -196,6 +196,14 @@ std::string Words(int words) {
 constexpr char kHostileBytes[] = "ll\x1B[2J\x1B]0;pwned\x07" "ama\0tail";
 const std::string kHostile(kHostileBytes, sizeof(kHostileBytes) - 1);
 
+// A fixture maker: the file dir/name holding `bytes`.
+std::function<std::string()> FileWith(const std::string& dir, const std::string& name, const std::string& bytes) {
+  return [=] {
+    WriteFile(dir + "/" + name, bytes);
+    return dir + "/" + name;
+  };
+}
+
 // Every fixture by name; made once per process, on first use.
 std::string Fixture(const std::string& name) {
   static std::map<std::string, std::string> made;
@@ -210,18 +218,9 @@ std::string Fixture(const std::string& name) {
          return dir + "/a_directory";
        }},
       {"devnull", [] { return std::string("/dev/null"); }},
-      {"empty", [dir] {
-         WriteFile(dir + "/empty.gguf", "");
-         return dir + "/empty.gguf";
-       }},
-      {"text_not_gguf", [dir] {
-         WriteFile(dir + "/notes.gguf", "these are notes, not a model\n");
-         return dir + "/notes.gguf";
-       }},
-      {"magic_only", [dir] {
-         WriteFile(dir + "/magic.gguf", "GGUF");
-         return dir + "/magic.gguf";
-       }},
+      {"empty", FileWith(dir, "empty.gguf", "")},
+      {"text_not_gguf", FileWith(dir, "notes.gguf", "these are notes, not a model\n")},
+      {"magic_only", FileWith(dir, "magic.gguf", "GGUF")},
       {"half", [dir] {
          const std::string bytes = ReadFile(TinyModel());
          WriteFile(dir + "/half.gguf", bytes.substr(0, bytes.size() / 2));
@@ -306,18 +305,9 @@ std::string Fixture(const std::string& name) {
          std::vector<int32_t> d(64);
          EXPECT_TRUE(w.AddTensor("output_norm.weight", gguf::TensorType::kI32, {64}, d.data(), d.size() * 4).ok());
        }, {"output_norm.weight"}); }},
-      {"bad_utf8.txt", [dir] {
-         WriteFile(dir + "/bad_utf8.txt", "hello \xFF\xFE world");
-         return dir + "/bad_utf8.txt";
-       }},
-      {"long.txt", [dir] {
-         WriteFile(dir + "/long.txt", Words(2000));
-         return dir + "/long.txt";
-       }},
-      {"short.txt", [dir] {
-         WriteFile(dir + "/short.txt", "too short");
-         return dir + "/short.txt";
-       }},
+      {"bad_utf8.txt", FileWith(dir, "bad_utf8.txt", "hello \xFF\xFE world")},
+      {"long.txt", FileWith(dir, "long.txt", Words(2000))},
+      {"short.txt", FileWith(dir, "short.txt", "too short")},
       // Weights that cannot be right (tiny: embedding 64, so a q8_0 row of
       // attn_q is 2 blocks of 34 bytes, an f32 row 256 bytes).
       {"nan_q8_scale", [] { return PoisonedModel("nan_q8_scale", TinyQ8Model(), "blk.1.attn_q.weight", 3 * 34,
@@ -329,14 +319,8 @@ std::string Fixture(const std::string& name) {
       // logit 5 is NaN at every step.
       {"nan_logit_row", [] { return PoisonedModel("nan_logit_row", TinyModel(), "token_embd.weight", 5 * 256,
                                                   kF32Nan); }},
-      {"empty.txt", [dir] {
-         WriteFile(dir + "/empty.txt", "");
-         return dir + "/empty.txt";
-       }},
-      {"requests.jsonl", [dir] {
-         WriteFile(dir + "/requests.jsonl", "{\"prompt\": \"the cat\"}\n");
-         return dir + "/requests.jsonl";
-       }},
+      {"empty.txt", FileWith(dir, "empty.txt", "")},
+      {"requests.jsonl", FileWith(dir, "requests.jsonl", "{\"prompt\": \"the cat\"}\n")},
       // Output targets kvx must neither write through nor replace.
       {"fifo", [dir] {
          ::mkfifo((dir + "/a_fifo").c_str(), 0644);
@@ -349,10 +333,10 @@ std::string Fixture(const std::string& name) {
          if (::mknod((dir + "/a_null").c_str(), S_IFCHR | 0666, ::makedev(1, 3)) != 0) ADD_FAILURE() << "mknod";
          return dir + "/a_null";
        }},
-      {"plain_file", [dir] {
-         WriteFile(dir + "/plain_file", "x");
-         return dir + "/plain_file";
-       }},
+      {"plain_file", FileWith(dir, "plain_file", "x")},
+      // kvx serve's files: API keys (two tenants with one key), a chat template.
+      {"same_keys.txt", FileWith(dir, "same_keys.txt", "alice:k-sekrit\nbob:k-sekrit\n")},
+      {"call_block.jinja", FileWith(dir, "call_block.jinja", "{% call x() %}{% endcall %}")},
   };
   auto it = kMakers.find(name);
   if (it == kMakers.end()) {
@@ -391,6 +375,7 @@ std::vector<Row> Rows() {
   const std::string run = "run -m {tiny} -p hi -n 4 ";
   const std::string ppl = "perplexity -m {tiny} -f {long.txt} -c 64 ";
   const std::string bench = "bench -m {tiny} --depths 0 -p 8 -n 2 -r 1 ";
+  const std::string serve = "serve -m {tiny} --port 0 ";
   const std::string plan = "plan -m {tiny} --ctx 64 --mem 64M ";
   const std::string eval = "eval -m {tiny} --kv codec=f16 --tasks ppl -f {long.txt} -c 64 -q ";
   return {
@@ -399,6 +384,12 @@ std::vector<Row> Rows() {
       {"UnknownCommand", A("frobnicate -m {tiny}"), "unknown command 'frobnicate'"},
       {"UnknownCommandHostile", {"r\x1B[2Jun"}, "unknown command 'r\\x1B[2Jun'"},
       {"ServeEmptyApiKey", {"serve", "-m", "{tiny}", "--port", "0", "--api-key", ""}, "an empty key would let every client in"},
+      {"ServeApiKeysShared", A(serve + "--api-keys {same_keys.txt}"), "line 2: tenant 'bob' has the same key as"},
+      {"ServeApiKeyAlsoInFile", A(serve + "--api-key x --api-keys {same_keys.txt}"), "tenant 'bob' has the same key"},
+      {"ServeChatTemplateCall", A(serve + "--chat-template {call_block.jinja}"), "--chat-template file: chat template"},
+      {"ServeChatTemplateEmpty", A(serve + "--chat-template {empty.txt}"), "is empty"},
+      {"ServeNoConnections", A(serve + "--max-connections 0"), "'0' is not an integer in 1..16384"},
+      {"ServeZeroHeaderTimeout", A(serve + "--header-timeout 0"), "'0' is not a number in (0, 3600]"},
       {"UnknownFlag", A(run + "--bogus 1"), "--bogus"},
       {"MissingModelFlag", A("run -p hi"), "--model is required"},
       {"PromptAndFileTogether", A(run + "-f {long.txt}"), "excludes"},
@@ -541,6 +532,11 @@ std::vector<Row> Rows() {
       {"EvalCopySpanOne", A(eval + "--copy-span 1"), "--copy-span"},
       {"EvalBatchZero", A(eval + "-b 0"), "--batch-size"},
       {"EvalTasksUnknown", A("eval -m {tiny} --kv codec=f16 --tasks bogus -q"), "unknown task 'bogus'"},
+      {"EvalRagNotAlone", A("eval -m {tiny} --kv codec=f16 --tasks ppl,rag -q"), "--tasks rag runs alone"},
+      {"EvalRagTwoSpecs", A("eval -m {tiny} --kv codec=f16 --kv codec=f32 --tasks rag -q"), "one --kv spec at a time"},
+      {"EvalRagBadRepair", A("eval -m {tiny} --tasks rag --chunk-repair blend,r=2 -q"), "r must be a fraction in [0, 1]"},
+      {"EvalRagKivi", A("eval -m {tiny} --kv codec=kivi4,page=32 --tasks rag --rag-sizes 64 --rag-questions 1 -q"),
+       "chunk reuse cannot use codec=kivi4"},
       {"GenModelInitStdZero", A("gen-model --shape tiny -o {plain_file} --init-std 0"), "--init-std"},
       {"GenModelInitStdNan", A("gen-model --shape tiny -o {plain_file} --init-std nan"), "--init-std"},
       {"GenModelTypeUnknown", A("gen-model --shape tiny -o {plain_file} --type q3_X"), "q3_X"},
@@ -578,6 +574,15 @@ std::vector<Row> Rows() {
        "--baseline '" + kSnapKv + "' has a policy that compresses only when asked"},
       {"CalibrateBeyondContext", A("calibrate-heads -m {tiny} --lengths 1048576 -o {plain_file}"),
        "beyond the model's trained context of 512"},
+      {"PerplexityBeyondContext", A("perplexity -m {tiny} -f {long.txt} -c 4096"),
+       "the chunk (-c) has 4096 tokens, beyond the model's trained context of 512"},
+      {"BenchBeyondContext", A("bench -m {tiny} --depths 0,4096 -p 8 -n 2 -r 1"),
+       "the deepest context (--depths, --seq-depths, -p) has 4096 tokens, beyond"},
+      {"BenchSeqDepthsBeyondContext", A("bench -m {tiny} --depths 0 --seqs 2 --seq-depths 2048 -p 8 -n 2 -r 1"),
+       "has 2048 tokens, beyond the model's trained context of 512"},
+      {"EvalEveryCellFailed",
+       A("eval -m {tiny} --kv codec=f16,budget=8K --baseline codec=f16,budget=8K --tasks ppl,kld -f {long.txt} -c 64 -q"),
+       "every cell of the evaluation failed (3 cells"},
       {"CalibrateRazorBeyondContext",
        A("calibrate-heads -m {tiny} --method razor --span 512 --repeats 64 -o {plain_file}"),
        "32769 tokens"},

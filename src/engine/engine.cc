@@ -116,7 +116,9 @@ Status Engine::Step(std::span<const StepInput> inputs) {
   batch_.seq_start.assign(1, 0);
   batch_.logit_rows.clear();
   std::vector<kv::SequenceKV*> kvs;
+  batch_.recompute = inputs[0].recompute;
   for (const StepInput& in : inputs) {
+    if (in.recompute != nullptr && inputs.size() > 1) return InvalidArgument("a selective recomputation is a step of its own");
     if (in.session == nullptr || &in.session->engine() != this) return InvalidArgument("step input without a session of this engine");
     const int n = static_cast<int>(in.tokens.size());
     if (n == 0) return InvalidArgument("nothing to feed: the token list is empty");
@@ -150,6 +152,7 @@ Status Engine::Step(std::span<const StepInput> inputs) {
   logits_.resize(batch_.logit_rows.size() * static_cast<size_t>(n_vocab));
   Status s = model_->Forward(batch_, kvs, &scratch_, threads_, logits_.data());
   batch_.observer = nullptr;
+  batch_.recompute = nullptr;
   if (!s.ok()) {
     // Inputs were checked and every page reserved, so this is a bug; the
     // tables may hold part of the step.

@@ -53,6 +53,10 @@ struct StepInput {
   // logits == nullptr: none.
   int first_logit_row = -1;
   std::vector<float>* logits = nullptr;
+  // Selective recomputation of this input's rows (model/model.h; chunk
+  // reuse, engine/chunk_assembly.h): only in a step of one input, and its
+  // logit rows must run through the last layer.
+  model::RowRecompute* recompute = nullptr;
 };
 
 class Engine {

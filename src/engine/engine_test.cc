@@ -4,9 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
+#include <span>
 #include <string>
 
+#include "engine/session.h"
 #include "kv/policy/counted_policy_test_util.h"
 #include "model/synthetic_model.h"
 
@@ -38,6 +41,68 @@ TEST(EngineTest, EachPolicyIsBuiltOncePerEngine) {
   auto second = Engine::Create(&(*first)->model(), &(*first)->threads(), o);
   ASSERT_TRUE(second.ok()) << second.status().ToString();
   EXPECT_EQ(CountedPolicy::built, 2);
+}
+
+// A RowRecompute plan that runs every row through every layer is the plain
+// forward pass, bit for bit; a plan is a step of its own, and one that
+// brings back a row a layer dropped is refused.
+class EveryRow final : public model::RowRecompute {
+ public:
+  EveryRow(int n, int kv_dim, bool grow) : kv_dim_(kv_dim), grow_(grow) {
+    for (int i = 0; i < n; ++i) all_.push_back(i);
+    last_ = {n - 1};
+  }
+  std::span<const int32_t> Rows(int layer) override {
+    if (grow_) return layer == 0 ? std::span<const int32_t>(last_) : std::span<const int32_t>(all_);
+    return all_;
+  }
+  void Merge(int, std::span<const int32_t> rows, const float* k, const float* v, float* k_all, float* v_all) override {
+    for (size_t i = 0; i < rows.size(); ++i) {
+      std::copy(k + i * kv_dim_, k + (i + 1) * kv_dim_, k_all + rows[i] * kv_dim_);
+      std::copy(v + i * kv_dim_, v + (i + 1) * kv_dim_, v_all + rows[i] * kv_dim_);
+    }
+  }
+
+ private:
+  int kv_dim_;
+  bool grow_;
+  std::vector<int32_t> all_, last_;
+};
+
+TEST(EngineTest, RecomputingEveryRowIsThePlainForwardPass) {
+  model::SyntheticModelOptions mo;
+  mo.shape = "tiny";
+  const std::string path = ::testing::TempDir() + "/engine_test_tiny_rows.gguf";
+  ASSERT_TRUE(model::WriteSyntheticModel(mo, path).ok());
+  EngineOptions o;
+  o.model_path = path;
+  o.n_threads = 1;
+  o.n_ctx = 64;
+  o.n_seqs = 2;
+  auto engine = Engine::Load(o);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  Engine& e = **engine;
+  const model::ModelConfig& c = e.model().config();
+  const std::vector<int32_t> tokens = {1, 5, 9, 3, 7, 2, 8};
+  auto plain = e.NewSession();
+  auto planned = e.NewSession();
+  ASSERT_TRUE(plain.ok() && planned.ok());
+  std::vector<float> want, got;
+  StepInput a{plain->get(), tokens, -1, &want};
+  ASSERT_TRUE(e.Step({&a, 1}).ok());
+  EveryRow every(static_cast<int>(tokens.size()), c.n_kv_heads * c.head_dim, false);
+  StepInput b{planned->get(), tokens, -1, &got, &every};
+  ASSERT_TRUE(e.Step({&b, 1}).ok());
+  EXPECT_EQ(want, got);
+
+  StepInput both[] = {a, b};
+  both[0].session = plain->get();
+  EXPECT_EQ(e.Step(both).code(), StatusCode::kInvalidArgument);
+  auto fresh = e.NewSession();
+  ASSERT_TRUE(fresh.ok());
+  EveryRow grows(static_cast<int>(tokens.size()), c.n_kv_heads * c.head_dim, true);
+  StepInput g{fresh->get(), tokens, -1, &got, &grows};
+  EXPECT_FALSE(e.Step({&g, 1}).ok());
 }
 
 }  // namespace

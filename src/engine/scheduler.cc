@@ -62,6 +62,7 @@ Result<std::unique_ptr<Scheduler>> Scheduler::Create(Engine& engine, SchedulerOp
   if (options.tiers && options.tiers->space().spec_fingerprint != kv::tier::SpecFingerprint(engine.kv_manager().spec())) {
     return InvalidArgument("the KV tiers were made for another KV spec than the engine's");
   }
+  if (options.max_sessions_total < 0) return InvalidArgument("max_sessions_total must be >= 0");
   if (!options.clock) {
     options.clock = [] {
       return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -173,46 +174,51 @@ void Scheduler::Shutdown(ShutdownMode mode) {
 // ---------------------------------------------------------------------------
 // Named sessions (scheduler thread).
 
-Result<kv::SeqId> Scheduler::SessionSequence(const std::string& name) const {
-  auto it = sessions_.find(name);
-  if (it == sessions_.end()) return NotFound("no session named '" + name + "'");
+namespace {
+
+Status NoSession(const std::string& name) { return NotFound("no session named '" + name + "'"); }
+
+}  // namespace
+
+Result<kv::SeqId> Scheduler::SessionSequence(uint64_t salt, const std::string& name) const {
+  auto it = sessions_.find({salt, name});
+  if (it == sessions_.end()) return NoSession(name);
   return it->second.seq;
 }
 
-Result<std::vector<int32_t>> Scheduler::SessionPendingTokens(const std::string& name) const {
-  auto it = sessions_.find(name);
-  if (it == sessions_.end()) return NotFound("no session named '" + name + "'");
+Result<std::vector<int32_t>> Scheduler::SessionPendingTokens(uint64_t salt, const std::string& name) const {
+  auto it = sessions_.find({salt, name});
+  if (it == sessions_.end()) return NoSession(name);
   return it->second.pending;
 }
 
 Status Scheduler::AdoptSession(const std::string& name, kv::SeqId seq, uint64_t salt, std::vector<int32_t> pending) {
   if (!engine_.kv_manager().HasSequence(seq)) return InvalidArgument("no sequence " + std::to_string(seq) + " to adopt");
-  for (const auto& [n, e] : sessions_) {
-    if (e.seq == seq) return InvalidArgument("sequence " + std::to_string(seq) + " is already session '" + n + "'");
+  for (const auto& [key, e] : sessions_) {
+    if (e.seq == seq) return InvalidArgument("sequence " + std::to_string(seq) + " is already a session");
   }
   if (cache_ && cache_->IsHolder(seq)) return InvalidArgument("sequence " + std::to_string(seq) + " belongs to the prefix cache");
   for (int32_t t : pending) {
     if (t < 0 || t >= n_vocab_) return InvalidArgument("pending token id " + std::to_string(t) + " is outside the vocabulary");
   }
-  auto it = sessions_.find(name);
-  if (it != sessions_.end()) engine_.kv_manager().ReleaseSequence(it->second.seq);
-  sessions_[name] = SessionEntry{seq, salt, std::move(pending), ++session_tick_};
-  DropLruSessions();
+  KeepSession({salt, name}, SessionEntry{seq, std::move(pending), 0});
   return Status::Ok();
 }
 
-Status Scheduler::DropSession(const std::string& name) {
-  auto it = sessions_.find(name);
-  if (it == sessions_.end()) return NotFound("no session named '" + name + "'");
+Status Scheduler::DropSession(uint64_t salt, const std::string& name) {
+  auto it = sessions_.find({salt, name});
+  if (it == sessions_.end()) return NoSession(name);
   engine_.kv_manager().ReleaseSequence(it->second.seq);
   sessions_.erase(it);
   IndexSessions();
   return Status::Ok();
 }
 
-std::vector<std::string> Scheduler::SessionNames() const {
+std::vector<std::string> Scheduler::SessionNames(uint64_t salt) const {
   std::vector<std::string> names;
-  for (const auto& [n, e] : sessions_) names.push_back(n);
+  for (auto it = sessions_.lower_bound({salt, std::string()}); it != sessions_.end() && it->first.first == salt; ++it) {
+    names.push_back(it->first.second);
+  }
   return names;
 }
 
@@ -231,15 +237,31 @@ Status Scheduler::CheckInvariants() const {
   return Status::Ok();
 }
 
-void Scheduler::DropLruSessions() {
-  while (static_cast<int>(sessions_.size()) > options_.max_sessions) {
-    auto oldest = sessions_.begin();
+void Scheduler::KeepSession(const SessionKey& key, SessionEntry entry) {
+  auto it = sessions_.find(key);
+  if (it != sessions_.end()) engine_.kv_manager().ReleaseSequence(it->second.seq);
+  entry.last_used = ++session_tick_;
+  sessions_[key] = std::move(entry);
+  DropLruSessions(key.first);
+}
+
+// The quotas: tenant `salt`'s own least recently used sessions beyond
+// max_sessions, then anyone's beyond max_sessions_total.
+void Scheduler::DropLruSessions(uint64_t salt) {
+  auto drop_oldest = [this](bool of_tenant, uint64_t tenant) {
+    auto oldest = sessions_.end();
     for (auto it = sessions_.begin(); it != sessions_.end(); ++it) {
-      if (it->second.last_used < oldest->second.last_used) oldest = it;
+      if (of_tenant && it->first.first != tenant) continue;
+      if (oldest == sessions_.end() || it->second.last_used < oldest->second.last_used) oldest = it;
     }
     engine_.kv_manager().ReleaseSequence(oldest->second.seq);
     sessions_.erase(oldest);
-  }
+  };
+  auto tenant_count = [&] {
+    return std::count_if(sessions_.begin(), sessions_.end(), [&](const auto& kv) { return kv.first.first == salt; });
+  };
+  while (tenant_count() > options_.max_sessions) drop_oldest(true, salt);
+  while (static_cast<int>(sessions_.size()) > options_.max_sessions_total) drop_oldest(false, 0);
   IndexSessions();  // every change of sessions_ ends here or in DropSession
 }
 

@@ -53,11 +53,15 @@
 // `resume_session` starts from that sequence's tokens and pages (a
 // copy-on-write fork; the saved session stays as it was) and appends its
 // prompt; a request with `continue_session` resumes the session if it
-// exists (decided at Submit) and saves under its name either way. Sessions
-// hold pool pages until dropped (at most `max_sessions`, the least
-// recently used dropped first). Save/restore to
-// files (the server's) works on the scheduler thread inside RunBetweenSteps
-// with SessionSequence / AdoptSession.
+// exists (decided at Submit) and saves under its name either way. A session
+// belongs to its tenant (the request's tenant_salt): names are per tenant,
+// and another tenant's session is simply not there (NotFound, as a missing
+// one). Sessions hold pool pages until dropped: at most `max_sessions` per
+// tenant (a tenant's least recently used is dropped beyond, never another
+// tenant's) and `max_sessions_total` in all (the least recently used of
+// any tenant beyond). Save/restore to files (the server's) works on the
+// scheduler thread inside RunBetweenSteps with SessionSequence /
+// AdoptSession.
 //
 // Thread-safety: Submit, Cancel, Stats, RunBetweenSteps and Shutdown are
 // thread-safe. Event callbacks run on the scheduler thread: they must not
@@ -107,8 +111,14 @@ struct SchedulerOptions {
   int max_queue = 4096;
   // Reuse cached prompt prefixes (kv/radix_cache.h).
   bool prefix_cache = true;
-  // Named sessions kept at once; the least recently used is dropped beyond.
+  // Named sessions kept at once per tenant: that tenant's least recently
+  // used is dropped beyond, so one tenant's sessions never evict another's.
   int max_sessions = 64;
+  // Named sessions kept at once in all tenants (the least recently used of
+  // any tenant is dropped beyond): a bound for tenants without keys, where
+  // anyone can name a new tenant. Callers with K known tenants give it at
+  // least K * max_sessions.
+  int max_sessions_total = 4096;
   // Seconds since some fixed origin (injectable for tests); default: steady
   // clock.
   std::function<double()> clock;
@@ -161,8 +171,8 @@ struct GenerationRequest {
   int n = 1;
   // Higher is admitted first; FIFO within a priority.
   int priority = 0;
-  // Start from the named session's sequence (NotFound if none; its salt
-  // must equal tenant_salt).
+  // Start from the named session of this request's tenant (tenant_salt;
+  // NotFound if it has none of that name).
   std::string resume_session;
   // On a normal finish (length or stop), keep sample 0's sequence under
   // this name (replacing a session of that name).
@@ -362,18 +372,23 @@ class Scheduler {
   // of a finished request is sampled, never fed). A request resuming the
   // session feeds pending + its prompt. Save both to restore exactly.
   //
+  // Sessions are named per tenant (`salt`, the requests' tenant_salt):
+  // every method sees only that tenant's, and another tenant's session is
+  // NotFound with the message of a missing one.
+  //
   // The manager sequence kept under `name` (NotFound otherwise). The
   // scheduler owns it: read it, fork it, do not release it.
-  Result<kv::SeqId> SessionSequence(const std::string& name) const;
-  Result<std::vector<int32_t>> SessionPendingTokens(const std::string& name) const;
+  Result<kv::SeqId> SessionSequence(uint64_t salt, const std::string& name) const;
+  Result<std::vector<int32_t>> SessionPendingTokens(uint64_t salt, const std::string& name) const;
   // Takes ownership of manager sequence `seq` (e.g. one restored from a
-  // file) as session `name` with tenant `salt` and `pending` tokens,
-  // replacing (and releasing) a session of that name. InvalidArgument if seq
-  // is unknown or already a session.
+  // file) as tenant `salt`'s session `name` with `pending` tokens,
+  // replacing (and releasing) that tenant's session of that name.
+  // InvalidArgument if seq is unknown or already a session.
   Status AdoptSession(const std::string& name, kv::SeqId seq, uint64_t salt, std::vector<int32_t> pending = {});
   // Releases the session's sequence (NotFound if none).
-  Status DropSession(const std::string& name);
-  std::vector<std::string> SessionNames() const;
+  Status DropSession(uint64_t salt, const std::string& name);
+  // The tenant's session names, sorted.
+  std::vector<std::string> SessionNames(uint64_t salt) const;
 
   // (scheduler thread) The KV manager's and the prefix cache's invariants,
   // and every running sequence's cache lock held (tests).
@@ -388,13 +403,13 @@ class Scheduler {
   struct Task;
   struct SessionEntry {
     kv::SeqId seq = -1;
-    uint64_t salt = 0;
     std::vector<int32_t> pending;
     uint64_t last_used = 0;
   };
+  // A session's name within its tenant.
+  using SessionKey = std::pair<uint64_t, std::string>;  // (salt, name)
   // What the gate checks a resumed session against (any thread, under mu_).
   struct SessionSummary {
-    uint64_t salt = 0;
     int64_t tokens = 0;  // in the KV and pending
     bool has_pending = false;
   };
@@ -457,7 +472,10 @@ class Scheduler {
   void CancelId(RequestId id);
   void Emit(Request& r, const RequestEvent& e);
   std::unique_ptr<Request> TakeRunning(Request* r);
-  void DropLruSessions();
+  // Keeps `entry` under `key` (replacing a session there), then applies the
+  // per-tenant and total quotas.
+  void KeepSession(const SessionKey& key, SessionEntry entry);
+  void DropLruSessions(uint64_t salt);
   void PublishStats();
   uint64_t KvBytesFor(int64_t tokens) const;
   int RunningSequences() const;
@@ -480,7 +498,7 @@ class Scheduler {
   std::vector<RequestId> cancels_;
   std::vector<std::shared_ptr<Task>> tasks_;
   std::map<RequestId, bool> live_;  // submitted and not done
-  std::map<std::string, SessionSummary> session_index_;  // sessions_ as the gate sees them
+  std::map<SessionKey, SessionSummary> session_index_;  // sessions_ as the gate sees them
   bool stopping_ = false;           // Shutdown called
   bool stopped_ = false;            // the thread ended
   ShutdownMode shutdown_mode_ = ShutdownMode::kDrain;
@@ -494,7 +512,7 @@ class Scheduler {
   // Scheduler thread only.
   std::vector<std::unique_ptr<Request>> queue_;    // priority desc, then id asc
   std::vector<std::unique_ptr<Request>> running_;  // by id: the last is the youngest
-  std::map<std::string, SessionEntry> sessions_;
+  std::map<SessionKey, SessionEntry> sessions_;
   uint64_t session_tick_ = 0;
   SchedulerStats work_;  // the loop's counters, copied to stats_
   double start_time_ = 0;

@@ -228,7 +228,7 @@ Status Scheduler::TryAdmit(Request& r, uint64_t* available, bool* admitted) {
       s.sampler = std::make_unique<model::Sampler>(o);
       for (int32_t t : r.base) s.sampler->Accept(t);
     }
-    if (session != nullptr) sessions_[r.req.resume_session].last_used = ++session_tick_;
+    if (session != nullptr) sessions_[{r.req.tenant_salt, r.req.resume_session}].last_used = ++session_tick_;
   }
   return Status::Ok();
 }

@@ -104,14 +104,14 @@ Status Scheduler::ResolveSession(GenerationRequest& r, RequestPart* part) const 
   *part = RequestPart::kSession;
   if (!r.continue_session.empty()) {
     r.save_session = r.continue_session;
-    if (session_index_.count(r.continue_session) != 0) {
+    if (session_index_.count({r.tenant_salt, r.continue_session}) != 0) {
       r.resume_session = r.continue_session;
     } else if (r.prompt.empty()) {
       return NoSession(r.continue_session);
     }
   }
   if (r.resume_session.empty()) return Status::Ok();
-  auto it = session_index_.find(r.resume_session);
+  auto it = session_index_.find({r.tenant_salt, r.resume_session});
   if (it == session_index_.end()) return NoSession(r.resume_session);
   const int32_t bos = engine_.model().tokenizer().bos();
   if (r.drop_bos_when_resuming && bos >= 0 && !r.prompt.empty() && r.prompt[0] == bos) r.prompt.erase(r.prompt.begin());
@@ -120,7 +120,6 @@ Status Scheduler::ResolveSession(GenerationRequest& r, RequestPart* part) const 
 
 Status Scheduler::CheckResume(const GenerationRequest& r, const SessionSummary& s, RequestPart* part) const {
   *part = RequestPart::kSession;
-  if (s.salt != r.tenant_salt) return InvalidArgument("session '" + r.resume_session + "' belongs to another tenant");
   if (!s.has_pending && r.prompt.empty()) {
     return InvalidArgument("nothing to continue: session '" + r.resume_session +
                            "' has no pending tokens and the prompt is empty");
@@ -147,12 +146,12 @@ Status Scheduler::CheckPoolHolds(const std::string& what, int64_t tokens) const 
 }
 
 Scheduler::SessionSummary Scheduler::Summary(const SessionEntry& e) const {
-  return {e.salt, engine_.kv_manager().length(e.seq) + static_cast<int64_t>(e.pending.size()), !e.pending.empty()};
+  return {engine_.kv_manager().length(e.seq) + static_cast<int64_t>(e.pending.size()), !e.pending.empty()};
 }
 
 void Scheduler::IndexSessions() {
-  std::map<std::string, SessionSummary> index;
-  for (const auto& [name, e] : sessions_) index[name] = Summary(e);
+  std::map<SessionKey, SessionSummary> index;
+  for (const auto& [key, e] : sessions_) index[key] = Summary(e);
   std::lock_guard<std::mutex> lock(mu_);
   session_index_.swap(index);
 }
@@ -160,7 +159,7 @@ void Scheduler::IndexSessions() {
 // Admission's side of the gate: the session as it is now (it may have been
 // dropped or replaced since Submit).
 Status Scheduler::CheckResumeAtAdmission(const GenerationRequest& r, const SessionEntry** session) const {
-  auto it = sessions_.find(r.resume_session);
+  auto it = sessions_.find({r.tenant_salt, r.resume_session});
   if (it == sessions_.end()) return NoSession(r.resume_session);
   RequestPart part;
   KVX_RETURN_IF_ERROR(CheckResume(r, Summary(it->second), &part));

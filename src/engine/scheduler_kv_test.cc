@@ -45,7 +45,7 @@ TEST(SchedulerTest, CompressesOnceThePromptIsIn) {
   }
   // The kept session: 99 tokens, about half of them in the KV.
   EXPECT_TRUE(s->RunBetweenSteps([s](Engine& e) -> Status {
-                 KVX_ASSIGN_OR_RETURN(kv::SeqId seq, s->SessionSequence("chat"));
+                 KVX_ASSIGN_OR_RETURN(kv::SeqId seq, s->SessionSequence(0, "chat"));
                  const kv::KVManager& m = e.kv_manager();
                  if (!m.entries_removed(seq)) return Internal("the session was not compressed");
                  const int live = m.kv(seq).LiveEntries(0, 0);

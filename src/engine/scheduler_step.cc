@@ -227,12 +227,9 @@ void Scheduler::FinishSample(Request& r, Sample& s, FinishReason reason, Status 
     const bool normal = reason == FinishReason::kLength || reason == FinishReason::kStop;
     if (normal) WriteThrough(r, s.session->id());
     if (normal && s.index == 0 && !r.req.save_session.empty()) {
-      const std::string& name = r.req.save_session;
-      auto it = sessions_.find(name);
-      if (it != sessions_.end()) engine_.kv_manager().ReleaseSequence(it->second.seq);
       // Not yet in the KV: the last sampled token.
-      sessions_[name] = SessionEntry{s.session->Detach(), r.req.tenant_salt, {s.generated.back()}, ++session_tick_};
-      DropLruSessions();
+      KeepSession({r.req.tenant_salt, r.req.save_session},
+                  SessionEntry{s.session->Detach(), {s.generated.back()}, 0});
     } else if (normal && Caches(r)) {
       cache_->Insert(s.session->Detach());
     }

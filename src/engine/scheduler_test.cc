@@ -161,7 +161,7 @@ TEST(SchedulerTest, SessionContinuesExactly) {
   const Outcome oa = c.Wait(0);
   Scheduler* s = sched->get();
   EXPECT_TRUE(s->RunBetweenSteps([s](Engine&) {
-                 return s->SessionNames() == std::vector<std::string>{"chat"} ? Status::Ok() : Internal("no session");
+                 return s->SessionNames(9) == std::vector<std::string>{"chat"} ? Status::Ok() : Internal("no session");
                }).ok());
   GenerationRequest b = FixedLengthRequest(Tokens(5, 14), 7, 4);
   b.resume_session = "chat";
@@ -172,11 +172,11 @@ TEST(SchedulerTest, SessionContinuesExactly) {
   const auto history = Concat(Concat(a.prompt, oa.finish.at(0).tokens), b.prompt);
   EXPECT_EQ(ob.finish.at(0).tokens, Alone(*alone_engine, history, 7, 4));
   EXPECT_EQ(ob.timing.cached_tokens, 21 + 6 - 1);  // all but the pending last token
-  // Another tenant cannot resume it; an unknown session is an error: both
-  // refused by Submit, naming the session.
+  // Another tenant cannot resume it: for it the session does not exist (the
+  // same refusal as an unknown name), refused by Submit, naming the session.
   b.tenant_salt = 10;
   RequestPart part = RequestPart::kNone;
-  EXPECT_EQ((*sched)->Submit(b, c.Callback(2), &part).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*sched)->Submit(b, c.Callback(2), &part).status().code(), StatusCode::kNotFound);
   EXPECT_EQ(part, RequestPart::kSession);
   b.tenant_salt = 9;
   b.resume_session = "nope";
@@ -185,14 +185,14 @@ TEST(SchedulerTest, SessionContinuesExactly) {
   EXPECT_EQ(part, RequestPart::kSession);
   // The session API, on the scheduler thread.
   EXPECT_TRUE(s->RunBetweenSteps([s](Engine& e) -> Status {
-                 KVX_ASSIGN_OR_RETURN(kv::SeqId seq, s->SessionSequence("chat"));
-                 KVX_ASSIGN_OR_RETURN(auto pending, s->SessionPendingTokens("chat"));
+                 KVX_ASSIGN_OR_RETURN(kv::SeqId seq, s->SessionSequence(9, "chat"));
+                 KVX_ASSIGN_OR_RETURN(auto pending, s->SessionPendingTokens(9, "chat"));
                  if (pending.size() != 1) return Internal("expected one pending token");
                  if (e.kv_manager().length(seq) != 21 + 6 - 1) return Internal("session length");
-                 return s->DropSession("chat");
+                 return s->DropSession(9, "chat");
                }).ok());
   EXPECT_TRUE(s->RunBetweenSteps([s](Engine&) {
-                 return s->SessionNames().empty() ? Status::Ok() : Internal("session not dropped");
+                 return s->SessionNames(9).empty() ? Status::Ok() : Internal("session not dropped");
                }).ok());
   ExpectInvariants(*s);
 }
@@ -229,6 +229,68 @@ TEST(SchedulerTest, ContinueSessionResumesOrStarts) {
   RequestPart part = RequestPart::kNone;
   EXPECT_EQ(s->Submit(empty, c.Callback(3), &part).status().code(), StatusCode::kNotFound);
   EXPECT_EQ(part, RequestPart::kSession);
+  ExpectInvariants(*s);
+}
+
+// Sessions belong to their tenant: the same name in two tenants is two
+// sessions, a tenant sees, resumes and drops only its own (another's is
+// NotFound, as a missing one), and the quota is per tenant: one tenant
+// saving more than max_sessions drops its own least recently used, never
+// another tenant's.
+TEST(SchedulerTest, SessionsBelongToTheirTenant) {
+  SchedulerOptions quota;
+  quota.max_sessions = 3;  // per tenant
+  auto engine = MakeEngine("codec=f16,page=16");
+  auto sched = Scheduler::Create(*engine, quota);
+  ASSERT_TRUE(sched.ok());
+  Scheduler* s = sched->get();
+  Collector c;
+  int key = 0;
+  auto save = [&](uint64_t tenant, const std::string& name) {
+    GenerationRequest r = FixedLengthRequest(Tokens(5, key + 1), 2, 1);
+    r.tenant_salt = tenant;
+    r.save_session = name;
+    ASSERT_TRUE(s->Submit(r, c.Callback(key)).ok());
+    ASSERT_TRUE(c.Wait(key++).finish.at(0).status.ok());
+  };
+  auto names = [&](uint64_t tenant) {
+    std::vector<std::string> out;
+    EXPECT_TRUE(s->RunBetweenSteps([&](Engine&) {
+                   out = s->SessionNames(tenant);
+                   return Status::Ok();
+                 }).ok());
+    return out;
+  };
+  save(1, "a");
+  save(2, "a");
+  save(2, "b");
+  EXPECT_EQ(names(1), std::vector<std::string>{"a"});
+  EXPECT_EQ(names(2), (std::vector<std::string>{"a", "b"}));
+  EXPECT_TRUE(names(3).empty());
+  // Tenant 3 can neither resume, read nor drop tenant 2's "b".
+  GenerationRequest r = FixedLengthRequest(Tokens(3, 50), 2, 1);
+  r.tenant_salt = 3;
+  r.resume_session = "b";
+  RequestPart part = RequestPart::kNone;
+  const Status foreign = s->Submit(r, c.Callback(100), &part).status();
+  EXPECT_EQ(foreign.code(), StatusCode::kNotFound);
+  r.resume_session = "missing";
+  EXPECT_EQ(s->Submit(r, c.Callback(101)).status().message(),
+            Status(NotFound("no session named 'missing'")).message());
+  EXPECT_EQ(foreign.message(), "no session named 'b'");
+  EXPECT_TRUE(s->RunBetweenSteps([&](Engine&) -> Status {
+                 if (s->SessionSequence(3, "b").ok() || s->SessionPendingTokens(3, "b").ok()) {
+                   return Internal("tenant 3 reads tenant 2's session");
+                 }
+                 return s->DropSession(3, "b").code() == StatusCode::kNotFound ? Status::Ok()
+                                                                              : Internal("tenant 3 dropped it");
+               }).ok());
+  EXPECT_EQ(names(2), (std::vector<std::string>{"a", "b"}));
+  // Tenant 1 saves 6 more: it keeps its 3 newest, tenant 2 keeps both.
+  for (int i = 0; i < 6; ++i) save(1, "x" + std::to_string(i));
+  EXPECT_EQ(names(1), (std::vector<std::string>{"x3", "x4", "x5"}));
+  EXPECT_EQ(names(2), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(s->Stats().sessions, 5);
   ExpectInvariants(*s);
 }
 

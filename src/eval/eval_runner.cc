@@ -253,7 +253,7 @@ class Runner {
       for (int l : o.lengths) {
         if (l <= o.needle_gen) return InvalidArgument("needle lengths must exceed --needle-gen");
       }
-      KVX_ASSIGN_OR_RETURN(std::string haystack, LoadHaystack(o.data_dir + "/paul_graham_essays"));
+      KVX_ASSIGN_OR_RETURN(std::string haystack, LoadEssays(o.data_dir + "/paul_graham_essays"));
       KVX_ASSIGN_OR_RETURN(needle_, BuildNeedlePlan(tok, haystack, o.lengths, o.depths, o.needle_gen));
       add_plan(needle_);
     }
@@ -303,7 +303,7 @@ class Runner {
         plan = BuildVtPlan(tok, o.lengths, o.depths, o.ruler_trials, n_gen, seed);
       } else {
         if (!hay) {
-          KVX_ASSIGN_OR_RETURN(std::string text, LoadHaystack(o.data_dir + "/paul_graham_essays"));
+          KVX_ASSIGN_OR_RETURN(std::string text, LoadEssays(o.data_dir + "/paul_graham_essays"));
           hay = MakeHaystack(text);
         }
         plan = BuildNiahPlan(tok, *hay, NiahSpecOf(t), o.lengths, o.depths, o.ruler_trials, n_gen, seed);
@@ -347,28 +347,6 @@ class Runner {
     return Status::Ok();
   }
 
-  static Result<std::string> LoadHaystack(const std::string& dir) {
-    std::error_code ec;
-    std::vector<std::string> files;
-    for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-      const std::string name = e.path().filename().string();
-      if (e.is_regular_file() && name.size() > 4 && name.substr(name.size() - 4) == ".txt" &&
-          name.rfind("LICENSE", 0) != 0) {
-        files.push_back(e.path().string());
-      }
-    }
-    if (ec || files.empty()) {
-      return NotFound("needle and niah need the Paul Graham essays: no .txt files in " + dir +
-                      "; point --data at ../shared/data");
-    }
-    std::sort(files.begin(), files.end());
-    std::string hay;
-    for (const std::string& f : files) {
-      KVX_ASSIGN_OR_RETURN(std::string text, ReadFileToString(f));
-      hay += text;
-    }
-    return hay;
-  }
 
   Status SetUpSpecs() {
     std::vector<std::string> all = {opt_.baseline};

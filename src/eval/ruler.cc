@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <random>
 #include <set>
+
+#include "util/mmap_file.h"
 
 namespace kvx::eval {
 
@@ -226,6 +229,30 @@ std::string_view NeedleKindPlural(NeedleKind k) {
       return "uuids";
   }
   return "?";
+}
+
+std::string RandomNeedleString(NeedleKind kind, std::mt19937_64& rng) { return RandomString(kind, rng); }
+
+Result<std::string> LoadEssays(const std::string& dir) {
+  std::error_code ec;
+  std::vector<std::string> files;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (e.is_regular_file() && name.size() > 4 && name.substr(name.size() - 4) == ".txt" && name.rfind("LICENSE", 0) != 0) {
+      files.push_back(e.path().string());
+    }
+  }
+  if (ec || files.empty()) {
+    return NotFound("needle, niah and rag need the Paul Graham essays: no .txt files in " + dir +
+                    "; point --data at ../shared/data");
+  }
+  std::sort(files.begin(), files.end());
+  std::string hay;
+  for (const std::string& f : files) {
+    KVX_ASSIGN_OR_RETURN(std::string text, ReadFileToString(f));
+    hay += text;
+  }
+  return hay;
 }
 
 Haystack MakeHaystack(std::string_view raw) {

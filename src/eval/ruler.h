@@ -38,6 +38,7 @@
 #pragma once
 
 #include <cstdint>
+#include <random>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -68,6 +69,14 @@ struct Haystack {
   std::vector<std::string> sentences;
 };
 Haystack MakeHaystack(std::string_view raw);
+
+// A random key or value of `kind` (words: "adjective-noun"; numbers: 7
+// digits; UUIDs: version 4), as the niah tasks draw them.
+std::string RandomNeedleString(NeedleKind kind, std::mt19937_64& rng);
+
+// The Paul Graham essays of `dir` (its .txt files but LICENSE*, sorted by
+// name, concatenated). NotFound naming the folder when there are none.
+Result<std::string> LoadEssays(const std::string& dir);
 
 // "One of the special magic numbers for KEY is: VALUE."
 std::string NiahNeedle(NeedleKind value_kind, std::string_view key, std::string_view value);

@@ -45,4 +45,13 @@ double KlDivergence(const double* lp, const double* lq, int n) {
   return kl;
 }
 
+Interval WilsonInterval(int64_t hits, int64_t n, double z) {
+  if (n <= 0) return {};
+  const double p = static_cast<double>(hits) / static_cast<double>(n), nn = static_cast<double>(n), z2 = z * z;
+  const double center = p + z2 / (2 * nn);
+  const double spread = z * std::sqrt(p * (1 - p) / nn + z2 / (4 * nn * nn));
+  const double denom = 1 + z2 / nn;
+  return {std::max(0.0, (center - spread) / denom), std::min(1.0, (center + spread) / denom)};
+}
+
 }  // namespace kvx::eval

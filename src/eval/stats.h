@@ -47,6 +47,15 @@ double Percentile(std::vector<double> values, double p);
 // Same, on values that are already sorted ascending (no copy).
 double PercentileSorted(const std::vector<double>& sorted, double p);
 
+// The Wilson score interval of a proportion `hits` / `n` at normal quantile
+// z (1.96: 95%): {lo, hi} = (p + z^2/2n -+ z sqrt(p(1-p)/n + z^2/4n^2)) /
+// (1 + z^2/n), p = hits / n. Stays within [0, 1] and is not empty at 0 or
+// n hits, unlike the normal approximation. {0, 1} for n = 0.
+struct Interval {
+  double lo = 0, hi = 1;
+};
+Interval WilsonInterval(int64_t hits, int64_t n, double z = 1.96);
+
 // out[i] = logits[i] - log(sum_j exp(logits[j])), in double.
 void LogSoftmax(const float* logits, int n, double* out);
 

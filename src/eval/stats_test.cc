@@ -103,3 +103,22 @@ TEST(TextScoreTest, SanitizeUtf8) {
 
 }  // namespace
 }  // namespace kvx::eval
+
+namespace kvx::eval {
+namespace {
+
+TEST(WilsonIntervalTest, KnownValuesAndEdges) {
+  const Interval i = WilsonInterval(8, 10);  // textbook: [0.4902, 0.9433]
+  EXPECT_NEAR(i.lo, 0.4902, 1e-4);
+  EXPECT_NEAR(i.hi, 0.9433, 1e-4);
+  const Interval none = WilsonInterval(0, 20);
+  EXPECT_EQ(none.lo, 0.0);
+  EXPECT_GT(none.hi, 0.1);  // not the empty [0, 0] of the normal approximation
+  const Interval all = WilsonInterval(20, 20);
+  EXPECT_LT(all.lo, 0.9);
+  EXPECT_DOUBLE_EQ(all.hi, 1.0);
+  EXPECT_EQ(WilsonInterval(0, 0).hi, 1.0);
+}
+
+}  // namespace
+}  // namespace kvx::eval

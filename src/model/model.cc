@@ -171,6 +171,16 @@ void AddBias(float* x, const std::vector<float>& b, int n_rows) {
 
 }  // namespace
 
+ops::RopeParams Model::rope_params() const {
+  ops::RopeParams rope;
+  rope.n_dims = config_.rope_dims;
+  rope.freq_base = config_.rope_freq_base;
+  rope.freq_scale = config_.rope_freq_scale;
+  rope.freq_factors = rope_freq_factors_.empty() ? nullptr : rope_freq_factors_.data();
+  rope.neox = config_.rope_neox;
+  return rope;
+}
+
 Status Model::Forward(const ForwardBatch& batch, std::span<kv::SequenceKV* const> kvs, ForwardScratch* s,
                       ThreadPool* pool, float* logits) const {
   const ModelConfig& c = config_;
@@ -193,6 +203,7 @@ Status Model::Forward(const ForwardBatch& batch, std::span<kv::SequenceKV* const
     if ((*starts)[q + 1] <= (*starts)[q]) return InvalidArgument("batch sequence " + std::to_string(q) + " has no rows");
     if (kvs[q] == nullptr) return InvalidArgument("batch sequence " + std::to_string(q) + " has no cache");
   }
+  if (batch.recompute != nullptr && n_seqs != 1) return InvalidArgument("a selective recomputation runs one sequence");
   for (int32_t t : batch.tokens) {
     if (t < 0 || t >= c.n_vocab) {
       return InvalidArgument("token id " + std::to_string(t) + " is outside the vocabulary [0, " +
@@ -213,15 +224,30 @@ Status Model::Forward(const ForwardBatch& batch, std::span<kv::SequenceKV* const
   s->gate.resize(static_cast<size_t>(n) * c.n_ff);
   s->up.resize(static_cast<size_t>(n) * c.n_ff);
 
-  // Token embeddings: one dequantized row per token.
-  for (int i = 0; i < n; ++i) ops::DequantizeWeightRow(token_embd_, batch.tokens[i], &s->x[static_cast<size_t>(i) * d]);
+  // The rows that run through the current layer (batch indices) and their
+  // positions: every row, unless a RowRecompute narrows them. The buffers
+  // above hold the active rows compactly, in this order.
+  std::vector<int32_t> rows(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) rows[i] = i;
+  if (batch.recompute != nullptr) {
+    const std::span<const int32_t> first = batch.recompute->Rows(0);
+    rows.assign(first.begin(), first.end());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      if (rows[i] < 0 || rows[i] >= n || (i > 0 && rows[i] <= rows[i - 1])) {
+        return InvalidArgument("recomputed rows must be increasing batch rows");
+      }
+    }
+    s->k_all.resize(static_cast<size_t>(n) * kv_dim);
+    s->v_all.resize(static_cast<size_t>(n) * kv_dim);
+  }
+  int m = static_cast<int>(rows.size());
+  std::vector<int32_t> row_positions(static_cast<size_t>(m));
+  for (int i = 0; i < m; ++i) row_positions[i] = batch.positions[rows[i]];
 
-  ops::RopeParams rope;
-  rope.n_dims = c.rope_dims;
-  rope.freq_base = c.rope_freq_base;
-  rope.freq_scale = c.rope_freq_scale;
-  rope.freq_factors = rope_freq_factors_.empty() ? nullptr : rope_freq_factors_.data();
-  rope.neox = c.rope_neox;
+  // Token embeddings: one dequantized row per token.
+  for (int i = 0; i < m; ++i) ops::DequantizeWeightRow(token_embd_, batch.tokens[rows[i]], &s->x[static_cast<size_t>(i) * d]);
+
+  const ops::RopeParams rope = rope_params();
   for (kv::SequenceKV* kv : kvs) kv->set_rope(rope);  // with pre-RoPE keys (--kv prerope=1) kv applies RoPE to K when reading
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   // Keys are roped here unless the caches rope them on read (all alike: one
@@ -231,8 +257,9 @@ Status Model::Forward(const ForwardBatch& batch, std::span<kv::SequenceKV* const
     if (kv->keys_pre_rope() != pre_rope_keys) return InvalidArgument("batch mixes pre-RoPE and roped caches");
   }
   std::vector<kv::AttentionSeq> attn_seqs(n_seqs);
-  // RoPE cos/sin depend only on the position: computed once per token here,
-  // shared by every layer (ops::Rope would recompute them per layer).
+  // RoPE cos/sin depend only on the position: computed once per token here
+  // (by batch row), shared by every layer (ops::Rope would recompute them
+  // per layer).
   std::vector<float> rope_cs(static_cast<size_t>(n) * c.rope_dims);
   for (int i = 0; i < n; ++i) ops::RopeCosSin(batch.positions[i], rope, &rope_cs[static_cast<size_t>(i) * c.rope_dims]);
 
@@ -242,11 +269,11 @@ Status Model::Forward(const ForwardBatch& batch, std::span<kv::SequenceKV* const
   // q8_0). A decoded token keeps it on the caller, where a parallel loop
   // would cost more than the work.
   constexpr int kParallelTokens = 16;
-  auto for_tokens = [&](auto&& fn) {  // fn(i0, i1) over token rows [i0, i1)
-    if (pool != nullptr && pool->size() > 1 && n >= kParallelTokens) {
-      pool->ParallelFor(static_cast<size_t>(n), [&](size_t b, size_t e, int) { fn(static_cast<int>(b), static_cast<int>(e)); });
+  auto for_tokens = [&](auto&& fn) {  // fn(i0, i1) over the active rows [i0, i1)
+    if (pool != nullptr && pool->size() > 1 && m >= kParallelTokens) {
+      pool->ParallelFor(static_cast<size_t>(m), [&](size_t b, size_t e, int) { fn(static_cast<int>(b), static_cast<int>(e)); });
     } else {
-      fn(0, n);
+      fn(0, m);
     }
   };
   auto norm_rows = [&](const std::vector<float>& weight, int i0, int i1) {
@@ -262,20 +289,47 @@ Status Model::Forward(const ForwardBatch& batch, std::span<kv::SequenceKV* const
 
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = layers_[l];
-    // Attention block (the previous layer's residual add first).
-    for_tokens([&](int i0, int i1) {
-      if (l > 0) residual_rows(i0, i1);
-      norm_rows(w.attn_norm, i0, i1);
-    });
-    // One parallel loop (and one activation quantization) for Q, K and V.
-    const ops::MatMulOutput qkv[] = {{w.wq, s->q.data()}, {w.wk, s->k.data()}, {w.wv, s->v.data()}};
-    ops::MatMulMulti(qkv, s->h.data(), n, pool);
+    // The rows this layer recomputes; fewer than the last layer's: keep
+    // their hidden states only (compacted in place, order kept).
+    std::span<const int32_t> want(rows);
+    if (batch.recompute != nullptr && l > 0) want = batch.recompute->Rows(l);
+    if (want.size() == rows.size() && !std::equal(want.begin(), want.end(), rows.begin())) {
+      return InvalidArgument("layer " + std::to_string(l) + " recomputes rows the layer before it did not");
+    }
+    if (want.size() != rows.size()) {
+      if (!std::is_sorted(want.begin(), want.end()) ||
+          !std::includes(rows.begin(), rows.end(), want.begin(), want.end())) {
+        return InvalidArgument("layer " + std::to_string(l) + " recomputes rows the layer before it did not");
+      }
+      for_tokens(residual_rows);  // the previous layer's, over the old rows
+      size_t j = 0;
+      for (size_t i = 0; i < want.size(); ++i) {
+        while (rows[j] != want[i]) ++j;
+        if (j != i) std::memcpy(&s->x[i * d], &s->x[j * d], sizeof(float) * d);
+      }
+      rows.assign(want.begin(), want.end());
+      m = static_cast<int>(rows.size());
+      row_positions.resize(static_cast<size_t>(m));
+      for (int i = 0; i < m; ++i) row_positions[i] = batch.positions[rows[i]];
+      for_tokens([&](int i0, int i1) { norm_rows(w.attn_norm, i0, i1); });
+    } else {
+      // Attention block (the previous layer's residual add first).
+      for_tokens([&](int i0, int i1) {
+        if (l > 0) residual_rows(i0, i1);
+        norm_rows(w.attn_norm, i0, i1);
+      });
+    }
+    if (m > 0) {
+      // One parallel loop (and one activation quantization) for Q, K and V.
+      const ops::MatMulOutput qkv[] = {{w.wq, s->q.data()}, {w.wk, s->k.data()}, {w.wv, s->v.data()}};
+      ops::MatMulMulti(qkv, s->h.data(), m, pool);
+    }
     for_tokens([&](int i0, int i1) {
       AddBias(&s->q[static_cast<size_t>(i0) * q_dim], w.bq, i1 - i0);
       AddBias(&s->k[static_cast<size_t>(i0) * kv_dim], w.bk, i1 - i0);
       AddBias(&s->v[static_cast<size_t>(i0) * kv_dim], w.bv, i1 - i0);
       for (int i = i0; i < i1; ++i) {
-        const float* cs = &rope_cs[static_cast<size_t>(i) * c.rope_dims];
+        const float* cs = &rope_cs[static_cast<size_t>(rows[i]) * c.rope_dims];
         for (int h = 0; h < c.n_heads; ++h) {
           ops::RopeApply(&s->q[static_cast<size_t>(i) * q_dim + static_cast<size_t>(h) * c.head_dim], cs, rope);
         }
@@ -286,15 +340,25 @@ Status Model::Forward(const ForwardBatch& batch, std::span<kv::SequenceKV* const
         }
       }
     });
-    for (int q = 0; q < n_seqs; ++q) {
-      const int r0 = (*starts)[q], nq = (*starts)[q + 1] - r0;
-      KVX_RETURN_IF_ERROR(kvs[q]->Append(l, nq, &batch.positions[r0], &s->k[static_cast<size_t>(r0) * kv_dim],
-                                         &s->v[static_cast<size_t>(r0) * kv_dim], nq >= kParallelTokens ? pool : nullptr));
-      attn_seqs[q] = {kvs[q], &s->q[static_cast<size_t>(r0) * q_dim], &batch.positions[r0], nq,
-                      &s->attn[static_cast<size_t>(r0) * q_dim]};
+    if (batch.recompute != nullptr) {
+      // Every row's K/V is stored; the attention below runs for the
+      // recomputed rows only.
+      batch.recompute->Merge(l, rows, s->k.data(), s->v.data(), s->k_all.data(), s->v_all.data());
+      KVX_RETURN_IF_ERROR(kvs[0]->Append(l, n, batch.positions.data(), s->k_all.data(), s->v_all.data(),
+                                         n >= kParallelTokens ? pool : nullptr));
+      attn_seqs[0] = {kvs[0], s->q.data(), row_positions.data(), m, s->attn.data()};
+    } else {
+      for (int q = 0; q < n_seqs; ++q) {
+        const int r0 = (*starts)[q], nq = (*starts)[q + 1] - r0;
+        KVX_RETURN_IF_ERROR(kvs[q]->Append(l, nq, &batch.positions[r0], &s->k[static_cast<size_t>(r0) * kv_dim],
+                                           &s->v[static_cast<size_t>(r0) * kv_dim], nq >= kParallelTokens ? pool : nullptr));
+        attn_seqs[q] = {kvs[q], &s->q[static_cast<size_t>(r0) * q_dim], &batch.positions[r0], nq,
+                        &s->attn[static_cast<size_t>(r0) * q_dim]};
+      }
     }
+    if (m == 0) continue;  // nothing recomputed from here on
     kv::AttentionBatch(attn_seqs.data(), n_seqs, l, c.n_heads, scale, pool, batch.observer);
-    ops::MatMul(w.wo, s->attn.data(), n, s->o.data(), pool);
+    ops::MatMul(w.wo, s->attn.data(), m, s->o.data(), pool);
 
     // Feed-forward block (SwiGLU).
     for_tokens([&](int i0, int i1) {
@@ -302,12 +366,12 @@ Status Model::Forward(const ForwardBatch& batch, std::span<kv::SequenceKV* const
       norm_rows(w.ffn_norm, i0, i1);
     });
     const ops::MatMulOutput gate_up[] = {{w.w_gate, s->gate.data()}, {w.w_up, s->up.data()}};
-    ops::MatMulMulti(gate_up, s->h.data(), n, pool);
+    ops::MatMulMulti(gate_up, s->h.data(), m, pool);
     for_tokens([&](int i0, int i1) {
       const size_t off = static_cast<size_t>(i0) * c.n_ff;
       ops::SwiGLU(&s->gate[off], &s->up[off], static_cast<int64_t>(i1 - i0) * c.n_ff, &s->gate[off]);
     });
-    ops::MatMul(w.w_down, s->gate.data(), n, s->o.data(), pool);
+    ops::MatMul(w.w_down, s->gate.data(), m, s->o.data(), pool);
   }
   if (c.n_layers > 0) for_tokens(residual_rows);  // the last layer's
 
@@ -316,7 +380,11 @@ Status Model::Forward(const ForwardBatch& batch, std::span<kv::SequenceKV* const
   if (n_out == 0) return Status::Ok();
   s->logits_in.resize(static_cast<size_t>(n_out) * d);
   for (int r = 0; r < n_out; ++r) {
-    ops::RmsNorm(&s->x[static_cast<size_t>(batch.logit_rows[r]) * d], output_norm_.data(), d, c.rms_eps,
+    const auto at = std::lower_bound(rows.begin(), rows.end(), batch.logit_rows[r]);
+    if (at == rows.end() || *at != batch.logit_rows[r]) {
+      return InvalidArgument("logit row " + std::to_string(batch.logit_rows[r]) + " was not recomputed through the last layer");
+    }
+    ops::RmsNorm(&s->x[static_cast<size_t>(at - rows.begin()) * d], output_norm_.data(), d, c.rms_eps,
                  &s->logits_in[static_cast<size_t>(r) * d]);
   }
   ops::MatMul(output_, s->logits_in.data(), n_out, logits, pool);

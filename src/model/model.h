@@ -35,6 +35,28 @@ struct LayerWeights {
   ops::WeightView w_gate, w_up, w_down;
 };
 
+// Selective recomputation (chunk reuse, engine/chunk_assembly.h): a forward
+// pass over one sequence in which a row's K/V at a layer either comes from
+// the model (the row is "recomputed" there) or from elsewhere (a chunk cache).
+// A row's hidden state exists only while it is recomputed, so each layer's
+// rows are a subset of the previous layer's; every row's K/V is stored at
+// every layer.
+class RowRecompute {
+ public:
+  virtual ~RowRecompute() = default;
+  // Batch indices (increasing) whose K/V layer `layer` computes; for
+  // layer > 0 a subset of the rows of layer - 1 (else the pass fails with
+  // InvalidArgument). Called once per layer, in order.
+  virtual std::span<const int32_t> Rows(int layer) = 0;
+  // Called once per layer after the K/V of `rows` = Rows(layer) are
+  // computed (k, v [rows.size()][kv_dim]; keys roped unless the cache keeps
+  // them pre-RoPE), before anything is stored: writes the K/V of every row
+  // of the batch ([n][kv_dim]) to k_all, v_all, the recomputed rows' from
+  // k, v and the others' from wherever they come from.
+  virtual void Merge(int layer, std::span<const int32_t> rows, const float* k, const float* v, float* k_all,
+                     float* v_all) = 0;
+};
+
 // A batch of tokens to run through the model: the tokens of one or more
 // sequences, each sequence's rows contiguous. Row i is token tokens[i] at
 // positions[i] of the sequence whose range [seq_start[s], seq_start[s + 1])
@@ -52,11 +74,15 @@ struct ForwardBatch {
   // Sees the attention probabilities (kv/attention.h; `seq` is the index of
   // the sequence in this batch); nullptr = none, at no cost.
   kv::AttentionObserver* observer = nullptr;
+  // nullptr: every row through every layer. Otherwise the batch holds one
+  // sequence, and logit_rows must be rows of the last layer.
+  RowRecompute* recompute = nullptr;
 };
 
 // Per-sequence working memory, reused across calls to avoid allocations.
 struct ForwardScratch {
   std::vector<float> x, h, q, k, v, attn, o, gate, up, logits_in;
+  std::vector<float> k_all, v_all;  // RowRecompute: every row's K/V of a layer
 };
 
 class Model {
@@ -68,6 +94,9 @@ class Model {
   const ModelConfig& config() const { return config_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const gguf::GgufFile& file() const { return *file_; }
+
+  // RoPE as this model applies it (chunk reuse re-rotates cached keys with it).
+  ops::RopeParams rope_params() const;
 
   // The KV layout of this model with `page_tokens` entries per page.
   kv::KVLayout KVLayoutFor(int page_tokens) const;

@@ -333,7 +333,18 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const gguf::GgufFile& f) 
 
 Result<std::vector<int32_t>> Tokenizer::Encode(std::string_view text, bool add_special,
                                                bool parse_special) const {
+  return Encode(text, add_special, parse_special, ByteRanges());
+}
+
+Result<std::vector<int32_t>> Tokenizer::Encode(std::string_view text, bool add_special, bool parse_special,
+                                               const ByteRanges& text_only) const {
   const TokenizerImpl& v = *impl_;
+  // Whether [at, at + n) touches a byte of text_only.
+  auto in_text_only = [&](size_t at, size_t n) {
+    auto it = std::upper_bound(text_only.begin(), text_only.end(), at,
+                               [](size_t a, const std::pair<size_t, size_t>& r) { return a < r.second; });
+    return it != text_only.end() && it->first < at + n;
+  };
   // Symbol offsets are 32-bit and spaces may triple in size when escaped.
   constexpr size_t kMaxText = size_t{1} << 30;
   if (text.size() > kMaxText) {
@@ -367,10 +378,14 @@ Result<std::vector<int32_t>> Tokenizer::Encode(std::string_view text, bool add_s
         next.push_back(fr);
         continue;
       }
-      size_t base = fr.off, len = fr.len;
-      while (len > 0) {
-        const size_t rel = text.substr(base, len).find(st);
+      size_t base = fr.off, len = fr.len, from = 0;
+      while (from < len) {
+        const size_t rel = text.substr(base, len).find(st, from);
         if (rel == std::string_view::npos) break;
+        if (in_text_only(base + rel, st.size())) {
+          from = rel + 1;  // text: look further on
+          continue;
+        }
         any = true;
         size_t left_len = rel;
         if (tok.attr & kAttrLstrip) {
@@ -385,6 +400,7 @@ Result<std::vector<int32_t>> Tokenizer::Encode(std::string_view text, bool add_s
         }
         base = rbase;
         len = rlen;
+        from = 0;
       }
       if (len > 0) next.push_back({-1, base, len});
     }

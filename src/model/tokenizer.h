@@ -29,6 +29,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "util/status.h"
@@ -108,6 +109,16 @@ class Tokenizer {
   // valid UTF-8 (the message gives the byte offset).
   Result<std::vector<int32_t>> Encode(std::string_view text, bool add_special,
                                       bool parse_special) const;
+  // Byte ranges [first, second) of a text, sorted and disjoint.
+  using ByteRanges = std::vector<std::pair<size_t, size_t>>;
+  // As Encode, but the bytes in `text_only` are read as text whatever
+  // parse_special: no control, user-defined or unknown token is cut out of
+  // them, or across their edges (a chat message's content inside its
+  // template's turn markers: server/chat_template.h). The text between
+  // special tokens is encoded in one piece, so where no token is refused the
+  // ids are Encode's.
+  Result<std::vector<int32_t>> Encode(std::string_view text, bool add_special, bool parse_special,
+                                      const ByteRanges& text_only) const;
 
   // llama_token_to_piece(id, lstrip=0, special): the bytes this token stands
   // for. Control and unknown tokens render as their text when `special`,

@@ -187,6 +187,39 @@ TEST(TokenizerSpm, UserDefinedTokensAlwaysSplitLongestFirst) {
   EXPECT_EQ(t->TokenToPiece(u1, false), "<tag>");  // user-defined pieces always render
 }
 
+// Ranges read as text: no control or user-defined token is cut out of
+// them or across their edges; outside them, parse_special as asked; with no
+// ranges, Encode's ids.
+TEST(TokenizerSpm, TextOnlyRangesNeverBecomeSpecialTokens) {
+  SpmBuilder b;
+  b.AddBytes();
+  b.Add(kSp);
+  const int32_t tag = b.Add("<tag>", 0, kUserDefined);
+  auto t = b.Build();
+  auto enc = [&](std::string_view text, const Tokenizer::ByteRanges& text_only) {
+    auto r = t->Encode(text, false, true, text_only);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? *r : std::vector<int32_t>{};
+  };
+  auto count = [](const std::vector<int32_t>& ids, int32_t id) { return std::count(ids.begin(), ids.end(), id); };
+  // <s> at 0, a at 3, <tag> at 4, </s> at 9, b at 13, <tag> at 14.
+  const std::string text = "<s>a<tag></s>b<tag>";
+  EXPECT_EQ(enc(text, {}), Enc(*t, text, false, true));
+  const auto all = enc(text, {{0, text.size()}});
+  EXPECT_EQ(count(all, 1) + count(all, 2) + count(all, tag), 0);
+  // Only the middle is text: the first <s> and the last <tag> stay tokens.
+  const auto middle = enc(text, {{3, 14}});
+  EXPECT_EQ(middle.front(), 1);
+  EXPECT_EQ(middle.back(), tag);
+  EXPECT_EQ(count(middle, 1), 1);
+  EXPECT_EQ(count(middle, 2), 0);
+  EXPECT_EQ(count(middle, tag), 1);
+  // A range that only touches a token's first or last byte keeps it text.
+  EXPECT_EQ(count(enc(text, {{4, 5}}), tag), 1);  // the first <tag>'s '<'
+  EXPECT_EQ(count(enc(text, {{8, 9}}), tag), 1);  // its '>'
+  EXPECT_EQ(count(enc(text, {{9, 10}}), 2), 0);   // </s>'s '<'
+}
+
 TEST(TokenizerSpm, PiecesDecodeAndDetokenize) {
   SpmBuilder b;
   const int32_t sp = b.Add(kSp);

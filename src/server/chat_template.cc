@@ -3,26 +3,21 @@
 #include "server/jinja.h"
 
 namespace kvx::server {
-namespace {
-
-const char* const kWhose = "the model's chat template (tokenizer.chat_template)";
-
-}  // namespace
-
-Result<ChatTemplate> ChatTemplate::Create(const std::string& source, const model::Tokenizer& tokenizer) {
+Result<ChatTemplate> ChatTemplate::Create(const std::string& source, const model::Tokenizer& tokenizer,
+                                          const std::string& origin) {
   ChatTemplate t;
   t.source_ = source;
   if (tokenizer.bos() >= 0) t.bos_ = tokenizer.TokenText(tokenizer.bos());
   if (tokenizer.eos() >= 0) t.eos_ = tokenizer.TokenText(tokenizer.eos());
   if (!source.empty()) {
     auto program = jinja::Template::Parse(source);
-    if (!program.ok()) return program.status().WithContext(kWhose);
+    if (!program.ok()) return program.status().WithContext(origin);
     t.program_ = *program;
     // A template that cannot render one user message (beyond refusing it, as
     // raise_exception does) would fail every chat request: fail the load.
     auto probe = t.Render({{"user", "Hi"}}, /*add_generation_prompt=*/true);
     if (!probe.ok() && probe.status().code() != StatusCode::kInvalidArgument) {
-      return InvalidArgument(probe.status().WithContext(kWhose).message() + " (rendering one user message)");
+      return InvalidArgument(probe.status().WithContext(origin).message() + " (rendering one user message)");
     }
   }
   // Turn-end tokens of common formats that are not the vocabulary's EOS.
@@ -33,15 +28,21 @@ Result<ChatTemplate> ChatTemplate::Create(const std::string& source, const model
   return t;
 }
 
-Result<std::string> ChatTemplate::Render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
+Result<jinja::MarkedText> ChatTemplate::Render(const std::vector<ChatMessage>& messages,
+                                               bool add_generation_prompt) const {
   if (program_ == nullptr) {
-    std::string out;
-    for (const ChatMessage& m : messages) out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
-    if (add_generation_prompt) out += "<|im_start|>assistant\n";
+    jinja::MarkedText out;
+    for (const ChatMessage& m : messages) {
+      out.Append("<|im_start|>" + m.role + "\n", nullptr);
+      const jinja::Spans all = {{0, m.content.size()}};
+      out.Append(m.content, &all);
+      out.Append("<|im_end|>\n", nullptr);
+    }
+    if (add_generation_prompt) out.Append("<|im_start|>assistant\n", nullptr);
     return out;
   }
   return static_cast<const jinja::Template*>(program_.get())
-      ->Render(ChatContext(messages, add_generation_prompt, bos_, eos_));
+      ->RenderMarked(ChatContext(messages, add_generation_prompt, bos_, eos_));
 }
 
 jinja::Value::Object ChatContext(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
@@ -50,7 +51,7 @@ jinja::Value::Object ChatContext(const std::vector<ChatMessage>& messages, bool 
   for (const ChatMessage& m : messages) {
     jinja::Value::Object o;
     o["role"] = jinja::Value(m.role);
-    o["content"] = jinja::Value(m.content);
+    o["content"] = jinja::Value::Data(m.content);  // marked: tokenized as text
     list.push_back(jinja::Value(std::move(o)));
   }
   jinja::Value::Object context;

@@ -26,25 +26,33 @@ struct ChatMessage {
   std::string content;
 };
 
-// The variables a chat template renders with: `messages` (role, content),
-// `add_generation_prompt`, `bos_token`, `eos_token`.
+// The variables a chat template renders with: `messages` (role, content:
+// data, jinja::Value::Data), `add_generation_prompt`, `bos_token`,
+// `eos_token`.
 jinja::Value::Object ChatContext(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
                                  const std::string& bos, const std::string& eos);
 
 class ChatTemplate {
  public:
-  // The model's template (source `tokenizer.chat_template` of the GGUF, or
-  // empty for the default), with its BOS/EOS token texts. InvalidArgument
-  // naming the construct or limit for a template the interpreter cannot
-  // parse, or that fails on one user message otherwise than by refusing it
-  // (a limit passed, an overflow: jinja.h's sandbox).
-  static Result<ChatTemplate> Create(const std::string& source, const model::Tokenizer& tokenizer);
+  // What the errors of the model's own template say it is.
+  static constexpr const char* kModelTemplate = "the model's chat template (tokenizer.chat_template)";
+  // The template `source` (the GGUF's `tokenizer.chat_template`, a
+  // --chat-template file; empty for the default), with the tokenizer's
+  // BOS/EOS token texts. InvalidArgument naming `origin` and the construct
+  // or limit for a template the interpreter cannot parse, or that fails on
+  // one user message otherwise than by refusing it (a limit passed, an
+  // overflow: jinja.h's sandbox).
+  static Result<ChatTemplate> Create(const std::string& source, const model::Tokenizer& tokenizer,
+                                     const std::string& origin = kModelTemplate);
 
   // The prompt for `messages`, ending with the assistant's turn opening when
-  // add_generation_prompt. InvalidArgument for what the template refuses
-  // (raise_exception, e.g. roles out of order); Internal when it fails
-  // otherwise (a limit, an overflow, a construct it cannot evaluate).
-  Result<std::string> Render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const;
+  // add_generation_prompt, with the bytes that came from message content
+  // marked (jinja.h, "Data marks"): the tokenizer reads those as text only,
+  // so content cannot open or close a turn (role injection).
+  // InvalidArgument for what the template refuses (raise_exception, e.g.
+  // roles out of order); Internal when it fails otherwise (a limit, an
+  // overflow, a construct it cannot evaluate).
+  Result<jinja::MarkedText> Render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const;
 
   bool is_default() const { return source_.empty(); }
   const std::string& source() const { return source_; }

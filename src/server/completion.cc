@@ -8,7 +8,7 @@
 #include <deque>
 #include <mutex>
 
-#include "server/client_socket.h"
+#include "server/http_transport.h"
 #include "server/text_stream.h"
 
 namespace kvx::server {
@@ -160,25 +160,21 @@ json Chunk(const Call& c, int index, const std::string& text, const char* reason
 
 // Waits for every event, then answers one JSON object. A client that hangs
 // up while it waits frees its sequences at once, as a stream's does: every
-// 100 ms the connection's socket is checked (found once the request has
-// waited that long).
-void AnswerWhole(CompletionHost& host, Call& call, const httplib::Request& req, httplib::Response& res) {
+// 100 ms its connection is checked (one that only half-closed is still
+// answered).
+void AnswerWhole(CompletionHost& host, Call& call, httplib::Response& res) {
   std::shared_ptr<void> open = host.OpenResponse();
   const model::Tokenizer& tok = host.scheduler().engine().model().tokenizer();
   std::vector<std::string> texts(call.params.n, call.echo);
-  bool done = false, client_gone = false, looked_up = false;
-  int fd = -1;
+  bool done = false, client_gone = false;
+  ClientConnection* connection = CurrentConnection();
   while (!done) {
     std::deque<engine::RequestEvent> events;
     done = call.Take(&events, std::chrono::milliseconds(100));
     for (const auto& e : events) texts[e.sample] += Apply(call, tok, e);
     call.CancelIfAllStopped(host.scheduler());
     if (done || client_gone) continue;
-    if (!looked_up) {
-      looked_up = true;
-      fd = FindConnectionSocket(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
-    }
-    if (fd >= 0 && PeerClosed(fd)) {
+    if (connection != nullptr && connection->Gone()) {
       client_gone = true;
       host.scheduler().Cancel(call.id);  // then wait for it to land, as streams do
       host.CountDisconnect();
@@ -287,7 +283,7 @@ void AnswerStream(CompletionHost& host, std::shared_ptr<Call> call, httplib::Res
 }  // namespace
 
 void AnswerCompletion(CompletionHost& host, const CompletionParams& params, BuiltRequest built,
-                      const std::string& object_id, const httplib::Request& req, httplib::Response& res) {
+                      const std::string& object_id, httplib::Response& res) {
   auto call = std::make_shared<Call>();
   call->params = params;
   call->object_id = object_id;
@@ -315,7 +311,7 @@ void AnswerCompletion(CompletionHost& host, const CompletionParams& params, Buil
   call->id = *submitted;
   host.Track(call->id, true);
   if (params.stream) return AnswerStream(host, std::move(call), res);
-  AnswerWhole(host, *call, req, res);
+  AnswerWhole(host, *call, res);
 }
 
 }  // namespace kvx::server

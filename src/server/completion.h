@@ -7,7 +7,8 @@
 // strings are cut from the text (server/text_stream.h); once every sample
 // hit one, the request is cancelled. A client that leaves cancels its
 // request at once: a stream's at the next write, a plain one's when its
-// socket shows the peer closed (server/client_socket.h), polled every 100 ms.
+// connection shows the client gone (ClientConnection::Gone in
+// server/http_transport.h), polled every 100 ms.
 //
 // Thread-safety: AnswerCompletion runs on an HTTP worker thread; the
 // scheduler's callbacks reach it through a mutex-guarded event queue.
@@ -22,7 +23,6 @@
 #include "server/openai.h"
 
 namespace httplib {
-struct Request;
 struct Response;
 }  // namespace httplib
 
@@ -45,7 +45,7 @@ class CompletionHost {
 
 // Submits `built` and answers it on `res` as `params` asks (stream or not).
 void AnswerCompletion(CompletionHost& host, const CompletionParams& params, BuiltRequest built,
-                      const std::string& object_id, const httplib::Request& req, httplib::Response& res);
+                      const std::string& object_id, httplib::Response& res);
 
 // JSON responses (invalid UTF-8 from a model replaced, never thrown on).
 std::string Dump(const nlohmann::json& j);

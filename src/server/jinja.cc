@@ -44,6 +44,36 @@ void AppendJsonString(std::string& out, const std::string& s, size_t max_bytes) 
 
 }  // namespace
 
+void MarkedText::Append(const std::string& str, const Spans* marks, size_t begin, size_t end) {
+  end = std::min(end, str.size());
+  if (begin >= end) return;
+  const size_t at = text.size();
+  text.append(str, begin, end - begin);
+  if (marks == nullptr) return;
+  // The first mark that ends past `begin`, then every one that starts before `end`.
+  auto it = std::upper_bound(marks->begin(), marks->end(), begin,
+                             [](size_t b, const std::pair<size_t, size_t>& m) { return b < m.second; });
+  for (; it != marks->end() && it->first < end; ++it) {
+    const size_t from = at + std::max(it->first, begin) - begin, to = at + std::min(it->second, end) - begin;
+    if (!data.empty() && data.back().second == from) {
+      data.back().second = to;  // touching: one mark
+    } else {
+      data.emplace_back(from, to);
+    }
+  }
+}
+
+Value::Value(std::string s, Spans data) : Value(std::move(s)) {
+  if (!data.empty()) data_ = std::make_shared<const Spans>(std::move(data));
+}
+
+bool Value::HoldsData() const {
+  if (data_ != nullptr) return true;
+  if (is_array()) return std::any_of(a().begin(), a().end(), [](const Value& v) { return v.HoldsData(); });
+  if (is_object()) return std::any_of(o().begin(), o().end(), [](const auto& kv) { return kv.second.HoldsData(); });
+  return false;
+}
+
 Value::Value(Array a) {
   for (const Value& x : a) depth_ = std::max(depth_, x.depth_ + 1);
   depth_ = std::max(depth_, 1);
@@ -200,13 +230,18 @@ Result<std::shared_ptr<const Template>> Template::Parse(const std::string& sourc
 }
 
 Result<std::string> Template::Render(const Value::Object& context, const Limits& limits) const {
+  KVX_ASSIGN_OR_RETURN(MarkedText out, RenderMarked(context, limits));
+  return std::move(out.text);
+}
+
+Result<MarkedText> Template::RenderMarked(const Value::Object& context, const Limits& limits) const {
   try {
     Budget budget{limits};
     Scope s;
     s.budget = &budget;
     s.frames.push_back(context);
     s.frames.emplace_back();  // the template's own top-level sets
-    std::string out;
+    MarkedText out;
     RunBody(body_, s, out);
     return out;
   } catch (const Error& e) {

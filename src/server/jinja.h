@@ -34,6 +34,14 @@
 // template, Parse and Render return an error naming the limit; they never
 // crash, spin or allocate without bound.
 //
+// Data marks: strings made with Value::Data (a chat message's content) are
+// the caller's data, not the template's text. Every string built from their
+// bytes keeps those bytes marked (concatenation, printing, slices, strip,
+// split, replace, join, case changes; a list or dict printed whole is all
+// data when it holds any), so RenderMarked says which output bytes came
+// from data: the tokenizer reads those as text, never as control tokens
+// (server/chat_template.h). A dict key cannot be made of data (an error).
+//
 // Thread-safety: a parsed Template is immutable; Render is safe from many
 // threads.
 #pragma once
@@ -43,6 +51,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -51,6 +60,19 @@
 namespace kvx::server::jinja {
 
 struct MacroNode;
+
+// Byte ranges [first, second) of a string that are data: sorted, disjoint,
+// not touching.
+using Spans = std::vector<std::pair<size_t, size_t>>;
+
+// A text and its data marks.
+struct MarkedText {
+  std::string text;
+  Spans data;
+  // Appends str[begin, end) with the marks `marks` (of str; null: none)
+  // give it.
+  void Append(const std::string& str, const Spans* marks, size_t begin = 0, size_t end = std::string::npos);
+};
 
 // Nesting of expressions (parentheses, operands, operator chains, filters,
 // literals) and of blocks in the template's text: the parser recurses
@@ -94,6 +116,14 @@ class Value {
   // Strings are shared, immutable: copying a value never copies its bytes.
   explicit Value(std::string s) : v_(std::make_shared<const std::string>(std::move(s))) {}
   explicit Value(const char* s) : Value(std::string(s)) {}
+  // A string with data marks (none when `data` is empty).
+  Value(std::string s, Spans data);
+  explicit Value(MarkedText m) : Value(std::move(m.text), std::move(m.data)) {}
+  // A string that is data through and through (see "Data marks" above).
+  static Value Data(std::string s) {
+    const size_t n = s.size();
+    return n == 0 ? Value(std::move(s)) : Value(std::move(s), Spans{{0, n}});
+  }
   explicit Value(Array a);
   explicit Value(Object o);
   // A {% macro %}: the node lives in the parsed Template, which outlives
@@ -126,6 +156,10 @@ class Value {
   Array& a() const { return *std::get<std::shared_ptr<Array>>(v_); }
   Object& o() const { return *std::get<std::shared_ptr<Object>>(v_); }
   const MacroNode& macro() const { return *std::get<const MacroNode*>(v_); }
+  // A string's data marks; null when none of its bytes is data.
+  const Spans* data() const { return data_.get(); }
+  // Whether this value, or any value it holds, has data.
+  bool HoldsData() const;
 
   // 0 for scalars, else 1 + the deepest element's (kNamespaceDepth for a
   // namespace()).
@@ -148,6 +182,7 @@ class Value {
 
   std::variant<Undefined, None, bool, int64_t, double, std::shared_ptr<const std::string>, std::shared_ptr<Array>,
                std::shared_ptr<Object>, const MacroNode*> v_;
+  std::shared_ptr<const Spans> data_;
   int depth_ = 0;
   bool ns_ = false;
 };
@@ -164,6 +199,8 @@ class Template {
   // fails otherwise (a limit, an overflow, a type or construct it cannot
   // evaluate): the template's fault, not the caller's.
   Result<std::string> Render(const Value::Object& context, const Limits& limits = Limits()) const;
+  // The same, with the output's data marks.
+  Result<MarkedText> RenderMarked(const Value::Object& context, const Limits& limits = Limits()) const;
   ~Template();
 
  private:

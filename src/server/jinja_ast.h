@@ -64,8 +64,10 @@ struct Piece {
 std::vector<Piece> Split(const std::string& src);
 
 inline const std::string kSpace = " \t\n\r\f\v";
-// `s` without the leading (left) and/or trailing (right) characters in `chars`.
+// `s` without the leading (left) and/or trailing (right) characters in
+// `chars`; StripBounds gives where that is in `s`, [first, second).
 std::string Strip(const std::string& s, const std::string& chars, bool left, bool right);
+std::pair<size_t, size_t> StripBounds(const std::string& s, const std::string& chars, bool left, bool right);
 
 // ---------------------------------------------------------------- the AST (evaluated in jinja_eval.cc)
 
@@ -105,19 +107,19 @@ using ExprPtr = std::unique_ptr<Expr>;
 
 struct Node {
   virtual ~Node() = default;
-  virtual void Run(Scope& s, std::string& out) const = 0;
+  virtual void Run(Scope& s, MarkedText& out) const = 0;
   int line = 0;
 };
 using Body = std::vector<std::unique_ptr<Node>>;
-void RunBody(const Body& body, Scope& s, std::string& out);
+void RunBody(const Body& body, Scope& s, MarkedText& out);
 // Charge the render's budget (jinja.h's Limits): `steps` steps; `bytes` about
 // to be built (before building them, so nothing is allocated past the
 // budget); a scan of `bytes` bytes (a step per 256).
 void SpendSteps(Scope& s, int64_t steps, int line);
 void SpendBytes(Scope& s, size_t bytes, int line);
 void SpendScan(Scope& s, size_t bytes, int line);
-// `text` appended to `out`, charged.
-void Emit(Scope& s, std::string& out, const std::string& text, int line);
+// `text` (with data marks `data`, or none) appended to `out`, charged.
+void Emit(Scope& s, MarkedText& out, const std::string& text, const Spans* data, int line);
 inline constexpr int kMaxMacroDepth = 64;
 // Steps a loop iteration or a macro call costs: each makes a frame of
 // variables (and a loop object), about ten times an expression's work.
@@ -193,22 +195,22 @@ bool IsKnownFilter(const std::string& name);
 // Statements.
 struct TextNode : Node {
   std::string text;
-  void Run(Scope&, std::string& out) const override;
+  void Run(Scope&, MarkedText& out) const override;
 };
 struct OutputNode : Node {
   ExprPtr x;
-  void Run(Scope& s, std::string& out) const override;
+  void Run(Scope& s, MarkedText& out) const override;
 };
 struct IfNode : Node {
   std::vector<std::pair<ExprPtr, Body>> branches;  // a null condition is the else
-  void Run(Scope& s, std::string& out) const override;
+  void Run(Scope& s, MarkedText& out) const override;
 };
 struct ForNode : Node {
   std::vector<std::string> vars;
   ExprPtr iter;
   ExprPtr filter;  // {% for x in xs if cond %}
   Body body, otherwise;
-  void Run(Scope& s, std::string& out) const override;
+  void Run(Scope& s, MarkedText& out) const override;
   void Bind(Scope& s, const Value& v) const;
 };
 // {% macro name(params) %}body{% endmacro %}: Run binds `name` in the
@@ -218,14 +220,14 @@ struct MacroNode : Node {
   std::vector<std::string> params;
   std::vector<ExprPtr> defaults;  // per param; null: none
   Body body;
-  void Run(Scope& s, std::string&) const override;
+  void Run(Scope& s, MarkedText&) const override;
   Value Call(Scope& caller, std::vector<Value> args, std::vector<std::pair<std::string, Value>> kwargs,
              int call_line) const;
 };
 struct SetNode : Node {
   std::string name, attr;  // attr: set ns.attr = ...
   ExprPtr x;
-  void Run(Scope& s, std::string&) const override;
+  void Run(Scope& s, MarkedText&) const override;
 };
 
 // ---------------------------------------------------------------- parsing (jinja_parse.cc)

@@ -49,9 +49,15 @@ void SpendBytes(Scope& s, size_t bytes, int line) {
 
 void SpendScan(Scope& s, size_t bytes, int line) { SpendSteps(s, static_cast<int64_t>(bytes / 256), line); }
 
-void Emit(Scope& s, std::string& out, const std::string& text, int line) {
+// The bytes of `n` data marks (charged once built: there is at most one per
+// two bytes, and the bytes were charged before).
+size_t MarkBytes(size_t n) { return n * sizeof(Spans::value_type); }
+
+void Emit(Scope& s, MarkedText& out, const std::string& text, const Spans* data, int line) {
   SpendBytes(s, text.size(), line);
-  out += text;
+  const size_t marks = out.data.size();
+  out.Append(text, data);
+  SpendBytes(s, MarkBytes(out.data.size() - marks), line);
 }
 
 Value Lookup(Scope& s, const std::string& name, int line) {
@@ -79,7 +85,7 @@ Value Expr::Eval(Scope& s) const {
   return v;
 }
 
-void RunBody(const Body& body, Scope& s, std::string& out) {
+void RunBody(const Body& body, Scope& s, MarkedText& out) {
   if (body.empty()) return;
   Nested nested(s.budget->depth, kMaxEvalDepth, "evaluation", body.front()->line);
   for (const auto& n : body) {
@@ -94,7 +100,8 @@ const Value kUndefined;
 constexpr size_t kMaxMessageBytes = 1000;  // of a raise_exception message
 
 // `v` as {{ }} prints it: a string's own bytes, or the text built into `buf`
-// (charged).
+// (charged). Where the text goes into a string or the output, Printout
+// instead: it keeps the data marks.
 const std::string& Printed(Scope& s, const Value& v, std::string& buf, int line) {
   if (v.is_string()) return v.s();
   buf = v.Str(Remaining(s));
@@ -102,19 +109,67 @@ const std::string& Printed(Scope& s, const Value& v, std::string& buf, int line)
   return buf;
 }
 
-Value Concat(Scope& s, const std::string& x, const std::string& y, int line) {
-  SpendBytes(s, x.size() + y.size(), line);
-  std::string r;
-  r.reserve(x.size() + y.size());
-  r += x;
-  r += y;
-  return Value(std::move(r));
+// `v` as {{ }} prints it, with its data marks: a string's own bytes and
+// marks, or the text built (charged) for anything else, all of it data when
+// the value holds any. Refers to `v`, which must outlive it.
+class Printout {
+ public:
+  Printout(Scope& s, const Value& v, int line) : text_(&Printed(s, v, own_, line)) {
+    if (v.is_string()) {
+      data_ = v.data();
+    } else if (!own_.empty() && v.HoldsData()) {
+      own_data_ = {{0, own_.size()}};
+      data_ = &own_data_;
+    }
+  }
+  Printout(const Printout&) = delete;
+  Printout& operator=(const Printout&) = delete;
+  const std::string& text() const { return *text_; }
+  const Spans* data() const { return data_; }
+
+ private:
+  std::string own_;
+  Spans own_data_;
+  const std::string* text_;
+  const Spans* data_ = nullptr;
+};
+
+// A string built with marks, the marks charged.
+Value Marked(Scope& s, MarkedText m, int line) {
+  SpendBytes(s, MarkBytes(m.data.size()), line);
+  return Value(std::move(m));
 }
 
-// A string built from `str`, charged before it is.
-Value NewString(Scope& s, std::string str, int line) {
-  SpendBytes(s, str.size(), line);
-  return Value(std::move(str));
+Value Concat(Scope& s, const std::string& x, const Spans* x_data, const std::string& y, const Spans* y_data, int line) {
+  SpendBytes(s, x.size() + y.size(), line);
+  MarkedText r;
+  r.text.reserve(x.size() + y.size());
+  r.Append(x, x_data);
+  r.Append(y, y_data);
+  return Marked(s, std::move(r), line);
+}
+
+// A string built from `str`, charged before it is; `data`: the marks of a
+// string of the same length it was made from (a change of case).
+Value NewString(Scope& s, std::string str, int line, const Spans* data = nullptr) {
+  SpendBytes(s, str.size() + (data ? MarkBytes(data->size()) : 0), line);
+  return Value(std::move(str), data ? *data : Spans());
+}
+
+// v.s()[begin, end), with its marks; its marks charged when given a scope
+// (its bytes are the caller's to charge).
+Value Substring(const Value& v, size_t begin, size_t end, Scope* s = nullptr, int line = 0) {
+  MarkedText m;
+  m.Append(v.s(), v.data(), begin, end);
+  if (s != nullptr) SpendBytes(*s, MarkBytes(m.data.size()), line);
+  return Value(std::move(m));
+}
+
+// strip / lstrip / rstrip / trim of a string value, charged.
+Value StripValue(Scope& s, const Value& v, const std::string& chars, bool left, bool right, int line) {
+  const auto [a, z] = StripBounds(v.s(), chars, left, right);
+  SpendBytes(s, z - a, line);
+  return Substring(v, a, z, &s, line);
 }
 
 // A list of `n` elements about to be built.
@@ -182,7 +237,7 @@ Value Index(const Value& base, const Value& key) {
     int64_t k = key.i();
     const int64_t n = static_cast<int64_t>(base.s().size());
     if (k < 0) k += n;
-    return k >= 0 && k < n ? Value(base.s().substr(k, 1)) : Value();
+    return k >= 0 && k < n ? Substring(base, static_cast<size_t>(k), static_cast<size_t>(k) + 1) : Value();
   }
   if (base.is_object() && key.is_string()) {
     auto it = base.o().find(key.s());
@@ -240,21 +295,23 @@ bool Contains(Scope& s, const Value& hay, const Value& needle, int line) {
   Fail(std::string("'in' needs a string, list or dict, not ") + hay.TypeName(), line);
 }
 
-// In one pass, charged as it grows (replacing in place is quadratic).
-Value ReplaceAll(Scope& s, const std::string& str, const std::string& from, const std::string& to, int line) {
-  if (from.empty()) return NewString(s, str, line);
+// In one pass, charged as it grows (replacing in place is quadratic). The
+// bytes kept keep their marks; each `to` brings its own.
+Value ReplaceAll(Scope& s, const Value& self, const std::string& from, const Printout& to, int line) {
+  const std::string& str = self.s();
+  if (from.empty()) return NewString(s, str, line, self.data());
   const Searcher searcher(s, from, line);
-  std::string out;
+  MarkedText out;
   size_t p = 0;
   for (size_t q = searcher.Find(s, str, 0, line); q != std::string::npos; q = searcher.Find(s, str, p, line)) {
-    SpendBytes(s, q - p + to.size(), line);
-    out.append(str, p, q - p);
-    out += to;
+    SpendBytes(s, q - p + to.text().size(), line);
+    out.Append(str, self.data(), p, q);
+    out.Append(to.text(), to.data());
     p = q + from.size();
   }
   SpendBytes(s, str.size() - p, line);
-  out.append(str, p);
-  return Value(std::move(out));
+  out.Append(str, self.data(), p);
+  return Marked(s, std::move(out), line);
 }
 
 std::string Title(std::string s) {
@@ -282,11 +339,13 @@ Value Items(Scope& s, const Value& v, int line) {
   return Value(std::move(out));
 }
 
-Value Split(Scope& s, const std::string& str, const Value& sep_arg, int line) {
+Value Split(Scope& s, const Value& self, const Value& sep_arg, int line) {
+  const std::string& str = self.s();
   Value::Array out;
   auto piece = [&](size_t p, size_t q) {
     SpendElements(s, 1, line);
-    out.push_back(NewString(s, str.substr(p, q - p), line));
+    SpendBytes(s, q - p, line);
+    out.push_back(Substring(self, p, q, &s, line));
   };
   if (sep_arg.is_undefined() || sep_arg.is_none()) {
     size_t p = 0;
@@ -315,14 +374,14 @@ Value Split(Scope& s, const std::string& str, const Value& sep_arg, int line) {
 // Filters and methods share these; `self` is the value filtered.
 Value ApplyFilter(Scope& s, const std::string& name, const Value& self, const std::vector<Value>& args, int line) {
   auto arg = [&](size_t k) -> const Value& { return k < args.size() ? args[k] : kUndefined; };
-  std::string buf0, buf1;
+  std::string buf0;
   auto arg_text = [&](size_t k, std::string& buf) -> const std::string& { return Printed(s, arg(k), buf, line); };
   auto need_string = [&] {
     if (!self.is_string()) Fail("filter '" + name + "' needs a string, not " + self.TypeName(), line);
   };
   if (name == "trim") {
     need_string();
-    return NewString(s, Strip(self.s(), args.empty() ? kSpace : arg_text(0, buf0), true, true), line);
+    return StripValue(s, self, args.empty() ? kSpace : arg_text(0, buf0), true, true, line);
   }
   if (name == "length" || name == "count") {
     if (self.is_string()) return Value(static_cast<int64_t>(self.s().size()));
@@ -330,14 +389,14 @@ Value ApplyFilter(Scope& s, const std::string& name, const Value& self, const st
     if (self.is_object()) return Value(static_cast<int64_t>(self.o().size()));
     Fail(std::string("length of ") + self.TypeName(), line);
   }
-  if (name == "upper") return need_string(), NewString(s, Upper(self.s()), line);
-  if (name == "lower") return need_string(), NewString(s, Lower(self.s()), line);
-  if (name == "title") return need_string(), NewString(s, Title(self.s()), line);
+  if (name == "upper") return need_string(), NewString(s, Upper(self.s()), line, self.data());
+  if (name == "lower") return need_string(), NewString(s, Lower(self.s()), line, self.data());
+  if (name == "title") return need_string(), NewString(s, Title(self.s()), line, self.data());
   if (name == "capitalize") {
     need_string();
     std::string str = Lower(self.s());
     if (!str.empty()) str[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(str[0])));
-    return NewString(s, std::move(str), line);
+    return NewString(s, std::move(str), line, self.data());
   }
   if (name == "default" || name == "d") {
     const bool boolean = arg(1).Truthy();
@@ -345,9 +404,15 @@ Value ApplyFilter(Scope& s, const std::string& name, const Value& self, const st
   }
   if (name == "tojson") {
     std::string json = self.Json(Remaining(s));
-    return NewString(s, std::move(json), line);
+    const Spans all = {{0, json.size()}};
+    const bool data = self.HoldsData() && !json.empty();  // before json is moved from
+    return NewString(s, std::move(json), line, data ? &all : nullptr);
   }
-  if (name == "string") return self.is_string() ? self : Value(Printed(s, self, buf0, line));
+  if (name == "string") {
+    if (self.is_string()) return self;
+    const Printout printed(s, self, line);
+    return Value(printed.text(), printed.data() ? *printed.data() : Spans());  // all or nothing: one mark
+  }
   if (name == "int") {
     if (self.is_int()) return self;
     if (self.is_double()) {
@@ -372,11 +437,12 @@ Value ApplyFilter(Scope& s, const std::string& name, const Value& self, const st
   if (name == "join") {
     if (!self.is_array()) Fail("join needs a list", line);
     SpendSteps(s, static_cast<int64_t>(self.a().size()), line);
-    const std::string& sep = arg_text(0, buf0);
-    std::string out;
+    const Printout sep(s, arg(0), line);
+    MarkedText out;
     for (size_t k = 0; k < self.a().size(); ++k) {
-      if (k) Emit(s, out, sep, line);
-      Emit(s, out, Printed(s, self.a()[k], buf1, line), line);
+      if (k) Emit(s, out, sep.text(), sep.data(), line);
+      const Printout item(s, self.a()[k], line);
+      Emit(s, out, item.text(), item.data(), line);
     }
     return Value(std::move(out));
   }
@@ -390,12 +456,16 @@ Value ApplyFilter(Scope& s, const std::string& name, const Value& self, const st
     if (self.is_string()) {
       SpendElements(s, self.s().size(), line);
       Value::Array out;
-      for (char c : self.s()) out.push_back(Value(std::string(1, c)));
+      for (size_t k = 0; k < self.s().size(); ++k) out.push_back(Substring(self, k, k + 1, &s, line));
       return Value(std::move(out));
     }
     Fail("list of " + std::string(self.TypeName()), line);
   }
-  if (name == "replace") return need_string(), ReplaceAll(s, self.s(), arg_text(0, buf0), arg_text(1, buf1), line);
+  if (name == "replace") {
+    need_string();
+    const Printout to(s, arg(1), line);
+    return ReplaceAll(s, self, arg_text(0, buf0), to, line);
+  }
   if (name == "items") {
     if (!self.is_object()) Fail("items needs a dict", line);
     return Items(s, self, line);
@@ -437,10 +507,13 @@ Value ListExpr::Evaluate(Scope& s) const {
 Value DictExpr::Evaluate(Scope& s) const {
   Value::Object o;
   for (const auto& [k, v] : items) {
-    std::string buf;
-    std::string key = Printed(s, k->Eval(s), buf, line);
-    SpendBytes(s, key.size() + kElementBytes, line);
-    o[std::move(key)] = v->Eval(s);
+    const Value key_value = k->Eval(s);
+    const Printout key(s, key_value, line);
+    // Keys lose marks: data cannot become one (it could come back out of
+    // items() unmarked).
+    if (key.data() != nullptr) Fail("a dict key made from message content", line);
+    SpendBytes(s, key.text().size() + kElementBytes, line);
+    o[key.text()] = v->Eval(s);
   }
   return Value(std::move(o));
 }
@@ -466,9 +539,9 @@ Value Slice::Evaluate(Scope& s) const {
   auto at = [&](int64_t k) { return static_cast<size_t>(a + static_cast<__int128>(k) * st); };
   if (b.is_string()) {
     SpendBytes(s, static_cast<size_t>(count), line);
-    std::string str;
-    for (int64_t k = 0; k < count; ++k) str += b.s()[at(k)];
-    return Value(std::move(str));
+    MarkedText str;
+    for (int64_t k = 0; k < count; ++k) str.Append(b.s(), b.data(), at(k), at(k) + 1);
+    return Marked(s, std::move(str), line);
   }
   SpendElements(s, static_cast<uint64_t>(count), line);
   Value::Array arr;
@@ -494,13 +567,15 @@ Value Binary::Evaluate(Scope& s) const {
     return a.Truthy() ? a : r->Eval(s);
   }
   const Value a = l->Eval(s), b = r->Eval(s);
-  std::string abuf, bbuf;
-  if (op == "~") return Concat(s, Printed(s, a, abuf, line), Printed(s, b, bbuf, line), line);
+  if (op == "~") {
+    const Printout x(s, a, line), y(s, b, line);
+    return Concat(s, x.text(), x.data(), y.text(), y.data(), line);
+  }
   if (op == "==") return Value(Equal(s, a, b, line));
   if (op == "!=") return Value(!Equal(s, a, b, line));
   if (op == "in") return Value(Contains(s, b, a, line));
   if (op == "not in") return Value(!Contains(s, b, a, line));
-  if (op == "+" && a.is_string() && b.is_string()) return Concat(s, a.s(), b.s(), line);
+  if (op == "+" && a.is_string() && b.is_string()) return Concat(s, a.s(), a.data(), b.s(), b.data(), line);
   if (op == "+" && a.is_array() && b.is_array()) {
     SpendElements(s, a.a().size() + b.a().size(), line);
     Value::Array c = a.a();
@@ -524,10 +599,10 @@ Value Binary::Evaluate(Scope& s) const {
   if (op == "*" && a.is_string() && b.is_int()) {
     const uint64_t times = b.i() > 0 ? static_cast<uint64_t>(b.i()) : 0;
     SpendBytes(s, Times(times, a.s().size()), line);  // before building: 'x' * 10**9 allocates nothing
-    std::string out;
-    out.reserve(a.s().size() * times);
-    for (uint64_t k = 0; k < times; ++k) out += a.s();
-    return Value(std::move(out));
+    MarkedText out;
+    out.text.reserve(a.s().size() * times);
+    for (uint64_t k = 0; k < times; ++k) out.Append(a.s(), a.data());
+    return Marked(s, std::move(out), line);
   }
   if (!a.is_number() || !b.is_number()) {
     Fail(std::string("'") + op + "' needs numbers (or strings for +), not " + a.TypeName() + " and " + b.TypeName(), line);
@@ -621,13 +696,13 @@ Value Call::Evaluate(Scope& s) const {
   const Value self = m->base->Eval(s);
   const std::string& name = m->name;
   auto arg = [&](size_t k) -> const Value& { return k < a.size() ? a[k] : kUndefined; };
-  std::string buf0, buf1;
+  std::string buf0;
   auto arg_text = [&](size_t k, std::string& buf) -> const std::string& { return Printed(s, arg(k), buf, line); };
   if (self.is_string()) {
     const std::string& str = self.s();
     if (name == "strip" || name == "lstrip" || name == "rstrip") {
       const std::string& chars = a.empty() || a[0].is_none() ? kSpace : arg_text(0, buf0);
-      return NewString(s, Strip(str, chars, name != "rstrip", name != "lstrip"), line);
+      return StripValue(s, self, chars, name != "rstrip", name != "lstrip", line);
     }
     if (name == "startswith" || name == "endswith") {
       const std::string& x = arg_text(0, buf0);
@@ -635,11 +710,14 @@ Value Call::Evaluate(Scope& s) const {
       if (str.size() < x.size()) return Value(false);
       return Value(str.compare(name == "startswith" ? 0 : str.size() - x.size(), x.size(), x) == 0);
     }
-    if (name == "upper") return NewString(s, Upper(str), line);
-    if (name == "lower") return NewString(s, Lower(str), line);
-    if (name == "title") return NewString(s, Title(str), line);
-    if (name == "replace") return ReplaceAll(s, str, arg_text(0, buf0), arg_text(1, buf1), line);
-    if (name == "split") return Split(s, str, arg(0), line);
+    if (name == "upper") return NewString(s, Upper(str), line, self.data());
+    if (name == "lower") return NewString(s, Lower(str), line, self.data());
+    if (name == "title") return NewString(s, Title(str), line, self.data());
+    if (name == "replace") {
+      const Printout to(s, arg(1), line);
+      return ReplaceAll(s, self, arg_text(0, buf0), to, line);
+    }
+    if (name == "split") return Split(s, self, arg(0), line);
   }
   if (self.is_object()) {
     if (name == "get") {
@@ -659,14 +737,13 @@ Value Call::Evaluate(Scope& s) const {
 
 // ---------------------------------------------------------------- statements
 
-void TextNode::Run(Scope& s, std::string& out) const { Emit(s, out, text, line); }
-void OutputNode::Run(Scope& s, std::string& out) const {
-  std::string buf;
+void TextNode::Run(Scope& s, MarkedText& out) const { Emit(s, out, text, nullptr, line); }
+void OutputNode::Run(Scope& s, MarkedText& out) const {
   const Value v = x->Eval(s);
-  const std::string& text = Printed(s, v, buf, line);
-  Emit(s, out, text, line);
+  const Printout printed(s, v, line);
+  Emit(s, out, printed.text(), printed.data(), line);
 }
-void IfNode::Run(Scope& s, std::string& out) const {
+void IfNode::Run(Scope& s, MarkedText& out) const {
   for (const auto& [c, body] : branches) {
     if (!c || c->Eval(s).Truthy()) {
       RunBody(body, s, out);
@@ -675,7 +752,7 @@ void IfNode::Run(Scope& s, std::string& out) const {
   }
 }
 
-void ForNode::Run(Scope& s, std::string& out) const {
+void ForNode::Run(Scope& s, MarkedText& out) const {
   Value seq = iter->Eval(s);
   if (seq.is_object()) seq = Items(s, seq, line);
   if (seq.is_undefined() || seq.is_none()) seq = Value(Value::Array{});
@@ -726,7 +803,7 @@ void ForNode::Bind(Scope& s, const Value& v) const {
   for (size_t k = 0; k < vars.size(); ++k) s.frames.back()[vars[k]] = v.a()[k];
 }
 
-void MacroNode::Run(Scope& s, std::string&) const { s.frames.back()[name] = Value(this); }
+void MacroNode::Run(Scope& s, MarkedText&) const { s.frames.back()[name] = Value(this); }
 
 Value MacroNode::Call(Scope& caller, std::vector<Value> args, std::vector<std::pair<std::string, Value>> kwargs,
                       int call_line) const {
@@ -754,12 +831,12 @@ Value MacroNode::Call(Scope& caller, std::vector<Value> args, std::vector<std::p
   for (size_t k = 0; k < params.size(); ++k) {
     if (own.count(params[k]) == 0 && defaults[k]) own[params[k]] = defaults[k]->Eval(inner);
   }
-  std::string out;
+  MarkedText out;
   RunBody(body, inner, out);
   return Value(std::move(out));
 }
 
-void SetNode::Run(Scope& s, std::string&) const {
+void SetNode::Run(Scope& s, MarkedText&) const {
   Value v = x->Eval(s);
   if (attr.empty()) {
     s.frames.back()[name] = std::move(v);

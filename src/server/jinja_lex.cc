@@ -82,7 +82,7 @@ std::vector<Tok> Lex(const std::string& src, int line) {
   return out;
 }
 
-std::string Strip(const std::string& s, const std::string& chars, bool left, bool right) {
+std::pair<size_t, size_t> StripBounds(const std::string& s, const std::string& chars, bool left, bool right) {
   // A table, not chars.find per byte: a template may strip a long text by a long set.
   bool strip[256] = {};
   for (unsigned char c : chars) strip[c] = true;
@@ -93,6 +93,11 @@ std::string Strip(const std::string& s, const std::string& chars, bool left, boo
   if (right) {
     while (z > a && strip[static_cast<unsigned char>(s[z - 1])]) --z;
   }
+  return {a, z};
+}
+
+std::string Strip(const std::string& s, const std::string& chars, bool left, bool right) {
+  const auto [a, z] = StripBounds(s, chars, left, right);
   return s.substr(a, z - a);
 }
 

@@ -330,7 +330,7 @@ TEST(ChatTemplateSandboxTest, LoadTimeValidation) {
   EXPECT_NE(boom.status().message().find("integer overflow"), std::string::npos);
   auto fine = fragile->Render({{"user", "fine"}}, true);
   ASSERT_TRUE(fine.ok());
-  EXPECT_EQ(*fine, "fine");
+  EXPECT_EQ(fine->text, "fine");
 }
 
 }  // namespace

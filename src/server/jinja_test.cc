@@ -18,6 +18,7 @@
 #include "model/synthetic_model.h"
 #include "model/tokenizer.h"
 #include "server/chat_template.h"
+#include "server/chat_test_util.h"
 #include "support/char_tokenizer.h"
 
 namespace kvx::server::jinja {
@@ -151,6 +152,61 @@ TEST(JinjaTest, LineNumbersInErrors) {
   EXPECT_NE(t.status().message().find("line 3"), std::string::npos) << t.status().ToString();
 }
 
+// Data marks: every output byte that came from a message's content is
+// marked, whatever the template does with it, and no other byte is. The
+// content is made of q and z only and the templates' own text holds
+// neither (in either case), so "marked" must be "is q or z".
+TEST(JinjaTest, DataMarksFollowContentThroughEveryOperation) {
+  const std::vector<ChatMessage> messages = {{"user", "qqzqz"}, {"assistant", "zq"}};
+  const char* templates[] = {
+      "{% for m in messages %}<a>{{ m.content }}</a>{% endfor %}",
+      "{{ '<a>' + messages[0].content + '<b>' ~ 3 ~ messages[1].content }}",
+      "{{ messages[0].content.strip('q') }}|{{ messages[0].content.lstrip('q') }}|{{ messages[0].content | trim('q') }}",
+      "{{ messages[0].content[1:4] }}|{{ messages[0].content[::2] }}|{{ messages[0].content[-1] }}|{{ messages[0]['content'][::-1] }}",
+      "{{ messages[0].content.upper() }}|{{ messages[0].content | capitalize }}|{{ messages[0].content | title }}|{{ messages[0].content | lower }}",
+      "{{ messages[0].content.replace('z', '<x>') }}|{{ messages[0].content.replace('q', messages[1].content) }}",
+      "{{ messages[0].content.split('z') | join('<j>') }}|{{ messages | length }}",
+      "{{ messages[0].content * 3 }}|{{ 'ab' * 2 }}",
+      "{% macro f(x) %}[{{ x }}]{% endmacro %}{{ f(messages[0].content) }}{{ f('lit') }}",
+      "{% set ns = namespace(acc='') %}{% for m in messages %}{% set ns.acc = ns.acc + m.content + '|' %}{% endfor %}{{ ns.acc }}",
+      "{{ messages[0].content | list | join(',') }}|{{ messages[0].content | string }}|{{ (messages[0].content | list) | last }}",
+      "{{ messages[1].content if messages[0].content else 'no' }}|{{ messages[7].content | default('dflt') }}",
+      "{% for a, b in {'k': messages[1].content}.items() %}{{ a }}={{ b }}{% endfor %}",
+  };
+  for (const char* src : templates) {
+    SCOPED_TRACE(src);
+    auto t = Template::Parse(src);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    auto r = (*t)->RenderMarked(ChatContext(messages, false, "", ""));
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    std::string marked(r->text.size(), '.');
+    for (const auto& [b, e] : r->data) {
+      ASSERT_LT(b, e);
+      for (size_t i = b; i < e; ++i) marked[i] = '^';
+    }
+    std::string want(r->text.size(), '.');
+    for (size_t i = 0; i < want.size(); ++i) {
+      if (std::string("qzQZ").find(r->text[i]) != std::string::npos) want[i] = '^';
+    }
+    EXPECT_EQ(marked, want) << r->text;
+    for (size_t k = 1; k < r->data.size(); ++k) EXPECT_LT(r->data[k - 1].second, r->data[k].first) << "touching marks";
+  }
+  // A list or dict printed whole, or as JSON, is data when it holds any.
+  for (const char* whole : {"{{ messages[0] }}", "{{ messages[0].content | tojson }}", "{{ messages | string }}"}) {
+    auto t = Template::Parse(whole);
+    ASSERT_TRUE(t.ok());
+    auto r = (*t)->RenderMarked(ChatContext(messages, false, "", ""));
+    ASSERT_TRUE(r.ok()) << whole;
+    EXPECT_EQ(r->data, (Spans{{0, r->text.size()}})) << whole << ": " << r->text;
+  }
+  // Data cannot become a dict key (keys lose marks).
+  auto key = Template::Parse("{% set d = {messages[0].content: 1} %}{% for k in d %}{{ k }}{% endfor %}");
+  ASSERT_TRUE(key.ok());
+  auto r = (*key)->RenderMarked(ChatContext(messages, false, "", ""));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("dict key made from message content"), std::string::npos) << r.status().ToString();
+}
+
 }  // namespace
 }  // namespace kvx::server::jinja
 
@@ -160,23 +216,17 @@ namespace {
 // The chat template a real GGUF ships (Phi-3's vocabulary file), through
 // ChatTemplate with the vocabulary's own BOS.
 TEST(ChatTemplateTest, Phi3TemplateFromTheGguf) {
-  const char* shared = std::getenv("KVX_SHARED");
-  const std::string path = std::string(shared ? shared : KVX_SOURCE_DIR "/../shared") + "/models/vocab/ggml-vocab-phi-3.gguf";
-  auto file = gguf::GgufFile::Open(path);
-  if (!file.ok()) GTEST_SKIP() << "shared test data not found (" << path << ")";
-  auto tok = model::Tokenizer::FromGguf(**file);
-  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
-  auto source = (*file)->GetString("tokenizer.chat_template");
-  ASSERT_TRUE(source.ok());
-  auto t = ChatTemplate::Create(*source, **tok);
-  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  std::unique_ptr<model::Tokenizer> tok;
+  std::unique_ptr<ChatTemplate> t;
+  LoadPhi3Chat(&tok, &t);
+  KVX_SKIP_WITHOUT_PHI3(tok);
   EXPECT_FALSE(t->is_default());
   auto r = t->Render({{"system", "S"}, {"user", "Hi"}, {"assistant", "Yo"}, {"user", "More"}}, true);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
-  EXPECT_EQ(*r, "<s><|user|>\nHi<|end|>\n<|assistant|>\nYo<|end|>\n<|user|>\nMore<|end|>\n<|assistant|>\n");
+  EXPECT_EQ(r->text, "<s><|user|>\nHi<|end|>\n<|assistant|>\nYo<|end|>\n<|user|>\nMore<|end|>\n<|assistant|>\n");
   // <|end|> ends an assistant turn.
   ASSERT_EQ(t->stop_tokens().size(), 1u);
-  EXPECT_EQ((*tok)->TokenText(t->stop_tokens()[0]), "<|end|>");
+  EXPECT_EQ(tok->TokenText(t->stop_tokens()[0]), "<|end|>");
 }
 
 TEST(ChatTemplateTest, DefaultIsChatML) {
@@ -190,7 +240,7 @@ TEST(ChatTemplateTest, DefaultIsChatML) {
   EXPECT_EQ(tok->TokenText(t->stop_tokens()[0]), "<|im_end|>");
   auto r = t->Render({{"system", "S"}, {"user", "Hi"}}, true);
   ASSERT_TRUE(r.ok());
-  EXPECT_EQ(*r, "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(r->text, "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
   auto bad = ChatTemplate::Create("{% call x() %}{% endcall %}", *tok);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("call"), std::string::npos);

@@ -174,6 +174,9 @@ std::string RenderMetrics(const engine::SchedulerStats& s, const HttpCounters& h
   }
   o.Counter("kvx_client_disconnects_total", "Requests whose client left before the end (request cancelled)",
             static_cast<double>(http.client_disconnects));
+  o.Gauge("kvx_http_connections", "Client connections open", static_cast<double>(http.open_connections));
+  o.Counter("kvx_http_connections_refused_total", "503s at --max-connections", static_cast<double>(http.refused_connections));
+  o.Counter("kvx_http_request_timeouts_total", "Requests not read in time (408)", static_cast<double>(http.request_timeouts));
   return std::move(o.text());
 }
 

@@ -5,9 +5,6 @@
 #include <limits>
 #include <random>
 
-#define XXH_INLINE_ALL
-#include <xxhash.h>
-
 #include "server/text_stream.h"
 
 namespace kvx::server {
@@ -148,17 +145,26 @@ std::optional<ApiError> BuildGenerationRequest(const CompletionParams& p, const 
   *out = BuiltRequest();
   engine::GenerationRequest& g = out->request;
   if (p.chat) {
-    auto text = chat.Render(p.messages, /*add_generation_prompt=*/true);
-    if (!text.ok()) return FromStatus(text.status(), "messages");
-    const bool has_bos = !chat.bos_text().empty() && text->rfind(chat.bos_text(), 0) == 0;
-    auto ids = tok.Encode(*text, /*add_special=*/!has_bos, /*parse_special=*/true);
+    auto rendered = chat.Render(p.messages, /*add_generation_prompt=*/true);
+    if (!rendered.ok()) return FromStatus(rendered.status(), "messages");
+    // The template's own BOS (not content's text) means no second one.
+    const std::string& bos = chat.bos_text();
+    const bool has_bos = !bos.empty() && rendered->text.rfind(bos, 0) == 0 &&
+                         (rendered->data.empty() || rendered->data.front().first >= bos.size());
+    // The template's special-token texts are control tokens; the content's
+    // are text unless the request asks otherwise (no role injection).
+    static const model::Tokenizer::ByteRanges kNone;
+    auto ids = tok.Encode(rendered->text, /*add_special=*/!has_bos, /*parse_special=*/true,
+                          p.parse_special.value_or(false) ? kNone : rendered->data);
     if (!ids.ok()) return FromStatus(ids.status(), "messages");
     g.prompt = std::move(ids).value();
     g.stop_tokens = chat.stop_tokens();
   } else if (p.prompt_tokens) {
     g.prompt = *p.prompt_tokens;
   } else {
-    auto ids = tok.Encode(p.prompt, /*add_special=*/true, /*parse_special=*/true);
+    // A raw prompt is the caller's own text (it could send token ids as
+    // well): its special-token texts are control tokens unless it asks not.
+    auto ids = tok.Encode(p.prompt, /*add_special=*/true, /*parse_special=*/p.parse_special.value_or(true));
     if (!ids.ok()) return FromStatus(ids.status(), "prompt");
     g.prompt = std::move(ids).value();
     g.drop_bos_when_resuming = true;  // the text continues the session: no second BOS
@@ -176,7 +182,6 @@ std::optional<ApiError> BuildGenerationRequest(const CompletionParams& p, const 
   g.n = p.n;
   g.stop_at_eog = !p.ignore_eos;
   g.cache = p.cache;
-  if (!p.user.empty()) g.tenant_salt = XXH3_64bits(p.user.data(), p.user.size()) | 1;
   g.continue_session = p.session;
   return std::nullopt;
 }
@@ -294,6 +299,11 @@ std::optional<ApiError> ParseCompletionRequest(const std::string& body, bool cha
   Result<engine::CacheMode> mode = engine::ParseCacheMode(cache);
   if (!mode.ok()) return Bad("cache", mode.status().message());
   out->cache = *mode;  // pin: refused by the scheduler's gate (RequestPart::kCache)
+  if (j.contains("parse_special") && !j["parse_special"].is_null()) {
+    bool parse = false;
+    if (auto e = GetBool(j, "parse_special", &parse)) return e;
+    out->parse_special = parse;
+  }
   if (!out->session.empty() && !ValidSessionName(out->session)) {
     return Bad("session", "'session' must be 1-64 characters of A-Z, a-z, 0-9, _ and -");
   }

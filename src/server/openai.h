@@ -10,13 +10,13 @@
 // strings, or an array of token ids) / messages (role + content string or
 // text parts), max_tokens (max_completion_tokens), temperature, top_p, n,
 // stream, stream_options.include_usage, stop (string or up to 4 strings),
-// seed, user (the tenant: prefix-cache entries are never shared between
-// users), echo (completions). kvx extensions: top_k, min_p,
+// seed, user (without API keys, the tenant: server/tenants.h), echo
+// (completions). kvx extensions: top_k, min_p,
 // repeat_penalty, session (a named session to continue and keep),
 // ignore_eos (llama-server's name: generate past the end-of-generation
-// tokens, e.g. to fill a session to a length), cache ("default" | "none":
-// whether the prefix cache and the KV tiers are read and written; "pin" is
-// refused, not built yet).
+// tokens, e.g. to fill a session to a length), parse_special (below),
+// cache ("default" | "none": whether the prefix cache and the KV tiers are
+// read and written; "pin" is refused, not built yet).
 // presence_penalty, frequency_penalty, logit_bias must be 0/empty
 // (InvalidArgument otherwise), logprobs is refused: not silently ignored.
 //
@@ -72,6 +72,11 @@ struct CompletionParams {
   std::string session;
   bool ignore_eos = false;
   engine::CacheMode cache = engine::CacheMode::kDefault;
+  // Whether special-token texts in the caller's text become control tokens:
+  // chat message content (default false: content is text, so it cannot
+  // open a turn of another role), a completion's prompt (default true: the
+  // caller's own raw prompt).
+  std::optional<bool> parse_special;
 };
 
 struct ParseLimits {
@@ -91,9 +96,11 @@ struct BuiltRequest {
   std::string echo;       // completions with echo: the prompt text
 };
 
-// Builds the request: chat messages rendered by `chat` and tokenized
-// (special tokens parsed; BOS unless the template wrote it), a prompt text
-// tokenized with BOS (dropped when it continues a session), token ids
+// Builds the request: chat messages rendered by `chat` and tokenized (the
+// template's special tokens parsed, the content's only with parse_special;
+// BOS unless the template wrote it), a prompt text tokenized with BOS
+// (dropped when it continues a session; special tokens parsed unless
+// parse_special is false), token ids
 // taken as given; max_tokens cut to the room the context leaves after the
 // prompt (absent: all of it for chat, 16 for completions); no seed: a
 // random one. Checks nothing that Scheduler::Submit checks (SubmitError maps

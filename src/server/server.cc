@@ -3,12 +3,14 @@
 #include <httplib.h>
 
 #include <chrono>
+#include <cstdio>
 #include <ctime>
 #include <algorithm>
 #include <filesystem>
 #include <string_view>
 
 #include "engine/session_file.h"
+#include "server/http_transport.h"
 #include "server/openai.h"
 #include "util/check.h"
 
@@ -44,31 +46,31 @@ Result<std::unique_ptr<Server>> Server::Create(engine::Scheduler& scheduler, con
   const engine::Engine& e = scheduler.engine();
   const model::Tokenizer& tok = e.model().tokenizer();
   KVX_ASSIGN_OR_RETURN(std::string source, e.model().file().GetStringOr("tokenizer.chat_template", ""));
+  const bool own = !options.chat_template.empty();
   // A template that cannot be parsed, or passes the sandbox's limits on one
   // message, fails the start (serving ChatML instead would be silently wrong).
-  KVX_ASSIGN_OR_RETURN(ChatTemplate chat, ChatTemplate::Create(source, tok));
+  KVX_ASSIGN_OR_RETURN(ChatTemplate chat,
+                       ChatTemplate::Create(own ? options.chat_template : source, tok,
+                                            own ? "the --chat-template file" : ChatTemplate::kModelTemplate));
   s->chat_ = std::make_unique<ChatTemplate>(std::move(chat));
   s->Routes();
-  if (options.port == 0) {
-    s->port_ = s->http_->bind_to_any_port(options.host);
-    if (s->port_ < 0) return IoError("cannot bind to " + options.host + " (any port)");
-  } else {
-    if (!s->http_->bind_to_port(options.host, options.port)) {
-      return IoError("cannot listen on " + options.host + ":" + std::to_string(options.port) +
-                     " (port in use or host not local?); pick another with --port");
-    }
-    s->port_ = options.port;
+  s->port_ = s->http_->Bind(options.host, options.port);
+  if (s->port_ < 0) {
+    return IoError("cannot listen on " + options.host + ":" + std::to_string(options.port) +
+                   " (port in use or host not local?); pick another with --port");
   }
   return s;
 }
 
 Server::Server(engine::Scheduler& scheduler, const ServerOptions& options)
-    : scheduler_(scheduler), options_(options), http_(std::make_unique<httplib::Server>()) {
+    : scheduler_(scheduler),
+      options_(options),
+      http_(std::make_unique<HttpTransport>(options.limits, [](const TransportError& e) {
+        return Dump(ApiError{e.status, e.message, e.status >= 500 ? "server_error" : "invalid_request_error", "", ""}
+                        .ToJson());
+      })),
+      tenants_(options.api_keys) {
   created_ = static_cast<int64_t>(std::time(nullptr));
-  const int threads =
-      options_.http_threads > 0 ? options_.http_threads : 2 * scheduler_.options().max_running + 16;
-  http_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
-  http_->set_payload_max_length(options_.max_body_bytes);
   // cpp-httplib sets SO_REUSEPORT by default, so a second server on a port in
   // use starts silently and takes half the connections (a stale build or
   // another model serving a random half). Exclusive unless asked: a port in
@@ -97,8 +99,16 @@ void Server::Track(engine::RequestId id, bool live) {
 }
 
 HttpCounters Server::Counters() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return counters_;
+  HttpCounters c;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    c = counters_;
+  }
+  const TransportStats t = http_->Stats();
+  c.open_connections = t.open_connections;
+  c.refused_connections = t.refused_connections;
+  c.request_timeouts = t.request_timeouts;
+  return c;
 }
 
 void Server::Stop() {
@@ -113,7 +123,7 @@ void Server::Stop() {
     for (engine::RequestId id : live_) scheduler_.Cancel(id);
     idle_.wait_for(lock, std::chrono::seconds(10), [&] { return live_.empty() && open_calls_ == 0; });
   }
-  http_->stop();
+  http_->StopListening();
 }
 
 std::shared_ptr<void> Server::OpenResponse() { return std::make_shared<OpenCall>(mu_, idle_, open_calls_); }
@@ -189,19 +199,23 @@ void Server::Routes() {
 void Server::InstallHooks() {
   httplib::Server& svr = *http_;
   svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (options_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
-    if (req.get_header_value("Authorization") == "Bearer " + options_.api_key) {
-      return httplib::Server::HandlerResponse::Unhandled;
+    if (auto refused = HttpTransport::Refusal()) {  // a framing refused before its body is read
+      SendError(res, ApiError{refused->status, refused->message, "invalid_request_error", "", ""});
+      return httplib::Server::HandlerResponse::Handled;
     }
+    if (!tenants_.keyed() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+    if (tenants_.Identify(req.get_header_value("Authorization"), "")) return httplib::Server::HandlerResponse::Unhandled;
     ApiError e;
     e.status = 401;
-    e.message = "Incorrect API key provided: send 'Authorization: Bearer <key>' with the key kvx serve was given";
+    e.message = "Incorrect API key provided: send 'Authorization: Bearer <key>' with a key kvx serve was given";
     e.code = "invalid_api_key";
     SendError(res, e);
     return httplib::Server::HandlerResponse::Handled;
   });
   svr.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    const std::optional<TransportError> failed = HttpTransport::ReadFailure();  // 408, 413, 431
+    if (failed) res.status = failed->status;
     if (res.status == 404) {
       // No route for this method: a path another method serves is 405.
       const std::string allow = AllowedMethods(req.path);
@@ -212,8 +226,8 @@ void Server::InstallHooks() {
     }
     ApiError e;
     e.status = res.status;
-    e.message = res.status == 404 ? "no such endpoint"
-                : res.status == 413 ? "the request body is too large"
+    e.message = failed              ? failed->message
+                : res.status == 404 ? "no such endpoint"
                 : res.status == 405 ? "method not allowed"
                                      : std::string("HTTP error ") + std::to_string(res.status);
     if (res.status >= 500) e.type = "server_error";
@@ -271,12 +285,19 @@ void Server::HandleCompletion(bool chat, const httplib::Request& req, httplib::R
   if (auto e = BuildGenerationRequest(p, engine.model().tokenizer(), *chat_, engine.n_ctx(), &built)) {
     return SendError(res, *e);
   }
+  built.request.tenant_salt = TenantOf(req, p.user).salt;
   const std::string object_id =
       (chat ? "chatcmpl-" : "cmpl-") + std::to_string(created_) + "-" + std::to_string(next_id_++);
-  AnswerCompletion(*this, p, std::move(built), object_id, req, res);
+  AnswerCompletion(*this, p, std::move(built), object_id, res);
 }
 
-// Named sessions and their files.
+Tenant Server::TenantOf(const httplib::Request& req, const std::string& user) const {
+  // With keys the hook let only identified requests through.
+  return tenants_.Identify(req.get_header_value("Authorization"), user).value_or(Tenant{});
+}
+
+// Named sessions and their files, each tenant's own (without keys, the
+// `user` query parameter names the tenant, as `user` does in a completion).
 void Server::SessionRoutes() {
   auto handler = [this](const std::string& action) {
     return [this, action](const httplib::Request& req, httplib::Response& res) {
@@ -290,7 +311,7 @@ void Server::SessionRoutes() {
                                        "invalid_request_error", "", "sessions_disabled"});
       }
       json out = {{"session", name}};
-      const Status st = SessionAction(action, name, &out);
+      const Status st = SessionAction(action, TenantOf(req, req.get_param_value("user")), name, &out);
       if (!st.ok()) {
         ApiError err = FromStatus(st);
         if (st.code() == StatusCode::kInvalidArgument || st.code() == StatusCode::kUnimplemented) err.code = "invalid_session_file";
@@ -307,10 +328,11 @@ void Server::SessionRoutes() {
   Route("POST", R"(/v1/sessions/([^/]+)/save)", handler("save"));
   Route("POST", R"(/v1/sessions/([^/]+)/restore)", handler("restore"));
   Route("DELETE", R"(/v1/sessions/([^/]+))", handler("delete"));
-  Route("GET", "/v1/sessions", [this](const httplib::Request&, httplib::Response& res) {
+  Route("GET", "/v1/sessions", [this](const httplib::Request& req, httplib::Response& res) {
     std::vector<std::string> names;
+    const uint64_t salt = TenantOf(req, req.get_param_value("user")).salt;
     Status st = scheduler_.RunBetweenSteps([&](engine::Engine&) {
-      names = scheduler_.SessionNames();
+      names = scheduler_.SessionNames(salt);
       return Status::Ok();
     });
     if (!st.ok()) return SendError(res, FromStatus(st));
@@ -318,20 +340,46 @@ void Server::SessionRoutes() {
   });
 }
 
-Status Server::SessionAction(const std::string& action, const std::string& name, json* out) {
-  const std::string path = (std::filesystem::path(options_.session_dir) / (name + ".kvxs")).string();
+namespace {
+
+// A tenant's session files are in a directory of its own (the nameless
+// tenant's in --session-dir itself), named by its salt: tenant names may
+// hold characters a file name should not.
+std::filesystem::path SessionFilePath(const std::string& session_dir, const Tenant& tenant, const std::string& name) {
+  std::filesystem::path dir(session_dir);
+  if (tenant.salt != 0) {
+    char sub[32];
+    std::snprintf(sub, sizeof sub, "tenant-%016llx", static_cast<unsigned long long>(tenant.salt));
+    dir /= sub;
+  }
+  return dir / (name + ".kvxs");
+}
+
+}  // namespace
+
+Status Server::SessionAction(const std::string& action, const Tenant& tenant, const std::string& name, json* out) {
+  const std::filesystem::path file = SessionFilePath(options_.session_dir, tenant, name);
+  const std::string path = file.string();
   return scheduler_.RunBetweenSteps([&](engine::Engine& e) -> Status {
-    if (action == "delete") return scheduler_.DropSession(name);
+    if (action == "delete") return scheduler_.DropSession(tenant.salt, name);
     if (action == "save") {
-      KVX_ASSIGN_OR_RETURN(kv::SeqId seq, scheduler_.SessionSequence(name));
-      KVX_ASSIGN_OR_RETURN(std::vector<int32_t> pending, scheduler_.SessionPendingTokens(name));
+      KVX_ASSIGN_OR_RETURN(kv::SeqId seq, scheduler_.SessionSequence(tenant.salt, name));
+      KVX_ASSIGN_OR_RETURN(std::vector<int32_t> pending, scheduler_.SessionPendingTokens(tenant.salt, name));
+      std::error_code ec;
+      std::filesystem::create_directories(file.parent_path(), ec);
+      if (ec) return IoError("cannot create the tenant's session directory: " + ec.message());
       KVX_RETURN_IF_ERROR(engine::SaveSessionFile(e, seq, path, {.logits = {}, .pending = pending}));
       (*out)["tokens"] = e.kv_manager().length(seq) + static_cast<int>(pending.size());
       return Status::Ok();
     }
     KVX_ASSIGN_OR_RETURN(engine::RestoredSession r, engine::LoadSessionFile(e, path));
+    if (e.kv_manager().salt(r.seq) != tenant.salt) {
+      // A file of another tenant's (copied here): not this tenant's to load.
+      e.kv_manager().ReleaseSequence(r.seq);
+      return NotFound("no session file " + path);
+    }
     const int tokens = e.kv_manager().length(r.seq) + static_cast<int>(r.pending.size());
-    Status adopted = scheduler_.AdoptSession(name, r.seq, e.kv_manager().salt(r.seq), r.pending);
+    Status adopted = scheduler_.AdoptSession(name, r.seq, tenant.salt, r.pending);
     if (!adopted.ok()) {
       e.kv_manager().ReleaseSequence(r.seq);
       return adopted;

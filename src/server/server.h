@@ -12,23 +12,31 @@
 //   POST /v1/sessions/{name}/save | /restore     named sessions to/from session files
 //                                                (engine/session_file.h) in --session-dir
 //   GET  /v1/sessions, DELETE /v1/sessions/{name}
-// With an API key, /v1/* needs "Authorization: Bearer KEY" (401 otherwise).
+// With API keys, every endpoint but /health needs "Authorization: Bearer
+// KEY" (401 otherwise), and the key is the request's tenant; without keys
+// the tenant is the advisory `user` (server/tenants.h). Named sessions and
+// their files are per tenant: another tenant's is 404, as a missing one.
 // Another method on a served path is 405 with Allow; 429 (a full queue: the
 // one retryable refusal) carries Retry-After.
 //
 // Clients that leave: a stream's client is noticed at the next write (a
 // token, or a ": keep-alive" comment sent every 100 ms while the request
-// waits or prefills); a non-streaming request's handler checks the
-// connection's socket every 100 ms while it waits (server/client_socket.h).
-// Either way the request is cancelled at once (Scheduler::Cancel frees its
-// sequences before the next step).
+// waits or prefills); a non-streaming request's handler checks its
+// connection every 100 ms while it waits (ClientConnection::Gone in
+// server/http_transport.h: a client that only half-closed still gets its
+// answer). Either way the request is cancelled at once (Scheduler::Cancel
+// frees its sequences before the next step).
+//
+// Connections (server/http_transport.h): a thread each, up to
+// --max-connections (503 beyond), header and request deadlines (408), the
+// body budget for every framing (413), pipelined requests in order.
 //
 // Shutdown (Stop, e.g. on SIGTERM): new requests get 503; requests in flight
 // may finish for `shutdown_grace_seconds`, then the rest are cancelled
 // (streams end with an error event and [DONE]); then the listener stops.
 //
-// Thread-safety: Stop may be called from any thread; handlers run on the
-// HTTP thread pool.
+// Thread-safety: Stop may be called from any thread (before Run too);
+// handlers run on their connection's thread.
 #pragma once
 
 #include <atomic>
@@ -46,32 +54,35 @@
 #include "engine/scheduler.h"
 #include "server/chat_template.h"
 #include "server/completion.h"
+#include "server/transport_limits.h"
 #include "server/metrics.h"
+#include "server/tenants.h"
 #include "util/status.h"
 
 namespace httplib {
-class Server;
 struct Request;
 struct Response;
 }
 
 namespace kvx::server {
 
+class HttpTransport;
+
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;                 // 0: any free port (see port())
-  std::string api_key;             // "": no authentication; else every endpoint but /health needs it
+  std::vector<ApiKey> api_keys;    // none: no authentication; else each key is a tenant (server/tenants.h)
   bool reuse_port = false;         // SO_REUSEPORT: let other processes listen on the same port
   std::string model_id;            // the name /v1/models reports
   std::string kv_spec;             // reported by /v1/models
-  size_t max_body_bytes = 8 << 20; // larger requests get 413
+  TransportLimits limits;          // connections, timeouts, body size (server/http_transport.h)
   int max_n = 16;                  // samples per request
   std::string session_dir;         // "": session endpoints answer 501
-  int http_threads = 0;            // 0: 2 * the scheduler's max_running + 16
+  std::string chat_template;       // a Jinja chat template (--chat-template); "": the model's
   double shutdown_grace_seconds = 5;
 };
 
-class Server : private CompletionHost {
+class Server final : private CompletionHost {
  public:
   // Binds the socket (IoError naming host:port when it cannot). The
   // scheduler must outlive the server.
@@ -101,9 +112,11 @@ class Server : private CompletionHost {
   void CompletionRoutes();
   void SessionRoutes();
   void HandleCompletion(bool chat, const httplib::Request& req, httplib::Response& res);
+  // The request's tenant: its key's, or (without keys) its `user`'s.
+  Tenant TenantOf(const httplib::Request& req, const std::string& user) const;
   // A session endpoint's work on the scheduler thread ("save", "restore",
   // "delete"); its answer's fields go into *out.
-  Status SessionAction(const std::string& action, const std::string& name, nlohmann::json* out);
+  Status SessionAction(const std::string& action, const Tenant& tenant, const std::string& name, nlohmann::json* out);
   HttpCounters Counters() const;
   // CompletionHost.
   engine::Scheduler& scheduler() override { return scheduler_; }
@@ -113,8 +126,9 @@ class Server : private CompletionHost {
 
   engine::Scheduler& scheduler_;
   ServerOptions options_;
-  std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<HttpTransport> http_;
   std::unique_ptr<ChatTemplate> chat_;
+  Tenants tenants_;
   std::vector<std::pair<std::string, std::string>> routes_;  // (path pattern, method); set before listening
   int port_ = 0;
   int64_t created_ = 0;

@@ -23,6 +23,7 @@ struct BenchFlags {
   std::string seq_depths = "0,4096";
   std::string json_path;
   eval::SpeedBenchOptions bench;
+  bool force = false;
 };
 
 Result<std::vector<int>> ParseList(const std::string& text, const std::string& flag) {
@@ -64,6 +65,10 @@ Status RunBench(BenchFlags flags) {
     flags.runtime.options.n_ctx = std::max(max_depth + flags.bench.gen_tokens + 1, flags.bench.prompt_tokens);
   }
   flags.runtime.options.n_batch = flags.bench.prompt_tokens;
+  // The depths asked for (decode then runs -n tokens past the deepest).
+  KVX_RETURN_IF_ERROR(CheckTrainedContext(flags.runtime.options.model_path,
+                                          std::max(max_depth, flags.bench.prompt_tokens), flags.force,
+                                          "the deepest context (--depths, --seq-depths, -p)"));
   KVX_ASSIGN_OR_RETURN(auto rt, LoadEngine(flags.runtime));
   std::fprintf(stderr, "bench: measuring bandwidth, peak FLOP/s, prefill and decode at %zu depths...\n",
                flags.bench.depths.size());
@@ -93,6 +98,7 @@ void RegisterBench(CLI::App& app, int* exit_code) {
   cmd->add_option("-r,--reps", flags->bench.reps, "Repetitions (medians are reported)")->capture_default_str()
       ->check(IntIn(1, 1000));
   cmd->add_option("--json", flags->json_path, "Also write the results as JSON");
+  AddForceFlag(cmd, &flags->force);
   cmd->callback([flags, exit_code] { *exit_code = ReportStatus(RunBench(*flags)); });
 }
 

@@ -32,11 +32,8 @@ Status RunCalibrate(CalibrateFlags flags) {
   KVX_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> model, model::Model::Load(options.model_path));
   // Prompts longer than the model was trained on measure heads at positions
   // it never saw, at a cost that grows without bound (--lengths allows 2^20).
-  if (const int trained = model->config().n_ctx_train; longest > trained && !flags.force) {
-    return InvalidArgument("the longest calibration prompt has " + std::to_string(longest) +
-                           " tokens, beyond the model's trained context of " + std::to_string(trained) +
-                           " (--lengths, or --span x --repeats): shorten it, or pass --force to calibrate there");
-  }
+  KVX_RETURN_IF_ERROR(CheckTrainedContext(longest, model->config().n_ctx_train, flags.force,
+                                          "the longest calibration prompt (--lengths, or --span x --repeats)"));
   ThreadPool threads(options.n_threads);
   KVX_ASSIGN_OR_RETURN(auto engine, engine::Engine::Create(model.get(), &threads, options));
   if (!engine->kv_spec().policies.empty()) {
@@ -77,7 +74,7 @@ void RegisterCalibrateHeads(CLI::App& app, int* exit_code) {
   cmd->add_option("--repeats", flags->options.repeats, "razor: copies of the span")->capture_default_str()
       ->check(IntIn(2, 64));
   cmd->add_option("--seed", flags->options.seed, "Prompt seed")->capture_default_str();
-  cmd->add_flag("--force", flags->force, "Calibrate even with prompts longer than the model's trained context");
+  AddForceFlag(cmd, &flags->force);
   cmd->callback([flags, exit_code] { *exit_code = ReportStatus(RunCalibrate(*flags)); });
 }
 

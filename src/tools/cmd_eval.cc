@@ -9,7 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "engine/chunk_assembly.h"
 #include "eval/eval.h"
+#include "eval/rag.h"
 #include "eval/report.h"
 #include "model/model.h"
 #include "tools/commands.h"
@@ -31,7 +33,25 @@ struct EvalFlags {
   std::string render_json;
   int n_threads = 0;
   bool quiet = false;
+  eval::RagOptions rag;
 };
+
+// --tasks rag: chunk reuse's repairs on RAG prompts (eval/rag.h), one spec.
+Status RunRagCommand(EvalFlags& flags) {
+  const eval::EvalOptions& o = flags.options;
+  if (o.specs.size() > 1) return InvalidArgument("--tasks rag measures one --kv spec at a time");
+  if (!o.specs.empty()) flags.rag.kv_spec = o.specs[0];
+  for (const std::string& repair : flags.rag.repairs) KVX_RETURN_IF_ERROR(engine::ParseChunkRepair(repair).status());
+  flags.rag.data_dir = o.data_dir;
+  flags.rag.seed = o.seed;
+  flags.rag.n_batch = o.n_batch;
+  KVX_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> model, model::Model::Load(o.model_path));
+  ThreadPool threads(flags.n_threads);
+  KVX_ASSIGN_OR_RETURN(std::vector<eval::RagRow> rows, eval::RunRagEval(*model, &threads, flags.rag));
+  std::fputs(eval::RagTable(rows).c_str(), stdout);
+  std::fflush(stdout);
+  return Status::Ok();
+}
 
 // Re-renders report.md and the SVGs (and report.json, rewritten from what was
 // read, so a folder stays consistent) from a committed report.json.
@@ -45,10 +65,50 @@ Status RenderCommand(const EvalFlags& flags) {
   return Status::Ok();
 }
 
+// The result of one (spec, task) cell; null when the task did not run.
+const eval::TaskOutcome* OutcomeOf(const eval::SpecResult& s, eval::Task t) {
+  switch (t) {
+    case eval::Task::kPpl: return s.ppl ? &*s.ppl : nullptr;
+    case eval::Task::kKld: return s.kld ? &*s.kld : nullptr;
+    case eval::Task::kCopy: return s.copy ? &*s.copy : nullptr;
+    default: {
+      const auto* r = s.Retrieval(t);
+      return r != nullptr && *r ? &**r : nullptr;
+    }
+  }
+}
+
+// A run whose every cell failed measured nothing: an error (exit 1) naming
+// the first failure, not a table of errors and exit 0.
+Status CheckSomeCellRan(const eval::EvalReport& report) {
+  int cells = 0, failed = 0;
+  std::string first;
+  for (const eval::SpecResult& s : report.specs) {
+    for (eval::Task t : report.settings.tasks) {
+      const eval::TaskOutcome* o = OutcomeOf(s, t);
+      if (s.error.empty() && o == nullptr) continue;
+      ++cells;
+      const bool ok = s.error.empty() && o->ok;
+      if (ok) continue;
+      ++failed;
+      if (first.empty()) first = s.spec + ", " + std::string(eval::TaskName(t)) + ": " + (s.error.empty() ? o->error : s.error);
+    }
+  }
+  if (cells == 0 || failed < cells) return Status::Ok();
+  return InvalidArgument("every cell of the evaluation failed (" + std::to_string(cells) +
+                         " cells; the table above has each error); the first: " + first);
+}
+
 Status RunEvalCommand(EvalFlags flags) {
   if (!flags.render_json.empty()) return RenderCommand(flags);
   eval::EvalOptions& o = flags.options;
   if (o.model_path.empty()) return InvalidArgument("-m MODEL is required (or --render JSON)");
+  if (flags.n_threads < 0) return InvalidArgument("thread count (-t) must be >= 0 (0 = all cores)");
+  if (flags.tasks == "rag") return RunRagCommand(flags);
+  if (flags.tasks.find("rag") != std::string::npos) {
+    return InvalidArgument("--tasks rag runs alone (it compares chunk repairs on one spec, not specs): drop the other "
+                           "tasks or run them separately");
+  }
   if (!flags.json_file.empty()) KVX_RETURN_IF_ERROR(CheckOutputFile(flags.json_file));
   KVX_ASSIGN_OR_RETURN(o.tasks, eval::ParseTasks(flags.tasks));
   if (!flags.text_file.empty()) {
@@ -57,7 +117,6 @@ Status RunEvalCommand(EvalFlags flags) {
     if (!o.text.empty() && o.text.back() == '\n') o.text.pop_back();
     o.text_name = flags.text_file;
   }
-  if (flags.n_threads < 0) return InvalidArgument("thread count (-t) must be >= 0 (0 = all cores)");
   KVX_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> model, model::Model::Load(o.model_path));
   ThreadPool threads(flags.n_threads);
 
@@ -88,7 +147,7 @@ Status RunEvalCommand(EvalFlags flags) {
   if (!flags.report_dir.empty() && !flags.quiet) {
     std::fprintf(stderr, "wrote %s/report.md (+ report.json, SVG plots)\n", flags.report_dir.c_str());
   }
-  return Status::Ok();
+  return CheckSomeCellRan(report);
 }
 
 }  // namespace
@@ -110,7 +169,7 @@ void RegisterEval(CLI::App& app, int* exit_code) {
   cmd->add_option("--tasks", flags->tasks,
                   "Comma-separated: ppl, kld, copy, passkey, lines, needle, niah_word, niah_number, niah_uuid, "
                   "niah_multikey, niah_multivalue, vt; groups: niah (the three single-needle ones), ruler (niah_* "
-                  "and vt), all")
+                  "and vt), all; or rag alone (chunk reuse: docs/kv-reuse.md)")
       ->capture_default_str();
   cmd->add_option("-f,--file", flags->text_file, "Text for ppl and kld (and copy spans of real text)");
   cmd->add_option("--data", o.data_dir, "Folder with longeval/ and paul_graham_essays/ (lines, needle, niah*)")
@@ -166,6 +225,18 @@ void RegisterEval(CLI::App& app, int* exit_code) {
       ->delimiter(',')
       ->check(IntIn(1, kMaxContext));
   cmd->add_option("--lines-trials", o.lines_trials, "lines: cases per record size")->capture_default_str()
+      ->check(IntIn(1, kMaxCount));
+  cmd->add_option("--chunk-repair", flags->rag.repairs,
+                  "rag: the repairs compared (none, full, epic[,k=N], blend[,r=X][,layer=L]); repeat the flag; "
+                  "default: none, epic k=1,4,16, blend r=0.05,0.15,0.3, full");
+  cmd->add_option("--rag-sizes", flags->rag.sizes, "rag: tokens of documents per prompt, comma-separated")
+      ->delimiter(',')
+      ->capture_default_str()
+      ->check(IntIn(1, kMaxContext));
+  cmd->add_option("--rag-chunk-tokens", flags->rag.chunk_tokens, "rag: tokens per document (whole sentences)")
+      ->capture_default_str()
+      ->check(IntIn(1, kMaxContext));
+  cmd->add_option("--rag-questions", flags->rag.questions, "rag: questions per size")->capture_default_str()
       ->check(IntIn(1, kMaxCount));
   cmd->add_option("--seed", o.seed, "Seed of every random choice")->capture_default_str();
   cmd->add_option("-t,--threads", flags->n_threads, "Threads (0: all cores)")->capture_default_str()

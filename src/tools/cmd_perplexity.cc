@@ -17,9 +17,12 @@ struct PerplexityFlags {
   EngineFlags runtime;
   std::string file;
   int max_chunks = -1;
+  bool force = false;
 };
 
 Status RunPerplexity(PerplexityFlags flags) {
+  KVX_RETURN_IF_ERROR(CheckTrainedContext(flags.runtime.options.model_path, flags.runtime.options.n_ctx, flags.force,
+                                          "the chunk (-c)"));
   KVX_ASSIGN_OR_RETURN(std::string text, ReadNonEmptyTextFile(flags.file));
   // As llama.cpp's -f: one trailing newline is dropped.
   if (!text.empty() && text.back() == '\n') text.pop_back();
@@ -54,6 +57,7 @@ void RegisterPerplexity(CLI::App& app, int* exit_code) {
   cmd->add_option("-f,--file", flags->file, "Text file")->required();
   cmd->add_option("--chunks", flags->max_chunks, "Score at most this many chunks (-1: all)")->capture_default_str()
       ->check(AllOrAtLeastOne());
+  AddForceFlag(cmd, &flags->force);
   cmd->callback([flags, exit_code] { *exit_code = ReportStatus(RunPerplexity(*flags)); });
 }
 

@@ -5,8 +5,11 @@
 // finish within --shutdown-grace seconds, the rest are cancelled).
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -19,6 +22,8 @@
 
 namespace kvx::tools {
 
+using server::TransportLimits;
+
 namespace {
 
 struct ServeFlags {
@@ -27,7 +32,42 @@ struct ServeFlags {
   engine::SchedulerOptions scheduler;
   server::ServerOptions server;
   int max_seqs = 16;
+  std::string api_key;        // --api-key: the tenant "default"
+  std::string api_keys_file;  // --api-keys: name:key lines
+  std::string chat_template_file;
 };
+
+// The keys of --api-key and --api-keys, each a tenant; none: no
+// authentication. Messages never hold a key.
+Status GatherApiKeys(ServeFlags& flags) {
+  if (!flags.api_key.empty()) flags.server.api_keys.push_back({"default", flags.api_key});
+  if (!flags.api_keys_file.empty()) {
+    KVX_ASSIGN_OR_RETURN(auto keys, server::ReadApiKeys(flags.api_keys_file));
+    flags.server.api_keys.insert(flags.server.api_keys.end(), keys.begin(), keys.end());
+  }
+  if (Status st = server::CheckApiKeys(flags.server.api_keys); !st.ok()) {
+    return InvalidArgument("--api-key and --api-keys: " + st.message());
+  }
+  // Every keyed tenant can keep its quota of sessions: the total never
+  // makes one tenant's sessions evict another's.
+  const int64_t all = static_cast<int64_t>(flags.server.api_keys.size()) * flags.scheduler.max_sessions;
+  flags.scheduler.max_sessions_total = static_cast<int>(std::max<int64_t>(flags.scheduler.max_sessions_total, all));
+  return Status::Ok();
+}
+
+Status ReadChatTemplate(ServeFlags& flags) {
+  if (flags.chat_template_file.empty()) return Status::Ok();
+  std::ifstream in(flags.chat_template_file, std::ios::binary);
+  std::ostringstream text;
+  if (!in) return NotFound("cannot read --chat-template file " + flags.chat_template_file);
+  text << in.rdbuf();  // an empty file sets failbit: caught below
+  flags.server.chat_template = text.str();
+  if (flags.server.chat_template.empty()) {
+    return InvalidArgument("--chat-template file " + flags.chat_template_file +
+                           " is empty: give a Jinja chat template, or leave the flag out to use the model's");
+  }
+  return Status::Ok();
+}
 
 Status Serve(ServeFlags flags) {
   // Signals go to the watcher thread below, never to a worker: block them
@@ -39,6 +79,8 @@ Status Serve(ServeFlags flags) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error return, not a signal
 
+  KVX_RETURN_IF_ERROR(GatherApiKeys(flags));
+  KVX_RETURN_IF_ERROR(ReadChatTemplate(flags));
   if (!flags.server.session_dir.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(flags.server.session_dir, ec);
@@ -94,12 +136,23 @@ void RegisterServe(CLI::App& app, int* exit_code) {
   cmd->add_option("--host", flags->server.host, "Address to bind (127.0.0.1: this machine only)")->capture_default_str();
   cmd->add_option("--port", flags->server.port, "Port (0: any free port, printed at start)")->capture_default_str()
       ->check(IntIn(0, 65535));
-  cmd->add_option("--api-key", flags->server.api_key, "Require 'Authorization: Bearer KEY' on every endpoint but /health")
+  cmd->add_option("--api-key", flags->api_key,
+                  "Require 'Authorization: Bearer KEY' on every endpoint but /health; the key is the tenant 'default'")
       ->check([](const std::string& key) {
         return key.empty() ? std::string("an empty key would let every client in: give a key, or leave --api-key "
                                          "out to serve without authentication")
                            : std::string();
       });
+  cmd->add_option("--api-keys", flags->api_keys_file,
+                  "File of 'name:key' lines: each key is a tenant (its sessions and cached prefixes its own)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--max-sessions", flags->scheduler.max_sessions,
+                  "Named sessions kept per tenant (its least recently used dropped beyond)")
+      ->capture_default_str()
+      ->check(IntIn(0, 1 << 20));
+  cmd->add_option("--chat-template", flags->chat_template_file,
+                  "Jinja chat template file to use instead of the model's (checked at start like the model's)")
+      ->check(CLI::ExistingFile);
   cmd->add_flag("--reuse-port", flags->server.reuse_port,
                 "Let other processes listen on the same port (SO_REUSEPORT; off: a port in use is an error)");
   cmd->add_option("--max-seqs", flags->max_seqs,
@@ -112,7 +165,26 @@ void RegisterServe(CLI::App& app, int* exit_code) {
   cmd->add_option("--session-dir", flags->server.session_dir,
                   "Directory for /v1/sessions/{name}/save and /restore files (off when empty)");
   cmd->add_option("--model-id", flags->server.model_id, "Model name in /v1/models (default: the file name)");
-  cmd->add_option("--max-body", flags->server.max_body_bytes, "Largest request body in bytes")->capture_default_str();
+  TransportLimits& limits = flags->server.limits;
+  cmd->add_option("--max-body", limits.max_body_bytes,
+                  "Largest request body in bytes, counted as it is read (Content-Length or chunked): 413 beyond")
+      ->capture_default_str();
+  cmd->add_option("--max-connections", limits.max_connections,
+                  "Client connections open at once, each with its own thread: 503 with Retry-After beyond")
+      ->capture_default_str()
+      ->check(IntIn(1, 16384));
+  cmd->add_option("--header-timeout", limits.header_timeout_seconds,
+                  "Seconds from a request's first byte to the end of its headers: 408 beyond")
+      ->capture_default_str()
+      ->check(NumberIn(0, 3600, true, false));
+  cmd->add_option("--request-timeout", limits.request_timeout_seconds,
+                  "Seconds from a request's first byte to the end of its body: 408 beyond")
+      ->capture_default_str()
+      ->check(NumberIn(0, 86400, true, false));
+  cmd->add_option("--keep-alive-timeout", limits.keep_alive_timeout_seconds,
+                  "Seconds a connection may wait idle for its next request (or its first)")
+      ->capture_default_str()
+      ->check(NumberIn(0, 3600, true, false));
   cmd->add_option("--shutdown-grace", flags->server.shutdown_grace_seconds,
                   "Seconds in-flight requests may finish after SIGTERM before they are cancelled")
       ->capture_default_str()

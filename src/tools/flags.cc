@@ -5,9 +5,11 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "gguf/gguf_file.h"
 #include "kv/tier/disk_tier.h"
 #include "kv/tier/ram_tier.h"
 #include "kv/tier/redis_tier.h"
+#include "model/config.h"
 #include "model/fingerprint.h"
 #include "util/byte_size.h"
 #include "util/printable.h"
@@ -126,6 +128,24 @@ void AddEngineFlags(CLI::App* cmd, EngineFlags* flags, const ContextFlag& ctx) {
   cmd->add_option("-c,--ctx-size", o.n_ctx, ctx.help)->capture_default_str()->check(IntIn(ctx.min, ctx.max, ctx.hint));
   cmd->add_option("-t,--threads", o.n_threads, "Threads (0: all cores)")->capture_default_str()->check(Threads());
   AddKVFlag(cmd, &flags->kv);
+}
+
+void AddForceFlag(CLI::App* cmd, bool* force) {
+  cmd->add_flag("--force", *force, "Run even when the work passes the model's trained context");
+}
+
+Status CheckTrainedContext(int64_t tokens, int trained, bool force, const std::string& what) {
+  if (force || trained <= 0 || tokens <= trained) return Status::Ok();
+  return InvalidArgument(what + " has " + std::to_string(tokens) + " tokens, beyond the model's trained context of " +
+                         std::to_string(trained) + ": shorten it, or pass --force to run there");
+}
+
+Status CheckTrainedContext(const std::string& model_path, int64_t tokens, bool force, const std::string& what) {
+  auto file = gguf::GgufFile::Open(model_path);
+  if (!file.ok()) return Status::Ok();
+  auto config = model::ModelConfig::FromGguf(**file);
+  if (!config.ok()) return Status::Ok();
+  return CheckTrainedContext(tokens, config->n_ctx_train, force, what);
 }
 
 Result<std::unique_ptr<engine::Engine>> LoadEngine(const EngineFlags& flags) {

@@ -66,6 +66,18 @@ struct EngineFlags {
   std::string kv;
 };
 
+// Work sized beyond the model's trained context (positions it never saw:
+// numbers that mean little, at a cost that grows without bound) is refused
+// unless --force: the one rule of calibrate-heads, bench and perplexity.
+void AddForceFlag(CLI::App* cmd, bool* force);
+// InvalidArgument when `tokens` (what `what` sizes, e.g. "the chunk (-c)")
+// pass `trained` tokens (0: unknown, never refused) and not `force`.
+Status CheckTrainedContext(int64_t tokens, int trained, bool force, const std::string& what);
+// The same against the model file's trained context, read from its
+// metadata; a file that cannot be read passes (LoadEngine then says what is
+// wrong with it).
+Status CheckTrainedContext(const std::string& model_path, int64_t tokens, bool force, const std::string& what);
+
 // Declares -m/--model (required), -c/--ctx-size, -t/--threads and --kv.
 void AddEngineFlags(CLI::App* cmd, EngineFlags* flags, const ContextFlag& ctx = {});
 // Parses --kv (InvalidArgument naming the bad item), then Engine::Load.

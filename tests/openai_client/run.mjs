@@ -234,10 +234,13 @@ await test('sessions: save, restore, a corrupted file refused, server healthy', 
   assert.equal(r.status, 200, await r.clone().text());
   const again = (await client.completions.create({ model: 'tiny', prompt: ' and', max_tokens: 6, temperature: 0, session: 'chat1' })).choices[0].text;
   assert.equal(again, cont, 'a restored session continues as the saved one did');
-  const file = path.join(sessionDir, 'chat1.kvxs');
-  const bytes = fs.readFileSync(file);
+  // The key's tenant has a directory of its own in --session-dir.
+  const tenantDirs = fs.readdirSync(sessionDir).filter((d) => d.startsWith('tenant-'));
+  assert.equal(tenantDirs.length, 1);
+  const tenantDir = path.join(sessionDir, tenantDirs[0]);
+  const bytes = fs.readFileSync(path.join(tenantDir, 'chat1.kvxs'));
   bytes[bytes.length - 7] ^= 0x40;
-  fs.writeFileSync(path.join(sessionDir, 'broken.kvxs'), bytes);
+  fs.writeFileSync(path.join(tenantDir, 'broken.kvxs'), bytes);
   r = await post('/v1/sessions/broken/restore');
   assert.equal(r.status, 400);
   const err = await r.json();

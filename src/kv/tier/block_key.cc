@@ -13,6 +13,7 @@ namespace {
 
 constexpr std::string_view kKeyDomain = "kvx-tier-key-v1";
 constexpr std::string_view kSpecDomain = "kvx-tier-spec-v1";
+constexpr std::string_view kChunkDomain = "kvx-chunk-key-v1";
 
 void PutKey(ByteWriter& w, const BlockKey& k) {
   w.U64(k.lo);
@@ -78,26 +79,44 @@ Result<BlockSpace> MakeBlockSpace(const ResolvedKVSpec& spec, uint64_t model_fin
   return BlockSpace{model_fingerprint, SpecFingerprint(spec), block_tokens, spec.layout, spec.layers};
 }
 
+namespace {
+
+// One link of the chain: the hash of the previous link and the tokens.
+BlockKey ChainLink(const BlockKey& previous, std::span<const int32_t> tokens) {
+  ByteWriter link;
+  PutKey(link, previous);
+  link.Bytes(tokens.data(), tokens.size() * sizeof(int32_t));
+  return Hash128(link.out());
+}
+
+// The key of a chain link: what else the stored bytes depend on.
+BlockKey KeyOf(std::string_view domain, const BlockKey& chain, const BlockSpace& space, uint64_t salt, size_t n_tokens) {
+  ByteWriter key;
+  key.Bytes(domain.data(), domain.size());
+  PutKey(key, chain);
+  key.U64(space.model_fingerprint);
+  key.U64(space.spec_fingerprint);
+  key.U64(salt);
+  key.U32(static_cast<uint32_t>(n_tokens));
+  return Hash128(key.out());
+}
+
+}  // namespace
+
 std::vector<BlockKey> BlockKeys(const BlockSpace& space, uint64_t salt, std::span<const int32_t> tokens) {
   std::vector<BlockKey> keys;
   if (space.block_tokens <= 0) return keys;
   const size_t B = static_cast<size_t>(space.block_tokens);
   BlockKey chain;
   for (size_t start = 0; start + B <= tokens.size(); start += B) {
-    ByteWriter link;
-    PutKey(link, chain);
-    link.Bytes(tokens.data() + start, B * sizeof(int32_t));
-    chain = Hash128(link.out());
-    ByteWriter key;
-    key.Bytes(kKeyDomain.data(), kKeyDomain.size());
-    PutKey(key, chain);
-    key.U64(space.model_fingerprint);
-    key.U64(space.spec_fingerprint);
-    key.U64(salt);
-    key.U32(static_cast<uint32_t>(space.block_tokens));
-    keys.push_back(Hash128(key.out()));
+    chain = ChainLink(chain, tokens.subspan(start, B));
+    keys.push_back(KeyOf(kKeyDomain, chain, space, salt, B));
   }
   return keys;
+}
+
+BlockKey ChunkKey(const BlockSpace& space, uint64_t salt, std::span<const int32_t> tokens) {
+  return KeyOf(kChunkDomain, ChainLink(BlockKey{}, tokens), space, salt, tokens.size());
 }
 
 uint64_t SaltDigest(uint64_t salt) { return XXH3_64bits(&salt, sizeof salt); }

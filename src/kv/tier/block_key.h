@@ -83,6 +83,15 @@ Result<BlockSpace> MakeBlockSpace(const ResolvedKVSpec& spec, uint64_t model_fin
 // them, in order) for tenant `salt`.
 std::vector<BlockKey> BlockKeys(const BlockSpace& space, uint64_t salt, std::span<const int32_t> tokens);
 
+// The key of a chunk (chunk reuse, kv/chunk_cache.h): the KV of `tokens`
+// computed on their own at positions 0..n-1. The block key of one block
+// holding exactly those tokens, under its own domain string
+// ("kvx-chunk-key-v1"), since a chunk may hold any number of tokens:
+//   key = XXH3_128("kvx-chunk-key-v1" || XXH3_128(0 || tokens) ||
+//                  model fingerprint || spec fingerprint || salt || n)
+// (space.block_tokens is not used: n is the chunk's length).
+BlockKey ChunkKey(const BlockSpace& space, uint64_t salt, std::span<const int32_t> tokens);
+
 // The XXH3-64 digest of a tenant salt as a block header records it.
 uint64_t SaltDigest(uint64_t salt);
 

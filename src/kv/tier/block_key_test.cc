@@ -130,3 +130,27 @@ TEST(BlockKeyTest, HexRoundTrips) {
 
 }  // namespace
 }  // namespace kvx::kv::tier
+
+namespace kvx::kv::tier {
+namespace {
+
+// A chunk's key names its tokens, model, spec and tenant, whatever its
+// length, and never a prefix block's key.
+TEST(ChunkKeyTest, DependsOnEverythingTheStoredBytesDependOn) {
+  const std::vector<int32_t> t = testing::Tokens(23);
+  const BlockSpace space = Space("codec=f16");
+  const BlockKey key = ChunkKey(space, 7, t);
+  EXPECT_EQ(key, ChunkKey(Space("codec=f16"), 7, t));
+  EXPECT_NE(key, ChunkKey(space, 8, t));
+  EXPECT_NE(key, ChunkKey(Space("codec=f16", 0x9999), 7, t));
+  EXPECT_NE(key, ChunkKey(Space("codec=int8"), 7, t));
+  std::vector<int32_t> other = t;
+  other.back() += 1;
+  EXPECT_NE(key, ChunkKey(space, 7, other));
+  EXPECT_NE(key, ChunkKey(space, 7, std::span<const int32_t>(t).first(22)));
+  const std::vector<int32_t> block(t.begin(), t.begin() + 16);
+  EXPECT_NE(ChunkKey(Space("codec=f16", 0x1234, 16), 7, block), BlockKeys(Space("codec=f16", 0x1234, 16), 7, block)[0]);
+}
+
+}  // namespace
+}  // namespace kvx::kv::tier

@@ -1,0 +1,339 @@
+#include "engine/chunk_assembly.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "model/fingerprint.h"
+#include "ops/nn.h"
+
+namespace kvx::engine {
+namespace {
+
+constexpr std::string_view kRepairForms = "none, full, epic[,k=N], blend[,r=X][,layer=L]";
+
+Status BadRepair(std::string_view text, const std::string& what) {
+  return InvalidArgument("chunk repair '" + std::string(text) + "': " + what + " (valid: " + std::string(kRepairForms) +
+                         ")");
+}
+
+// Which rows of the assembly step run through which layers (the plan of one
+// repair) and where every other row's K/V comes from: rows [0, n_chunk) are
+// the chunks' tokens (cached K/V in cached_k/v[layer]), the rest the suffix.
+class RepairPlan final : public model::RowRecompute {
+ public:
+  RepairPlan(const ChunkRepair& repair, int kv_dim, int n_rows, int n_chunk,
+             const std::vector<int32_t>& chunk_starts, const std::vector<std::vector<float>>* cached_k,
+             const std::vector<std::vector<float>>* cached_v)
+      : repair_(repair), kv_dim_(kv_dim), n_chunk_(n_chunk), cached_k_(cached_k), cached_v_(cached_v) {
+    for (int i = 0; i < n_rows; ++i) all_.push_back(i);
+    // The rows that always run: the suffix, or the last token without one.
+    const int first_always = std::min(n_chunk, n_rows - 1);
+    if (repair.mode == ChunkRepairMode::kEpic) {
+      for (size_t c = 0; c + 1 < chunk_starts.size(); ++c) {
+        const int end = std::min(chunk_starts[c + 1], chunk_starts[c] + repair.epic_tokens);
+        for (int i = chunk_starts[c]; i < std::min(end, first_always); ++i) late_.push_back(i);
+      }
+    }
+    for (int i = first_always; i < n_rows; ++i) late_.push_back(i);
+  }
+
+  std::span<const int32_t> Rows(int layer) override {
+    const bool early = repair_.mode == ChunkRepairMode::kBlend && layer <= repair_.blend_layer;
+    return early ? std::span<const int32_t>(all_) : std::span<const int32_t>(late_);
+  }
+
+  void Merge(int layer, std::span<const int32_t> rows, const float* k, const float* v, float* k_all,
+             float* v_all) override {
+    const std::vector<float>& ck = (*cached_k_)[layer];
+    const std::vector<float>& cv = (*cached_v_)[layer];
+    std::copy(ck.begin(), ck.end(), k_all);
+    std::copy(cv.begin(), cv.end(), v_all);
+    const bool check = repair_.mode == ChunkRepairMode::kBlend && layer == repair_.blend_layer;
+    std::vector<std::pair<double, int32_t>> deviation;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const size_t at = static_cast<size_t>(rows[i]) * kv_dim_;
+      const float* fk = k + i * kv_dim_;
+      const float* fv = v + i * kv_dim_;
+      if (check && rows[i] < n_chunk_) {
+        double d = 0;
+        for (int j = 0; j < kv_dim_; ++j) {
+          const double dk = fk[j] - ck[at + j], dv = fv[j] - cv[at + j];
+          d += dk * dk + dv * dv;
+        }
+        deviation.push_back({d, rows[i]});
+      }
+      std::memcpy(k_all + at, fk, sizeof(float) * kv_dim_);
+      std::memcpy(v_all + at, fv, sizeof(float) * kv_dim_);
+    }
+    if (check) Select(std::move(deviation));
+  }
+
+  // Chunk rows that run through the last layer.
+  std::vector<int32_t> RecomputedChunkRows(int last_layer) {
+    std::vector<int32_t> out;
+    for (int32_t r : Rows(last_layer)) {
+      if (r < n_chunk_) out.push_back(r);
+    }
+    return out;
+  }
+
+ private:
+  // The top r fraction of the chunk rows by deviation (ties: the earlier
+  // row), with the rows that always run.
+  void Select(std::vector<std::pair<double, int32_t>> deviation) {
+    const size_t keep = std::min(deviation.size(), static_cast<size_t>(std::ceil(repair_.blend_ratio * n_chunk_)));
+    std::partial_sort(deviation.begin(), deviation.begin() + static_cast<std::ptrdiff_t>(keep), deviation.end(),
+                      [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+    std::vector<int32_t> chosen;
+    for (size_t i = 0; i < keep; ++i) chosen.push_back(deviation[i].second);
+    for (int32_t r : late_) {
+      if (std::find(chosen.begin(), chosen.end(), r) == chosen.end()) chosen.push_back(r);
+    }
+    std::sort(chosen.begin(), chosen.end());
+    late_ = std::move(chosen);
+  }
+
+  ChunkRepair repair_;
+  int kv_dim_, n_chunk_;
+  const std::vector<std::vector<float>>* cached_k_;
+  const std::vector<std::vector<float>>* cached_v_;
+  std::vector<int32_t> all_, late_;
+};
+
+// Assembly re-encodes cached K/V at new positions: refuse the page formats
+// where that would quantize them a second time.
+Status CheckReusableFormat(const kv::ResolvedKVSpec& spec) {
+  for (const kv::LayerCodec& layer : spec.layers) {
+    const std::string name(kv::CodecName(layer.id));
+    if (kv::IsKivi(layer.id)) {
+      return InvalidArgument("chunk reuse cannot use codec=" + name +
+                             ": KIVI quantizes keys per channel over a page, and a chunk's tokens fall into other pages "
+                             "at their new positions, so its keys would be quantized twice; use codec=f16 or a row-wise "
+                             "codec (int8, int4, int2) with prerope=1");
+    }
+    if (kv::IsQuantized(layer.id) && !spec.spec.codec.pre_rope) {
+      return InvalidArgument("chunk reuse with codec=" + name +
+                             " needs prerope=1: re-rotating quantized keys to their new positions would quantize them "
+                             "twice, while keys stored before RoPE need no rotation (or use codec=f16)");
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::string ChunkRepair::ToString() const {
+  char buf[64];
+  switch (mode) {
+    case ChunkRepairMode::kNone: return "none";
+    case ChunkRepairMode::kFull: return "full";
+    case ChunkRepairMode::kEpic: return "epic,k=" + std::to_string(epic_tokens);
+    case ChunkRepairMode::kBlend:
+      std::snprintf(buf, sizeof buf, "blend,r=%g,layer=%d", blend_ratio, blend_layer);
+      return buf;
+  }
+  return "?";
+}
+
+Result<ChunkRepair> ParseChunkRepair(std::string_view text) {
+  ChunkRepair r;
+  std::vector<std::string_view> parts;
+  for (size_t start = 0;;) {
+    const size_t comma = text.find(',', start);
+    parts.push_back(text.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start));
+    if (comma == std::string_view::npos) break;
+    start = comma + 1;
+  }
+  const std::string_view mode = parts[0];
+  if (mode == "none") r.mode = ChunkRepairMode::kNone;
+  else if (mode == "full") r.mode = ChunkRepairMode::kFull;
+  else if (mode == "epic") r.mode = ChunkRepairMode::kEpic;
+  else if (mode == "blend") r.mode = ChunkRepairMode::kBlend;
+  else return BadRepair(text, "unknown mode '" + std::string(mode) + "'");
+  for (size_t i = 1; i < parts.size(); ++i) {
+    const size_t eq = parts[i].find('=');
+    const std::string key(parts[i].substr(0, eq));
+    const std::string value(eq == std::string_view::npos ? "" : parts[i].substr(eq + 1));
+    const std::string want = r.mode == ChunkRepairMode::kEpic ? "k" : r.mode == ChunkRepairMode::kBlend ? "r, layer" : "";
+    if (r.mode == ChunkRepairMode::kEpic && key == "k") {
+      const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), r.epic_tokens);
+      if (ec != std::errc() || end != value.data() + value.size() || r.epic_tokens < 0) {
+        return BadRepair(text, "k must be a token count >= 0");
+      }
+    } else if (r.mode == ChunkRepairMode::kBlend && key == "layer") {
+      const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), r.blend_layer);
+      if (ec != std::errc() || end != value.data() + value.size() || r.blend_layer < 0) {
+        return BadRepair(text, "layer must be a layer index >= 0");
+      }
+    } else if (r.mode == ChunkRepairMode::kBlend && key == "r") {
+      char* end = nullptr;
+      r.blend_ratio = std::strtod(value.c_str(), &end);
+      if (value.empty() || *end != '\0' || !(r.blend_ratio >= 0 && r.blend_ratio <= 1)) {
+        return BadRepair(text, "r must be a fraction in [0, 1]");
+      }
+    } else {
+      return BadRepair(text, "'" + key + "' is not a key of " + std::string(mode) +
+                                 (want.empty() ? " (it takes none)" : " (its keys: " + want + ")"));
+    }
+  }
+  return r;
+}
+
+Result<std::vector<std::vector<int32_t>>> TokenizeChunks(const model::Tokenizer& tokenizer,
+                                                         std::span<const std::string> texts) {
+  std::vector<std::vector<int32_t>> chunks;
+  for (size_t c = 0; c < texts.size(); ++c) {
+    Result<std::vector<int32_t>> tokens = tokenizer.Encode(texts[c], /*add_special=*/false, /*parse_special=*/false);
+    if (!tokens.ok()) return tokens.status().WithContext("chunk " + std::to_string(c));
+    chunks.push_back(std::move(tokens).value());
+  }
+  return chunks;
+}
+
+Result<std::unique_ptr<ChunkAssembler>> ChunkAssembler::Create(Engine* engine, uint64_t cache_bytes) {
+  const kv::ResolvedKVSpec& spec = engine->kv_manager().spec();
+  KVX_RETURN_IF_ERROR(CheckReusableFormat(spec));
+  KVX_ASSIGN_OR_RETURN(kv::tier::BlockSpace space,
+                       kv::tier::MakeBlockSpace(spec, model::ModelFingerprint(engine->model().file()),
+                                                spec.layout.page_tokens));
+  return std::unique_ptr<ChunkAssembler>(new ChunkAssembler(engine, std::move(space), cache_bytes));
+}
+
+Result<const kv::KVManager::SequenceImage*> ChunkAssembler::ChunkImage(uint64_t salt, std::span<const int32_t> tokens,
+                                                                       ChunkUsage* usage) {
+  const kv::tier::BlockKey key = Key(salt, tokens);
+  if (const kv::KVManager::SequenceImage* hit = cache_.Find(key, tokens)) {
+    usage->cached_tokens += static_cast<int64_t>(tokens.size());
+    return hit;
+  }
+  KVX_ASSIGN_OR_RETURN(std::unique_ptr<Session> alone, engine_->NewSession(salt));
+  KVX_RETURN_IF_ERROR(alone->Feed(tokens).status());
+  if (engine_->kv_manager().entries_removed(alone->id())) {
+    return InvalidArgument("chunk reuse needs the KV of every chunk token, but the spec's policy removed entries "
+                           "while a chunk was computed alone: use its mode=once (it then compresses the assembled "
+                           "prompt) or no policy");
+  }
+  KVX_ASSIGN_OR_RETURN(kv::KVManager::SequenceImage image, engine_->kv_manager().ExportSequence(alone->id()));
+  usage->computed_tokens += static_cast<int64_t>(tokens.size());
+  const kv::KVManager::SequenceImage* kept = cache_.Insert(key, image);
+  if (kept != nullptr) return kept;
+  uncached_.push_back(kv::CopySequenceImage(image));  // larger than the whole cache: kept for this call only
+  return &uncached_.back().image;
+}
+
+Status ChunkAssembler::LoadChunkRows(const kv::KVManager::SequenceImage& image, int32_t first_position, int row,
+                                     std::vector<std::vector<float>>* k, std::vector<std::vector<float>>* v) {
+  kv::KVManager& manager = engine_->kv_manager();
+  KVX_ASSIGN_OR_RETURN(kv::SeqId id, manager.ImportSequence(image));
+  const kv::SequenceKV& seq = manager.kv(id);
+  const kv::KVLayout& layout = seq.layout();
+  const int hd = layout.head_dim, kv_dim = layout.n_kv_heads * hd;
+  const int n = static_cast<int>(image.tokens.size());
+  const ops::RopeParams rope = engine_->model().rope_params();
+  std::vector<float> cs(static_cast<size_t>(rope.n_dims));
+  ops::RopeCosSin(first_position, rope, cs.data());  // R(p): R(p + j) = R(p) R(j)
+  std::vector<float> ck, cv;
+  std::vector<int32_t> pos;
+  for (int l = 0; l < layout.n_layers; ++l) {
+    for (int h = 0; h < layout.n_kv_heads; ++h) {
+      seq.ReadChain(l, h, &ck, &cv, &pos);
+      bool in_order = static_cast<int>(pos.size()) == n;
+      for (int j = 0; in_order && j < n; ++j) in_order = pos[j] == j;
+      if (!in_order) {
+        manager.ReleaseSequence(id);
+        return Internal("a cached chunk's table does not hold its " + std::to_string(n) +
+                        " tokens at positions 0..n-1");
+      }
+      for (int j = 0; j < n; ++j) {
+        float* dk = &(*k)[l][static_cast<size_t>(row + j) * kv_dim + static_cast<size_t>(h) * hd];
+        float* dv = &(*v)[l][static_cast<size_t>(row + j) * kv_dim + static_cast<size_t>(h) * hd];
+        std::memcpy(dk, &ck[static_cast<size_t>(j) * hd], sizeof(float) * hd);
+        std::memcpy(dv, &cv[static_cast<size_t>(j) * hd], sizeof(float) * hd);
+        if (!seq.keys_pre_rope()) ops::RopeApply(dk, cs.data(), rope);
+      }
+    }
+  }
+  manager.ReleaseSequence(id);
+  return Status::Ok();
+}
+
+Result<const float*> ChunkAssembler::Assemble(Session* session, std::span<const int32_t> prefix,
+                                              std::span<const std::vector<int32_t>> chunks,
+                                              std::span<const int32_t> suffix, const ChunkRepair& repair,
+                                              ChunkUsage* usage) {
+  ChunkUsage local;
+  if (usage == nullptr) usage = &local;
+  *usage = {};
+  uncached_.clear();
+  const model::ModelConfig& config = engine_->model().config();
+  const int n_ctx = engine_->n_ctx();
+  if (repair.mode == ChunkRepairMode::kBlend && repair.blend_layer >= config.n_layers) {
+    return InvalidArgument("chunk repair blend: check layer " + std::to_string(repair.blend_layer) +
+                           " is beyond the model's last layer " + std::to_string(config.n_layers - 1));
+  }
+  // Every chunk's rows in one list, then the suffix's.
+  std::vector<int32_t> tokens, chunk_starts;
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    if (static_cast<int64_t>(chunks[c].size()) > n_ctx) {
+      return InvalidArgument("chunk " + std::to_string(c) + " holds " + std::to_string(chunks[c].size()) +
+                             " tokens, more than the context (" + std::to_string(n_ctx) +
+                             "): split it into smaller chunks or raise the context length (-c)");
+    }
+    if (chunks[c].empty()) continue;
+    chunk_starts.push_back(static_cast<int32_t>(tokens.size()));
+    tokens.insert(tokens.end(), chunks[c].begin(), chunks[c].end());
+  }
+  const int n_chunk = static_cast<int>(tokens.size());
+  chunk_starts.push_back(n_chunk);
+  tokens.insert(tokens.end(), suffix.begin(), suffix.end());
+  usage->prefix_tokens = static_cast<int64_t>(prefix.size());
+  usage->chunk_tokens = n_chunk;
+  usage->suffix_tokens = static_cast<int64_t>(suffix.size());
+  const int64_t total = session->n_past() + static_cast<int64_t>(prefix.size()) + static_cast<int64_t>(tokens.size());
+  if (prefix.empty() && tokens.empty()) return InvalidArgument("nothing to assemble: the prefix, chunks and suffix are all empty");
+  if (total > n_ctx) {
+    return InvalidArgument("the assembled prompt holds " + std::to_string(total) + " tokens (with what the session holds), "
+                           "more than the context (" + std::to_string(n_ctx) + "): drop chunks or raise the context length (-c)");
+  }
+  const float* logits = nullptr;
+  if (!prefix.empty()) {
+    KVX_ASSIGN_OR_RETURN(logits, session->Feed(prefix));
+  }
+  if (tokens.empty()) return logits;
+  if (repair.mode == ChunkRepairMode::kFull || n_chunk == 0) {
+    usage->recomputed_tokens = n_chunk;
+    return session->Feed(tokens);
+  }
+  // The cached K/V of every chunk row at its new position.
+  const uint64_t salt = engine_->kv_manager().salt(session->id());
+  const int kv_dim = config.n_kv_heads * config.head_dim, p0 = session->n_past();
+  std::vector<std::vector<float>> cached_k(config.n_layers), cached_v(config.n_layers);
+  for (int l = 0; l < config.n_layers; ++l) {
+    cached_k[l].assign(tokens.size() * static_cast<size_t>(kv_dim), 0.0f);
+    cached_v[l].assign(tokens.size() * static_cast<size_t>(kv_dim), 0.0f);
+  }
+  for (size_t c = 0; c + 1 < chunk_starts.size(); ++c) {
+    const std::span<const int32_t> chunk(tokens.data() + chunk_starts[c], chunk_starts[c + 1] - chunk_starts[c]);
+    KVX_ASSIGN_OR_RETURN(const kv::KVManager::SequenceImage* image, ChunkImage(salt, chunk, usage));
+    KVX_RETURN_IF_ERROR(LoadChunkRows(*image, p0 + chunk_starts[c], chunk_starts[c], &cached_k, &cached_v));
+  }
+  uncached_.clear();
+  RepairPlan plan(repair, kv_dim, static_cast<int>(tokens.size()), n_chunk, chunk_starts, &cached_k,
+                  &cached_v);
+  StepInput in;
+  in.session = session;
+  in.tokens = tokens;
+  in.logits = &logits_;
+  in.recompute = &plan;
+  const StepInput one[] = {in};
+  KVX_RETURN_IF_ERROR(engine_->Step(one));
+  for (int32_t row : plan.RecomputedChunkRows(config.n_layers - 1)) usage->recomputed_positions.push_back(p0 + row);
+  usage->recomputed_tokens = static_cast<int64_t>(usage->recomputed_positions.size());
+  return static_cast<const float*>(logits_.data());
+}
+
+}  // namespace kvx::engine
