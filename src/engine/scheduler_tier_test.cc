@@ -303,30 +303,38 @@ TEST(SchedulerTierTest, WriteBackWritesWhatTheCacheEvictsAndHoldsAtShutdown) {
 // prefix cache gave them up, instead of recomputed; every request gives what
 // it gives alone.
 TEST(SchedulerTierTest, APreemptedRequestIsSwappedBackInFromTheRamTier) {
-  SchedulerOptions so;
-  so.max_step_tokens = 32;
-  so.max_running = 8;
-  so.prefill_tokens_per_second = 1000;
-  auto engine = MakeEngine("codec=f16,page=16,budget=40000", 256, 1);
-  std::vector<std::unique_ptr<kv::tier::Tier>> tiers;
-  tiers.push_back(kv::tier::RamTier::Open(64 << 20).value());
-  so.tiers = Store(*engine, std::move(tiers));
-  auto sched = Scheduler::Create(*engine, so);
-  ASSERT_TRUE(sched.ok());
-  Collector c;
   std::vector<Job> jobs;
   for (int i = 0; i < 6; ++i) jobs.push_back({Tokens(40 + 6 * i, 20 + i), 24, static_cast<uint64_t>(i)});
-  ASSERT_TRUE(SubmitTogether(**sched, jobs, c).ok());
   auto alone_engine = MakeEngine(kSpec, 256, 1);
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    const Outcome o = c.Wait(static_cast<int>(i));
-    EXPECT_EQ(o.finish.at(0).tokens, Alone(*alone_engine, jobs[i].prompt, jobs[i].max_tokens, jobs[i].seed))
-        << "request " << i << ": " << o.finish.at(0).status.ToString();
+  // Whether a readmission finds its blocks gone from the pool depends on
+  // when loads complete (I/O thread timing): up to 5 rounds, each checked
+  // for the tokens, until one swaps in.
+  uint64_t swapped_in = 0, preemptions = 0;
+  for (int round = 0; round < 5 && swapped_in == 0; ++round) {
+    SchedulerOptions so;
+    so.max_step_tokens = 32;
+    so.max_running = 8;
+    so.prefill_tokens_per_second = 1000;
+    auto engine = MakeEngine("codec=f16,page=16,budget=40000", 256, 1);
+    std::vector<std::unique_ptr<kv::tier::Tier>> tiers;
+    tiers.push_back(kv::tier::RamTier::Open(64 << 20).value());
+    so.tiers = Store(*engine, std::move(tiers));
+    auto sched = Scheduler::Create(*engine, so);
+    ASSERT_TRUE(sched.ok());
+    Collector c;
+    ASSERT_TRUE(SubmitTogether(**sched, jobs, c).ok());
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      const Outcome o = c.Wait(static_cast<int>(i));
+      EXPECT_EQ(o.finish.at(0).tokens, Alone(*alone_engine, jobs[i].prompt, jobs[i].max_tokens, jobs[i].seed))
+          << "request " << i << ": " << o.finish.at(0).status.ToString();
+    }
+    ExpectInvariants(**sched);
+    const SchedulerStats st = (*sched)->Stats();
+    preemptions += st.preemptions;
+    swapped_in += st.swapped_in_tokens;
   }
-  ExpectInvariants(**sched);
-  const SchedulerStats st = (*sched)->Stats();
-  EXPECT_GT(st.preemptions, 0u);
-  EXPECT_GT(st.swapped_in_tokens, 0u);
+  EXPECT_GT(preemptions, 0u);
+  EXPECT_GT(swapped_in, 0u);
 }
 
 }  // namespace
