@@ -20,14 +20,7 @@ using testing::BinaryDir;
 using testing::RunCommand;
 using testing::TempDir;
 
-std::string TinyModel() {
-  static const std::string path = [] {
-    const std::string p = TempDir() + "/batch_tiny.gguf";
-    RunCommand({BinaryDir() + "/kvx", "gen-model", "--shape", "tiny", "--type", "q8_0", "-o", p});
-    return p;
-  }();
-  return path;
-}
+std::string TinyModel() { return testing::TinyModelFile("batch_tiny.gguf"); }
 
 std::string WriteRequests(const std::string& name) {
   const std::string path = TempDir() + "/" + name;

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "engine/scheduler_request.h"
+#include "engine/session.h"
 #include "kv/sequence_kv.h"
 
 namespace kvx::engine {
@@ -57,15 +58,37 @@ Result<std::unique_ptr<Scheduler>> Scheduler::Create(Engine& engine, SchedulerOp
   }
   if (options.max_queue < 1) return InvalidArgument("max_queue must be at least 1");
   if (options.max_sessions < 0) return InvalidArgument("max_sessions must be >= 0");
+  if (!(options.prefill_tokens_per_second >= 0)) return InvalidArgument("prefill_tokens_per_second must be >= 0");
+  if (options.tiers && options.tiers->space().spec_fingerprint != kv::tier::SpecFingerprint(engine.kv_manager().spec())) {
+    return InvalidArgument("the KV tiers were made for another KV spec than the engine's");
+  }
   if (options.max_sessions_total < 0) return InvalidArgument("max_sessions_total must be >= 0");
   if (!options.clock) {
     options.clock = [] {
       return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
     };
   }
+  if (options.tiers && options.prefill_tokens_per_second == 0) {
+    options.prefill_tokens_per_second = MeasurePrefill(engine);
+  }
   std::unique_ptr<Scheduler> s(new Scheduler(engine, std::move(options)));
   s->thread_ = std::thread([p = s.get()] { p->Loop(); });
   return s;
+}
+
+// Tokens per second of one prefill of up to 128 tokens on a sequence of its
+// own (released after): what a tier load must beat before the steps have
+// measured the real thing. 0 (no deadline) when it cannot run.
+double Scheduler::MeasurePrefill(Engine& engine) {
+  const int n = std::min(128, engine.n_ctx() - 1);
+  std::vector<int32_t> tokens(static_cast<size_t>(std::max(n, 1)));
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(i % engine.model().config().n_vocab);
+  Result<std::unique_ptr<Session>> session = engine.NewSession();
+  if (!session.ok()) return 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  if (!(*session)->Feed(tokens).ok()) return 0;
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return static_cast<double>(tokens.size()) / std::max(seconds, 1e-6);
 }
 
 Scheduler::Scheduler(Engine& engine, SchedulerOptions options) : engine_(engine), options_(std::move(options)) {
@@ -75,6 +98,15 @@ Scheduler::Scheduler(Engine& engine, SchedulerOptions options) : engine_(engine)
   block_bytes_ = KvBytesFor(page_tokens_);
   compress_once_ = engine_.kv_manager().HasOncePolicy();
   if (options_.prefix_cache) cache_ = std::make_unique<kv::RadixCache>(&engine_.kv_manager());
+  if (cache_ && options_.tiers) {  // the tiers load into the prefix cache: nothing to load into without it
+    tiers_ = options_.tiers;
+    tiers_->SetOnLoad([this] {
+      std::lock_guard<std::mutex> lock(mu_);
+      wake_.notify_one();
+    });
+    // Write-back: blocks go to the tiers when they leave the pool.
+    if (tiers_->write_back()) cache_->SetEvictionObserver([this](kv::SeqId holder) { WriteBlocks(holder); });
+  }
   start_time_ = Now();
   work_.pool_budget_bytes = engine_.pool().budget_bytes();
   stats_ = work_;
@@ -82,6 +114,12 @@ Scheduler::Scheduler(Engine& engine, SchedulerOptions options) : engine_(engine)
 
 Scheduler::~Scheduler() {
   Shutdown(ShutdownMode::kCancel);
+  if (tiers_) {
+    tiers_->SetOnLoad({});
+    if (tiers_->write_back()) {  // what the cache still holds leaves the pool now
+      for (kv::SeqId holder : cache_->Holders()) WriteBlocks(holder);
+    }
+  }
   // Sequences before the cache's holders, sessions, then the cache.
   queue_.clear();
   running_.clear();
@@ -331,6 +369,10 @@ void Scheduler::PublishStats() {
     s.cache_blocks = cache_->num_blocks();
     s.cache_bytes = static_cast<uint64_t>(s.cache_blocks) * block_bytes_;
     s.cache_evicted_blocks = cache_->evicted_blocks();
+  }
+  if (tiers_) {
+    s.tiers = tiers_->Metrics();
+    s.tier_counters = tiers_->counters();
   }
   s.uptime_seconds = Now() - start_time_;
   std::lock_guard<std::mutex> lock(stats_mu_);

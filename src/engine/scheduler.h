@@ -79,12 +79,14 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "engine/engine.h"
 #include "kv/kv_manager.h"
+#include "kv/tier/tier_store.h"
 #include "model/sampler.h"
 #include "util/status.h"
 
@@ -120,7 +122,32 @@ struct SchedulerOptions {
   // Seconds since some fixed origin (injectable for tests); default: steady
   // clock.
   std::function<double()> clock;
+  // The KV tiers below the pool (kv/tier/tier_store.h; null: none). With
+  // the prefix cache on, a queued request whose prompt has full tier blocks
+  // the cache lacks waits while the store's I/O thread loads them; they are
+  // imported into the pool and the cache, and the request is admitted from
+  // them. Every finished or preempted sequence's full, final blocks are
+  // written through to the tiers (off the scheduler thread but for a copy
+  // of their pages). Shared: the store finishes its writes when its last
+  // owner lets it go.
+  std::shared_ptr<kv::tier::TierStore> tiers;
+  // The prefill speed, in tokens per second, assumed until the steps
+  // measure one: a tier load slower than recomputing at that speed is
+  // abandoned. 0 (with tiers): measured at Create by a short prefill of its
+  // own (128 tokens), so a new process's first lookups are not judged by a
+  // guess (>= 0).
+  double prefill_tokens_per_second = 0;
 };
+
+// What a request lets the prefix cache and the tiers do with its KV.
+enum class CacheMode {
+  kDefault,  // read and write: start from cached prefixes, leave its blocks for others
+  kNone,     // neither: computed from scratch, its KV released at the end
+  kPin,      // kept in RAM until unpinned (not built: refused at Submit)
+};
+// "default", "none" or "pin" (the APIs' "cache" field); InvalidArgument
+// naming the choices for anything else.
+Result<CacheMode> ParseCacheMode(std::string_view text);
 
 struct GenerationRequest {
   // Prompt token ids (each in [0, n_vocab)). Non-empty unless resuming a
@@ -158,6 +185,7 @@ struct GenerationRequest {
   // session, its leading BOS token (if any) is dropped, since the session's
   // text already began with one.
   bool drop_bos_when_resuming = false;
+  CacheMode cache = CacheMode::kDefault;
   // Run the compression moment (policies that compress once) after the
   // prompt. False keeps the whole prompt in the KV, e.g. a shared prefix's
   // warm-up request whose sequence is meant for the prefix cache.
@@ -175,6 +203,7 @@ enum class RequestPart {
   kSampling,
   kSamples,    // n
   kSession,    // resume_session / continue_session
+  kCache,      // cache (pin is not built)
 };
 
 enum class FinishReason { kLength, kStop, kCancelled, kError };
@@ -187,6 +216,9 @@ struct RequestTiming {
   double total_seconds = 0;  // submitted -> finished
   int prompt_tokens = 0;     // tokens of the (session +) prompt
   int cached_tokens = 0;     // of those, taken from the prefix cache or session at first admission
+  // Of cached_tokens, the ones loaded from each tier (kind, tokens) for this
+  // request; the rest were in the pool already.
+  std::vector<std::pair<std::string, int>> cached_by_tier;
   int generated_tokens = 0;  // over all samples
   int preemptions = 0;
 };
@@ -251,6 +283,14 @@ struct SchedulerStats {
   // Requests that waited for another request still prefilling a prefix they
   // share, to start from its blocks rather than compute them too.
   uint64_t prefix_waits = 0;
+  // KV tiers (empty without them): per tier its counters and load latency,
+  // the store's lookups, abandoned loads, corrupt blocks and writes.
+  std::vector<kv::tier::TierMetrics> tiers;
+  kv::tier::TierStoreCounters tier_counters;
+  uint64_t tier_hit_tokens = 0;  // prompt tokens admitted from blocks loaded from a tier
+  // Tokens of preempted requests loaded back from a tier at readmission
+  // (swap-in) instead of recomputed.
+  uint64_t swapped_in_tokens = 0;
   // Work.
   uint64_t steps = 0;
   uint64_t prompt_tokens_computed = 0;  // prefill rows run (cache hits excluded)
@@ -375,6 +415,7 @@ class Scheduler {
   };
 
   Scheduler(Engine& engine, SchedulerOptions options);
+  static double MeasurePrefill(Engine& engine);
   // The gate's parts (scheduler_gate.cc): the checks that need no session;
   // continue_session resolved against the sessions kept (under mu_); the
   // checks of a resumed session (at Submit and again at admission).
@@ -397,6 +438,18 @@ class Scheduler {
   void Admit();
   // In-flight prefix sharing (scheduler_admit.cc says how).
   bool WaitsForPrefix(Request& r);
+  // Tier lookups (scheduler_tiers.cc): true while `r` waits for a load;
+  // imports a finished load into the pool and the prefix cache.
+  bool WaitsForTiers(Request& r);
+  std::vector<int32_t> LookupTokens(const Request& r) const;
+  void ImportTierLoad(Request& r);
+  // Write-through of a sequence leaving a request (finished or preempted);
+  // nothing in write-back mode.
+  void WriteThrough(const Request& r, kv::SeqId seq);
+  // Writes the blocks of `seq` no tier is known to hold (write-back).
+  void WriteBlocks(kv::SeqId seq);
+  // Whether the request may use the prefix cache.
+  bool Caches(const Request& r) const;
   void PublishPrefix(Sample& s, int blocks);
   // Whether `r` fits now; if so gives its samples their sequences.
   Status TryAdmit(Request& r, uint64_t* available, bool* admitted);
@@ -434,6 +487,8 @@ class Scheduler {
   int page_tokens_ = 0;
   uint64_t block_bytes_ = 0;  // KV bytes of one page_tokens block
   bool compress_once_ = false;  // the spec has policies that compress once
+  std::shared_ptr<kv::tier::TierStore> tiers_;  // null without tiers (or without the prefix cache)
+  double prefill_seconds_per_token_ = 0;         // measured (moving average), for abandoning slow loads
   bool CompressesAtBase(const Request& r) const;
 
   // Shared with other threads, under mu_.

@@ -25,7 +25,7 @@ void Scheduler::Admit() {
   size_t i = 0;  // waiters for an in-flight prefix stay queued and are passed
   while (i < queue_.size()) {
     Request& r = *queue_[i];
-    if (WaitsForPrefix(r)) {
+    if (WaitsForTiers(r) || WaitsForPrefix(r)) {
       ++i;
       continue;
     }
@@ -84,14 +84,14 @@ void Scheduler::Admit() {
 // for a request that is not running (preempted, cancelled, finished): it is
 // then admitted on its own, from whatever the leader left in the cache.
 bool Scheduler::WaitsForPrefix(Request& r) {
-  if (!cache_ || r.started || !r.req.resume_session.empty() || r.req.prompt.size() < 2) return false;
+  if (!Caches(r) || r.started || !r.req.resume_session.empty() || r.req.prompt.size() < 2) return false;
   // What the lookup at admission may match: all but the prompt's last token.
   const std::vector<int32_t>& want = r.req.prompt;
   const size_t limit = want.size() - 1;
   Sample* leader = nullptr;
   int leader_blocks = 0, leader_committed = 0;
   for (const auto& other : running_) {
-    if (other->req.tenant_salt != r.req.tenant_salt || CompressesAtBase(*other)) continue;
+    if (other->req.tenant_salt != r.req.tenant_salt || CompressesAtBase(*other) || !Caches(*other)) continue;
     const std::vector<int32_t>& base = other->base;
     for (Sample& s : other->samples) {
       if (s.session == nullptr || s.finished || engine_.kv_manager().entries_removed(s.session->id())) continue;
@@ -169,7 +169,7 @@ Status Scheduler::TryAdmit(Request& r, uint64_t* available, bool* admitted) {
     if (session != nullptr && s.index == 0) {
       p.from_session = true;
       p.match.tokens = m.length(session->seq);
-    } else if (cache_) {
+    } else if (Caches(r)) {
       // With a compression moment at the base's end, at least the base's
       // last token is computed (cached prefixes are never compressed).
       const int limit = CompressesAtBase(r) ? std::min<int>(n, static_cast<int>(r.base.size())) - 1 : n - 1;
@@ -203,7 +203,7 @@ Status Scheduler::TryAdmit(Request& r, uint64_t* available, bool* admitted) {
     s.published_blocks = p.from_session ? 0 : p.match.blocks;
     const std::vector<int32_t> full = r.Full(s);
     s.pending.assign(full.begin() + p.match.tokens, full.end());
-    if (cache_ && !p.from_session) {
+    if (Caches(r) && !p.from_session) {
       work_.prefix_lookups++;
       work_.prefix_lookup_tokens += full.size();
       work_.prefix_hit_tokens += static_cast<uint64_t>(p.match.tokens);
@@ -216,6 +216,11 @@ Status Scheduler::TryAdmit(Request& r, uint64_t* available, bool* admitted) {
     r.timing.queue_seconds = Now() - r.submit_time;
     r.timing.prompt_tokens = static_cast<int>(r.base.size());
     r.timing.cached_tokens = cached;
+    for (size_t t = 0; t < r.tier_tokens.size(); ++t) {
+      const int from_tier = std::min(r.tier_tokens[t], cached);  // (the lookup may have matched less since)
+      if (from_tier > 0) r.timing.cached_by_tier.emplace_back(tiers_->tier_kind(t), from_tier);
+      work_.tier_hit_tokens += static_cast<uint64_t>(std::max(from_tier, 0));
+    }
     work_.queue_time.Add(r.timing.queue_seconds);
     for (Sample& s : r.samples) {
       model::SamplerOptions o = r.req.sampling;
@@ -258,11 +263,13 @@ void Scheduler::Preempt(Request* r) {
     if (s.session == nullptr) continue;
     if (s.locked != kv::RadixCache::kNoNode) cache_->Unlock(s.locked);
     s.locked = kv::RadixCache::kNoNode;
-    if (cache_) cache_->Insert(s.session->Detach());
+    WriteThrough(*r, s.session->id());
+    if (Caches(*r)) cache_->Insert(s.session->Detach());
     s.session.reset();
     s.pending.clear();
   }
   r->timing.preemptions++;
+  r->tiers_asked = false;  // readmission looks up what the preemption wrote (swap-in)
   work_.preemptions++;
   Enqueue(TakeRunning(r));
 }

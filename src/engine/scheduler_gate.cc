@@ -55,7 +55,19 @@ Result<RequestId> Scheduler::Submit(GenerationRequest request, EventCallback on_
   return id;
 }
 
+Result<CacheMode> ParseCacheMode(std::string_view text) {
+  if (text == "default") return CacheMode::kDefault;
+  if (text == "none") return CacheMode::kNone;
+  if (text == "pin") return CacheMode::kPin;
+  return InvalidArgument("\"cache\" must be \"default\" (read and write cached KV), \"none\" (neither) or \"pin\"");
+}
+
 Status Scheduler::CheckRequest(const GenerationRequest& r, RequestPart* part) const {
+  *part = RequestPart::kCache;
+  if (r.cache == CacheMode::kPin) {
+    return InvalidArgument("\"cache\": \"pin\" is not supported yet: use \"default\" (read and write cached KV) or "
+                           "\"none\" (neither)");
+  }
   *part = RequestPart::kPrompt;
   if (r.prompt.empty() && r.resume_session.empty() && r.continue_session.empty()) {
     return InvalidArgument("the prompt is empty: give at least one token (or continue a session)");

@@ -97,13 +97,7 @@ TEST(SchedulerTest, CompressionUnderPreemption) {
   const std::vector<Job> jobs = MixedJobs();
   // All submitted between two steps, so they arrive together whatever the
   // machine's load (the pool then cannot hold them all: preemption).
-  ASSERT_TRUE((*sched)->RunBetweenSteps([&](Engine&) -> Status {
-                for (size_t i = 0; i < jobs.size(); ++i) {
-                  KVX_RETURN_IF_ERROR(
-                      (*sched)->Submit(JobRequest(jobs[i]), c.Callback(static_cast<int>(i))).status());
-                }
-                return Status::Ok();
-              }).ok());
+  ASSERT_TRUE(SubmitTogether(**sched, jobs, c).ok());
   auto alone_engine = MakeEngine("codec=f16,page=16;policy=snapkv,ratio=0.5,window=8,sinks=2", 256, 1);
   for (size_t i = 0; i < jobs.size(); ++i) {
     const Outcome o = c.Wait(static_cast<int>(i));

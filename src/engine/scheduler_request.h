@@ -48,6 +48,9 @@ struct Scheduler::Request {
   std::vector<int32_t> base;  // session tokens + session pending + prompt (set at first admission)
   bool started = false;       // admitted at least once
   bool waited_for_prefix = false;  // counted in prefix_waits
+  bool tiers_asked = false;        // a tier lookup was considered
+  std::shared_ptr<kv::tier::PendingLoad> tier_load;  // in flight
+  std::vector<int> tier_tokens;    // per tier: prompt tokens imported from it
   std::vector<Sample> samples;
   int finished = 0;
   double submit_time = 0;

@@ -93,6 +93,11 @@ bool Scheduler::RunStep() {
     if (CompressesAtBase(*row.r) && now - row.n < base && now >= base) reached.push_back(row.s);
   }
   work_.prompt_tokens_computed += prefill_tokens;
+  if (prefill_tokens > 0) {  // the cost a tier load must beat (moving average; decode rows count as tokens)
+    const double per_token = (t1 - t0) / static_cast<double>(prefill_tokens + rows.size());
+    prefill_seconds_per_token_ =
+        prefill_seconds_per_token_ > 0 ? 0.7 * prefill_seconds_per_token_ + 0.3 * per_token : per_token;
+  }
   if (prefill_tokens == 0) {
     work_.decode_only_steps++;
     work_.decode_only_seconds += t1 - t0;
@@ -220,11 +225,12 @@ void Scheduler::FinishSample(Request& r, Sample& s, FinishReason reason, Status 
     if (s.locked != kv::RadixCache::kNoNode) cache_->Unlock(s.locked);
     s.locked = kv::RadixCache::kNoNode;
     const bool normal = reason == FinishReason::kLength || reason == FinishReason::kStop;
+    if (normal) WriteThrough(r, s.session->id());
     if (normal && s.index == 0 && !r.req.save_session.empty()) {
       // Not yet in the KV: the last sampled token.
       KeepSession({r.req.tenant_salt, r.req.save_session},
                   SessionEntry{s.session->Detach(), {s.generated.back()}, 0});
-    } else if (normal && cache_) {
+    } else if (normal && Caches(r)) {
       cache_->Insert(s.session->Detach());
     }
     s.session.reset();
@@ -268,6 +274,7 @@ void Scheduler::FailRequest(Request& r, FinishReason reason, Status status) {
 void Scheduler::CancelId(RequestId id) {
   for (auto it = queue_.begin(); it != queue_.end(); ++it) {
     if ((*it)->id == id) {
+      if ((*it)->tier_load) (*it)->tier_load->Cancel();  // the I/O thread stops at its next block
       std::unique_ptr<Request> r = std::move(*it);
       queue_.erase(it);
       running_.push_back(std::move(r));

@@ -168,6 +168,17 @@ inline GenerationRequest JobRequest(const Job& job) {
   return r;
 }
 
+// Submits every job (JobRequest, callback key = its index) between two
+// steps, so they arrive together whatever the machine's load.
+inline Status SubmitTogether(Scheduler& sched, const std::vector<Job>& jobs, Collector& c) {
+  return sched.RunBetweenSteps([&](Engine&) -> Status {
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      KVX_RETURN_IF_ERROR(sched.Submit(JobRequest(jobs[i]), c.Callback(static_cast<int>(i))).status());
+    }
+    return Status::Ok();
+  });
+}
+
 inline std::vector<Job> MixedJobs() {
   const auto system = Tokens(40, 1);  // shared by several
   return {{Concat(system, Tokens(9, 2)), 12, 1},  {Tokens(3, 3), 20, 2},

@@ -222,6 +222,7 @@ void RadixCache::RemoveLeaf(NodeId id) {
   by_hash_.erase(n.hash);
   Holder& h = holders_[n.holder];
   KVX_CHECK(h.end == n.depth + 1);  // a leaf is its holder's last block
+  if (on_evict_) on_evict_(h.seq);
   h.end--;
   if (h.end == h.start) {
     kv_->ReleaseSequence(h.seq);
@@ -240,6 +241,14 @@ void RadixCache::RemoveLeaf(NodeId id) {
   n.live = false;
   free_nodes_.push_back(id);
   ++evicted_blocks_;
+}
+
+std::vector<SeqId> RadixCache::Holders() const {
+  std::vector<SeqId> out;
+  for (const Holder& h : holders_) {
+    if (h.live) out.push_back(h.seq);
+  }
+  return out;
 }
 
 bool RadixCache::EvictOne() {

@@ -41,6 +41,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <set>
 #include <span>
 #include <unordered_map>
@@ -110,6 +111,13 @@ class RadixCache {
   // Evicts everything unlocked.
   void Clear();
 
+  // Called with the holder sequence of every block about to be evicted,
+  // while it still holds the block (write-back to the KV tiers). Not
+  // called by the destructor.
+  void SetEvictionObserver(std::function<void(SeqId holder)> observer) { on_evict_ = std::move(observer); }
+  // The holder sequences (each holds the token prefix of its deepest block).
+  std::vector<SeqId> Holders() const;
+
   // Bytes the pool would free if every unlocked node were evicted: the
   // pages only the cache's holders reference. O(cached pages).
   uint64_t EvictableBytes() const;
@@ -165,6 +173,7 @@ class RadixCache {
   std::set<std::pair<uint64_t, NodeId>> leaves_;  // unlocked childless nodes by tick
   uint64_t tick_ = 0;
   uint64_t evicted_blocks_ = 0;
+  std::function<void(SeqId)> on_evict_;
 };
 
 }  // namespace kvx::kv

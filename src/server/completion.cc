@@ -121,10 +121,21 @@ std::string Apply(Call& c, const model::Tokenizer& tok, const engine::RequestEve
 json Usage(const Call& c) {
   int completion = 0;
   for (const auto& s : c.samples) completion += s.tokens;
+  json details = {{"cached_tokens", c.timing.cached_tokens}};
+  if (!c.timing.cached_by_tier.empty()) {  // KV tiers: where the cached tokens came from
+    int from_tiers = 0;
+    json by_tier = json::object();
+    for (const auto& [tier, n] : c.timing.cached_by_tier) {
+      by_tier[tier] = n;
+      from_tiers += n;
+    }
+    by_tier["pool"] = c.timing.cached_tokens - from_tiers;
+    details["cached_tokens_by_tier"] = by_tier;
+  }
   return json{{"prompt_tokens", c.prompt_tokens},
               {"completion_tokens", completion},
               {"total_tokens", c.prompt_tokens + completion},
-              {"prompt_tokens_details", {{"cached_tokens", c.timing.cached_tokens}}}};
+              {"prompt_tokens_details", details}};
 }
 
 json Chunk(const Call& c, int index, const std::string& text, const char* reason, bool role) {

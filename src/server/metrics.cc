@@ -1,6 +1,8 @@
 #include "server/metrics.h"
 
 #include <cstdio>
+#include <string>
+#include <vector>
 
 namespace kvx::server {
 namespace {
@@ -25,16 +27,22 @@ class Out {
   }
   void Histogram(const char* name, const char* help, const engine::Histogram& h) {
     Metric(name, "histogram", help);
+    HistogramSamples(name, h.bounds, h.counts, h.sum, h.count, "");
+  }
+  // One histogram's samples; `labels` (may be empty) precede le.
+  void HistogramSamples(const std::string& name, const std::vector<double>& bounds, const std::vector<uint64_t>& counts,
+                        double sum, uint64_t count, const std::string& labels) {
+    const std::string first = labels.empty() ? "" : labels + ",";
     uint64_t cumulative = 0;
-    for (size_t i = 0; i < h.bounds.size(); ++i) {
-      cumulative += i < h.counts.size() ? h.counts[i] : 0;
+    for (size_t i = 0; i < bounds.size(); ++i) {
+      cumulative += i < counts.size() ? counts[i] : 0;
       char le[32];
-      std::snprintf(le, sizeof le, "%g", h.bounds[i]);
-      Sample(std::string(name) + "_bucket", static_cast<double>(cumulative), std::string("le=\"") + le + "\"");
+      std::snprintf(le, sizeof le, "%g", bounds[i]);
+      Sample(name + "_bucket", static_cast<double>(cumulative), first + "le=\"" + le + "\"");
     }
-    Sample(std::string(name) + "_bucket", static_cast<double>(h.count), "le=\"+Inf\"");
-    Sample(std::string(name) + "_sum", h.sum);
-    Sample(std::string(name) + "_count", static_cast<double>(h.count));
+    Sample(name + "_bucket", static_cast<double>(count), first + "le=\"+Inf\"");
+    Sample(name + "_sum", sum, labels);
+    Sample(name + "_count", static_cast<double>(count), labels);
   }
   std::string& text() { return text_; }
 
@@ -54,6 +62,51 @@ std::string Escape(const std::string& s) {
     out += c;
   }
   return out;
+}
+
+// The KV tiers: one sample per tier of each counter, labelled by the tier.
+void TierMetrics(const engine::SchedulerStats& s, Out& o) {
+  if (s.tiers.empty()) return;
+  using kv::tier::TierStats;
+  struct Field {
+    const char* name;
+    const char* type;
+    const char* help;
+    uint64_t TierStats::*value;
+  };
+  const Field fields[] = {
+      {"kvx_tier_hits_total", "counter", "Tier reads that found a block", &TierStats::hits},
+      {"kvx_tier_misses_total", "counter", "Tier reads that found none (or could not read)", &TierStats::misses},
+      {"kvx_tier_puts_total", "counter", "Blocks written to the tier", &TierStats::puts},
+      {"kvx_tier_bytes", "gauge", "Bytes the tier holds (Redis: what this process wrote)", &TierStats::bytes},
+      {"kvx_tier_blocks", "gauge", "Blocks the tier holds (Redis: what this process wrote)", &TierStats::blocks},
+      {"kvx_tier_evictions_total", "counter", "Blocks evicted to stay within the tier's budget", &TierStats::evictions},
+      {"kvx_tier_errors_total", "counter", "Failed reads/writes, refused writes and corrupted blocks dropped",
+       &TierStats::errors},
+  };
+  for (const Field& f : fields) {
+    o.Metric(f.name, f.type, f.help);
+    for (const auto& t : s.tiers) o.Sample(f.name, static_cast<double>(t.stats.*f.value), "tier=\"" + Escape(t.name) + "\"");
+  }
+  o.Metric("kvx_tier_load_seconds", "histogram", "Time to read (and check) one block from a tier, hit or miss");
+  for (const auto& t : s.tiers) {
+    o.HistogramSamples("kvx_tier_load_seconds", t.load_bounds, t.load_counts, t.load_seconds, t.loads,
+                       "tier=\"" + Escape(t.name) + "\"");
+  }
+  const kv::tier::TierStoreCounters& c = s.tier_counters;
+  o.Counter("kvx_tier_lookups_total", "Tier lookups of queued requests", static_cast<double>(c.lookups));
+  o.Counter("kvx_tier_loads_abandoned_total", "Tier loads stopped because they were slower than recomputing",
+            static_cast<double>(c.abandoned));
+  o.Counter("kvx_tier_corrupt_blocks_total", "Blocks that failed their checks on load (dropped, recomputed)",
+            static_cast<double>(c.corrupt_blocks));
+  o.Counter("kvx_tier_blocks_written_total", "Blocks written through to the tiers", static_cast<double>(c.blocks_written));
+  o.Counter("kvx_tier_writes_dropped_total", "Blocks not written because the write queue was full",
+            static_cast<double>(c.writes_dropped));
+  o.Counter("kvx_tier_hit_tokens_total", "Prompt tokens admitted from blocks loaded from a tier",
+            static_cast<double>(s.tier_hit_tokens));
+  o.Counter("kvx_tier_swapped_in_tokens_total",
+            "Tokens of preempted requests loaded back from a tier at readmission instead of recomputed",
+            static_cast<double>(s.swapped_in_tokens));
 }
 
 }  // namespace
@@ -114,6 +167,7 @@ std::string RenderMetrics(const engine::SchedulerStats& s, const HttpCounters& h
   o.Histogram("kvx_ttft_seconds", "Time to first token", s.ttft);
   o.Histogram("kvx_inter_token_seconds", "Time between consecutive tokens of a sample", s.inter_token);
   o.Histogram("kvx_queue_seconds", "Time from submission to admission", s.queue_time);
+  TierMetrics(s, o);
   o.Metric("kvx_http_responses_total", "counter", "HTTP responses by status code");
   for (const auto& [code, n] : http.responses_by_status) {
     o.Sample("kvx_http_responses_total", static_cast<double>(n), "code=\"" + std::to_string(code) + "\"");

@@ -121,6 +121,7 @@ ApiError SubmitError(const Status& s, engine::RequestPart part, bool chat) {
     case RequestPart::kMaxTokens: return FromStatus(s, "max_tokens");
     case RequestPart::kSamples: return FromStatus(s, "n");
     case RequestPart::kSession: return FromStatus(s, "session");
+    case RequestPart::kCache: return FromStatus(s, "cache");
     case RequestPart::kSampling:
     case RequestPart::kNone: break;
   }
@@ -180,6 +181,7 @@ std::optional<ApiError> BuildGenerationRequest(const CompletionParams& p, const 
   g.sampling.seed = p.seed ? *p.seed : std::random_device{}();
   g.n = p.n;
   g.stop_at_eog = !p.ignore_eos;
+  g.cache = p.cache;
   g.continue_session = p.session;
   return std::nullopt;
 }
@@ -292,6 +294,11 @@ std::optional<ApiError> ParseCompletionRequest(const std::string& body, bool cha
   if (auto e = GetString(j, "user", &out->user)) return e;
   if (auto e = GetString(j, "session", &out->session)) return e;
   if (auto e = GetBool(j, "ignore_eos", &out->ignore_eos)) return e;
+  std::string cache = "default";
+  if (auto e = GetString(j, "cache", &cache)) return e;
+  Result<engine::CacheMode> mode = engine::ParseCacheMode(cache);
+  if (!mode.ok()) return Bad("cache", mode.status().message());
+  out->cache = *mode;  // pin: refused by the scheduler's gate (RequestPart::kCache)
   if (j.contains("parse_special") && !j["parse_special"].is_null()) {
     bool parse = false;
     if (auto e = GetBool(j, "parse_special", &parse)) return e;

@@ -14,7 +14,9 @@
 // (completions). kvx extensions: top_k, min_p,
 // repeat_penalty, session (a named session to continue and keep),
 // ignore_eos (llama-server's name: generate past the end-of-generation
-// tokens, e.g. to fill a session to a length), parse_special (below).
+// tokens, e.g. to fill a session to a length), parse_special (below),
+// cache ("default" | "none": whether the prefix cache and the KV tiers are
+// read and written; "pin" is refused, not built yet).
 // presence_penalty, frequency_penalty, logit_bias must be 0/empty
 // (InvalidArgument otherwise), logprobs is refused: not silently ignored.
 //
@@ -69,6 +71,7 @@ struct CompletionParams {
   std::string user;
   std::string session;
   bool ignore_eos = false;
+  engine::CacheMode cache = engine::CacheMode::kDefault;
   // Whether special-token texts in the caller's text become control tokens:
   // chat message content (default false: content is text, so it cannot
   // open a turn of another role), a completion's prompt (default true: the

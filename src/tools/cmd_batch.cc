@@ -6,7 +6,8 @@
 //
 // Input, one JSON object per line (blank lines ignored):
 //   {"prompt": "text", "max_tokens": 64, "temperature": 0.8, "top_k": 40,
-//    "top_p": 0.95, "min_p": 0.05, "seed": 1, "id": <any JSON, echoed>}
+//    "top_p": 0.95, "min_p": 0.05, "seed": 1, "cache": "default" | "none",
+//    "id": <any JSON, echoed>}
 // Only "prompt" is required; the others default to the flags.
 #include <algorithm>
 #include <chrono>
@@ -35,6 +36,7 @@ using nlohmann::json;
 
 struct BatchFlags {
   EngineFlags runtime;
+  CacheFlags cache;
   std::string input;
   std::string output;  // "" = stdout
   int max_tokens = 64;
@@ -50,6 +52,7 @@ struct Item {
   json id;  // echoed when given
   int max_tokens = 0;
   model::SamplerOptions sampling;
+  engine::CacheMode cache = engine::CacheMode::kDefault;
   std::vector<int32_t> tokens;
 };
 
@@ -99,12 +102,20 @@ Result<std::vector<Item>> ReadItems(const BatchFlags& flags) {
       } else if (key == "min_p") {
         KVX_RETURN_IF_ERROR(want_number(false));
         it.sampling.min_p = v.get<float>();
+      } else if (key == "cache") {
+        if (!v.is_string()) return InvalidArgument(where + "\"cache\" must be a string");
+        Result<engine::CacheMode> mode = engine::ParseCacheMode(v.get<std::string>());
+        if (!mode.ok()) return InvalidArgument(where + mode.status().message());
+        if (*mode == engine::CacheMode::kPin) {
+          return InvalidArgument(where + "\"cache\": \"pin\" is not supported yet: use \"default\" or \"none\"");
+        }
+        it.cache = *mode;
       } else if (key == "seed") {
         if (!v.is_number_unsigned()) return InvalidArgument(where + "\"seed\" must be a non-negative integer");
         it.sampling.seed = v.get<uint64_t>();
       } else {
         return InvalidArgument(where + "unknown field \"" + key +
-                               "\" (known: prompt, max_tokens, temperature, top_k, top_p, min_p, seed, id)");
+                               "\" (known: prompt, max_tokens, temperature, top_k, top_p, min_p, seed, cache, id)");
       }
     }
     if (!j.contains("prompt")) return InvalidArgument(where + "missing the required field \"prompt\"");
@@ -173,6 +184,7 @@ Status Batch(const BatchFlags& flags) {
   engine::SchedulerOptions so;
   so.max_step_tokens = flags.max_step_tokens;
   so.max_running = std::min(flags.runtime.options.n_seqs, flags.max_step_tokens);
+  KVX_ASSIGN_OR_RETURN(so.tiers, OpenTiers(flags.cache, *eng));
   KVX_ASSIGN_OR_RETURN(auto sched, engine::Scheduler::Create(*eng, so));
   const auto t0 = std::chrono::steady_clock::now();
 
@@ -210,6 +222,7 @@ Status Batch(const BatchFlags& flags) {
       r.max_tokens = items[i].max_tokens;
       r.sampling = items[i].sampling;
       r.stop_at_eog = !flags.ignore_eos;
+      r.cache = items[i].cache;
       all.Add();
       auto id = sched->Submit(std::move(r), [&all, &outcomes, i](const engine::RequestEvent& e) {
         if (e.kind == engine::RequestEvent::Kind::kFinish) {
@@ -246,6 +259,11 @@ Status Batch(const BatchFlags& flags) {
     }
     j["prompt_tokens"] = e.timing.prompt_tokens;
     j["cached_tokens"] = e.timing.cached_tokens;
+    if (!e.timing.cached_by_tier.empty()) {
+      json by_tier = json::object();
+      for (const auto& [tier, n] : e.timing.cached_by_tier) by_tier[tier] = n;
+      j["cached_by_tier"] = by_tier;
+    }
     j["generated_tokens"] = e.tokens.size();
     j["ttft_ms"] = e.timing.ttft_seconds * 1e3;
     const std::string line = j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
@@ -298,6 +316,7 @@ void RegisterBatch(CLI::App& app, int* exit_code) {
       ->check(Finite("<= 0: greedy"));
   cmd->add_option("--seed", flags->sampler.seed, "Default seed")->capture_default_str();
   cmd->add_flag("--ignore-eos", flags->ignore_eos, "Do not stop at end-of-text");
+  AddCacheFlags(cmd, &flags->cache);
   cmd->add_flag("--no-grouping", flags->no_grouping, "Submit in file order without computing shared prefixes first");
   cmd->callback([flags, exit_code] { *exit_code = ReportStatus(Batch(*flags)); });
 }

@@ -28,6 +28,7 @@ namespace {
 
 struct ServeFlags {
   EngineFlags engine;
+  CacheFlags cache;
   engine::SchedulerOptions scheduler;
   server::ServerOptions server;
   int max_seqs = 16;
@@ -88,6 +89,7 @@ Status Serve(ServeFlags flags) {
   flags.engine.options.n_seqs = flags.max_seqs;
   flags.scheduler.max_running = flags.max_seqs;
   KVX_ASSIGN_OR_RETURN(auto engine, LoadEngine(flags.engine));
+  KVX_ASSIGN_OR_RETURN(flags.scheduler.tiers, OpenTiers(flags.cache, *engine));
   KVX_ASSIGN_OR_RETURN(auto scheduler, engine::Scheduler::Create(*engine, flags.scheduler));
   if (flags.server.model_id.empty()) {
     flags.server.model_id = std::filesystem::path(flags.engine.options.model_path).stem().string();
@@ -97,6 +99,12 @@ Status Serve(ServeFlags flags) {
   std::fprintf(stderr, "kvx serve: model %s, --kv '%s', context %d, up to %d sequences, pool %.1f MiB\n",
                flags.server.model_id.c_str(), flags.server.kv_spec.c_str(), engine->n_ctx(), flags.max_seqs,
                engine->kv_manager().spec().budget_bytes / (1024.0 * 1024.0));
+  if (flags.scheduler.tiers) {
+    std::string names;
+    for (const auto& m : flags.scheduler.tiers->Metrics()) names += (names.empty() ? "" : " -> ") + m.name;
+    std::fprintf(stderr, "kvx serve: KV tiers %s, blocks of %d tokens\n", names.c_str(),
+                 flags.scheduler.tiers->block_tokens());
+  }
   std::fprintf(stderr, "kvx serve: listening on http://%s:%d\n", flags.server.host.c_str(), srv->port());
   std::fflush(stderr);
 
@@ -124,6 +132,7 @@ void RegisterServe(CLI::App& app, int* exit_code) {
   auto flags = std::make_shared<ServeFlags>();
   CLI::App* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (completions, chat, metrics, sessions)");
   AddEngineFlags(cmd, &flags->engine);
+  AddCacheFlags(cmd, &flags->cache);
   cmd->add_option("--host", flags->server.host, "Address to bind (127.0.0.1: this machine only)")->capture_default_str();
   cmd->add_option("--port", flags->server.port, "Port (0: any free port, printed at start)")->capture_default_str()
       ->check(IntIn(0, 65535));

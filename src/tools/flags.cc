@@ -7,7 +7,12 @@
 
 #include "gguf/gguf_file.h"
 #include "kv/kv_spec.h"
+#include "kv/tier/disk_tier.h"
+#include "kv/tier/ram_tier.h"
+#include "kv/tier/redis_tier.h"
 #include "model/config.h"
+#include "model/fingerprint.h"
+#include "util/byte_size.h"
 #include "util/printable.h"
 
 namespace kvx::tools {
@@ -164,6 +169,77 @@ Result<std::unique_ptr<engine::Engine>> LoadEngine(const EngineFlags& flags) {
   engine::EngineOptions options = flags.options;
   KVX_ASSIGN_OR_RETURN(options.kv_spec, kv::ParseKVSpec(flags.kv));
   return engine::Engine::Load(options);
+}
+
+namespace {
+
+// A byte size flag, checked when the command line is parsed (CLI11 names
+// the flag).
+CLI::Validator ByteSize() {
+  return CLI::Validator(
+      [](std::string& text) {
+        Result<uint64_t> v = ParseByteSize(text);
+        return v.ok() ? std::string() : v.status().message();
+      },
+      "SIZE");
+}
+
+}  // namespace
+
+void AddCacheFlags(CLI::App* cmd, CacheFlags* flags) {
+  cmd->add_option("--cache-ram-bytes", flags->ram_bytes,
+                  "Host-RAM KV tier: blocks kept in this process's memory in the storage format (0: none), e.g. 2G")
+      ->capture_default_str()
+      ->check(ByteSize());
+  cmd->add_option("--cache-dir", flags->dir,
+                  "Disk KV tier: blocks of KV kept in this directory across restarts (shared by processes)");
+  cmd->add_option("--cache-dir-bytes", flags->dir_bytes, "Byte cap of --cache-dir (least recently used evicted)")
+      ->capture_default_str()
+      ->check(ByteSize());
+  cmd->add_option("--cache-redis", flags->redis,
+                  "Redis KV tier shared by several servers: redis://HOST:PORT[/db] (run Redis with maxmemory and "
+                  "maxmemory-policy allkeys-lru)")
+      ->check([](const std::string& url) {
+        Result<kv::tier::RedisAddress> a = kv::tier::ParseRedisUrl(url);
+        return a.ok() ? std::string() : a.status().message();
+      });
+  cmd->add_option("--cache-write", flags->write,
+                  "When blocks go to the KV tiers: through (when a request finishes or is preempted) or back (when "
+                  "the prefix cache evicts them, and at shutdown)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"through", "back"}));
+  cmd->add_option("--cache-block", flags->block_tokens,
+                  "Tokens per KV tier block (a multiple of the KV page size, at most 4096)")
+      ->capture_default_str()
+      ->check(IntIn(1, kv::tier::kMaxBlockTokens));
+}
+
+Result<std::shared_ptr<kv::tier::TierStore>> OpenTiers(const CacheFlags& flags, const engine::Engine& engine) {
+  using namespace kv::tier;
+  std::vector<std::unique_ptr<Tier>> tiers;
+  KVX_ASSIGN_OR_RETURN(const uint64_t ram_bytes, ParseByteSize(flags.ram_bytes));
+  if (ram_bytes > 0) {
+    KVX_ASSIGN_OR_RETURN(auto ram, RamTier::Open(ram_bytes));
+    tiers.push_back(std::move(ram));
+  }
+  if (!flags.dir.empty()) {
+    KVX_ASSIGN_OR_RETURN(const uint64_t cap, ParseByteSize(flags.dir_bytes));
+    Result<std::unique_ptr<DiskTier>> disk = DiskTier::Open({.dir = flags.dir, .max_bytes = cap});
+    if (!disk.ok()) return disk.status().WithContext("--cache-dir");
+    tiers.push_back(std::move(disk).value());
+  }
+  if (!flags.redis.empty()) {
+    KVX_ASSIGN_OR_RETURN(auto redis, RedisTier::Open({.url = flags.redis}));
+    tiers.push_back(std::move(redis));
+  }
+  if (tiers.empty()) return std::shared_ptr<TierStore>();
+  const kv::ResolvedKVSpec& spec = engine.kv_manager().spec();
+  Result<BlockSpace> space = MakeBlockSpace(spec, model::ModelFingerprint(engine.model().file()), flags.block_tokens);
+  if (!space.ok()) return space.status().WithContext("--cache-block");
+  TierStoreOptions options;
+  options.write_back = flags.write == "back";
+  KVX_ASSIGN_OR_RETURN(auto store, TierStore::Create(std::move(space).value(), std::move(tiers), options));
+  return std::shared_ptr<TierStore>(std::move(store));
 }
 
 }  // namespace kvx::tools

@@ -21,6 +21,7 @@
 #include <CLI/CLI.hpp>
 
 #include "engine/engine.h"
+#include "kv/tier/tier_store.h"
 #include "util/status.h"
 
 namespace kvx::tools {
@@ -81,5 +82,22 @@ Status CheckTrainedContext(const std::string& model_path, int64_t tokens, bool f
 void AddEngineFlags(CLI::App* cmd, EngineFlags* flags, const ContextFlag& ctx = {});
 // Parses --kv (InvalidArgument naming the bad item), then Engine::Load.
 Result<std::unique_ptr<engine::Engine>> LoadEngine(const EngineFlags& flags);
+
+// The KV tier flags of the commands that run a scheduler (serve, batch):
+// --cache-ram-bytes (host-RAM tier), --cache-dir and --cache-dir-bytes
+// (disk tier), --cache-redis (Redis tier), --cache-block (tokens a block).
+struct CacheFlags {
+  std::string ram_bytes = "0";  // 0: no host-RAM tier
+  std::string dir;              // "": no disk tier
+  std::string dir_bytes = "10G";
+  std::string redis;            // "": no Redis tier
+  int block_tokens = 256;
+  std::string write = "through";  // or "back"
+};
+void AddCacheFlags(CLI::App* cmd, CacheFlags* flags);
+// The tier store the flags ask for, host RAM -> disk -> Redis, for
+// `engine`'s model and KV spec; null when they ask for no tier.
+// InvalidArgument naming the flag at fault.
+Result<std::shared_ptr<kv::tier::TierStore>> OpenTiers(const CacheFlags& flags, const engine::Engine& engine);
 
 }  // namespace kvx::tools

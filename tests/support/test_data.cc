@@ -7,6 +7,8 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "support/run_command.h"
+
 namespace kvx::testing {
 
 static bool IsDir(const std::string& p) {
@@ -45,6 +47,14 @@ std::vector<nlohmann::json> ReadJsonLines(const std::string& path) {
     if (!line.empty()) out.push_back(nlohmann::json::parse(line));
   }
   return out;
+}
+
+std::string TinyModelFile(const std::string& file) {
+  const std::string path = TempDir() + "/" + file;
+  if (::access(path.c_str(), R_OK) != 0) {
+    RunCommand({BinaryDir() + "/kvx", "gen-model", "--shape", "tiny", "--type", "q8_0", "-o", path});
+  }
+  return path;
 }
 
 }  // namespace kvx::testing

@@ -21,6 +21,9 @@ std::string SharedPath(const std::string& rel);
 std::string BinaryDir();
 // A fresh temporary directory unique to this test process.
 std::string TempDir();
+// The "tiny" synthetic model (q8_0) written once per process by `kvx
+// gen-model` into TempDir() as `file`; its path.
+std::string TinyModelFile(const std::string& file);
 // Reads one JSON object per line.
 std::vector<nlohmann::json> ReadJsonLines(const std::string& path);
 

@@ -53,19 +53,9 @@ Result<std::unique_ptr<DiskTier>> DiskTier::Open(DiskTierOptions options) {
   if (ec) return IoError("cannot list the cache directory " + t->options_.dir + ": " + ec.message());
   std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) { return a.mtime < b.mtime; });
   std::lock_guard<std::mutex> lock(t->mu_);
-  for (const Found& f : found) {  // oldest first, so the newest ends at the front
-    t->lru_.push_front(f.key);
-    t->index_[f.key] = Entry{f.bytes, t->lru_.begin()};
-    t->used_ += f.bytes;
-  }
-  while (t->used_ > t->options_.max_bytes && !t->lru_.empty()) {
-    t->Remove(t->lru_.back(), /*delete_file=*/true);
-    t->Count([](TierStats& s) { ++s.evictions; });
-  }
-  t->Count([&](TierStats& s) {
-    s.bytes = t->used_;
-    s.blocks = t->index_.size();
-  });
+  for (const Found& f : found) t->index_.Add(f.key, f.bytes);  // oldest first, so the newest ends most recent
+  t->EvictFor(0);  // a smaller cap than last time
+  t->CountSize();
   return t;
 }
 
@@ -78,23 +68,25 @@ bool DiskTier::writes_stopped() const {
   return stopped_;
 }
 
-void DiskTier::Remove(BlockKey key, bool delete_file) {
-  auto it = index_.find(key);
-  if (it == index_.end()) return;
-  used_ -= it->second.bytes;
-  lru_.erase(it->second.lru);
-  index_.erase(it);
+void DiskTier::Remove(const BlockKey& key, bool delete_file) {
+  if (!index_.Remove(key)) return;
   if (delete_file) {
     std::error_code ec;
     fs::remove(PathOf(key), ec);
   }
-  Count([&](TierStats& s) {
-    s.bytes = used_;
-    s.blocks = index_.size();
-  });
+  CountSize();
 }
 
-void DiskTier::Touch(Entry& e) { lru_.splice(lru_.begin(), lru_, e.lru); }
+void DiskTier::EvictFor(uint64_t incoming) {
+  for (const BlockKey& victim : index_.EvictFor(incoming)) {
+    std::error_code ec;
+    fs::remove(PathOf(victim), ec);
+    Count([](TierStats& s) { ++s.evictions; });
+  }
+  CountSize();
+}
+
+void DiskTier::CountSize() { SetSize(index_.used_bytes(), index_.size()); }
 
 Status DiskTier::Put(const BlockKey& key, std::string_view bytes) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -106,10 +98,7 @@ Status DiskTier::Put(const BlockKey& key, std::string_view bytes) {
   const auto now = std::chrono::steady_clock::now();
   if (stopped_ && now < retry_at_) return IoError("the disk tier " + options_.dir + " stopped writing after an error");
   Remove(key, /*delete_file=*/false);  // replaced by the rename below
-  while (used_ + bytes.size() > options_.max_bytes && !lru_.empty()) {
-    Remove(lru_.back(), /*delete_file=*/true);
-    Count([](TierStats& s) { ++s.evictions; });
-  }
+  EvictFor(bytes.size());
   Status written = WriteFileAtomically(PathOf(key), bytes);
   if (!written.ok()) {
     std::error_code ec;
@@ -127,27 +116,22 @@ Status DiskTier::Put(const BlockKey& key, std::string_view bytes) {
     stopped_ = false;
     options_.log("disk tier " + options_.dir + ": writing again");
   }
-  lru_.push_front(key);
-  index_[key] = Entry{bytes.size(), lru_.begin()};
-  used_ += bytes.size();
-  Count([&](TierStats& s) {
-    ++s.puts;
-    s.bytes = used_;
-    s.blocks = index_.size();
-  });
+  index_.Add(key, bytes.size());
+  CountSize();
+  Count([](TierStats& s) { ++s.puts; });
   return Status::Ok();
 }
 
 std::optional<std::string> DiskTier::Get(const BlockKey& key) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = index_.find(key);
-  if (it == index_.end()) {
+  const std::optional<uint64_t> size = index_.Bytes(key);
+  if (!size) {
     Count([](TierStats& s) { ++s.misses; });
     return std::nullopt;
   }
   const std::string path = PathOf(key);
   std::ifstream f(path, std::ios::binary);
-  std::string bytes(it->second.bytes, '\0');
+  std::string bytes(*size, '\0');
   if (!f || !f.read(bytes.data(), static_cast<std::streamsize>(bytes.size())) || f.peek() != EOF) {
     // Gone (another process on this directory evicted it) or changed size
     // behind our back: forget it, and delete a file that is not what we wrote.
@@ -159,7 +143,7 @@ std::optional<std::string> DiskTier::Get(const BlockKey& key) {
     });
     return std::nullopt;
   }
-  Touch(it->second);
+  index_.Touch(key);
   ::utimensat(AT_FDCWD, path.c_str(), nullptr, 0);  // the recency a restart sorts by
   Count([](TierStats& s) { ++s.hits; });
   return bytes;

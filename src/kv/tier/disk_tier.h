@@ -25,12 +25,11 @@
 
 #include <chrono>
 #include <cstdint>
-#include <list>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <unordered_map>
 
+#include "kv/tier/lru_index.h"
 #include "kv/tier/tier.h"
 
 namespace kvx::kv::tier {
@@ -59,21 +58,18 @@ class DiskTier final : public Tier {
   bool writes_stopped() const;
 
  private:
-  explicit DiskTier(DiskTierOptions options) : options_(std::move(options)) {}
-  struct Entry {
-    uint64_t bytes = 0;
-    std::list<BlockKey>::iterator lru;  // into lru_ (front = most recent)
-  };
+  explicit DiskTier(DiskTierOptions options) : options_(std::move(options)), index_(options_.max_bytes) {}
   // REQUIRES: mu_ held. Forgets `key` (and deletes its file when asked).
-  // By value: callers pass lru_.back(), which this erases.
-  void Remove(BlockKey key, bool delete_file);
-  void Touch(Entry& e);
+  void Remove(const BlockKey& key, bool delete_file);
+  // REQUIRES: mu_ held. Evicts (deletes the files of) the least recently
+  // used blocks until `incoming` more bytes fit the cap.
+  void EvictFor(uint64_t incoming);
+  // REQUIRES: mu_ held. The byte and block counts in stats_.
+  void CountSize();
 
   const DiskTierOptions options_;
   mutable std::mutex mu_;
-  std::unordered_map<BlockKey, Entry, BlockKeyHash> index_;
-  std::list<BlockKey> lru_;
-  uint64_t used_ = 0;
+  LruIndex index_;
   bool stopped_ = false;
   std::chrono::steady_clock::time_point retry_at_;
 };

@@ -69,6 +69,13 @@ class Tier {
     std::lock_guard<std::mutex> lock(stats_mu_);
     f(stats_);
   }
+  // The tier's size as stats() reports it.
+  void SetSize(uint64_t bytes, uint64_t blocks) {
+    Count([&](TierStats& s) {
+      s.bytes = bytes;
+      s.blocks = blocks;
+    });
+  }
 };
 
 }  // namespace kvx::kv::tier

@@ -1,0 +1,341 @@
+// The scheduler with KV tiers (kv/tier/tier_store.h) on the tiny synthetic
+// model: blocks written through by one engine are hits for a new engine on
+// the same directory (a restart) or the same Redis (another server), the
+// restored KV gives the logits of a fresh prefill bit for bit (f16 pages
+// are stored as the pool holds them), and faults — a flipped bit, a killed
+// Redis, another tenant, model or spec, a load slower than recomputing —
+// never serve anything wrong: the request recomputes and gives the tokens it
+// gives alone.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "engine/scheduler_test_util.h"
+#include "kv/tier/disk_tier.h"
+#include "kv/tier/ram_tier.h"
+#include "kv/tier/tier_test_util.h"
+#include "model/fingerprint.h"
+
+namespace kvx::engine::scheduler_test {
+namespace {
+
+using kv::tier::TierStore;
+constexpr char kSpec[] = "codec=f16,page=16";
+constexpr int kBlock = 32;
+
+// A tier store for `engine` over the given tiers (kBlock-token blocks).
+std::shared_ptr<TierStore> Store(const Engine& engine, std::vector<std::unique_ptr<kv::tier::Tier>> tiers) {
+  auto space = kv::tier::MakeBlockSpace(engine.kv_manager().spec(), model::ModelFingerprint(engine.model().file()), kBlock);
+  EXPECT_TRUE(space.ok()) << space.status().ToString();
+  auto store = TierStore::Create(std::move(space).value(), std::move(tiers));
+  EXPECT_TRUE(store.ok()) << store.status().ToString();
+  return std::move(store).value();
+}
+
+std::unique_ptr<kv::tier::Tier> Disk(const std::string& dir) {
+  return kv::tier::DiskTier::Open({.dir = dir, .max_bytes = 1ull << 30, .log = [](const std::string&) {}}).value();
+}
+
+std::unique_ptr<kv::tier::Tier> Redis(const std::string& url) {
+  return kv::tier::RedisTier::Open({.url = url, .retry_seconds = 0, .log = [](const std::string&) {}}).value();
+}
+
+// A tier store for `engine` over one disk tier in `dir`.
+std::shared_ptr<TierStore> DiskStore(const Engine& engine, const std::string& dir) {
+  std::vector<std::unique_ptr<kv::tier::Tier>> t;
+  t.push_back(Disk(dir));
+  return Store(engine, std::move(t));
+}
+
+// Runs `request` on a scheduler over `engine` with `store`; its outcome.
+Outcome RunOne(Engine& engine, std::shared_ptr<TierStore> store, GenerationRequest request, double prefill_tps = 1000) {
+  SchedulerOptions o;
+  o.tiers = std::move(store);
+  o.prefill_tokens_per_second = prefill_tps;
+  auto sched = Scheduler::Create(engine, o);
+  EXPECT_TRUE(sched.ok());
+  Collector c;
+  EXPECT_TRUE((*sched)->Submit(std::move(request), c.Callback(0)).ok());
+  Outcome out = c.Wait(0);
+  ExpectInvariants(**sched);
+  (*sched)->Shutdown(ShutdownMode::kDrain);
+  if (o.tiers) o.tiers->Flush();  // its writes are done
+  return out;
+}
+
+int FromTier(const Outcome& o, const std::string& kind) {
+  for (const auto& [k, n] : o.timing.cached_by_tier) {
+    if (k == kind) return n;
+  }
+  return 0;
+}
+
+const std::vector<int32_t> kPrompt = Tokens(150, 3);  // 4 full blocks of 32 in its first 149 tokens
+
+TEST(SchedulerTierTest, ARestartOnTheSameDirectoryHitsTheDisk) {
+  kv::tier::testing::TempDir dir;
+  auto first = MakeEngine(kSpec, 512);
+  const auto alone = Alone(*first, kPrompt, 6, 7);
+  {
+    auto store = DiskStore(*first, dir.path());
+    const Outcome miss = RunOne(*first, store, FixedLengthRequest(kPrompt, 6, 7));
+    EXPECT_EQ(FromTier(miss, "disk"), 0);
+    EXPECT_EQ(miss.finish.at(0).tokens, alone);
+    EXPECT_EQ(store->counters().blocks_written, 4u);  // 4 full blocks of the 155 tokens' KV
+  }
+  // "Restart": a new engine and a new store on the same directory.
+  auto second = MakeEngine(kSpec, 512);
+  std::vector<std::unique_ptr<kv::tier::Tier>> tiers;
+  tiers.push_back(kv::tier::RamTier::Open(64 << 20).value());
+  tiers.push_back(Disk(dir.path()));
+  auto store = Store(*second, std::move(tiers));
+  const Outcome hit = RunOne(*second, store, FixedLengthRequest(kPrompt, 6, 7));
+  EXPECT_EQ(FromTier(hit, "disk"), 4 * kBlock);
+  EXPECT_EQ(hit.timing.cached_tokens, 4 * kBlock);
+  EXPECT_EQ(hit.finish.at(0).tokens, alone);
+  // The hit was promoted to the host-RAM tier: a third engine's lookup finds it there.
+  auto third = MakeEngine(kSpec, 512);
+  const Outcome ram = RunOne(*third, store, FixedLengthRequest(kPrompt, 6, 7));
+  EXPECT_EQ(FromTier(ram, "ram"), 4 * kBlock);
+  EXPECT_EQ(ram.finish.at(0).tokens, alone);
+  // cache=none: neither read nor written.
+  auto fourth = MakeEngine(kSpec, 512);
+  GenerationRequest none = FixedLengthRequest(Tokens(150, 4), 6, 7);
+  none.cache = CacheMode::kNone;
+  const uint64_t lookups = store->counters().lookups, written = store->counters().blocks_written;
+  const Outcome uncached = RunOne(*fourth, store, none);
+  EXPECT_EQ(uncached.timing.cached_tokens, 0);
+  EXPECT_EQ(store->counters().lookups, lookups);
+  EXPECT_EQ(store->counters().blocks_written, written);
+}
+
+TEST(SchedulerTierTest, PinIsRefusedWithAClearError) {
+  auto engine = MakeEngine(kSpec, 512);
+  auto sched = Scheduler::Create(*engine, {});
+  GenerationRequest r = FixedLengthRequest(Tokens(10, 1), 2, 1);
+  r.cache = CacheMode::kPin;
+  RequestPart part = RequestPart::kNone;
+  auto id = (*sched)->Submit(r, [](const RequestEvent&) {}, &part);
+  ASSERT_FALSE(id.ok());
+  EXPECT_EQ(part, RequestPart::kCache);
+  EXPECT_NE(id.status().message().find("not supported yet"), std::string::npos);
+  EXPECT_FALSE(ParseCacheMode("sometimes").ok());
+}
+
+// Two "servers" (engines) on one Redis: what one computed is a hit for the
+// other, and the imported KV gives the logits of a fresh prefill exactly.
+TEST(SchedulerTierTest, ACrossServerRedisHitGivesAFreshPrefillsLogits) {
+  if (kv::tier::testing::FindRedisServer().empty()) GTEST_SKIP() << "redis-server is not installed";
+  kv::tier::testing::RedisServer redis;
+  ASSERT_TRUE(redis.Start());
+  auto a = MakeEngine(kSpec, 512);
+  auto one_tier = [&] {
+    std::vector<std::unique_ptr<kv::tier::Tier>> t;
+    t.push_back(Redis(redis.url()));
+    return t;
+  };
+  RunOne(*a, Store(*a, one_tier()), FixedLengthRequest(kPrompt, 6, 7));
+  // Server B loads the blocks as its scheduler does and feeds the last token.
+  auto b = MakeEngine(kSpec, 512);
+  auto store = Store(*b, one_tier());
+  kv::tier::LookupRequest q;
+  q.tokens = kPrompt;
+  q.max_blocks = 4;
+  auto load = store->Lookup(q);
+  store->Flush();
+  ASSERT_TRUE(load->done());
+  ASSERT_EQ(load->result().blocks.size(), 4u);
+  EXPECT_EQ(load->result().tier_of_block, std::vector<int>(4, 0));
+  auto image = kv::tier::PrefixImage(load->result().blocks, store->space(), 0);
+  ASSERT_TRUE(image.ok()) << image.status().ToString();
+  auto seq = b->kv_manager().ImportSequence(*image);
+  ASSERT_TRUE(seq.ok()) << seq.status().ToString();
+  auto restored = b->AdoptSequence(*seq);
+  std::vector<float> hit_logits, fresh_logits;
+  const std::vector<int32_t> rest(kPrompt.begin() + 4 * kBlock, kPrompt.end());
+  ASSERT_TRUE(restored->FeedWithLogits(rest, static_cast<int>(rest.size()) - 1, &hit_logits).ok());
+  auto c = MakeEngine(kSpec, 512);
+  auto fresh = c->NewSession();
+  ASSERT_TRUE(fresh.ok());
+  ASSERT_TRUE((*fresh)->FeedWithLogits(kPrompt, static_cast<int>(kPrompt.size()) - 1, &fresh_logits).ok());
+  ASSERT_EQ(hit_logits.size(), fresh_logits.size());
+  EXPECT_EQ(hit_logits, fresh_logits);  // bit for bit
+}
+
+TEST(SchedulerTierTest, AFlippedBitIsDroppedAndRecomputed) {
+  kv::tier::testing::TempDir dir;
+  auto a = MakeEngine(kSpec, 512);
+  const auto alone = Alone(*a, kPrompt, 6, 7);
+  auto disk_store = [&](const Engine& e) { return DiskStore(e, dir.path()); };
+  RunOne(*a, disk_store(*a), FixedLengthRequest(kPrompt, 6, 7));
+  // Flip one bit in the middle of block 2's file.
+  const auto keys = kv::tier::BlockKeys(disk_store(*a)->space(), 0, kPrompt);
+  const std::string path = dir.path() + "/" + keys[2].Hex() + ".kvxb";
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  ASSERT_TRUE(f.is_open()) << path;
+  f.seekg(0, std::ios::end);
+  const std::streamoff middle = f.tellg() / 2;
+  f.seekg(middle);
+  char byte = 0;
+  f.read(&byte, 1);
+  byte ^= 0x10;
+  f.seekp(middle);
+  f.write(&byte, 1);
+  f.close();
+  auto b = MakeEngine(kSpec, 512);
+  auto store = disk_store(*b);
+  const Outcome hit = RunOne(*b, store, FixedLengthRequest(kPrompt, 6, 7));
+  EXPECT_EQ(FromTier(hit, "disk"), 2 * kBlock);  // blocks 0 and 1; block 2 was dropped
+  EXPECT_EQ(store->counters().corrupt_blocks, 1u);
+  EXPECT_EQ(hit.finish.at(0).tokens, alone);
+}
+
+TEST(SchedulerTierTest, AnotherTenantModelOrSpecNeverHits) {
+  kv::tier::testing::TempDir dir;
+  auto disk_store = [&](const Engine& e) { return DiskStore(e, dir.path()); };
+  auto a = MakeEngine(kSpec, 512);
+  RunOne(*a, disk_store(*a), FixedLengthRequest(kPrompt, 6, 7));
+  // Another tenant.
+  auto b = MakeEngine(kSpec, 512);
+  GenerationRequest other_tenant = FixedLengthRequest(kPrompt, 6, 7);
+  other_tenant.tenant_salt = 99;
+  const auto b_alone = Alone(*b, kPrompt, 6, 7);
+  const Outcome tenant = RunOne(*b, disk_store(*b), other_tenant);
+  EXPECT_EQ(tenant.timing.cached_tokens, 0);
+  // Another spec (int8 pages) and another model (other weights).
+  auto int8 = MakeEngine("codec=int8,page=16", 512);
+  EXPECT_EQ(RunOne(*int8, disk_store(*int8), FixedLengthRequest(kPrompt, 6, 7)).timing.cached_tokens, 0);
+  auto other_model = LoadEngine(WriteTinyModel("scheduler_tier_other.gguf", gguf::TensorType::kQ8_0, 2), kSpec, 512);
+  const auto other_alone = Alone(*other_model, kPrompt, 6, 7);
+  const Outcome model = RunOne(*other_model, disk_store(*other_model), FixedLengthRequest(kPrompt, 6, 7));
+  EXPECT_EQ(model.timing.cached_tokens, 0);
+  EXPECT_EQ(model.finish.at(0).tokens, other_alone);
+  // A store of another spec is refused by the scheduler.
+  SchedulerOptions o;
+  o.tiers = disk_store(*int8);
+  EXPECT_FALSE(Scheduler::Create(*a, o).ok());
+}
+
+TEST(SchedulerTierTest, ALoadSlowerThanRecomputingIsAbandoned) {
+  kv::tier::testing::TempDir dir;
+  auto disk_store = [&](const Engine& e) { return DiskStore(e, dir.path()); };
+  auto a = MakeEngine(kSpec, 512);
+  const auto alone = Alone(*a, kPrompt, 6, 7);
+  RunOne(*a, disk_store(*a), FixedLengthRequest(kPrompt, 6, 7));
+  // A prefill speed no load can beat: the load stops after its first block.
+  auto b = MakeEngine(kSpec, 512);
+  auto store = disk_store(*b);
+  const Outcome slow = RunOne(*b, store, FixedLengthRequest(kPrompt, 6, 7), /*prefill_tps=*/1e15);
+  EXPECT_EQ(store->counters().abandoned, 1u);
+  EXPECT_EQ(FromTier(slow, "disk"), kBlock);
+  EXPECT_EQ(slow.finish.at(0).tokens, alone);
+}
+
+TEST(SchedulerTierTest, ARedisKilledMidRunFailsNoRequest) {
+  if (kv::tier::testing::FindRedisServer().empty()) GTEST_SKIP() << "redis-server is not installed";
+  kv::tier::testing::RedisServer redis;
+  ASSERT_TRUE(redis.Start());
+  kv::tier::testing::TempDir dir;
+  auto engine = MakeEngine(kSpec, 512);
+  std::vector<std::unique_ptr<kv::tier::Tier>> tiers;
+  tiers.push_back(Disk(dir.path()));
+  tiers.push_back(Redis(redis.url()));
+  auto store = Store(*engine, std::move(tiers));
+  SchedulerOptions o;
+  o.tiers = store;
+  auto sched = Scheduler::Create(*engine, o);
+  ASSERT_TRUE(sched.ok());
+  Collector c;
+  for (int i = 0; i < 4; ++i) {
+    if (i == 2) redis.Kill();
+    const auto prompt = Tokens(100, 10 + i);
+    auto alone_engine = MakeEngine(kSpec, 512);
+    const auto alone = Alone(*alone_engine, prompt, 4, i);
+    ASSERT_TRUE((*sched)->Submit(FixedLengthRequest(prompt, 4, i), c.Callback(i)).ok());
+    const Outcome out = c.Wait(i);
+    EXPECT_EQ(out.finish.at(0).reason, FinishReason::kLength);
+    EXPECT_EQ(out.finish.at(0).tokens, alone);
+  }
+  (*sched)->Shutdown(ShutdownMode::kDrain);
+  store->Flush();
+  const auto metrics = store->Metrics();
+  EXPECT_GT(metrics[0].stats.puts, 0u);   // the disk kept everything
+  EXPECT_GT(metrics[1].stats.errors, 0u);  // Redis refused what came after it died
+}
+
+TEST(SchedulerTierTest, WriteBackWritesWhatTheCacheEvictsAndHoldsAtShutdown) {
+  kv::tier::testing::TempDir dir;
+  // A pool that holds one prompt's KV (~46 KB), not two: the second evicts the first's cached blocks.
+  auto a = MakeEngine("codec=f16,page=16;budget=64K", 512, 1);
+  auto space = kv::tier::MakeBlockSpace(a->kv_manager().spec(), model::ModelFingerprint(a->model().file()), kBlock);
+  ASSERT_TRUE(space.ok());
+  std::vector<std::unique_ptr<kv::tier::Tier>> tiers;
+  tiers.push_back(Disk(dir.path()));
+  kv::tier::TierStoreOptions back;
+  back.write_back = true;
+  std::shared_ptr<TierStore> store = TierStore::Create(std::move(space).value(), std::move(tiers), back).value();
+  SchedulerOptions o;
+  o.tiers = store;
+  o.prefill_tokens_per_second = 1000;
+  auto sched = Scheduler::Create(*a, o);
+  ASSERT_TRUE(sched.ok());
+  Collector c;
+  ASSERT_TRUE((*sched)->Submit(FixedLengthRequest(kPrompt, 6, 7), c.Callback(0)).ok());
+  c.Wait(0);
+  store->Flush();
+  EXPECT_EQ(store->counters().blocks_written, 0u);  // finished, cached in the pool: not written yet
+  ASSERT_TRUE((*sched)->Submit(FixedLengthRequest(Tokens(150, 5), 6, 7), c.Callback(1)).ok());
+  c.Wait(1);
+  store->Flush();
+  EXPECT_EQ(store->counters().blocks_written, 4u);  // the first prompt's blocks, evicted for the second
+  sched->reset();  // shutdown: what the cache holds (the second prompt's blocks) is written
+  store->Flush();
+  EXPECT_EQ(store->counters().blocks_written, 8u);
+  auto b = MakeEngine(kSpec, 512);
+  auto alone = Alone(*b, kPrompt, 6, 7);
+  const Outcome hit = RunOne(*b, DiskStore(*b, dir.path()), FixedLengthRequest(kPrompt, 6, 7));
+  EXPECT_EQ(FromTier(hit, "disk"), 4 * kBlock);
+  EXPECT_EQ(hit.finish.at(0).tokens, alone);
+}
+
+// Swap preemption through the tiers: a preempted request's blocks are written
+// (write-through at preemption) and loaded back at readmission when the
+// prefix cache gave them up, instead of recomputed; every request gives what
+// it gives alone.
+TEST(SchedulerTierTest, APreemptedRequestIsSwappedBackInFromTheRamTier) {
+  std::vector<Job> jobs;
+  for (int i = 0; i < 6; ++i) jobs.push_back({Tokens(40 + 6 * i, 20 + i), 24, static_cast<uint64_t>(i)});
+  auto alone_engine = MakeEngine(kSpec, 256, 1);
+  // Whether a readmission finds its blocks gone from the pool depends on
+  // when loads complete (I/O thread timing): up to 5 rounds, each checked
+  // for the tokens, until one swaps in.
+  uint64_t swapped_in = 0, preemptions = 0;
+  for (int round = 0; round < 5 && swapped_in == 0; ++round) {
+    SchedulerOptions so;
+    so.max_step_tokens = 32;
+    so.max_running = 8;
+    so.prefill_tokens_per_second = 1000;
+    auto engine = MakeEngine("codec=f16,page=16,budget=40000", 256, 1);
+    std::vector<std::unique_ptr<kv::tier::Tier>> tiers;
+    tiers.push_back(kv::tier::RamTier::Open(64 << 20).value());
+    so.tiers = Store(*engine, std::move(tiers));
+    auto sched = Scheduler::Create(*engine, so);
+    ASSERT_TRUE(sched.ok());
+    Collector c;
+    ASSERT_TRUE(SubmitTogether(**sched, jobs, c).ok());
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      const Outcome o = c.Wait(static_cast<int>(i));
+      EXPECT_EQ(o.finish.at(0).tokens, Alone(*alone_engine, jobs[i].prompt, jobs[i].max_tokens, jobs[i].seed))
+          << "request " << i << ": " << o.finish.at(0).status.ToString();
+    }
+    ExpectInvariants(**sched);
+    const SchedulerStats st = (*sched)->Stats();
+    preemptions += st.preemptions;
+    swapped_in += st.swapped_in_tokens;
+  }
+  EXPECT_GT(preemptions, 0u);
+  EXPECT_GT(swapped_in, 0u);
+}
+
+}  // namespace
+}  // namespace kvx::engine::scheduler_test

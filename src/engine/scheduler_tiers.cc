@@ -1,0 +1,88 @@
+// The scheduler's use of the KV tiers (kv/tier/tier_store.h): lookups while
+// a request waits in the queue, the import of what they found into the pool
+// and the prefix cache, and write-through of sequences leaving a request.
+// No step waits on I/O: lookups run on the store's I/O thread, and a
+// request waiting for one is passed by admission like a request waiting for
+// an in-flight prefix.
+#include <algorithm>
+
+#include "engine/scheduler.h"
+#include "engine/scheduler_request.h"
+
+namespace kvx::engine {
+
+bool Scheduler::Caches(const Request& r) const { return cache_ != nullptr && r.req.cache != CacheMode::kNone; }
+
+// What a lookup covers: the prompt, or for a preempted request (swap-in
+// through the tiers its preemption wrote to) everything it holds.
+std::vector<int32_t> Scheduler::LookupTokens(const Request& r) const {
+  return r.started ? r.Full(r.samples[0]) : r.req.prompt;
+}
+
+bool Scheduler::WaitsForTiers(Request& r) {
+  if (!tiers_ || !Caches(r) || !r.req.resume_session.empty()) return false;
+  if (r.started && r.req.n != 1) return false;  // a preempted request with samples recomputes
+  if (r.tier_load) {
+    if (!r.tier_load->done()) return true;
+    ImportTierLoad(r);
+    r.tier_load.reset();
+    return false;
+  }
+  if (r.tiers_asked) return false;
+  r.tiers_asked = true;
+  // What admission's lookup may match: all but the last token.
+  const std::vector<int32_t> tokens = LookupTokens(r);
+  const int limit = static_cast<int>(tokens.size()) - 1, B = tiers_->block_tokens();
+  if (limit / B == 0) return false;
+  const kv::RadixCache::Match in_pool = cache_->Lookup(r.req.tenant_salt, tokens, limit);
+  if (in_pool.tokens >= limit / B * B) return false;  // the pool holds every tier block already
+  kv::tier::LookupRequest q;
+  q.salt = r.req.tenant_salt;
+  q.tokens.assign(tokens.begin(), tokens.begin() + limit);
+  q.after_writes = r.started;  // behind the writes of its own preemption
+  q.max_blocks = limit / B;
+  q.recompute_seconds_per_token = prefill_seconds_per_token_ > 0 ? prefill_seconds_per_token_
+                                   : options_.prefill_tokens_per_second > 0 ? 1.0 / options_.prefill_tokens_per_second
+                                                                            : 0;
+  r.tier_load = tiers_->Lookup(std::move(q));
+  return true;
+}
+
+// Imports the blocks a lookup found beyond what the pool holds now: one new
+// sequence (ImportSequence, pages copied from the decoded blocks) that the
+// prefix cache takes as the holder of the blocks it lacks. When the pool
+// cannot hold it even after evicting cached pages, the request recomputes.
+void Scheduler::ImportTierLoad(Request& r) {
+  kv::tier::TierLoad& load = r.tier_load->result();
+  if (load.blocks.empty()) return;
+  const int B = tiers_->block_tokens();
+  const int tokens = static_cast<int>(load.blocks.size()) * B;
+  const kv::RadixCache::Match in_pool = cache_->Lookup(r.req.tenant_salt, LookupTokens(r), tokens);
+  if (in_pool.tokens >= tokens) return;  // another request brought them meanwhile
+  Result<kv::KVManager::SequenceImage> image = kv::tier::PrefixImage(load.blocks, tiers_->space(), r.req.tenant_salt);
+  if (!image.ok()) return;
+  kv::KVManager& m = engine_.kv_manager();
+  Result<kv::SeqId> seq = m.ImportSequence(*image);
+  if (!seq.ok() && seq.status().code() == StatusCode::kResourceExhausted && cache_->Evict(KvBytesFor(tokens)) > 0) {
+    seq = m.ImportSequence(*image);
+  }
+  if (!seq.ok()) return;
+  cache_->Insert(*seq);
+  r.tier_tokens.assign(tiers_->num_tiers(), 0);
+  for (size_t b = 0; b < load.blocks.size(); ++b) {
+    const int from = std::max(static_cast<int>(b) * B, in_pool.tokens), to = static_cast<int>(b + 1) * B;
+    if (to > from) r.tier_tokens[load.tier_of_block[b]] += to - from;
+  }
+  if (r.started) work_.swapped_in_tokens += static_cast<uint64_t>(tokens - in_pool.tokens);
+}
+
+void Scheduler::WriteThrough(const Request& r, kv::SeqId seq) {
+  if (tiers_ && Caches(r) && !tiers_->write_back()) WriteBlocks(seq);
+}
+
+void Scheduler::WriteBlocks(kv::SeqId seq) {
+  std::optional<kv::tier::BlockSnapshot> snapshot = tiers_->Snapshot(engine_.kv_manager(), seq);
+  if (snapshot) tiers_->Write(std::move(*snapshot));
+}
+
+}  // namespace kvx::engine

@@ -1,0 +1,320 @@
+#include "kv/tier/tier_store.h"
+
+#include <algorithm>
+#include <chrono>
+
+namespace kvx::kv::tier {
+namespace {
+
+double Seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::span<const uint8_t> AsBytes(const std::string& s) {
+  return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
+}
+
+}  // namespace
+
+Result<std::unique_ptr<TierStore>> TierStore::Create(BlockSpace space, std::vector<std::unique_ptr<Tier>> tiers,
+                                                     TierStoreOptions options) {
+  if (tiers.empty()) return InvalidArgument("a tier store needs at least one tier");
+  for (const auto& t : tiers) {
+    if (t == nullptr) return InvalidArgument("a tier store was given a null tier");
+  }
+  std::unique_ptr<TierStore> s(new TierStore(std::move(space), std::move(tiers), options));
+  s->thread_ = std::thread([p = s.get()] { p->Loop(); });
+  return s;
+}
+
+TierStore::TierStore(BlockSpace space, std::vector<std::unique_ptr<Tier>> tiers, TierStoreOptions options)
+    : space_(std::move(space)), tiers_(std::move(tiers)), options_(options) {
+  for (const auto& t : tiers_) {
+    const std::string name = t->name();
+    kinds_.push_back(name.substr(0, name.find(' ')));
+    TierMetrics m;
+    m.name = name;
+    m.load_bounds = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+    m.load_counts.assign(m.load_bounds.size() + 1, 0);
+    metrics_.push_back(std::move(m));
+  }
+}
+
+TierStore::~TierStore() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [request, load] : lookups_) {
+      load->done_.store(true, std::memory_order_release);
+    }
+    lookups_.clear();
+    for (WriteJob& job : writes_) {
+      if (job.load) job.load->Cancel();  // served at once: it stops before its first block
+    }
+    stopping_ = true;
+    wake_.notify_all();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+std::shared_ptr<PendingLoad> TierStore::Lookup(LookupRequest request) {
+  auto load = std::make_shared<PendingLoad>();
+  std::lock_guard<std::mutex> lock(mu_);
+  counters_.lookups++;
+  if (request.after_writes) {
+    WriteJob job;
+    job.load = load;
+    job.lookup = std::move(request);
+    writes_.push_back(std::move(job));
+  } else {
+    lookups_.emplace_back(std::move(request), load);
+  }
+  wake_.notify_all();
+  return load;
+}
+
+void TierStore::SetOnLoad(std::function<void()> on_load) {
+  std::lock_guard<std::mutex> lock(mu_);
+  on_load_ = std::move(on_load);
+}
+
+void TierStore::Loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    wake_.wait(lock, [&] { return stopping_ || !lookups_.empty() || !writes_.empty(); });
+    if (!lookups_.empty()) {  // loads first: a request waits for them
+      auto [request, load] = std::move(lookups_.front());
+      lookups_.pop_front();
+      ServeLookup(request, load, lock);
+    } else if (!writes_.empty()) {
+      WriteJob job = std::move(writes_.front());
+      writes_.pop_front();
+      if (job.load) {
+        ServeLookup(job.lookup, job.load, lock);
+      } else {
+        busy_ = true;
+        lock.unlock();
+        RunWrite(job);
+        lock.lock();
+        pending_write_bytes_ -= job.bytes;
+      }
+    } else {
+      break;  // stopping, and every write is done
+    }
+    busy_ = false;
+    idle_.notify_all();
+  }
+  busy_ = false;
+  idle_.notify_all();
+}
+
+void TierStore::ServeLookup(const LookupRequest& request, const std::shared_ptr<PendingLoad>& load,
+                            std::unique_lock<std::mutex>& lock) {
+  busy_ = true;
+  lock.unlock();
+  RunLookup(request, *load);
+  lock.lock();
+  load->done_.store(true, std::memory_order_release);
+  if (on_load_) on_load_();
+}
+
+void TierStore::Flush() {
+  std::unique_lock<std::mutex> lock(mu_);
+  idle_.wait(lock, [&] { return lookups_.empty() && writes_.empty() && !busy_; });
+}
+
+void TierStore::RecordLoad(size_t tier, double seconds, bool hit) {
+  std::lock_guard<std::mutex> lock(mu_);
+  TierMetrics& m = metrics_[tier];
+  if (hit) m.hit_blocks++;
+  const size_t b = std::lower_bound(m.load_bounds.begin(), m.load_bounds.end(), seconds) - m.load_bounds.begin();
+  m.load_counts[b]++;
+  m.load_seconds += seconds;
+  m.loads++;
+}
+
+void TierStore::RunLookup(const LookupRequest& q, PendingLoad& load) {
+  TierLoad& out = load.result_;
+  const double t0 = Seconds();
+  const int B = space_.block_tokens;
+  const std::vector<BlockKey> keys = BlockKeys(space_, q.salt, q.tokens);
+  const int n = std::min<int>(q.max_blocks, static_cast<int>(keys.size()));
+  std::vector<EncodedBlock> promote[8];  // per tier it was found in (tiers above it get a copy)
+  for (int i = 0; i < n && !load.cancelled_.load(std::memory_order_relaxed); ++i) {
+    const double elapsed = Seconds() - t0;
+    if (q.recompute_seconds_per_token > 0 && i > 0 && elapsed > i * B * q.recompute_seconds_per_token) {
+      out.abandoned = true;  // slower than recomputing what is loaded: recompute the rest
+      break;
+    }
+    const BlockRequest request{&space_, q.salt, q.tokens, i, keys[i]};
+    bool found = false;
+    for (size_t t = 0; t < tiers_.size() && !found; ++t) {
+      const double ts = Seconds();
+      std::optional<std::string> bytes = tiers_[t]->Get(keys[i]);
+      if (!bytes) {
+        RecordLoad(t, Seconds() - ts, false);
+        continue;
+      }
+      Result<ParsedBlock> block = DecodeBlock(AsBytes(*bytes), request);
+      RecordLoad(t, Seconds() - ts, block.ok());
+      if (!block.ok()) {
+        if (block.status().code() != StatusCode::kNotFound) {  // damaged: never served, never read again
+          tiers_[t]->DropCorrupt(keys[i]);
+          std::lock_guard<std::mutex> lock(mu_);
+          counters_.corrupt_blocks++;
+        }
+        continue;
+      }
+      found = true;
+      out.blocks.push_back(std::move(block).value());
+      out.tier_of_block.push_back(static_cast<int>(t));
+      Remember(keys[i]);
+      if (t > 0 && t < std::size(promote)) promote[t].push_back(EncodedBlock{keys[i], std::move(*bytes)});
+    }
+    if (!found) break;
+  }
+  out.seconds = Seconds() - t0;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (out.abandoned) counters_.abandoned++;
+  for (size_t t = 1; t < std::size(promote); ++t) {
+    if (promote[t].empty()) continue;
+    WriteJob job;
+    job.encoded = std::move(promote[t]);
+    job.tiers_end = t;
+    for (const EncodedBlock& b : job.encoded) job.bytes += b.bytes.size();
+    pending_write_bytes_ += job.bytes;
+    writes_.push_back(std::move(job));
+  }
+}
+
+void TierStore::RunWrite(WriteJob& job) {
+  if (job.snapshot) {
+    const BlockSnapshot& s = *job.snapshot;
+    for (size_t i = 0; i < s.blocks.size(); ++i) {
+      Result<EncodedBlock> b = EncodeBlock(space_, s.salt, s.image, s.blocks[i], options_.encode);
+      if (!b.ok()) {  // not storable after all (e.g. a staging page): keep the rest
+        Forget(s.keys[i]);
+        continue;
+      }
+      job.encoded.push_back(std::move(b).value());
+    }
+    job.tiers_end = tiers_.size();
+    job.snapshot.reset();  // the pages' copies go as soon as they are encoded
+  }
+  for (const EncodedBlock& b : job.encoded) {
+    bool stored = false;
+    for (size_t t = 0; t < job.tiers_end; ++t) stored = tiers_[t]->Put(b.key, b.bytes).ok() || stored;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stored) {
+      counters_.blocks_written++;
+    } else {
+      counters_.write_errors++;
+    }
+    if (!stored) Forget(b.key);  // no tier has it: a later sequence may write it
+  }
+}
+
+bool TierStore::Remember(const BlockKey& key) {
+  std::lock_guard<std::mutex> lock(known_mu_);
+  if (known_.size() >= options_.max_known_keys) known_.clear();
+  return known_.insert(key).second;
+}
+
+bool TierStore::Known(const BlockKey& key) const {
+  std::lock_guard<std::mutex> lock(known_mu_);
+  return known_.count(key) != 0;
+}
+
+void TierStore::Forget(const BlockKey& key) {
+  std::lock_guard<std::mutex> lock(known_mu_);
+  known_.erase(key);
+}
+
+std::optional<BlockSnapshot> TierStore::Snapshot(const KVManager& m, SeqId seq) {
+  if (m.entries_removed(seq)) return std::nullopt;
+  const std::vector<int32_t>& tokens = m.tokens(seq);
+  const int B = space_.block_tokens;
+  const std::vector<BlockKey> keys = BlockKeys(space_, m.salt(seq), tokens);
+  BlockSnapshot s;
+  for (int i = 0; i < static_cast<int>(keys.size()); ++i) {
+    if (!Known(keys[i])) {
+      s.blocks.push_back(i);
+      s.keys.push_back(keys[i]);
+    }
+  }
+  if (s.blocks.empty()) return std::nullopt;
+  Result<KVManager::SequenceImage> exported = m.ExportSequence(seq);
+  if (!exported.ok()) return std::nullopt;  // a codec the block format does not carry
+  const KVManager::SequenceImage& e = *exported;
+  // The snapshot ends with the last block to write; it copies only the
+  // pages of the blocks it writes (EncodeBlock reads no other), and stops
+  // at the first block still in a sealed layer's f16 staging window.
+  const int ppb = B / space_.layout.page_tokens;
+  const size_t n_heads = static_cast<size_t>(space_.layout.n_kv_heads);
+  std::vector<int> blocks;
+  for (int b : s.blocks) {
+    bool final_pages = true;
+    for (size_t t = 0; t < e.tables.size() && final_pages; ++t) {
+      const LayerCodec& lc = space_.layers[t / n_heads];
+      for (int p = b * ppb; p < (b + 1) * ppb; ++p) final_pages = final_pages && !(e.tables[t].full[p] && p >= lc.sink_pages);
+    }
+    if (!final_pages) break;
+    blocks.push_back(b);
+  }
+  s.keys.resize(blocks.size());
+  s.blocks = std::move(blocks);
+  if (s.blocks.empty()) return std::nullopt;
+  const int end = (s.blocks.back() + 1) * B;
+  s.salt = e.salt;
+  s.image.salt = e.salt;
+  s.image.tokens.assign(e.tokens.begin(), e.tokens.begin() + end);
+  s.image.positions.assign(e.positions.begin(), e.positions.begin() + end);
+  s.image.tables.resize(e.tables.size());
+  for (size_t t = 0; t < e.tables.size(); ++t) {
+    SequenceKV::TableImage& ti = s.image.tables[t];
+    ti.length = end;
+    ti.full.assign(e.tables[t].full.begin(), e.tables[t].full.begin() + end / space_.layout.page_tokens);
+    ti.pages.resize(ti.full.size());
+    for (int b : s.blocks) {
+      for (int p = b * ppb; p < (b + 1) * ppb; ++p) {
+        const std::span<const uint8_t> page = e.tables[t].pages[p];
+        s.storage.emplace_back(page.begin(), page.end());
+        ti.pages[p] = s.storage.back();
+        s.bytes += page.size();
+      }
+    }
+  }
+  for (const BlockKey& k : s.keys) Remember(k);
+  return s;
+}
+
+void TierStore::Write(BlockSnapshot snapshot) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (pending_write_bytes_ + snapshot.bytes > options_.max_pending_write_bytes) {
+    counters_.writes_dropped += snapshot.blocks.size();
+    for (const BlockKey& k : snapshot.keys) Forget(k);
+    return;
+  }
+  WriteJob job;
+  job.bytes = snapshot.bytes;
+  job.snapshot = std::move(snapshot);
+  pending_write_bytes_ += job.bytes;
+  writes_.push_back(std::move(job));
+  wake_.notify_all();
+}
+
+std::vector<TierMetrics> TierStore::Metrics() const {
+  std::vector<TierMetrics> out;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    out = metrics_;
+  }
+  for (size_t t = 0; t < tiers_.size(); ++t) out[t].stats = tiers_[t]->stats();
+  return out;
+}
+
+TierStoreCounters TierStore::counters() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return counters_;
+}
+
+}  // namespace kvx::kv::tier

@@ -1,0 +1,207 @@
+// TierStore: the tiers below the KV pool chained in order — host RAM, local
+// disk, Redis (any of them may be absent) — and the one I/O thread that
+// reads and writes them, so that no scheduler step ever waits on I/O.
+//
+// Lookup (asynchronous): the I/O thread walks a prompt's full blocks from
+// block 0, takes each from the first tier that has it (checked by
+// DecodeBlock: a damaged value is dropped from its tier and the next tier
+// is asked; a value of another model, spec, tenant or prompt is a miss),
+// and stops at the first block no tier has. Blocks found in a lower tier are
+// copied up (promotion) after the load. A load that falls behind
+// recomputing — the blocks loaded so far took longer than the caller's
+// measured prefill speed would have needed for them — stops there
+// (`abandoned`): the caller recomputes the rest, so a tier never makes time
+// to first token worse than a miss by more than the block in flight.
+//
+// Write-through (asynchronous): Snapshot copies the pages of the full,
+// final blocks of a sequence that no tier is known to hold (the copy is the
+// only work on the caller's thread); the I/O thread encodes them and puts
+// them in every tier. Writes wait behind loads, and a queue already holding
+// `max_pending_write_bytes` drops the snapshot (counted): memory stays
+// bounded and the caller never waits.
+//
+// Thread-safety: every method may be called from any thread. The tiers are
+// used by the I/O thread only (and their stats() from anywhere).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "kv/kv_manager.h"
+#include "kv/tier/block_format.h"
+#include "kv/tier/block_key.h"
+#include "kv/tier/tier.h"
+
+namespace kvx::kv::tier {
+
+struct TierStoreOptions {
+  BlockEncodeOptions encode;
+  // Snapshots waiting to be written hold at most this many page bytes; a
+  // snapshot beyond is dropped (counted in writes_dropped).
+  uint64_t max_pending_write_bytes = 256ull << 20;
+  // Keys remembered as stored (so a block is written once); the set is
+  // cleared when it grows past this many.
+  size_t max_known_keys = 1u << 20;
+  // When blocks are written: through (every full, final block of a sequence
+  // that finishes or is preempted) or back (when the prefix cache evicts
+  // them, and what it still holds when it shuts down). Read by the user
+  // (the scheduler); the store writes what it is given either way.
+  bool write_back = false;
+};
+
+// What a lookup found: blocks 0..n-1 of the prompt.
+struct TierLoad {
+  std::vector<ParsedBlock> blocks;
+  std::vector<int> tier_of_block;  // per block: the index of the tier it came from
+  bool abandoned = false;          // stopped because loading fell behind recomputing
+  double seconds = 0;              // the load's wall time
+};
+
+// A lookup in flight, shared by the I/O thread and the caller.
+class PendingLoad {
+ public:
+  bool done() const { return done_.load(std::memory_order_acquire); }
+  // The caller no longer wants it: the I/O thread stops at the next block.
+  void Cancel() { cancelled_.store(true, std::memory_order_relaxed); }
+  // REQUIRES: done().
+  TierLoad& result() { return result_; }
+
+ private:
+  friend class TierStore;
+  std::atomic<bool> done_{false}, cancelled_{false};
+  TierLoad result_;
+};
+
+struct LookupRequest {
+  uint64_t salt = 0;
+  std::vector<int32_t> tokens;  // the prompt (blocks are looked up within it)
+  int max_blocks = 0;           // load at most this many blocks
+  // The caller's measured prefill cost; the load is abandoned once it is
+  // slower than recomputing what it loaded. 0: no deadline.
+  double recompute_seconds_per_token = 0;
+  // Served in order with the writes queued before it (a preempted
+  // request's lookup of the blocks its preemption just wrote), not ahead
+  // of them.
+  bool after_writes = false;
+};
+
+// The pages of the blocks of one sequence to write (Snapshot): a sequence
+// image truncated to the last of them, holding copies of their pages only.
+struct BlockSnapshot {
+  uint64_t salt = 0;
+  KVManager::SequenceImage image;
+  std::vector<std::vector<uint8_t>> storage;  // owns the pages `image` points to
+  std::vector<int> blocks;                    // block indices to write
+  std::vector<BlockKey> keys;                 // their keys
+  uint64_t bytes = 0;                         // page bytes copied
+};
+
+// One tier's counters as the store saw them.
+struct TierMetrics {
+  std::string name;          // Tier::name()
+  TierStats stats;           // the tier's own
+  uint64_t hit_blocks = 0;   // blocks lookups took from it
+  std::vector<double> load_bounds;     // load latency buckets (seconds, Prometheus style)
+  std::vector<uint64_t> load_counts;   // load_bounds.size() + 1, not cumulative
+  double load_seconds = 0;
+  uint64_t loads = 0;
+};
+
+struct TierStoreCounters {
+  uint64_t lookups = 0, abandoned = 0, corrupt_blocks = 0;
+  uint64_t blocks_written = 0, writes_dropped = 0, write_errors = 0;
+};
+
+class TierStore {
+ public:
+  // `tiers` in lookup order (fastest first). InvalidArgument when there is
+  // none or one is null.
+  static Result<std::unique_ptr<TierStore>> Create(BlockSpace space, std::vector<std::unique_ptr<Tier>> tiers,
+                                                   TierStoreOptions options = {});
+  // Finishes the queued writes (a process that exits keeps what it
+  // computed), drops queued lookups, stops the thread.
+  ~TierStore();
+  TierStore(const TierStore&) = delete;
+  TierStore& operator=(const TierStore&) = delete;
+
+  const BlockSpace& space() const { return space_; }
+  int block_tokens() const { return space_.block_tokens; }
+  size_t num_tiers() const { return tiers_.size(); }
+  // The short kind of tier i ("ram", "disk", "redis"): metric labels, usage.
+  const std::string& tier_kind(size_t i) const { return kinds_[i]; }
+  bool write_back() const { return options_.write_back; }
+
+  // Starts a lookup on the I/O thread.
+  std::shared_ptr<PendingLoad> Lookup(LookupRequest request);
+  // Called on the I/O thread after each lookup completes (e.g. to wake the
+  // scheduler). Set it before the first Lookup, or to {} before the callee
+  // goes away.
+  void SetOnLoad(std::function<void()> on_load);
+
+  // The full, final blocks of sequence `seq` of `m` that no tier is known to
+  // hold, with their pages copied; nullopt when there is none (or the
+  // sequence cannot be stored: entries removed, a codec the block format
+  // does not carry). REQUIRES: the caller owns `m` now (no step running).
+  std::optional<BlockSnapshot> Snapshot(const KVManager& m, SeqId seq);
+  // Queues a snapshot for encoding and writing to every tier.
+  void Write(BlockSnapshot snapshot);
+  // Blocks until every queued lookup and write is done (tests, tools).
+  void Flush();
+
+  std::vector<TierMetrics> Metrics() const;
+  TierStoreCounters counters() const;
+
+ private:
+  struct WriteJob {
+    std::optional<BlockSnapshot> snapshot;  // encode, then put in every tier
+    std::vector<EncodedBlock> encoded;      // put in tiers [0, tiers_end)
+    size_t tiers_end = 0;
+    uint64_t bytes = 0;
+    std::shared_ptr<PendingLoad> load;      // or a lookup behind the writes (`lookup`)
+    LookupRequest lookup;
+  };
+  TierStore(BlockSpace space, std::vector<std::unique_ptr<Tier>> tiers, TierStoreOptions options);
+  void Loop();
+  void RunLookup(const LookupRequest& request, PendingLoad& load);
+  // REQUIRES: mu_ held (unlocked while the lookup runs).
+  void ServeLookup(const LookupRequest& request, const std::shared_ptr<PendingLoad>& load,
+                   std::unique_lock<std::mutex>& lock);
+  void RunWrite(WriteJob& job);
+  // Remembers `key` as stored; true when it was not known.
+  bool Remember(const BlockKey& key);
+  bool Known(const BlockKey& key) const;
+  void Forget(const BlockKey& key);
+  void RecordLoad(size_t tier, double seconds, bool hit);
+
+  const BlockSpace space_;
+  std::vector<std::unique_ptr<Tier>> tiers_;
+  std::vector<std::string> kinds_;
+  const TierStoreOptions options_;
+
+  mutable std::mutex mu_;  // the queues, the counters, the metrics
+  std::condition_variable wake_, idle_;
+  std::deque<std::pair<LookupRequest, std::shared_ptr<PendingLoad>>> lookups_;
+  std::deque<WriteJob> writes_;
+  uint64_t pending_write_bytes_ = 0;
+  bool busy_ = false, stopping_ = false;
+  std::function<void()> on_load_;
+  TierStoreCounters counters_;
+  std::vector<TierMetrics> metrics_;  // stats filled at Metrics()
+
+  mutable std::mutex known_mu_;
+  std::unordered_set<BlockKey, BlockKeyHash> known_;
+
+  std::thread thread_;
+};
+
+}  // namespace kvx::kv::tier

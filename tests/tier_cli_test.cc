@@ -1,0 +1,181 @@
+// The KV tiers end to end through real processes on a tiny synthetic model:
+// a `kvx serve` restarted on the same --cache-dir and a second `kvx batch`
+// process on it admit the prompt from the disk, a process sharing
+// --cache-redis admits it from Redis, and each gives the texts of the
+// process that computed it.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "kv/tier/tier_test_util.h"
+#include "support/run_command.h"
+#include "support/test_data.h"
+
+namespace kvx {
+namespace {
+
+using testing::BinaryDir;
+using testing::RunCommand;
+using testing::TempDir;
+
+std::string TinyModel() { return testing::TinyModelFile("tier_tiny.gguf"); }
+
+std::string Requests() {
+  const std::string path = TempDir() + "/tier_in.jsonl";
+  std::ofstream f(path);
+  std::string system;
+  for (int i = 0; i < 60; ++i) system += "word" + std::to_string(i) + " ";
+  for (int i = 0; i < 2; ++i) f << nlohmann::json{{"prompt", system + "question " + std::to_string(i)}, {"seed", i}}.dump() << "\n";
+  return path;
+}
+
+// Runs kvx batch with `cache` flags; its output lines.
+std::vector<nlohmann::json> Batch(const std::vector<std::string>& cache, const std::string& out) {
+  std::vector<std::string> argv = {BinaryDir() + "/kvx", "batch", Requests(), "-m", TinyModel(), "--kv",
+                                   "codec=f16,page=16", "-c", "1024", "-n", "4", "--no-grouping", "--cache-block",
+                                   "32", "-o", out};
+  argv.insert(argv.end(), cache.begin(), cache.end());
+  const auto r = RunCommand(argv);
+  EXPECT_TRUE(r.exited && r.exit_code == 0) << r.Describe() << "\n" << r.output;
+  return testing::ReadJsonLines(out);
+}
+
+int FromTier(const nlohmann::json& line, const std::string& tier) {
+  return line.contains("cached_by_tier") ? line["cached_by_tier"].value(tier, 0) : 0;
+}
+
+// A `kvx serve` process of our own, its stderr in a file; SIGTERM at the end.
+class ServeProcess {
+ public:
+  ~ServeProcess() { Stop(); }
+  // Starts it and waits (up to 60 s) for "listening on http://HOST:PORT".
+  bool Start(const std::vector<std::string>& flags, const std::string& log) {
+    std::vector<std::string> args = {BinaryDir() + "/kvx", "serve", "--port", "0"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t files;
+    posix_spawn_file_actions_init(&files);
+    posix_spawn_file_actions_addopen(&files, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int spawned = posix_spawn(&pid_, argv[0], &files, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&files);
+    if (spawned != 0) return false;
+    const std::string marker = "listening on http://127.0.0.1:";
+    for (auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60); std::chrono::steady_clock::now() < until;) {
+      std::stringstream text;
+      text << std::ifstream(log).rdbuf();
+      const std::string out = text.str();
+      if (const size_t at = out.find(marker); at != std::string::npos && out.find('\n', at) != std::string::npos) {
+        port_ = std::stoi(out.substr(at + marker.size()));
+        return true;
+      }
+      if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
+        pid_ = -1;
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+  nlohmann::json Complete(const std::string& prompt) {
+    httplib::Client client("127.0.0.1", port_);
+    client.set_read_timeout(60, 0);
+    const nlohmann::json body = {{"prompt", prompt}, {"max_tokens", 4}, {"temperature", 0}};
+    auto res = client.Post("/v1/completions", body.dump(), "application/json");
+    if (!res || res->status != 200) return {};
+    return nlohmann::json::parse(res->body);
+  }
+  std::string Metrics() {
+    httplib::Client client("127.0.0.1", port_);
+    auto res = client.Get("/metrics");
+    return res ? res->body : "";
+  }
+  void Stop() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGTERM);
+    ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int port_ = 0;
+};
+
+TEST(TierCliTest, ARestartedServerHitsItsCacheDirectory) {
+  kv::tier::testing::TempDir dir;
+  std::string prompt;
+  for (int i = 0; i < 60; ++i) prompt += "word" + std::to_string(i) + " ";
+  const std::vector<std::string> flags = {"-m", TinyModel(), "--kv", "codec=f16,page=16", "-c", "512", "--cache-dir",
+                                          dir.path(), "--cache-block", "32"};
+  nlohmann::json first, second;
+  {
+    ServeProcess serve;
+    ASSERT_TRUE(serve.Start(flags, TempDir() + "/tier_serve1.log"));
+    first = serve.Complete(prompt);
+  }  // SIGTERM: the server stops, its tier store finishes its writes
+  ServeProcess serve;
+  ASSERT_TRUE(serve.Start(flags, TempDir() + "/tier_serve2.log"));
+  second = serve.Complete(prompt);
+  ASSERT_FALSE(first.is_null());
+  ASSERT_FALSE(second.is_null());
+  EXPECT_EQ(second["choices"][0]["text"], first["choices"][0]["text"]);
+  const nlohmann::json& details = second["usage"]["prompt_tokens_details"];
+  EXPECT_GE(details["cached_tokens_by_tier"].value("disk", 0), 32) << second.dump();
+  const std::string metrics = serve.Metrics();
+  EXPECT_NE(metrics.find("kvx_tier_hits_total{tier=\"disk " + dir.path() + "\"}"), std::string::npos) << metrics;
+}
+
+TEST(TierCliTest, ARestartedProcessHitsTheDiskTier) {
+  kv::tier::testing::TempDir dir;
+  const auto first = Batch({"--cache-dir", dir.path()}, TempDir() + "/tier_out1.jsonl");
+  const auto second = Batch({"--cache-dir", dir.path()}, TempDir() + "/tier_out2.jsonl");
+  ASSERT_EQ(first.size(), 2u);
+  ASSERT_EQ(second.size(), 2u);
+  EXPECT_EQ(FromTier(first[0], "disk"), 0);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(second[i]["text"], first[i]["text"]);
+    EXPECT_GE(second[i]["cached_tokens"].get<int>(), 32) << second[i].dump();
+  }
+  EXPECT_GE(FromTier(second[0], "disk"), 32) << second[0].dump();  // the first request's prefix came from disk
+}
+
+TEST(TierCliTest, TwoProcessesShareARedis) {
+  if (kv::tier::testing::FindRedisServer().empty()) GTEST_SKIP() << "redis-server is not installed";
+  kv::tier::testing::RedisServer redis;
+  ASSERT_TRUE(redis.Start());
+  const auto first = Batch({"--cache-redis", redis.url()}, TempDir() + "/tier_redis1.jsonl");
+  const auto second = Batch({"--cache-redis", redis.url()}, TempDir() + "/tier_redis2.jsonl");
+  ASSERT_EQ(second.size(), 2u);
+  EXPECT_GE(FromTier(second[0], "redis"), 32) << second[0].dump();
+  EXPECT_EQ(second[0]["text"], first[0]["text"]);
+  EXPECT_EQ(second[1]["text"], first[1]["text"]);
+}
+
+TEST(TierCliTest, BadCacheFlagsAndFieldsAreClearErrors) {
+  const std::string pin = TempDir() + "/tier_pin.jsonl";
+  std::ofstream(pin) << R"({"prompt": "x", "cache": "pin"})" << "\n";
+  auto r = RunCommand({BinaryDir() + "/kvx", "batch", pin, "-m", TinyModel()});
+  EXPECT_NE(r.output.find("kvx: error: " + pin + ":1: \"cache\": \"pin\" is not supported yet"), std::string::npos)
+      << r.output;
+  r = RunCommand({BinaryDir() + "/kvx", "batch", Requests(), "-m", TinyModel(), "--cache-redis", "http://x"});
+  EXPECT_NE(r.output.find("kvx: error: --cache-redis"), std::string::npos) << r.output;
+  r = RunCommand({BinaryDir() + "/kvx", "batch", Requests(), "-m", TinyModel(), "--cache-dir", "/tmp", "--cache-block",
+                  "20"});
+  EXPECT_NE(r.output.find("kvx: error: --cache-block"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace kvx
