@@ -1,5 +1,6 @@
 #include "kv/resolved_spec.h"
 
+#include <algorithm>
 #include <string>
 
 #include "kv/policy/policy.h"
@@ -10,6 +11,22 @@ namespace {
 
 // Positions a pre-RoPE cache can hold (SequenceKV keeps a dense cos/sin table).
 constexpr int kMaxPreRopeContext = 1 << 22;
+
+// The most a sequence of 1..n_ctx tokens holds. Not always the budget at
+// n_ctx: a sealed codec holds its newest tokens in f16 staging pages, so a
+// short sequence (all staging) can hold more than a longer one whose pages
+// were packed (kivi2, page=32, residual=0: one token needs more than 64).
+// Past the residual window and two pages only packed pages grow, so the
+// peak is at n_ctx or within that window.
+uint64_t PeakBudgetUpTo(const KVLayout& layout, std::span<const LayerCodec> layers, int n_ctx) {
+  int window = 0;
+  for (const LayerCodec& lc : layers) {
+    if (lc.sealed) window = std::max(window, lc.residual + 2 * layout.page_tokens);
+  }
+  uint64_t peak = BudgetForContext(layout, layers, n_ctx);
+  for (int k = 1; k <= std::min(window, n_ctx); ++k) peak = std::max(peak, BudgetForContext(layout, layers, k));
+  return peak;
+}
 
 }  // namespace
 
@@ -48,7 +65,7 @@ Result<ResolvedKVSpec> ResolveKVSpec(const KVSpec& spec, const KVLayout& model_l
   }
   r.budget_bytes = spec.budget_bytes;
   if (r.budget_bytes == 0) {
-    r.budget_bytes = (BudgetForContext(r.layout, r.layers, n_ctx) + headroom) * static_cast<uint64_t>(n_seqs);
+    r.budget_bytes = (PeakBudgetUpTo(r.layout, r.layers, n_ctx) + headroom) * static_cast<uint64_t>(n_seqs);
   }
   // The smallest useful budget: one token of one sequence in every table.
   const uint64_t one_token = BudgetForContext(r.layout, r.layers, 1);

@@ -71,5 +71,18 @@ TEST(ResolvedKVSpecTest, SequencesGetTheResolvedLayers) {
   }
 }
 
+// A sealed codec holds its newest tokens in f16 staging pages, so a short
+// sequence can hold more than the full context packed: the derived budget is
+// the peak over every length, and a context of two pages starts.
+TEST(ResolvedKVSpecTest, TheDerivedBudgetHoldsEveryLengthUpToTheContext) {
+  constexpr KVLayout kLayout{2, 2, 64, 16};
+  constexpr int kCtx = 64;
+  auto r = ResolveKVSpec("codec=kivi2,page=32,residual=0", kLayout, kCtx, 1);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  for (int k = 1; k <= kCtx; ++k) {
+    EXPECT_GE(r->budget_bytes, BudgetForContext(r->layout, r->layers, k)) << k << " tokens";
+  }
+}
+
 }  // namespace
 }  // namespace kvx::kv
