@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Runs kvx tune on the recall model at two KV budgets (4x and 6x smaller than f16 at 4096 tokens, one
-session) and renders the comparison table of docs/tune.md from the results it keeps in docs/results/tune/.
+"""Runs kvx tune on the recall model at three KV budgets (4x, 6x and 10x smaller than f16 for 8 sessions of
+4096 tokens) and renders the comparison table of docs/tune.md from the results it keeps in docs/results/tune/.
 
   scripts/tune_report.py --run     # run kvx tune (build/kvx; ~10 minutes on 2 loaded cores), then render
   scripts/tune_report.py           # render docs/tune.md from docs/results/tune/*.json
@@ -15,14 +15,15 @@ SHARED = os.environ.get("KVX_SHARED", os.path.join(ROOT, "..", "shared"))
 MODEL = os.path.join(SHARED, "models/recall/recall-llama-8L-d512-f16.gguf")
 TEXT = os.path.join(SHARED, "data/wikitext-2-raw/wiki.test.raw")  # held out of the recall model's training
 CTX = 4096
-F16_BYTES = 4096 * CTX  # recall: 4 KiB of f16 K+V per token
+SESSIONS = 8  # a server's case: one session prefills at its peak beside the others' steady state
+F16_BYTES = 4096 * CTX * SESSIONS  # recall: 4 KiB of f16 K+V per token
 BUDGETS = [("4x", F16_BYTES // 4), ("6x", F16_BYTES // 6), ("10x", F16_BYTES // 10)]
 BEGIN, END = "<!-- tune:begin -->", "<!-- tune:end -->"
 
 
 def run(name, mem):
     out = os.path.join(RESULTS, "recall_%s.json" % name)
-    cmd = [os.path.join(ROOT, "build/kvx"), "tune", "-m", MODEL, "--mem", str(mem), "--ctx", str(CTX), "-f", TEXT,
+    cmd = [os.path.join(ROOT, "build/kvx"), "tune", "-m", MODEL, "--mem", str(mem), "--ctx", str(CTX), "--sessions", str(SESSIONS), "-f", TEXT,
            "-o", out, "--svg", os.path.join(RESULTS, "recall_%s.svg" % name), "-t", "2", "-q", "--time-budget", "540"]
     print("$", " ".join(cmd), flush=True)
     p = subprocess.run(cmd, capture_output=True, text=True)

@@ -13,6 +13,7 @@
 #include "engine/session.h"
 #include "eval/eval_ppl.h"
 #include "eval/plots.h"
+#include "kv/policy/policy.h"
 #include "kv/resolved_spec.h"
 #include "kv/sequence_kv.h"
 
@@ -464,8 +465,17 @@ Result<uint64_t> SteadyStateBytes(const kv::KVSpec& spec, const kv::KVLayout& la
   // SnapKV at ratio 0.5 holds half, Quest adds its bounds.
   const double codec_per_token = static_cast<double>(kv::BytesPerToken(r.layout, r.layers));
   const double kept = kv::SteadyStateBytesPerToken(r, r.policies, ctx) / codec_per_token;
-  const double per_session = std::ceil(static_cast<double>(kv::BytesForContext(r.layout, r.layers, ctx)) * kept);
-  return static_cast<uint64_t>(per_session) * static_cast<uint64_t>(sessions);
+  const uint64_t full = kv::BytesForContext(r.layout, r.layers, ctx);
+  const uint64_t steady = static_cast<uint64_t>(std::ceil(static_cast<double>(full) * kept));
+  // A policy that compresses once (SnapKV, Ada-KV, CAKE ...) holds its whole
+  // prompt in the codec until its compression moment, plus what compressing
+  // holds before it frees: one session prefilling at a time needs that peak
+  // beside the others' steady state.
+  uint64_t peak = steady;
+  for (const auto& p : r.policies) {
+    if (p->compresses_once()) peak = std::max(peak, full + p->CompressionHeadroomBytes(r));
+  }
+  return steady * static_cast<uint64_t>(sessions - 1) + peak;
 }
 
 int64_t TuneTextTokens(const TuneOptions& options) {

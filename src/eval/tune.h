@@ -6,8 +6,8 @@
 //   1. the space (DefaultTuneSpace: codecs with their group, page, residual,
 //      pre-RoPE and rotation settings; SnapKV with max pooling, Ada-KV, CAKE
 //      and ThinK at several ratios, alone and on codecs) is filtered by
-//      steady-state bytes: sessions x the exact pages of one session holding
-//      ctx tokens (kv::BytesForContext); what does not fit is never run;
+//      bytes (SteadyStateBytes: every session's steady state, one at its
+//      prefill peak); what does not fit is never run;
 //   2. successive halving on teacher-forced KLD against an f32 cache (the
 //      split protocol of kvx eval for every spec: prefill 3/4 of a chunk,
 //      compress, score the rest token by token): rung 0 measures every
@@ -26,7 +26,8 @@
 //
 // Bytes: SteadyStateBytes, the codec's pages scaled by what the policies
 // keep at steady state (kv::SteadyStateBytesPerToken, as kvx plan sizes a
-// sequence), so an eviction policy fits a budget its codec alone does not.
+// sequence) plus one session's prefill peak, so with several sessions an
+// eviction policy fits a budget its codec alone does not.
 //
 // Thread-safety: RunTune uses the given ThreadPool; one call at a time.
 #pragma once
@@ -99,9 +100,11 @@ struct TuneHooks {
 // Codecs, their settings, policies and their combinations (docs/tune.md).
 std::vector<std::string> DefaultTuneSpace();
 
-// Sessions x the bytes of one session holding ctx tokens in every (layer,
-// kv head), residual and sink pages included (kv::BytesForContext), scaled
-// by the policies' steady-state share (kv::SteadyStateBytesPerToken); the
+// The bytes of `sessions` sessions of ctx tokens: each session's pages in
+// every (layer, kv head), residual and sink pages included
+// (kv::BytesForContext), scaled by the policies' steady-state share
+// (kv::SteadyStateBytesPerToken), except one session at its prefill peak
+// (a compress-once policy holds the whole prompt until it compresses); the
 // spec resolved against `layout` (InvalidArgument when it does not).
 Result<uint64_t> SteadyStateBytes(const kv::KVSpec& spec, const kv::KVLayout& layout, int ctx, int sessions);
 

@@ -100,25 +100,42 @@ TEST_F(TuneTest, ChosenSpecFitsTheBudget) {
   EXPECT_LE(engine->pool().bytes_in_use(), o.mem_bytes) << chosen.spec;
 }
 
-// A policy's evictions count: below every codec-only spec's bytes, a spec
-// that evicts still fits (SteadyStateBytes scales by what policies keep).
+// A policy's evictions count: with several sessions, below every codec-only
+// spec's bytes a spec that evicts still fits (SteadyStateBytes scales by what
+// policies keep); one session's prefill peak is counted in full.
 TEST_F(TuneTest, APolicyFitsABudgetNoCodecAloneFits) {
+  constexpr int kSessions = 8;
   uint64_t smallest_codec = std::numeric_limits<uint64_t>::max();
   uint64_t smallest_policy = std::numeric_limits<uint64_t>::max();
   for (const std::string& s : DefaultTuneSpace()) {
-    const Result<uint64_t> b = SteadyStateBytes(kv::ParseKVSpec(s).value(), model_->KVLayoutFor(16), kCtx, 1);
+    const kv::KVSpec spec = kv::ParseKVSpec(s).value();
+    const Result<uint64_t> b = SteadyStateBytes(spec, model_->KVLayoutFor(16), kCtx, kSessions);
     if (!b.ok()) continue;
     uint64_t& smallest = s.find("policy=") == std::string::npos ? smallest_codec : smallest_policy;
     smallest = std::min(smallest, *b);
   }
   ASSERT_LT(smallest_policy, smallest_codec);
-  const TuneOptions o = Options(smallest_codec - 1);
+  TuneOptions o = Options(smallest_codec - 1);
+  o.sessions = kSessions;
   Result<TuneResult> r = RunTune(*model_, threads_, Text(o), o, {});
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   ASSERT_GE(r->chosen, 0);
   const TuneCandidate& chosen = r->candidates[r->chosen];
   EXPECT_NE(chosen.spec.find("policy="), std::string::npos) << chosen.spec;
   EXPECT_LE(chosen.bytes, o.mem_bytes) << chosen.spec;
+}
+
+// One session of a compress-once policy needs its whole prompt in the codec
+// before it compresses: it is never smaller than its codec alone.
+TEST_F(TuneTest, OneSessionCountsThePrefillPeak) {
+  const kv::KVLayout layout = model_->KVLayoutFor(16);
+  const uint64_t codec = SteadyStateBytes(kv::ParseKVSpec("codec=int8").value(), layout, kCtx, 1).value();
+  const uint64_t snapkv =
+      SteadyStateBytes(kv::ParseKVSpec("codec=int8;policy=snapkv,ratio=0.5").value(), layout, kCtx, 1).value();
+  EXPECT_GE(snapkv, codec);
+  const uint64_t snapkv4 =
+      SteadyStateBytes(kv::ParseKVSpec("codec=int8;policy=snapkv,ratio=0.5").value(), layout, kCtx, 4).value();
+  EXPECT_LT(snapkv4, 4 * codec);
 }
 
 TEST_F(TuneTest, ImpossibleBudgetNamesTheSmallestSpec) {
