@@ -390,6 +390,8 @@ std::vector<Row> Rows() {
       {"ServeChatTemplateEmpty", A(serve + "--chat-template {empty.txt}"), "is empty"},
       {"ServeNoConnections", A(serve + "--max-connections 0"), "'0' is not an integer in 1..16384"},
       {"ServeZeroHeaderTimeout", A(serve + "--header-timeout 0"), "'0' is not a number in (0, 3600]"},
+      {"ServeMaxBodyNotASize", A(serve + "--max-body 8X"), "'8X' is not a size"},
+      {"ServeMaxBodyZero", A(serve + "--max-body 0"), "'0' is not a size in 1..1099511627776 bytes"},
       {"UnknownFlag", A(run + "--bogus 1"), "--bogus"},
       {"MissingModelFlag", A("run -p hi"), "--model is required"},
       {"PromptAndFileTogether", A(run + "-f {long.txt}"), "excludes"},

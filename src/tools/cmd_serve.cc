@@ -167,8 +167,10 @@ void RegisterServe(CLI::App& app, int* exit_code) {
   cmd->add_option("--model-id", flags->server.model_id, "Model name in /v1/models (default: the file name)");
   TransportLimits& limits = flags->server.limits;
   cmd->add_option("--max-body", limits.max_body_bytes,
-                  "Largest request body in bytes, counted as it is read (Content-Length or chunked): 413 beyond")
-      ->capture_default_str();
+                  "Largest request body (bytes, or e.g. 8M), counted as it is read (Content-Length or chunked): 413 "
+                  "beyond")
+      ->capture_default_str()
+      ->transform(ByteSizeIn(1, uint64_t{1} << 40));
   cmd->add_option("--max-connections", limits.max_connections,
                   "Client connections open at once, each with its own thread: 503 with Retry-After beyond")
       ->capture_default_str()

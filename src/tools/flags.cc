@@ -171,31 +171,31 @@ Result<std::unique_ptr<engine::Engine>> LoadEngine(const EngineFlags& flags) {
   return engine::Engine::Load(options);
 }
 
-namespace {
-
-// A byte size flag, checked when the command line is parsed (CLI11 names
-// the flag).
-CLI::Validator ByteSize() {
+CLI::Validator ByteSizeIn(uint64_t lo, uint64_t hi) {
   return CLI::Validator(
-      [](std::string& text) {
+      [lo, hi](std::string& text) {
         Result<uint64_t> v = ParseByteSize(text);
-        return v.ok() ? std::string() : v.status().message();
+        if (!v.ok()) return v.status().message();
+        if (*v < lo || *v > hi) {
+          return "'" + Printable(text) + "' is not a size in " + std::to_string(lo) + ".." + std::to_string(hi) +
+                 " bytes";
+        }
+        text = std::to_string(*v);  // the option's integer target reads plain bytes
+        return std::string();
       },
       "SIZE");
 }
-
-}  // namespace
 
 void AddCacheFlags(CLI::App* cmd, CacheFlags* flags) {
   cmd->add_option("--cache-ram-bytes", flags->ram_bytes,
                   "Host-RAM KV tier: blocks kept in this process's memory in the storage format (0: none), e.g. 2G")
       ->capture_default_str()
-      ->check(ByteSize());
+      ->transform(ByteSizeIn());
   cmd->add_option("--cache-dir", flags->dir,
                   "Disk KV tier: blocks of KV kept in this directory across restarts (shared by processes)");
   cmd->add_option("--cache-dir-bytes", flags->dir_bytes, "Byte cap of --cache-dir (least recently used evicted)")
       ->capture_default_str()
-      ->check(ByteSize());
+      ->transform(ByteSizeIn());
   cmd->add_option("--cache-redis", flags->redis,
                   "Redis KV tier shared by several servers: redis://HOST:PORT[/db] (run Redis with maxmemory and "
                   "maxmemory-policy allkeys-lru)")

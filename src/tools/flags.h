@@ -46,6 +46,10 @@ CLI::Validator NumberIn(double lo, double hi, bool lo_open, bool hi_open, const 
 CLI::Validator Probability(const std::string& hint = "");
 // Any finite number (rejects nan and inf).
 CLI::Validator Finite(const std::string& hint = "");
+// A byte size as ParseByteSize reads it ("8M", "2 GiB", "1000") in
+// [lo, hi]; a transform: it rewrites the text to plain bytes, so an integer
+// option takes sizes with suffixes too.
+CLI::Validator ByteSizeIn(uint64_t lo = 0, uint64_t hi = UINT64_MAX);
 
 // --kv, with the one help text; the list form (repeatable) is for commands
 // that size or compare several specs, `what` saying what is done with each.
