@@ -1,5 +1,5 @@
 // Values and the Template entry points; the interpreter is in jinja_lex.cc,
-// jinja_parse.cc and jinja_eval.cc (jinja_ast.h).
+// jinja_parse.cc, jinja_eval.cc and jinja_run.cc (jinja_ast.h).
 #include "server/jinja.h"
 
 #include <algorithm>

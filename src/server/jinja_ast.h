@@ -1,8 +1,9 @@
 // The chat-template interpreter's insides (server/jinja.h is its interface),
 // shared by its three parts: the lexer (jinja_lex.cc: a template into text
 // and tags, a tag into tokens), the parser (jinja_parse.cc: tags into the
-// AST below) and the evaluator (jinja_eval.cc: the AST's Eval/Run, filters,
-// tests, functions and methods). Only those files include it.
+// AST below) and the evaluator (jinja_eval.cc: the AST's Eval, filters,
+// tests, functions and methods, printing; jinja_run.cc: if, for and set).
+// Only those files include it.
 #pragma once
 
 #include <cstdint>
@@ -69,7 +70,7 @@ inline const std::string kSpace = " \t\n\r\f\v";
 std::string Strip(const std::string& s, const std::string& chars, bool left, bool right);
 std::pair<size_t, size_t> StripBounds(const std::string& s, const std::string& chars, bool left, bool right);
 
-// ---------------------------------------------------------------- the AST (evaluated in jinja_eval.cc)
+// ---------------------------------------------------------------- the AST (evaluated in jinja_eval.cc and jinja_run.cc)
 
 // What a render has spent so far (jinja.h's Limits), shared by the macro
 // calls' scopes.
@@ -120,6 +121,10 @@ void SpendBytes(Scope& s, size_t bytes, int line);
 void SpendScan(Scope& s, size_t bytes, int line);
 // `text` (with data marks `data`, or none) appended to `out`, charged.
 void Emit(Scope& s, MarkedText& out, const std::string& text, const Spans* data, int line);
+// A dict's items as [key, value] pairs (charged); a value a namespace
+// attribute may hold (jinja.h, kNamespaceDepth), or a template error.
+Value Items(Scope& s, const Value& v, int line);
+const Value& ForNamespace(const Value& v, int line);
 inline constexpr int kMaxMacroDepth = 64;
 // Steps a loop iteration or a macro call costs: each makes a frame of
 // variables (and a loop object), about ten times an expression's work.
