@@ -134,6 +134,10 @@ Result<SpeedBenchResult> RunSpeedBench(engine::Engine* rt, const SpeedBenchOptio
   r.decode_weight_bytes = static_cast<double>(m.DecodeWeightBytesPerToken());
   r.kv_bytes_per_token =
       static_cast<double>(kv::BytesPerToken(m.KVLayoutFor(rt->kv_spec().page_tokens), rt->kv_spec().codec));
+  r.matmul_ops_per_token = m.MatmulFlopsPerToken() + 2.0 * c.n_embd * c.n_vocab;
+  r.attention_ops_per_entry = 4.0 * c.n_layers * c.n_heads * c.head_dim;
+  r.int8_matmul_fraction = Int8MatmulFraction(m);
+  const RunBound bound_before = MeasureRunBound(&rt->threads(), r.decode_weight_bytes, r.int8_matmul_fraction);
   KVX_ASSIGN_OR_RETURN(auto session, rt->NewSession());
   std::mt19937 rng(static_cast<uint32_t>(o.seed));
 
@@ -150,8 +154,7 @@ Result<SpeedBenchResult> RunSpeedBench(engine::Engine* rt, const SpeedBenchOptio
   }
   r.prefill_tok_s = Median(prefill);
   const double p = o.prompt_tokens;
-  PlanInputs plan = ModelPlanInputs(*rt);
-  const PrefillOps ops = CountPrefillOps(plan, p);
+  const PrefillOps ops = CountPrefillOps(ModelPlanInputs(*rt), p);
   r.prefill_matmul_ops = ops.matmul;
   r.prefill_attention_ops = ops.attention;
   r.prefill_gflops = ops.Total() / (p / r.prefill_tok_s) / 1e9;
@@ -216,46 +219,68 @@ Result<SpeedBenchResult> RunSpeedBench(engine::Engine* rt, const SpeedBenchOptio
   }
   // Peak RSS before the probes, whose large arrays are not the model's.
   r.peak_rss_bytes = PeakRssBytes();
-  r.bandwidth = MeasureBandwidth(&rt->threads());
-  r.peak = MeasurePeakFlops(&rt->threads());
-  r.peak_int8 = MeasurePeakInt8(&rt->threads());
+  r.bound = MergeRunBounds(bound_before, MeasureRunBound(&rt->threads(), r.decode_weight_bytes, r.int8_matmul_fraction));
   r.simd_target = ops::ActiveSimdTarget();
   r.cpu = DescribeCpu();
-  r.int8_matmul_fraction = Int8MatmulFraction(m);
+  r.prefill_peak_kind = r.bound.matmul_int8 ? "int8" : "fma";
+  r.ComputeBounds();
+  return r;
+}
+
+RunBound MeasureRunBound(ThreadPool* pool, double decode_bytes, double int8_matmul_fraction) {
+  RunBound b;
+  b.bandwidth = MeasureBandwidth(pool);
+  b.stream_read_gbps = MeasureStreamReadGbps(pool, static_cast<size_t>(decode_bytes));
+  b.read_gbps = std::max(b.bandwidth.read_gbps, b.stream_read_gbps);
+  b.peak = MeasurePeakFlops(pool);
+  b.peak_int8 = MeasurePeakInt8(pool);
   // Without an int8 probe (no AVX2) ops/ runs its scalar integer code:
   // the FMA peak is then the only (and a generous) bound.
-  const bool int8 = r.int8_matmul_fraction >= 0.5 && r.peak_int8.gops > 0;
-  r.prefill_peak_kind = int8 ? "int8" : "fma";
-  plan.matmul_peak_is_int8 = int8;
-  plan.matmul_peak_gops = int8 ? r.peak_int8.gops : r.peak.gflops;
-  plan.fma_peak_gflops = r.peak.gflops;
-  const double bound_s = PrefillBoundSeconds(plan, p);
-  r.prefill_bound_gops = bound_s > 0 ? ops.Total() / bound_s / 1e9 : 0;
-  r.prefill_pct_of_bound = bound_s > 0 ? 100.0 * r.prefill_gflops / r.prefill_bound_gops : 0;
-  r.prefill_pct_of_peak = plan.matmul_peak_gops > 0 ? 100.0 * r.prefill_gflops / plan.matmul_peak_gops : 0;
-  for (BatchDecodeResult& b : r.batch) {
-    const double read_gbps =
-        std::max(r.bandwidth.read_gbps, MeasureStreamReadGbps(&rt->threads(), static_cast<size_t>(b.bytes_per_step)));
-    b.memory_bound_tok_s = b.seqs * read_gbps * 1e9 / b.bytes_per_step;
-    // Per token: the layer matmuls and the output head at the matmul peak,
-    // attention (q.K and p.V over `depth` entries, every head and layer,
-    // a multiply-add counting 2) at the FMA peak.
-    const double matmul_ops = m.MatmulFlopsPerToken() + 2.0 * c.n_embd * c.n_vocab;
-    const double attention_ops = 4.0 * c.n_layers * c.n_heads * c.head_dim * (b.depth + 1);
-    const double step_s = b.seqs * (matmul_ops / (plan.matmul_peak_gops * 1e9) +
-                                    attention_ops / (std::max(plan.fma_peak_gflops, 1e-9) * 1e9));
+  b.matmul_int8 = int8_matmul_fraction >= 0.5 && b.peak_int8.gops > 0;
+  return b;
+}
+
+RunBound MergeRunBounds(const RunBound& a, const RunBound& b) {
+  RunBound m = a;
+  m.bandwidth.read_gbps = std::max(a.bandwidth.read_gbps, b.bandwidth.read_gbps);
+  m.bandwidth.triad_gbps = std::max(a.bandwidth.triad_gbps, b.bandwidth.triad_gbps);
+  m.stream_read_gbps = std::max(a.stream_read_gbps, b.stream_read_gbps);
+  m.read_gbps = std::max(a.read_gbps, b.read_gbps);
+  if (b.peak.gflops > a.peak.gflops) m.peak = b.peak;
+  if (b.peak_int8.gops > a.peak_int8.gops) m.peak_int8 = b.peak_int8;
+  m.matmul_int8 = a.matmul_int8 || b.matmul_int8;
+  return m;
+}
+
+void SpeedBenchResult::ComputeBounds() {
+  const double read_bps = bound.read_gbps * 1e9;
+  const double matmul_peak = bound.matmul_peak_gops() * 1e9, fma_peak = bound.peak.gflops * 1e9;
+  // Prefill: the matmuls at their peak, attention at the FMA peak (plan.h PrefillBoundSeconds).
+  const double prefill_s = matmul_peak > 0 && fma_peak > 0
+                               ? prefill_matmul_ops / matmul_peak + prefill_attention_ops / fma_peak
+                               : 0;
+  prefill_bound_gops = prefill_s > 0 ? (prefill_matmul_ops + prefill_attention_ops) / prefill_s / 1e9 : 0;
+  prefill_pct_of_bound = prefill_bound_gops > 0 ? 100.0 * prefill_gflops / prefill_bound_gops : 0;
+  prefill_pct_of_peak = matmul_peak > 0 ? 100.0 * prefill_gflops / (matmul_peak / 1e9) : 0;
+  for (DepthResult& d : depths) {
+    d.bound_gbps = bound.read_gbps;
+    d.bound_tok_s = d.bytes_per_token > 0 ? read_bps / d.bytes_per_token : 0;
+    d.pct_of_bound = d.bound_tok_s > 0 ? 100.0 * d.decode_tok_s / d.bound_tok_s : 0;
+  }
+  for (BatchDecodeResult& b : batch) {
+    b.bound_gbps = bound.read_gbps;
+    b.memory_bound_tok_s = b.bytes_per_step > 0 ? b.seqs * read_bps / b.bytes_per_step : 0;
+    // Per token: the matmuls at the matmul peak, attention over `depth`
+    // entries (and the token itself) at the FMA peak.
+    const double step_s = matmul_peak > 0 && fma_peak > 0
+                              ? b.seqs * (matmul_ops_per_token / matmul_peak +
+                                          attention_ops_per_entry * (b.depth + 1) / fma_peak)
+                              : 0;
     b.compute_bound_tok_s = step_s > 0 ? b.seqs / step_s : 0;
     b.bound_tok_s = std::min(b.memory_bound_tok_s, b.compute_bound_tok_s);
     b.bound_kind = b.memory_bound_tok_s <= b.compute_bound_tok_s ? "memory" : "compute";
     b.pct_of_bound = b.bound_tok_s > 0 ? 100.0 * b.total_tok_s / b.bound_tok_s : 0;
   }
-  for (DepthResult& d : r.depths) {
-    d.stream_read_gbps = MeasureStreamReadGbps(&rt->threads(), static_cast<size_t>(d.bytes_per_token));
-    d.bound_gbps = std::max(d.stream_read_gbps, r.bandwidth.read_gbps);
-    d.bound_tok_s = d.bound_gbps * 1e9 / d.bytes_per_token;
-    d.pct_of_bound = 100.0 * d.decode_tok_s / d.bound_tok_s;
-  }
-  return r;
 }
 
 nlohmann::json SpeedBenchResult::ToJson() const {
@@ -266,10 +291,14 @@ nlohmann::json SpeedBenchResult::ToJson() const {
   j["weight_bytes"] = weight_bytes;
   j["decode_weight_bytes_per_token"] = decode_weight_bytes;
   j["kv_bytes_per_token"] = kv_bytes_per_token;
-  j["bandwidth"] = {{"read_gbps", bandwidth.read_gbps}, {"triad_gbps", bandwidth.triad_gbps},
-                    {"array_bytes", bandwidth.bytes}};
-  j["peak_flops"] = {{"gflops", peak.gflops}, {"isa", peak.isa}};
-  j["peak_int8"] = {{"gops", peak_int8.gops}, {"isa", peak_int8.isa}};
+  j["bandwidth"] = {{"read_gbps", bound.bandwidth.read_gbps}, {"triad_gbps", bound.bandwidth.triad_gbps},
+                    {"array_bytes", bound.bandwidth.bytes}};
+  j["peak_flops"] = {{"gflops", bound.peak.gflops}, {"isa", bound.peak.isa}};
+  j["peak_int8"] = {{"gops", bound.peak_int8.gops}, {"isa", bound.peak_int8.isa}};
+  j["bound"] = {{"read_gbps", bound.read_gbps},
+                {"stream_read_gbps", bound.stream_read_gbps},
+                {"matmul_peak_gops", bound.matmul_peak_gops()},
+                {"fma_peak_gflops", bound.peak.gflops}};
   j["simd_target"] = simd_target;
   j["cpu"] = cpu.ToJson();
   j["prefill"] = {{"tokens", prompt_tokens},
@@ -289,7 +318,6 @@ nlohmann::json SpeedBenchResult::ToJson() const {
                            {"kv_bytes", d.kv_bytes},
                            {"rss_bytes", d.rss_bytes},
                            {"bytes_per_token", d.bytes_per_token},
-                           {"stream_read_gbps", d.stream_read_gbps},
                            {"bound_gbps", d.bound_gbps},
                            {"bound_tok_s", d.bound_tok_s},
                            {"pct_of_bound", d.pct_of_bound}});
@@ -302,6 +330,7 @@ nlohmann::json SpeedBenchResult::ToJson() const {
                           {"per_seq_tok_s", b.per_seq_tok_s},
                           {"kv_bytes", b.kv_bytes},
                           {"bytes_per_step", b.bytes_per_step},
+                          {"bound_gbps", b.bound_gbps},
                           {"memory_bound_tok_s", b.memory_bound_tok_s},
                           {"compute_bound_tok_s", b.compute_bound_tok_s},
                           {"bound_tok_s", b.bound_tok_s},
@@ -317,11 +346,13 @@ std::string SpeedBenchResult::ToTable() const {
   std::string s;
   std::snprintf(buf, sizeof(buf),
                 "model %s, KV `%s`, %d threads; weights %.1f MiB (decode reads %.1f MiB/token); KV %.0f bytes/token\n"
-                "memory bandwidth: read %.1f GB/s, triad %.1f GB/s; peak %.1f GFLOP/s (%s FMA), "
-                "%.1f int8 GOP/s (%s); kernels %s\n\n",
+                "one bound for every section (best of the probes before and after): read %.1f GB/s (256 MiB %.1f, "
+                "re-reading the weights %.1f; triad %.1f GB/s); peak %.1f GFLOP/s (%s FMA), %.1f int8 GOP/s (%s); "
+                "kernels %s\n\n",
                 model.c_str(), kv_spec.c_str(), threads, weight_bytes / 1048576.0, decode_weight_bytes / 1048576.0,
-                kv_bytes_per_token, bandwidth.read_gbps, bandwidth.triad_gbps, peak.gflops, peak.isa.c_str(),
-                peak_int8.gops, peak_int8.isa.c_str(), simd_target.c_str());
+                kv_bytes_per_token, bound.read_gbps, bound.bandwidth.read_gbps, bound.stream_read_gbps,
+                bound.bandwidth.triad_gbps, bound.peak.gflops, bound.peak.isa.c_str(), bound.peak_int8.gops,
+                bound.peak_int8.isa.c_str(), simd_target.c_str());
   s += cpu.ToText() + "\n" + buf;
   const bool int8 = prefill_peak_kind == "int8";
   const double ops = prefill_matmul_ops + prefill_attention_ops;

@@ -2,14 +2,21 @@
 // context depths, with the roofline measured in the same run, so every
 // number comes with the bound it should be judged against.
 //
+// One bound per run (RunBound): every section divides by the same read
+// bandwidth and the same peaks, probed twice (before and after the timed
+// sections, the best of each kept: on a shared VM one probe can land in
+// another job's burst). The bandwidth is the faster of the 256 MiB probe and
+// a probe re-reading the decode weights' bytes (MeasureStreamReadGbps):
+// caches that keep part of a token's bytes for the next token speed decode
+// up, and the bound must include them; a row that reads more bytes is
+// measured against that same (generous) rate, so no section reads above
+// another's bound for the same speed.
+//
 // Decode at depth D: the cache is filled with D entries of random K/V
 // (Session::AppendSyntheticKV; decode cost depends on the cached bytes, not
 // their values), then tokens are decoded one at a time. Each decoded token
 // must read the decode weights (Model::DecodeWeightBytesPerToken) plus every
-// cached KV byte; bandwidth / those bytes is its bound. The bandwidth is the
-// faster of the 256 MiB probe and a probe re-reading that many bytes
-// (MeasureStreamReadGbps): caches that keep part of a token's bytes for the
-// next token speed decode up, and the bound must include them.
+// cached KV byte; the run's bandwidth / those bytes is its bound.
 // Prefill: a batch of random tokens from an empty cache; ops = matmuls +
 // one output row + attention (QK^T and PV over the causal triangle), a
 // multiply-add counting 2 (plan.h CountPrefillOps). Its bound gives each kind
@@ -61,6 +68,7 @@ struct BatchDecodeResult {
   double per_seq_tok_s = 0;  // total_tok_s / seqs
   double kv_bytes = 0;       // measured: pool bytes in use, all sequences
   double bytes_per_step = 0; // decode weights + kv_bytes
+  double bound_gbps = 0;     // the run's RunBound::read_gbps
   double memory_bound_tok_s = 0;
   double compute_bound_tok_s = 0;
   double bound_tok_s = 0;    // min of the two
@@ -74,11 +82,27 @@ struct DepthResult {
   double kv_bytes = 0;          // measured: pool bytes in use at this depth (after compression with policies)
   double rss_bytes = 0;         // process resident set during the decode (CurrentRssBytes)
   double bytes_per_token = 0;   // decode weights + kv_bytes
-  double stream_read_gbps = 0;  // re-reading bytes_per_token (MeasureStreamReadGbps)
-  double bound_gbps = 0;        // max(stream_read_gbps, the 256 MiB read probe)
+  double bound_gbps = 0;        // the run's RunBound::read_gbps
   double bound_tok_s = 0;       // bound_gbps / bytes_per_token
   double pct_of_bound = 0;
 };
+
+// What the machine can do, measured once per run; every section's bound
+// divides by these (SpeedBenchResult::ComputeBounds).
+struct RunBound {
+  double read_gbps = 0;         // max(bandwidth.read_gbps, stream_read_gbps)
+  double stream_read_gbps = 0;  // re-reading the decode weights' bytes
+  BandwidthResult bandwidth;    // the 256 MiB probes
+  PeakFlopsResult peak;         // f32 FMA
+  PeakInt8Result peak_int8;     // int8 dot products
+  bool matmul_int8 = false;     // the matmuls run at the int8 peak (else the FMA peak)
+  double matmul_peak_gops() const { return matmul_int8 ? peak_int8.gops : peak.gflops; }
+};
+
+// Probes the run's bound: the bandwidth (256 MiB and re-reading
+// `decode_bytes`) and both peaks. Merge keeps the better of two readings.
+RunBound MeasureRunBound(ThreadPool* pool, double decode_bytes, double int8_matmul_fraction);
+RunBound MergeRunBounds(const RunBound& a, const RunBound& b);
 
 struct SpeedBenchResult {
   std::string model;
@@ -87,9 +111,9 @@ struct SpeedBenchResult {
   double weight_bytes = 0;          // whole file's tensors
   double decode_weight_bytes = 0;   // read per decoded token
   double kv_bytes_per_token = 0;    // kv::BytesPerToken for the spec
-  BandwidthResult bandwidth;
-  PeakFlopsResult peak;             // f32 FMA
-  PeakInt8Result peak_int8;         // int8 dot products
+  double matmul_ops_per_token = 0;  // the layers' matmuls and the output head, a multiply-add counting 2
+  double attention_ops_per_entry = 0;  // q.K and p.V per cached entry and token, every head and layer
+  RunBound bound;                   // the one bound every section divides by
   std::string simd_target;          // what ops/ kernels dispatch to (ops::ActiveSimdTarget)
   CpuReport cpu;                    // the CPU and the kernels chosen on it
   int prompt_tokens = 0;
@@ -105,6 +129,10 @@ struct SpeedBenchResult {
   std::vector<DepthResult> depths;
   std::vector<BatchDecodeResult> batch;
   double peak_rss_bytes = 0;
+
+  // Fills every section's bound and % of bound from `bound` and the
+  // measured speeds and bytes: the one place a bound is computed.
+  void ComputeBounds();
 
   nlohmann::json ToJson() const;
   std::string ToTable() const;  // Markdown
