@@ -9,6 +9,12 @@
 //       q8_0), so the weights stream from DRAM: bytes_per_second is the
 //       kernels' effective weight bandwidth, to compare with MemRead.
 //   PrefillGemm/<type>/thr<N>   the same layer stack for 512 tokens (GFLOPS).
+//   StepGemm/<type>/rows<M>/thr<N>   the same stack for the M rows of one
+//       batched engine step (M sequences decoding one token each; M = 1..64):
+//       the small-M GEMMs of kvx bench --seqs. The weights stream from DRAM
+//       once per step. pct_peak = GFLOPS against the int8 (quantized types)
+//       or FMA (float types) peak that eval/roofline.h measures in this run
+//       with as many threads.
 //   .../q8_0_repacked/...       the same with the Q8_0 matrices repacked as the
 //       model loader stores them on AVX3_DL and AVX2 machines (ops/weight_pack.h).
 //   MemRead / MemTriad          STREAM-like probes over 256 MiB arrays.
@@ -30,11 +36,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "eval/roofline.h"
 #include "ops/dequant.h"
 #include "ops/matmul.h"
 #include "ops/matmul_internal.h"
@@ -204,10 +212,19 @@ void BM_DecodeSweep(benchmark::State& state, TensorType t, bool repack, int thre
   state.counters["tok/s"] = benchmark::Counter(1, benchmark::Counter::kIsIterationInvariantRate);
 }
 
-void BM_PrefillGemm(benchmark::State& state, TensorType t, bool repack, int threads) {
+// The peak that bounds a matmul on `t`, measured once per thread count in
+// this run (G ops/s; a multiply-add counts 2).
+double MatmulPeakGops(TensorType t, int threads) {
+  static std::map<std::pair<bool, int>, double> peaks;
+  const bool int8 = eval::UsesInt8Dot(t);
+  auto [it, fresh] = peaks.try_emplace({int8, threads}, 0.0);
+  if (fresh) it->second = int8 ? eval::MeasurePeakInt8(Pool(threads)).gops : eval::MeasurePeakFlops(Pool(threads)).gflops;
+  return it->second;
+}
+
+void BM_StackGemm(benchmark::State& state, TensorType t, bool repack, int threads, int64_t n) {
   AddContext();
   const Stack& s = GetStack(t, repack);
-  const int64_t n = 512;
   std::vector<float> buf;
   s.Run(n, false, Pool(threads), &buf);
   const auto x = Gaussian(n * Stack::kEmbd, 3);
@@ -219,6 +236,11 @@ void BM_PrefillGemm(benchmark::State& state, TensorType t, bool repack, int thre
   state.counters["GFLOPS"] =
       benchmark::Counter(s.matmul_flops_per_token * n * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["tok/s"] = benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate);
+  const double peak = MatmulPeakGops(t, threads);
+  if (peak > 0) {
+    state.counters["pct_peak"] = benchmark::Counter(100 * s.matmul_flops_per_token * n * 1e-9 / peak,
+                                                    benchmark::Counter::kIsIterationInvariantRate);
+  }
 }
 
 // ---- machine probes ----------------------------------------------------------
@@ -453,9 +475,18 @@ int RegisterAll() {
         benchmark::RegisterBenchmark(("DecodeSweep/" + sweep + thr).c_str(), BM_DecodeSweep, t, repack, threads)
             ->Unit(benchmark::kMillisecond)
             ->UseRealTime();
-        benchmark::RegisterBenchmark(("PrefillGemm/" + sweep + thr).c_str(), BM_PrefillGemm, t, repack, threads)
+        benchmark::RegisterBenchmark(("PrefillGemm/" + sweep + thr).c_str(), BM_StackGemm, t, repack, threads, 512)
             ->Unit(benchmark::kMillisecond)
             ->UseRealTime();
+        // The batched step's rows, for the types the models use (the
+        // smollm2 shape in q8_0, repacked; the recall model in f16).
+        if (!repack && t != TensorType::kF16) continue;
+        for (int64_t rows : {1, 2, 4, 8, 16, 32, 64}) {
+          const std::string bm = "StepGemm/" + sweep + "/rows" + std::to_string(rows) + thr;
+          benchmark::RegisterBenchmark(bm.c_str(), BM_StackGemm, t, repack, threads, rows)
+              ->Unit(benchmark::kMillisecond)
+              ->UseRealTime();
+        }
       }
     }
     benchmark::RegisterBenchmark(("Dequantize/" + name).c_str(), BM_Dequantize, t);

@@ -9,9 +9,13 @@ Usage:
   scripts/batched_report.py --render                                       render from the saved data
   scripts/batched_report.py --check                                        fail if the documents differ
                                                                            from what the saved data renders
+  scripts/batched_report.py --model GGUF --before OLD_KVX --after NEW_KVX [--rounds 3]
+      before/after: the two binaries alternate, round after round, on the same model (no llama.cpp);
+      the raw runs go to docs/results/batched/ab.json, the table between <!-- batched-ab:begin -->
+      and <!-- batched-ab:end -->: medians of the rounds and the median of the per-round ratios.
   --llama-bin DIR   a llama.cpp build's bin/ folder; kvx never builds or ships llama.cpp.
 """
-import argparse, json, os, re, subprocess, sys
+import argparse, json, os, re, statistics, subprocess, sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "docs/results/batched")
@@ -64,6 +68,64 @@ def measure(args):
         f.write("\n")
 
 
+AB_SEQS = "1,2,4,8,16,32,64"
+AB_DEPTHS = "0,1024,4096"
+
+
+def kvx_bench_cmd(kvx, model, threads, out):
+    return [kvx, "bench", "-m", model, "-t", str(threads), "--kv", "codec=f16", "--depths", "0", "--seqs", AB_SEQS,
+            "--seq-depths", AB_DEPTHS, "-r", "2", "-n", str(GEN), "--json", out]
+
+
+def measure_ab(args):
+    """Alternates the two binaries for --rounds rounds; one kvx bench run per binary and round."""
+    os.makedirs(DATA, exist_ok=True)
+    runs = {"before": [], "after": []}
+    tmp = os.path.join(DATA, "ab_run.json")
+    for rnd in range(args.rounds):
+        for side in ("before", "after"):
+            run(kvx_bench_cmd(getattr(args, side), args.model, args.threads, tmp))
+            r = json.load(open(tmp))
+            r["loadavg"] = os.getloadavg()[0]
+            runs[side].append(r)
+    os.remove(tmp)
+    cmd = " ".join(kvx_bench_cmd("kvx", os.path.basename(args.model), args.threads, "OUT"))
+    with open(os.path.join(DATA, "ab.json"), "w") as f:
+        json.dump({"model": os.path.basename(args.model), "threads": args.threads, "command": cmd,
+                   "cpu": runs["after"][0].get("cpu", {}).get("name", ""), "runs": runs}, f, indent=1)
+        f.write("\n")
+
+
+def render_ab():
+    path = os.path.join(DATA, "ab.json")
+    if not os.path.exists(path):
+        return "No before/after run saved yet (`scripts/batched_report.py --before ... --after ...`).\n"
+    ab = json.load(open(path))
+    before, after = ab["runs"]["before"], ab["runs"]["after"]
+    med = statistics.median
+    loads = [r["loadavg"] for r in before + after]
+    md = ["Before/after on %s, %d threads, CPU %s: `%s`, the two binaries alternating for %d rounds "
+          "(1-minute load average %.1f–%.1f on 2 vCPUs: other engineers' builds ran; read the ratios, "
+          "not the absolute figures). Medians of the rounds; after / before is the median of the per-round "
+          "ratios; %% of bound is the after binary's (one bound per run)." % (
+              ab["model"], ab["threads"], ab["cpu"] or "?", ab["command"], len(after), min(loads), max(loads)), "",
+          "| measure | before tok/s | after tok/s | after / before | after % of bound |",
+          "|---|---|---|---|---|"]
+
+    def row(name, get, pct):
+        b, a = [get(r) for r in before], [get(r) for r in after]
+        md.append("| %s | %.1f | %.1f | %.2f | %.1f%% |" % (
+            name, med(b), med(a), med([x / y for x, y in zip(a, b)]), med([pct(r) for r in after])))
+
+    row("prefill %d" % after[0]["prefill"]["tokens"], lambda r: r["prefill"]["tok_s"],
+        lambda r: r["prefill"]["pct_of_bound"])
+    row("decode, one session, depth 0", lambda r: r["decode"][0]["tok_s"], lambda r: r["decode"][0]["pct_of_bound"])
+    for i, b in enumerate(after[0]["batch"]):
+        row("%d sequences, depth %d" % (b["seqs"], b["depth"]), lambda r, i=i: r["batch"][i]["total_tok_s"],
+            lambda r, i=i: r["batch"][i]["pct_of_bound"])
+    return "\n".join(md) + "\n"
+
+
 def render():
     kvx = json.load(open(os.path.join(DATA, "kvx.json")))
     ll = json.load(open(os.path.join(DATA, "llama_batched_bench.json")))
@@ -92,12 +154,12 @@ def render():
     return "\n".join(md) + "\n"
 
 
-def splice(path, body):
-    text = open(path).read()
-    new, n = re.subn(r"(<!-- batched:begin -->\n).*?(<!-- batched:end -->)",
+def splice(path, body, name="batched", text=None):
+    text = open(path).read() if text is None else text
+    new, n = re.subn(r"(<!-- %s:begin -->\n).*?(<!-- %s:end -->)" % (name, name),
                      lambda m: m.group(1) + body + m.group(2), text, flags=re.S)
     if n != 1:
-        sys.exit("%s has no <!-- batched:begin --> ... <!-- batched:end --> section" % path)
+        sys.exit("%s has no <!-- %s:begin --> ... <!-- %s:end --> section" % (path, name, name))
     return text, new
 
 
@@ -109,16 +171,24 @@ def main():
     ap.add_argument("--render", action="store_true")
     ap.add_argument("--skip-kvx", action="store_true", help="measure llama.cpp only, keep the saved kvx run")
     ap.add_argument("--check", action="store_true")
+    ap.add_argument("--before", help="before/after: the old kvx binary")
+    ap.add_argument("--after", help="before/after: the new kvx binary")
+    ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     if not (args.render or args.check):
         if not args.model:
             sys.exit("--model GGUF is required to measure (or --render / --check)")
-        measure(args)
-    body = render()
+        if bool(args.before) != bool(args.after):
+            sys.exit("--before and --after go together (two kvx binaries)")
+        if args.before:
+            measure_ab(args)
+        else:
+            measure(args)
     stale = []
     for doc in ("docs/benchmarks.md",):
         path = os.path.join(ROOT, doc)
-        old, new = splice(path, body)
+        old, new = splice(path, render())
+        _, new = splice(path, render_ab(), "batched-ab", new)
         if args.check:
             if old != new:
                 stale.append(doc)

@@ -287,11 +287,12 @@ def render(out):
                                          "microbenchmarks: [docs/benchmarks.md](docs/benchmarks.md)." % (
                                              data["threads"], data["generated"])]
     micro = data["micro"]
-    # The batched-decode section is scripts/batched_report.py's (its own data and --check): kept as it is.
-    batched = re.search(r"<!-- batched:begin -->\n.*?<!-- batched:end -->",
+    # The batched-decode sections (scripts/batched_report.py's, with their own data and --check) and the
+    # per-step profile, up to the kernel microbenchmarks: kept as they are.
+    batched = re.search(r"<!-- batched:begin -->\n.*?(?=## Kernel microbenchmarks)",
                         open(os.path.join(ROOT, "docs/benchmarks.md")).read(), flags=re.S)
     md += ["## Batched decode (many sequences per step)", "",
-           batched.group(0) if batched else "<!-- batched:begin -->\n<!-- batched:end -->", ""]
+           batched.group(0).rstrip("\n") if batched else "<!-- batched:begin -->\n<!-- batched:end -->", ""]
     md += ["## Kernel microbenchmarks", "",
            "`build/ops_bench` and `build/kv_bench` (Google Benchmark, medians of 3; see the comments at the top of "
            "`bench/ops_bench.cc` and `bench/kv_bench.cc` for what each measures). DecodeSweep streams every weight "

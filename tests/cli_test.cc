@@ -105,7 +105,8 @@ TEST(CliTest, BenchWithAPolicyDecodesOverTheCompressedCache) {
 TEST(CliTest, BenchAndPlan) {
   const std::string json = TempDir() + "/bench.json";
   const CommandResult bench =
-      RunKvx("bench -m " + TinyModel() + " -t 2 --depths 0,64 -p 32 -n 4 -r 1 --json " + json);
+      RunKvx("bench -m " + TinyModel() + " -t 2 --depths 0,64 -p 32 -n 4 -r 1 --seqs 2 --seq-depths 0 --profile --json " +
+             json);
   ASSERT_EQ(bench.exit_code, 0) << bench.output;
   EXPECT_NE(bench.output.find("% of bound"), std::string::npos) << bench.output;
   std::ifstream in(json);
@@ -122,6 +123,16 @@ TEST(CliTest, BenchAndPlan) {
     EXPECT_DOUBLE_EQ(d["bound_tok_s"].get<double>(),
                      d["bound_gbps"].get<double>() * 1e9 / d["bytes_per_token"].get<double>());
   }
+  // --profile: the phases of prefill and of a batched step, within the step's time.
+  for (const auto* p : {&j["prefill"]["profile"], &j["batch"][0]["profile"]}) {
+    double sum = 0;
+    for (const auto& [name, ms] : (*p)["phase_ms"].items()) sum += ms.get<double>();
+    EXPECT_GT((*p)["phase_ms"]["matmuls"].get<double>(), 0) << p->dump();
+    EXPECT_GT((*p)["phase_ms"]["attention"].get<double>(), 0) << p->dump();
+    EXPECT_LE(sum, (*p)["step_ms"].get<double>() * (1 + 1e-9)) << p->dump();
+  }
+  EXPECT_GT(j["batch"][0]["profile"]["phase_ms"]["sampling"].get<double>(), 0);
+  EXPECT_NE(bench.output.find("| matmuls |"), std::string::npos) << bench.output;
   // Prefill's bound: matmul ops at the matmuls' peak, attention ops at the FMA peak.
   const auto& pf = j["prefill"];
   const double fma = j["peak_flops"]["gflops"].get<double>();

@@ -5,11 +5,13 @@
 #include "engine/session.h"
 #include "kv/policy/policy.h"
 #include "util/finite.h"
+#include "util/step_profile.h"
 
 namespace kvx::engine {
 namespace {
 
-// Fans the attention probabilities out to every policy that observes.
+// Fans the attention probabilities out to every policy that observes, and
+// times the callbacks when the step profile is on (util/step_profile.h).
 class ObserverFanOut : public kv::AttentionObserver {
  public:
   explicit ObserverFanOut(std::vector<kv::AttentionObserver*> to) : to_(std::move(to)) {}
@@ -34,22 +36,27 @@ class ObserverFanOut : public kv::AttentionObserver {
     return false;
   }
   void OnQueries(int seq, int layer, const float* q, int n_q, int n_heads, int head_dim) override {
+    const int64_t t0 = profiling_ ? util::SteadyNowNs() : 0;
     for (auto* o : to_) {
       if (o->Observes(seq, n_q)) o->OnQueries(seq, layer, q, n_q, n_heads, head_dim);
     }
+    if (profiling_) util::AddThreadTime(util::SteadyNowNs() - t0);
   }
   void OnProbabilities(int seq, int layer, int query_index, int head, int kv_head, const float* probs,
                        const int32_t* positions, int n) override {
     // Every observer that wants them sees what any of them asked for (a
     // once-mode one then also records the decode queries a continuous one
     // needs: harmless).
+    const int64_t t0 = profiling_ ? util::SteadyNowNs() : 0;
     for (auto* o : to_) {
       if (o->WantsProbabilities()) o->OnProbabilities(seq, layer, query_index, head, kv_head, probs, positions, n);
     }
+    if (profiling_) util::AddThreadTime(util::SteadyNowNs() - t0);
   }
 
  private:
   std::vector<kv::AttentionObserver*> to_;
+  const bool profiling_ = util::StepProfileEnabled();
 };
 
 }  // namespace
@@ -108,6 +115,7 @@ std::unique_ptr<Session> Engine::AdoptSequence(kv::SeqId id) {
 
 Status Engine::Step(std::span<const StepInput> inputs) {
   if (inputs.empty()) return Status::Ok();
+  util::ScopedPhase phase(util::StepPhase::kScheduler);  // what the phases inside do not claim
   const int n_vocab = model_->config().n_vocab;
   // 1. Everything that can be wrong with the input, before anything changes.
   std::vector<kv::StepRequest> requests;
@@ -148,7 +156,9 @@ Status Engine::Step(std::span<const StepInput> inputs) {
     if (p->observer() != nullptr) observers.push_back(p->observer());
   }
   ObserverFanOut fan_out(observers);
-  batch_.observer = observers.empty() ? nullptr : observers.size() == 1 ? observers[0] : &fan_out;
+  // One observer is called directly, unless the profile times it.
+  const bool direct = observers.size() == 1 && !util::StepProfileEnabled();
+  batch_.observer = observers.empty() ? nullptr : direct ? observers[0] : &fan_out;
   logits_.resize(batch_.logit_rows.size() * static_cast<size_t>(n_vocab));
   Status s = model_->Forward(batch_, kvs, &scratch_, threads_, logits_.data());
   batch_.observer = nullptr;

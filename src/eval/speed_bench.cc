@@ -52,7 +52,51 @@ Status FillDepth(engine::Engine* rt, engine::Session* session, int depth, uint64
   return session->Compress();
 }
 
+// Profiles what runs in its scope when `on` (kvx bench --profile), adding
+// the scope's wall time to *wall_s; the profile is off outside, so the
+// setup between timed steps (fills, session creation) is not counted.
+class ProfileWindow {
+ public:
+  ProfileWindow(bool on, double* wall_s) : on_(on), wall_s_(wall_s), t0_(Now()) {
+    if (on_) util::EnableStepProfile(true);
+  }
+  ~ProfileWindow() {
+    if (on_) util::EnableStepProfile(false);
+    *wall_s_ += Now() - t0_;
+  }
+
+ private:
+  bool on_;
+  double* wall_s_;
+  double t0_;
+};
+
 }  // namespace
+
+double StepProfileResult::unaccounted_ms() const {
+  double sum = 0;
+  for (double ms : phase_ms) sum += ms;
+  return step_ms - sum;
+}
+
+StepProfileResult StepProfileResult::From(const util::StepProfileTotals& t, int steps, double wall_s) {
+  StepProfileResult p;
+  p.measured = true;
+  if (steps <= 0) return p;
+  p.step_ms = 1e3 * wall_s / steps;
+  for (int i = 0; i < util::kStepPhases; ++i) p.phase_ms[i] = 1e-6 * static_cast<double>(t.ns[i]) / steps;
+  p.observer_thread_ms = 1e-6 * static_cast<double>(t.observer_thread_ns) / steps;
+  return p;
+}
+
+nlohmann::json StepProfileResult::ToJson() const {
+  nlohmann::json j = {{"step_ms", step_ms}, {"observer_thread_ms", observer_thread_ms},
+                      {"unaccounted_ms", unaccounted_ms()}};
+  for (int i = 0; i < util::kStepPhases; ++i) {
+    j["phase_ms"][std::string(util::StepPhaseName(static_cast<util::StepPhase>(i)))] = phase_ms[i];
+  }
+  return j;
+}
 
 double CurrentRssBytes() {
   long pages_total = 0, pages_resident = 0;
@@ -144,15 +188,21 @@ Result<SpeedBenchResult> RunSpeedBench(engine::Engine* rt, const SpeedBenchOptio
   // Prefill.
   r.prompt_tokens = o.prompt_tokens;
   std::vector<double> prefill;
+  double profiled_s = 0;
+  util::ResetStepProfile();
   for (int rep = 0; rep < o.reps; ++rep) {
     session->Reset();
     const auto tokens = RandomTokens(o.prompt_tokens, c.n_vocab, &rng);
     const double t0 = Now();
-    KVX_ASSIGN_OR_RETURN(const float* logits, session->Feed(tokens));
-    (void)logits;
+    {
+      ProfileWindow window(o.profile, &profiled_s);
+      KVX_ASSIGN_OR_RETURN(const float* logits, session->Feed(tokens));
+      (void)logits;
+    }
     prefill.push_back(o.prompt_tokens / (Now() - t0));
   }
   r.prefill_tok_s = Median(prefill);
+  if (o.profile) r.prefill_profile = StepProfileResult::From(util::TakeStepProfile(), o.reps, profiled_s);
   const double p = o.prompt_tokens;
   const PrefillOps ops = CountPrefillOps(ModelPlanInputs(*rt), p);
   r.prefill_matmul_ops = ops.matmul;
@@ -191,6 +241,8 @@ Result<SpeedBenchResult> RunSpeedBench(engine::Engine* rt, const SpeedBenchOptio
       b.seqs = n_seqs;
       b.depth = depth;
       std::vector<double> per_step;
+      double profiled_s = 0;
+      util::ResetStepProfile();
       for (int rep = 0; rep < o.reps; ++rep) {
         std::vector<std::unique_ptr<engine::Session>> ss;
         for (int i = 0; i < n_seqs; ++i) {
@@ -204,9 +256,11 @@ Result<SpeedBenchResult> RunSpeedBench(engine::Engine* rt, const SpeedBenchOptio
         for (int i = 0; i < n_seqs; ++i) next[i][0] = RandomTokens(1, c.n_vocab, &rng)[0];
         for (int step = 0; step < o.gen_tokens; ++step) {
           for (int i = 0; i < n_seqs; ++i) in[i] = {ss[i].get(), next[i], -1, &logits[i]};
+          ProfileWindow window(o.profile, &profiled_s);
           const double t0 = Now();
           KVX_RETURN_IF_ERROR(rt->Step(in));
           per_step.push_back(Now() - t0);
+          util::ScopedPhase sampling(util::StepPhase::kSampling);
           for (int i = 0; i < n_seqs; ++i) next[i][0] = model::ArgMax(logits[i].data(), c.n_vocab);
         }
         b.kv_bytes = static_cast<double>(rt->kv_manager().BytesInUse());
@@ -214,6 +268,7 @@ Result<SpeedBenchResult> RunSpeedBench(engine::Engine* rt, const SpeedBenchOptio
       b.total_tok_s = n_seqs / Median(per_step);
       b.per_seq_tok_s = b.total_tok_s / n_seqs;
       b.bytes_per_step = r.decode_weight_bytes + b.kv_bytes;
+      if (o.profile) b.profile = StepProfileResult::From(util::TakeStepProfile(), o.reps * o.gen_tokens, profiled_s);
       r.batch.push_back(b);
     }
   }
@@ -283,6 +338,40 @@ void SpeedBenchResult::ComputeBounds() {
   }
 }
 
+std::string SpeedBenchResult::ProfileTable() const {
+  std::vector<std::pair<std::string, const StepProfileResult*>> cols;
+  if (prefill_profile.measured) cols.push_back({"prefill " + std::to_string(prompt_tokens), &prefill_profile});
+  for (const BatchDecodeResult& b : batch) {
+    if (b.profile.measured) cols.push_back({std::to_string(b.seqs) + " seq, depth " + std::to_string(b.depth), &b.profile});
+  }
+  if (cols.empty()) return "";
+  char buf[128];
+  std::string s = "| phase |", rule = "|---|";
+  for (const auto& c : cols) {
+    s += " " + c.first + " |";
+    rule += "---|";
+  }
+  s += "\n" + rule + "\n";
+  auto row = [&](const std::string& name, auto&& ms_of) {
+    s += "| " + name + " |";
+    for (const auto& c : cols) {
+      const double ms = ms_of(*c.second);
+      std::snprintf(buf, sizeof(buf), " %.3f (%.1f%%) |", ms, c.second->step_ms > 0 ? 100 * ms / c.second->step_ms : 0.0);
+      s += buf;
+    }
+    s += "\n";
+  };
+  for (int i = 0; i < util::kStepPhases; ++i) {
+    row(std::string(util::StepPhaseName(static_cast<util::StepPhase>(i))),
+        [i](const StepProfileResult& p) { return p.phase_ms[i]; });
+  }
+  row("of attention: observer callbacks (summed over threads)",
+      [](const StepProfileResult& p) { return p.observer_thread_ms; });
+  row("outside the phases (bench loop)", [](const StepProfileResult& p) { return p.unaccounted_ms(); });
+  row("whole step", [](const StepProfileResult& p) { return p.step_ms; });
+  return "\nProfile (--profile: ms per step, share of the step's wall time):\n" + s;
+}
+
 nlohmann::json SpeedBenchResult::ToJson() const {
   nlohmann::json j;
   j["model"] = model;
@@ -311,6 +400,7 @@ nlohmann::json SpeedBenchResult::ToJson() const {
                   {"pct_of_peak", prefill_pct_of_peak},
                   {"peak_kind", prefill_peak_kind},
                   {"int8_matmul_fraction", int8_matmul_fraction}};
+  if (prefill_profile.measured) j["prefill"]["profile"] = prefill_profile.ToJson();
   j["decode"] = nlohmann::json::array();
   for (const DepthResult& d : depths) {
     j["decode"].push_back({{"depth", d.depth},
@@ -336,6 +426,7 @@ nlohmann::json SpeedBenchResult::ToJson() const {
                           {"bound_tok_s", b.bound_tok_s},
                           {"bound_kind", b.bound_kind},
                           {"pct_of_bound", b.pct_of_bound}});
+    if (b.profile.measured) j["batch"].back()["profile"] = b.profile.ToJson();
   }
   j["peak_rss_bytes"] = peak_rss_bytes;
   return j;
@@ -384,6 +475,7 @@ std::string SpeedBenchResult::ToTable() const {
       s += buf;
     }
   }
+  s += ProfileTable();
   std::snprintf(buf, sizeof(buf), "\npeak RSS: %.1f MiB\n", peak_rss_bytes / 1048576.0);
   s += buf;
   return s;

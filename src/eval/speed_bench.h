@@ -40,6 +40,7 @@
 #include "eval/cpu_report.h"
 #include "eval/plan.h"
 #include "eval/roofline.h"
+#include "util/step_profile.h"
 
 namespace kvx::eval {
 
@@ -53,6 +54,21 @@ struct SpeedBenchOptions {
   // seq_depths, one token each per engine step; empty = not measured.
   std::vector<int> seqs;
   std::vector<int> seq_depths = {0, 4096};
+  // kvx bench --profile: time the op groups of every step (util/step_profile.h).
+  bool profile = false;
+};
+
+// Where a step's time went (kvx bench --profile): milliseconds per step in
+// each phase, measured over the timed steps of one configuration.
+struct StepProfileResult {
+  bool measured = false;
+  double step_ms = 0;  // mean wall time of a step, sampling included
+  std::array<double, util::kStepPhases> phase_ms{};
+  double observer_thread_ms = 0;  // observer callbacks summed over threads (part of attention)
+  double unaccounted_ms() const;  // step_ms minus the phases: the bench loop's own time
+  // From the totals of `steps` steps that took `wall_s` seconds in all.
+  static StepProfileResult From(const util::StepProfileTotals& t, int steps, double wall_s);
+  nlohmann::json ToJson() const;
 };
 
 // Decode of N concurrent sequences at one depth: every step runs one token
@@ -74,6 +90,7 @@ struct BatchDecodeResult {
   double bound_tok_s = 0;    // min of the two
   std::string bound_kind;    // "memory" or "compute"
   double pct_of_bound = 0;
+  StepProfileResult profile;
 };
 
 struct DepthResult {
@@ -126,6 +143,7 @@ struct SpeedBenchResult {
   double prefill_bound_gops = 0;    // all ops / PrefillBoundSeconds
   double prefill_pct_of_bound = 0;
   double prefill_pct_of_peak = 0;   // against the matmul peak alone
+  StepProfileResult prefill_profile;  // per prefill of prompt_tokens (--profile)
   std::vector<DepthResult> depths;
   std::vector<BatchDecodeResult> batch;
   double peak_rss_bytes = 0;
@@ -136,6 +154,7 @@ struct SpeedBenchResult {
 
   nlohmann::json ToJson() const;
   std::string ToTable() const;  // Markdown
+  std::string ProfileTable() const;  // Markdown; empty without --profile
 };
 
 // REQUIRES: runtime->n_ctx() >= max(depths, seq_depths) + gen_tokens + 1 and

@@ -7,6 +7,7 @@
 #include <xxhash.h>
 
 #include "kv/policy/policy.h"
+#include "util/step_profile.h"
 #include "util/check.h"
 
 namespace kvx::kv {
@@ -342,6 +343,7 @@ Status KVManager::CommitStep() {
     ExtendHashes(s);
   }
   in_step_ = false;
+  util::ScopedPhase phase(util::StepPhase::kPolicy);
   for (const auto& policy : policies_) {
     for (const StepRequest& r : step_) {
       if (Status st = policy->OnStepCommitted(*this, r.seq); !st.ok()) {
@@ -355,6 +357,7 @@ Status KVManager::CommitStep() {
 Status KVManager::Compress(SeqId seq) {
   KVX_CHECK(!in_step_);
   if (!HasSequence(seq)) return NotFound("no sequence " + std::to_string(seq));
+  util::ScopedPhase phase(util::StepPhase::kPolicy);
   for (const auto& policy : policies_) {
     if (Status st = policy->Compress(*this, seq); !st.ok()) {
       return st.WithContext(std::string("policy ") + std::string(policy->name()));

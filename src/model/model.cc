@@ -11,6 +11,7 @@
 #include "ops/weight_pack.h"
 #include "util/finite.h"
 #include "util/mmap_file.h"
+#include "util/step_profile.h"
 
 namespace kvx::model {
 
@@ -244,7 +245,10 @@ Status Model::Forward(const ForwardBatch& batch, std::span<kv::SequenceKV* const
   std::vector<int32_t> row_positions(static_cast<size_t>(m));
   for (int i = 0; i < m; ++i) row_positions[i] = batch.positions[rows[i]];
 
+  using util::ScopedPhase;
+  using util::StepPhase;
   // Token embeddings: one dequantized row per token.
+  ScopedPhase embed_phase(StepPhase::kElementwise);
   for (int i = 0; i < m; ++i) ops::DequantizeWeightRow(token_embd_, batch.tokens[rows[i]], &s->x[static_cast<size_t>(i) * d]);
 
   const ops::RopeParams rope = rope_params();
@@ -270,6 +274,7 @@ Status Model::Forward(const ForwardBatch& batch, std::span<kv::SequenceKV* const
   // would cost more than the work.
   constexpr int kParallelTokens = 16;
   auto for_tokens = [&](auto&& fn) {  // fn(i0, i1) over the active rows [i0, i1)
+    ScopedPhase phase(StepPhase::kElementwise);
     if (pool != nullptr && pool->size() > 1 && m >= kParallelTokens) {
       pool->ParallelFor(static_cast<size_t>(m), [&](size_t b, size_t e, int) { fn(static_cast<int>(b), static_cast<int>(e)); });
     } else {
@@ -322,6 +327,7 @@ Status Model::Forward(const ForwardBatch& batch, std::span<kv::SequenceKV* const
     if (m > 0) {
       // One parallel loop (and one activation quantization) for Q, K and V.
       const ops::MatMulOutput qkv[] = {{w.wq, s->q.data()}, {w.wk, s->k.data()}, {w.wv, s->v.data()}};
+      ScopedPhase phase(StepPhase::kMatmul);
       ops::MatMulMulti(qkv, s->h.data(), m, pool);
     }
     for_tokens([&](int i0, int i1) {
@@ -340,6 +346,7 @@ Status Model::Forward(const ForwardBatch& batch, std::span<kv::SequenceKV* const
         }
       }
     });
+    ScopedPhase append_phase(StepPhase::kKvWrite);
     if (batch.recompute != nullptr) {
       // Every row's K/V is stored; the attention below runs for the
       // recomputed rows only.
@@ -357,8 +364,14 @@ Status Model::Forward(const ForwardBatch& batch, std::span<kv::SequenceKV* const
       }
     }
     if (m == 0) continue;  // nothing recomputed from here on
-    kv::AttentionBatch(attn_seqs.data(), n_seqs, l, c.n_heads, scale, pool, batch.observer);
-    ops::MatMul(w.wo, s->attn.data(), m, s->o.data(), pool);
+    {
+      ScopedPhase phase(StepPhase::kAttention);
+      kv::AttentionBatch(attn_seqs.data(), n_seqs, l, c.n_heads, scale, pool, batch.observer);
+    }
+    {
+      ScopedPhase phase(StepPhase::kMatmul);
+      ops::MatMul(w.wo, s->attn.data(), m, s->o.data(), pool);
+    }
 
     // Feed-forward block (SwiGLU).
     for_tokens([&](int i0, int i1) {
@@ -366,11 +379,15 @@ Status Model::Forward(const ForwardBatch& batch, std::span<kv::SequenceKV* const
       norm_rows(w.ffn_norm, i0, i1);
     });
     const ops::MatMulOutput gate_up[] = {{w.w_gate, s->gate.data()}, {w.w_up, s->up.data()}};
-    ops::MatMulMulti(gate_up, s->h.data(), m, pool);
+    {
+      ScopedPhase phase(StepPhase::kMatmul);
+      ops::MatMulMulti(gate_up, s->h.data(), m, pool);
+    }
     for_tokens([&](int i0, int i1) {
       const size_t off = static_cast<size_t>(i0) * c.n_ff;
       ops::SwiGLU(&s->gate[off], &s->up[off], static_cast<int64_t>(i1 - i0) * c.n_ff, &s->gate[off]);
     });
+    ScopedPhase phase(StepPhase::kMatmul);
     ops::MatMul(w.w_down, s->gate.data(), m, s->o.data(), pool);
   }
   if (c.n_layers > 0) for_tokens(residual_rows);  // the last layer's
@@ -387,6 +404,7 @@ Status Model::Forward(const ForwardBatch& batch, std::span<kv::SequenceKV* const
     ops::RmsNorm(&s->x[static_cast<size_t>(at - rows.begin()) * d], output_norm_.data(), d, c.rms_eps,
                  &s->logits_in[static_cast<size_t>(r) * d]);
   }
+  ScopedPhase phase(StepPhase::kMatmul);
   ops::MatMul(output_, s->logits_in.data(), n_out, logits, pool);
   return Status::Ok();
 }

@@ -6,6 +6,7 @@
 #include <unordered_set>
 
 #include "ops/nn.h"
+#include "util/step_profile.h"
 
 namespace kvx::model {
 
@@ -62,6 +63,7 @@ int32_t ArgMax(const float* logits, int n) {
 // distribution as before; a given seed may pick other tokens than the
 // sort-everything version did.
 int32_t Sampler::Sample(const float* logits, int n_vocab) {
+  util::ScopedPhase phase(util::StepPhase::kSampling);
   // Repetition penalty (CTRL-style, as llama.cpp): divide positive logits,
   // multiply negative ones, once per distinct recent token.
   const float* l = logits;

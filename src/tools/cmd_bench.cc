@@ -98,6 +98,9 @@ void RegisterBench(CLI::App& app, int* exit_code) {
   cmd->add_option("-r,--reps", flags->bench.reps, "Repetitions (medians are reported)")->capture_default_str()
       ->check(IntIn(1, 1000));
   cmd->add_option("--json", flags->json_path, "Also write the results as JSON");
+  cmd->add_flag("--profile", flags->bench.profile,
+                "Also time each step's op groups (matmuls, attention, KV append, norms/RoPE, sampling, policy hooks, "
+                "observers, step bookkeeping) for prefill and every --seqs configuration");
   AddForceFlag(cmd, &flags->force);
   cmd->callback([flags, exit_code] { *exit_code = ReportStatus(RunBench(*flags)); });
 }
