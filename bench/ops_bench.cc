@@ -218,7 +218,12 @@ double MatmulPeakGops(TensorType t, int threads) {
   static std::map<std::pair<bool, int>, double> peaks;
   const bool int8 = eval::UsesInt8Dot(t);
   auto [it, fresh] = peaks.try_emplace({int8, threads}, 0.0);
-  if (fresh) it->second = int8 ? eval::MeasurePeakInt8(Pool(threads)).gops : eval::MeasurePeakFlops(Pool(threads)).gflops;
+  if (fresh) {
+    ThreadPool* pool = Pool(threads);  // nullptr for one thread: the kernels' caller alone
+    ThreadPool one(1);                 // the probes need a pool
+    if (pool == nullptr) pool = &one;
+    it->second = int8 ? eval::MeasurePeakInt8(pool).gops : eval::MeasurePeakFlops(pool).gflops;
+  }
   return it->second;
 }
 

@@ -68,13 +68,9 @@ def measure(args):
         f.write("\n")
 
 
-AB_SEQS = "1,2,4,8,16,32,64"
-AB_DEPTHS = "0,1024,4096"
-
-
-def kvx_bench_cmd(kvx, model, threads, out):
-    return [kvx, "bench", "-m", model, "-t", str(threads), "--kv", "codec=f16", "--depths", "0", "--seqs", AB_SEQS,
-            "--seq-depths", AB_DEPTHS, "-r", "2", "-n", str(GEN), "--json", out]
+def kvx_bench_cmd(kvx, model, args, out):
+    return [kvx, "bench", "-m", model, "-t", str(args.threads), "--kv", "codec=f16", "--depths", "0", "--seqs",
+            args.ab_seqs, "--seq-depths", args.ab_depths, "-r", str(args.ab_reps), "-n", str(args.ab_gen), "--json", out]
 
 
 def measure_ab(args):
@@ -84,15 +80,15 @@ def measure_ab(args):
     tmp = os.path.join(DATA, "ab_run.json")
     for rnd in range(args.rounds):
         for side in ("before", "after"):
-            run(kvx_bench_cmd(getattr(args, side), args.model, args.threads, tmp))
+            run(kvx_bench_cmd(getattr(args, side), args.model, args, tmp))
             r = json.load(open(tmp))
             r["loadavg"] = os.getloadavg()[0]
             runs[side].append(r)
     os.remove(tmp)
-    cmd = " ".join(kvx_bench_cmd("kvx", os.path.basename(args.model), args.threads, "OUT"))
+    cmd = " ".join(kvx_bench_cmd("kvx", os.path.basename(args.model), args, "OUT"))
     with open(os.path.join(DATA, "ab.json"), "w") as f:
         json.dump({"model": os.path.basename(args.model), "threads": args.threads, "command": cmd,
-                   "cpu": runs["after"][0].get("cpu", {}).get("name", ""), "runs": runs}, f, indent=1)
+                   "cpu": runs["after"][0].get("cpu", {}).get("brand", ""), "runs": runs}, f, indent=1)
         f.write("\n")
 
 
@@ -121,7 +117,7 @@ def render_ab():
         lambda r: r["prefill"]["pct_of_bound"])
     row("decode, one session, depth 0", lambda r: r["decode"][0]["tok_s"], lambda r: r["decode"][0]["pct_of_bound"])
     for i, b in enumerate(after[0]["batch"]):
-        row("%d sequences, depth %d" % (b["seqs"], b["depth"]), lambda r, i=i: r["batch"][i]["total_tok_s"],
+        row("%d sequence%s, depth %d" % (b["seqs"], "" if b["seqs"] == 1 else "s", b["depth"]), lambda r, i=i: r["batch"][i]["total_tok_s"],
             lambda r, i=i: r["batch"][i]["pct_of_bound"])
     return "\n".join(md) + "\n"
 
@@ -174,6 +170,10 @@ def main():
     ap.add_argument("--before", help="before/after: the old kvx binary")
     ap.add_argument("--after", help="before/after: the new kvx binary")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--ab-seqs", default="1,2,4,8,16,32,64", help="before/after: kvx bench --seqs")
+    ap.add_argument("--ab-depths", default="0,1024,4096", help="before/after: kvx bench --seq-depths")
+    ap.add_argument("--ab-reps", type=int, default=2, help="before/after: kvx bench -r")
+    ap.add_argument("--ab-gen", type=int, default=GEN, help="before/after: kvx bench -n")
     args = ap.parse_args()
     if not (args.render or args.check):
         if not args.model:

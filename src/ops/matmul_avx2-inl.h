@@ -522,8 +522,18 @@ KVX_INLINE void InterleavedRowsWith(const WeightView& w, const QuantizedActs& a,
   KVX_CHECK(r0 % kRows == 0 && r1 % kRows == 0);
   const Interleaved16 g = Interleaved16Of(w);
   const int64_t ldy = w.n_out, n_tok = a.n_tokens, g0 = r0 / kRows, g1 = r1 / kRows;
-  if (n_tok == 1) {
-    for (int64_t gr = g0; gr < g1; ++gr) Tile::template Run<1, true>(g, gr, a, 0, y + kRows * gr, ldy);
+  if (n_tok <= kT) {  // decode, a batched step of few sequences: every row per weight load, one prefetched stream
+    static_assert(kT <= 3);
+    for (int64_t gr = g0; gr < g1; ++gr) {
+      float* yg = y + kRows * gr;
+      if (n_tok == 1) Tile::template Run<1, true>(g, gr, a, 0, yg, ldy);
+      if constexpr (kT >= 2) {
+        if (n_tok == 2) Tile::template Run<2, true>(g, gr, a, 0, yg, ldy);
+      }
+      if constexpr (kT >= 3) {
+        if (n_tok == 3) Tile::template Run<3, true>(g, gr, a, 0, yg, ldy);
+      }
+    }
     return;
   }
   const int64_t tt = TokenTile(a.k_pad + a.k_pad / 8);

@@ -643,7 +643,27 @@ KVX_ATTR void InterleavedTokens(const Interleaved16& g, int64_t gr, const Quanti
   for (; t + kInterleavedTokens <= t1; t += kInterleavedTokens) {
     InterleavedTile<kR, kInterleavedTokens, false>(g, gr, a, t, yg + t * ldy, ldy);
   }
-  for (; t < t1; ++t) InterleavedTile<kR, 1, false>(g, gr, a, t, yg + t * ldy, ldy);
+  // The 1-3 tokens left share one pass over the groups' weights (one token
+  // at a time read them up to three times, one vpdpbusd per weight load).
+  static_assert(kInterleavedTokens == 4);
+  switch (t1 - t) {
+    case 3: InterleavedTile<kR, 3, false>(g, gr, a, t, yg + t * ldy, ldy); break;
+    case 2: InterleavedTile<kR, 2, false>(g, gr, a, t, yg + t * ldy, ldy); break;
+    case 1: InterleavedTile<kR, 1, false>(g, gr, a, t, yg + t * ldy, ldy); break;
+    default: break;
+  }
+}
+
+// A step of at most 8 rows (decode, a batched step of few sequences): the
+// weights stream from DRAM once, group after group with decode's prefetch,
+// every row using each weight vector while it is in a register (8 rows: 8
+// float and 8 int32 accumulators). Memory-bound there, so one pass beats the
+// 3 x 4 tiles' reuse from cache (ops_bench StepGemm, CPU time, 1 thread:
+// 4 rows cost what 1 row does).
+template <int kT>
+KVX_ATTR void InterleavedStream(const Interleaved16& g, int64_t g0, int64_t g1, const QuantizedActs& a, float* y,
+                                int64_t ldy) {
+  for (int64_t gr = g0; gr < g1; ++gr) InterleavedTile<1, kT, true>(g, gr, a, 0, y + Interleaved16::kRows * gr, ldy);
 }
 
 KVX_ATTR void InterleavedRows(const WeightView& w, const QuantizedActs& a, float* y, int64_t r0, int64_t r1) {
@@ -651,9 +671,16 @@ KVX_ATTR void InterleavedRows(const WeightView& w, const QuantizedActs& a, float
   KVX_CHECK(r0 % kRows == 0 && r1 % kRows == 0);
   const Interleaved16 g = Interleaved16Of(w);
   const int64_t ldy = w.n_out, n_tok = a.n_tokens, g0 = r0 / kRows, g1 = r1 / kRows;
-  if (n_tok == 1) {
-    for (int64_t gr = g0; gr < g1; ++gr) InterleavedTile<1, 1, true>(g, gr, a, 0, y + kRows * gr, ldy);
-    return;
+  switch (n_tok) {
+    case 1: return InterleavedStream<1>(g, g0, g1, a, y, ldy);
+    case 2: return InterleavedStream<2>(g, g0, g1, a, y, ldy);
+    case 3: return InterleavedStream<3>(g, g0, g1, a, y, ldy);
+    case 4: return InterleavedStream<4>(g, g0, g1, a, y, ldy);
+    case 5: return InterleavedStream<5>(g, g0, g1, a, y, ldy);
+    case 6: return InterleavedStream<6>(g, g0, g1, a, y, ldy);
+    case 7: return InterleavedStream<7>(g, g0, g1, a, y, ldy);
+    case 8: return InterleavedStream<8>(g, g0, g1, a, y, ldy);
+    default: break;
   }
   const int64_t tt = TokenTile(a.k_pad + a.k_pad / 4);  // quants, block scales (ds), block biases
   for (int64_t t0 = 0; t0 < n_tok; t0 += tt) {

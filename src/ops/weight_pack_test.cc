@@ -152,7 +152,10 @@ TEST(WeightPackTest, MatMulIdenticalForEveryTargetThreadCountAndBatch) {
       SCOPED_TRACE("target " + target + " n_in " + std::to_string(n_in));
       ASSERT_TRUE(ForceSimdTarget(target));
       for (ThreadPool* tp : {static_cast<ThreadPool*>(nullptr), &pool}) {
-        for (const int64_t batch : {int64_t{1}, int64_t{5}, n_tok}) {
+        // Steps of 1-8 rows stream the weights once on AVX-512 (1-3 on
+        // AVX2); longer ones tile 4 tokens and leave 1-3.
+        for (const int64_t batch : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5}, int64_t{6},
+                                    int64_t{7}, int64_t{8}, int64_t{9}, int64_t{11}, n_tok}) {
           std::vector<float> got(n_tok * n_out);
           for (int64_t t = 0; t < n_tok; t += batch) {
             MatMul(packed, x.data() + t * n_in, std::min(batch, n_tok - t), got.data() + t * n_out, tp);
