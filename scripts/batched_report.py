@@ -87,7 +87,10 @@ def measure_ab(args):
     os.remove(tmp)
     cmd = " ".join(kvx_bench_cmd("kvx", os.path.basename(args.model), args, "OUT"))
     with open(os.path.join(DATA, "ab.json"), "w") as f:
-        json.dump({"model": os.path.basename(args.model), "threads": args.threads, "command": cmd,
+        script = "scripts/batched_report.py --model %s --before OLD_KVX --after NEW_KVX --rounds %d --ab-seqs %s " \
+                 "--ab-depths %s --ab-reps %d --ab-gen %d" % (os.path.basename(args.model), args.rounds, args.ab_seqs,
+                                                              args.ab_depths, args.ab_reps, args.ab_gen)
+        json.dump({"model": os.path.basename(args.model), "threads": args.threads, "command": cmd, "script": script,
                    "cpu": runs["after"][0].get("cpu", {}).get("brand", ""), "runs": runs}, f, indent=1)
         f.write("\n")
 
@@ -100,7 +103,9 @@ def render_ab():
     before, after = ab["runs"]["before"], ab["runs"]["after"]
     med = statistics.median
     loads = [r["loadavg"] for r in before + after]
-    md = ["Before/after on %s, %d threads, CPU %s: `%s`, the two binaries alternating for %d rounds "
+    script = ab.get("script", "scripts/batched_report.py --before OLD --after NEW")
+    md = ["Measured by `%s` (raw runs in `docs/results/batched/ab.json`). " % script +
+          "Before/after on %s, %d threads, CPU %s: `%s`, the two binaries alternating for %d rounds "
           "(1-minute load average %.1f–%.1f on 2 vCPUs: other engineers' builds ran; read the ratios, "
           "not the absolute figures). Medians of the rounds; after / before is the median of the per-round "
           "ratios; %% of bound is the after binary's (one bound per run)." % (
