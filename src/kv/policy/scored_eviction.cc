@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "kv/policy/budget.h"
+#include "kv/sequence_kv.h"
 
 namespace kvx::kv {
 namespace {
@@ -281,7 +282,10 @@ uint64_t ScoredEvictionPolicy::CompressionHeadroomBytes(const ResolvedKVSpec& re
   const int n_ctx = resolved.n_ctx;
   const int64_t evicted = config_.budget > 0 ? std::max<int64_t>(0, n_ctx - config_.budget)
                                              : static_cast<int64_t>(std::ceil(config_.ratio * n_ctx));
-  return fate_->HeadroomBytes(resolved.layout, evicted);
+  // Compaction writes a run's new pages before it frees the run's sources
+  // (SequenceKV::Compact): a pool the prompt filled needs that run free.
+  const uint64_t compaction = SequenceKV::kCompactRunPages * static_cast<uint64_t>(PageBytes(resolved.layers));
+  return fate_->HeadroomBytes(resolved.layout, evicted) + compaction;
 }
 
 double ScoredEvictionPolicy::KeptBytesPerToken(const ResolvedKVSpec& resolved, int tokens,
