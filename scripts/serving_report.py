@@ -70,7 +70,7 @@ KVX_SPECS = ["codec=f16", "codec=int8", "codec=kivi4,page=32", "codec=kivi2,page
              "codec=kivi4,page=64,group=64,prerope=1;policy=duo,heads=HEADS,retrieval=0.0625,sinks=64,window=512,"
              "mode=continuous"]
 LLAMA_CACHE_TYPES = ["f16", "q8_0", "q4_0"]
-SECTIONS = ["load", "capacity", "kld", "validation"]
+SECTIONS = ["load", "capacity", "kld", "validation", "retrieval"]
 # The specs that met the goal were chosen looking at the kld section's chunks: the validation section
 # re-measures them (and the f32 baseline) over more chunks of the same held-out text, the first ones
 # being those chunks, so the chunks not seen when choosing can be read apart.
@@ -82,6 +82,14 @@ HEADS = "heads=HEADS"
 CAPACITY_HEADS = os.path.join(DATA, "capacity-heads-duo.json")
 GOAL_RATIO = 6.0  # sessions per GiB against llama.cpp's f16
 GOAL_KLD = 0.01   # mean KLD against the f32 baseline
+# "Equal quality" needs retrieval too (issue 37): a number hidden in natural text (RULER's niah_number in the
+# Paul Graham essays, question included, as the capacity session compresses after its prompt) at 2k and 4k
+# tokens (8k: 2.5x the machine time of both; left for an idle machine);
+# a spec passes when the exact McNemar test on the same prompts finds it indistinguishable from f16 (or better).
+RETRIEVAL_LENGTHS = "2048,4096"
+RETRIEVAL_DEPTHS = "0.1,0.3,0.5,0.7,0.9"
+RETRIEVAL_TRIALS = 5  # per (length, depth): 50 prompts per spec
+RETRIEVAL_JSON = os.path.join(DATA, "retrieval.eval.json")
 KLD_BASELINE = "codec=f32"
 
 
@@ -331,6 +339,45 @@ def kld_validation(args, data):
     return {"chunks": VALIDATION_CHUNKS, "rows": rows}
 
 
+def retrieval_specs(data):
+    """The specs whose retrieval decides a verdict: those meeting the ratio and the KLD bound."""
+    return [r["kv"] for r, _, _, ok in goal_rows(data) if ok]
+
+
+def retrieval_command(specs, heads):
+    cmd = ["build/kvx", "eval", "-m", "../shared/models/recall/recall-llama-8L-d512-f16.gguf", "-q", "--tasks",
+           "niah_number", "-c", "4096", "--lengths", RETRIEVAL_LENGTHS, "--depths", RETRIEVAL_DEPTHS,
+           "--ruler-trials", str(RETRIEVAL_TRIALS), "--baseline", "codec=f16", "--compress", "included",
+           "--json", os.path.relpath(RETRIEVAL_JSON, ROOT)]
+    for kv in specs:
+        cmd += ["--kv", with_heads(kv, heads)]
+    return cmd
+
+
+def retrieval_table(args, data):
+    """niah_number of the specs that meet the ratio and KLD, against f16 on the same prompts."""
+    specs = retrieval_specs(data)
+    if not specs:
+        return None
+    cmd = retrieval_command(specs, args.kld_heads) + ["-t", str(args.kld_threads or args.threads)]
+    log("+ " + " ".join(cmd))
+    subprocess.run(cmd, check=True, cwd=ROOT)
+    return retrieval_from_json(specs)
+
+
+def retrieval_from_json(specs):
+    with open(RETRIEVAL_JSON) as f:
+        rep = json.load(f)
+    rows = {}
+    base = next(sp for sp in rep["results"] if sp.get("baseline"))["niah_number"]
+    for kv, sp in zip(specs, [sp for sp in rep["results"] if not sp.get("baseline")]):
+        t = sp.get("niah_number") or {}
+        rows[kv] = {"hits": t.get("hits"), "n": t.get("n"), "interval": t.get("accuracy_interval"),
+                    "vs_baseline": t.get("vs_baseline"), "ok": bool(t.get("ok"))}
+    return {"baseline": {"hits": base["hits"], "n": base["n"], "interval": base.get("accuracy_interval")},
+            "lengths": RETRIEVAL_LENGTHS, "depths": RETRIEVAL_DEPTHS, "trials": RETRIEVAL_TRIALS, "rows": rows}
+
+
 def llama_capacity(args, cache_type):
     port = free_port()
     srv = Server([os.path.join(args.llama_bin, "llama-server"), "-m", args.model, "-t", str(args.threads),
@@ -436,6 +483,10 @@ def measure(args, sections):
         save()
     if "validation" in sections:
         data["validation"] = kld_validation(args, data)
+        save()
+    if "retrieval" in sections:
+        data["retrieval"] = (retrieval_from_json(retrieval_specs(data)) if args.retrieval_reuse
+                             else retrieval_table(args, data))
         save()
 
 
@@ -557,6 +608,21 @@ def goal_rows(d):
     return rows
 
 
+def retrieval_verdict(d, kv):
+    """(cell text, equal or None when not measured) of a spec's retrieval against f16 on the same prompts."""
+    ret = d.get("retrieval")
+    row = (ret or {}).get("rows", {}).get(kv)
+    if not row or not row["ok"] or row["hits"] is None:
+        return "–", None
+    vs = row.get("vs_baseline") or {}
+    verdict = vs.get("verdict", "?")
+    lo, hi = row["interval"] or (0, 1)
+    text = "%d/%d [%.0f–%.0f%%], %s (McNemar p %.2g: %d lost, %d gained)" % (
+        row["hits"], row["n"], 100 * lo, 100 * hi, verdict, vs.get("mcnemar_p", 1), vs.get("baseline_only", 0),
+        vs.get("spec_only", 0))
+    return text, verdict in ("indistinguishable", "better")
+
+
 def fmt_kld(x):
     return "%.4f" % x if x >= 1e-3 else "%.1e" % x
 
@@ -603,10 +669,26 @@ def render_capacity(d):
                     int(round(kd["kld_context"] * kd["chunk"])),
                     kd["chunk"] - 1 - int(round(kd["kld_context"] * kd["chunk"])), kd["kld_context"],
                     kld_command(kd)), ""]
+    ret = d.get("retrieval")
+    if ret:
+        b = ret["baseline"]
+        out += ["Retrieval, for the specs within the ratio and the KLD bound: RULER's `niah_number` (a 7-digit number "
+                "hidden in the Paul Graham essays, asked at the end; question included, as the capacity session "
+                "compresses after its prompt) at %s tokens, depths %s, %d prompts per cell: %d per spec, the same "
+                "prompts for every spec. f16 finds %d/%d [Wilson 95%%: %.0f–%.0f%%]. A spec is **equal** when the "
+                "exact McNemar test on the same prompts (`eval/paired_test.h`) calls it indistinguishable from f16 "
+                "(or better). Command: `%s`." % (
+                    ret["lengths"], ret["depths"], ret["trials"], b["n"], b["hits"], b["n"],
+                    100 * (b["interval"] or [0, 1])[0], 100 * (b["interval"] or [0, 1])[1],
+                    " ".join(retrieval_command(list(ret["rows"]), (kd or {}).get("heads", "HEADS")))), ""]
     out += ["| server | KV | bytes per 4096-token session | sessions per GiB | × llama.cpp f16 | mean KLD (± stderr) "
-            "| top-1 agreement | goal (≥ %gx and KLD ≤ %g) |" % (GOAL_RATIO, GOAL_KLD), "|---|---|---|---|---|---|---|---|"]
+            "| top-1 agreement | niah_number vs f16 | goal (≥ %gx, KLD ≤ %g, retrieval equal) |" % (
+                GOAL_RATIO, GOAL_KLD), "|---|---|---|---|---|---|---|---|---|"]
     met_any = []
     for r, ratio, k, met in goal_rows(d):
+        retrieval, equal = retrieval_verdict(d, r["kv"])
+        if met and ret:
+            met = bool(equal)
         if k and k["ok"]:
             kl = "%s ± %s" % (fmt_kld(k["kld_mean"]), fmt_kld(k["kld_stderr"]))
             top1 = "%.1f%%" % (100 * k["top1"])
@@ -616,14 +698,14 @@ def render_capacity(d):
         verdict = "–" if ratio is None or not (k and k["ok"]) else ("**met**" if met else "no")
         if met:
             met_any.append(r["kv"])
-        out.append("| kvx | `%s` | %s MiB | %s | %s | %s | %s | %s |" % (
+        out.append("| kvx | `%s` | %s MiB | %s | %s | %s | %s | %s | %s |" % (
             r["kv"], fmt(r["session_bytes"] / (1 << 20), 2), fmt(r["sessions_per_gib"]),
-            "–" if ratio is None else "%.2f×" % ratio, kl, top1, verdict))
+            "–" if ratio is None else "%.2f×" % ratio, kl, top1, retrieval, verdict))
     for r in cap.get("llama_cpp") or []:
         if "error" in r:
-            out.append("| llama.cpp | `-ctk/-ctv %s` | %s | – | – | – | – | – |" % (r["cache_type"], r["error"]))
+            out.append("| llama.cpp | `-ctk/-ctv %s` | %s | – | – | – | – | – | – |" % (r["cache_type"], r["error"]))
         else:
-            out.append("| llama.cpp | `-ctk/-ctv %s` | %s MiB | %s | %s | – | – | – |" % (
+            out.append("| llama.cpp | `-ctk/-ctv %s` | %s MiB | %s | %s | – | – | – | – |" % (
                 r["cache_type"], fmt(r["session_bytes"] / (1 << 20), 2), fmt(r["sessions_per_gib"]),
                 "%.2f×" % (r["sessions_per_gib"] / next(x["sessions_per_gib"] for x in cap["llama_cpp"]
                                                          if x.get("cache_type") == "f16" and "error" not in x))))
@@ -765,6 +847,8 @@ def main():
                     help="the kld model's head table for the head-typing specs (kvx calibrate-heads --method duo)")
     ap.add_argument("--kld-reuse", action="store_true", help="kld: read the eval report this script wrote "
                     "before (docs/results/serving/kld.eval.json, same specs and --kld-context) instead of running it")
+    ap.add_argument("--retrieval-reuse", action="store_true", help="retrieval: read %s (written by the same "
+                    "command) instead of running it" % os.path.relpath(RETRIEVAL_JSON, ROOT))
     ap.add_argument("--kld-threads", type=int, help="threads of the kld eval (default --threads; no timing is "
                     "taken there, so 1 thread wastes less on a loaded machine)")
     ap.add_argument("--kld-context", type=float, default=0.75,

@@ -47,9 +47,11 @@ json RetrievalJson(const RetrievalResult& r, const RetrievalResult* baseline) {
   j["score_sum"] = r.score_sum;
   j["accuracy"] = r.Accuracy();
   j["score"] = r.Score();
-  const Interval ci = WilsonInterval(r.hits, r.n);
-  j["accuracy_interval"] = {ci.lo, ci.hi};  // Wilson 95%
+  // Written with the per-prompt outcomes only, so reports committed before
+  // they were kept read back and write out unchanged (ReportFromJson).
   if (!r.outcomes.empty()) {
+    const Interval ci = WilsonInterval(r.hits, r.n);
+    j["accuracy_interval"] = {ci.lo, ci.hi};  // Wilson 95%
     std::string outcomes;
     for (uint8_t o : r.outcomes) outcomes += o ? '1' : '0';
     j["outcomes"] = outcomes;
