@@ -733,8 +733,9 @@ def render_capacity(d):
         out += ["", "**Goal (≥ %gx llama.cpp's f16 sessions per GiB at mean KLD ≤ %g): not judged**: no KLD data." % (
             GOAL_RATIO, GOAL_KLD)]
     elif met_any:
-        out += ["", "**Goal (≥ %gx llama.cpp's f16 sessions per GiB at mean KLD ≤ %g): %s** by %s." % (
-            GOAL_RATIO, GOAL_KLD, "met on these %d chunks" % kd["chunks"] if d.get("validation") else "met",
+        out += ["", "**Goal (≥ %gx llama.cpp's f16 sessions per GiB at mean KLD ≤ %g%s): %s** by %s." % (
+            GOAL_RATIO, GOAL_KLD, " and retrieval indistinguishable from f16's" if ret else "",
+            "met on these %d chunks" % kd["chunks"] if d.get("validation") else "met",
             ", ".join("`%s`" % m for m in met_any))]
     else:
         within = [(r["kv"], ratio) for r, ratio, k, _ in rows if k and k["ok"] and k["kld_mean"] <= GOAL_KLD]
