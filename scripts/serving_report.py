@@ -360,8 +360,8 @@ def retrieval_command(specs, heads):
            "niah_number", "-c", "4096", "--lengths", RETRIEVAL_LENGTHS, "--depths", RETRIEVAL_DEPTHS,
            "--ruler-trials", str(RETRIEVAL_TRIALS), "--baseline", "codec=f16", "--compress", "included",
            "--json", os.path.relpath(RETRIEVAL_JSON, ROOT)]
-    for kv in specs:
-        cmd += ["--kv", with_heads(kv, heads)]
+    for kv in specs:  # heads: relative to the repository (the command runs there)
+        cmd += ["--kv", kv.replace(HEADS, "heads=" + heads)]
     return cmd
 
 
@@ -370,7 +370,7 @@ def retrieval_table(args, data):
     specs = retrieval_specs(data)
     if not specs:
         return None
-    cmd = retrieval_command(specs, args.kld_heads) + ["-t", str(args.kld_threads or args.threads)]
+    cmd = retrieval_command(specs, os.path.relpath(args.kld_heads, ROOT)) + ["-t", str(args.kld_threads or args.threads)]
     log("+ " + " ".join(cmd))
     subprocess.run(cmd, check=True, cwd=ROOT)
     return retrieval_from_json(specs, args.kld_heads)
