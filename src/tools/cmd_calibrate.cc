@@ -26,20 +26,23 @@ struct CalibrateFlags {
 
 Status RunCalibrate(CalibrateFlags flags) {
   KVX_RETURN_IF_ERROR(CheckOutputFile(flags.out));
-  const bool copy = flags.options.method == "duo" && flags.options.calib == "copy";
-  if (copy) {
-    KVX_ASSIGN_OR_RETURN(flags.options.text, ReadNonEmptyTextFile(flags.text_path));
-  }
   engine::EngineOptions options = flags.runtime.options;
   KVX_ASSIGN_OR_RETURN(options.kv_spec, kv::ParseKVSpec(flags.runtime.kv));
-  int longest = flags.options.span * flags.options.repeats + 1;
-  for (int n : flags.options.lengths) longest = std::max(longest, n);
+  // Each method's own prompts: razor's repeated span, duo's lengths.
+  int longest = flags.options.method == "razor" ? flags.options.span * flags.options.repeats + 1 : 0;
+  if (flags.options.method == "duo") {
+    for (int n : flags.options.lengths) longest = std::max(longest, n);
+  }
   if (options.n_ctx == 0) options.n_ctx = longest;
   KVX_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> model, model::Model::Load(options.model_path));
   // Prompts longer than the model was trained on measure heads at positions
   // it never saw, at a cost that grows without bound (--lengths allows 2^20).
   KVX_RETURN_IF_ERROR(CheckTrainedContext(longest, model->config().n_ctx_train, flags.force,
                                           "the longest calibration prompt (--lengths, or --span x --repeats)"));
+  const bool copy = flags.options.method == "duo" && flags.options.calib == "copy";
+  if (copy) {
+    KVX_ASSIGN_OR_RETURN(flags.options.text, ReadNonEmptyTextFile(flags.text_path));
+  }
   ThreadPool threads(options.n_threads);
   KVX_ASSIGN_OR_RETURN(auto engine, engine::Engine::Create(model.get(), &threads, options));
   if (!engine->kv_spec().policies.empty()) {
