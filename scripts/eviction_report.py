@@ -22,6 +22,9 @@ from reportlib import ROOT, Output, rel
 
 RESULTS = os.path.join(ROOT, "docs/results/eviction")
 DOC = "docs/kv-eviction.md"
+# Hand-written text per method (its deviations from the paper, investigations), spliced into its section
+# after the paper/kvx lines: docs/kv-eviction-notes/<method>.md.
+NOTES = os.path.join(ROOT, "docs/kv-eviction-notes")
 MODEL = "models/recall/recall-llama-8L-d512-f16.gguf"
 RATIOS = [0.25, 0.5, 0.75, 0.875]  # ratio 0 is the baseline (the full f16 cache) of every run
 LENGTHS = [2048, 4096, 8192]
@@ -576,8 +579,12 @@ def render(out):
     header = "| method | length | question | " + " | ".join("r=%g" % r for r in [0] + RATIOS) + " |"
     summary += [header, "|" + "---|" * (3 + 1 + len(RATIOS))]
     for m, (spec_fn, paper, kvx) in METHODS.items():
-        lines += ["## %s" % m, "", "**Paper.** " + paper, "", "**kvx.** " + kvx, "",
-                  "**Spec at ratio r, length n** (e.g. r = 0.5, n = 4096): `%s`" % spec_fn(0.5, 4096), ""]
+        lines += ["## %s" % m, "", "**Paper.** " + paper, "", "**kvx.** " + kvx, ""]
+        note = os.path.join(NOTES, m + ".md")
+        if os.path.exists(note):
+            with open(note) as f:
+                lines += [f.read().rstrip("\n"), ""]
+        lines += ["**Spec at ratio r, length n** (e.g. r = 0.5, n = 4096): `%s`" % spec_fn(0.5, 4096), ""]
         rows = [(n, mode) for (mm, n, mode) in measured if mm == m and mode != KLD_MODE]
         kld_rows = [n for (mm, n, mode) in measured if mm == m and mode == KLD_MODE]
         if not rows and not kld_rows:

@@ -585,6 +585,8 @@ std::vector<Row> Rows() {
       {"EvalEveryCellFailed",
        A("eval -m {tiny} --kv codec=f16,budget=8K --baseline codec=f16,budget=8K --tasks ppl,kld -f {long.txt} -c 64 -q"),
        "every cell of the evaluation failed (3 cells"},
+      {"CalibrateCopyTextMissing", A("calibrate-heads -m {tiny} --lengths 512 --text {dir}/no-such.txt -o {plain_file}"),
+       "no-such.txt"},
       {"CalibrateRazorBeyondContext",
        A("calibrate-heads -m {tiny} --method razor --span 512 --repeats 64 -o {plain_file}"),
        "32769 tokens"},

@@ -7,6 +7,8 @@
 #include "eval/eval.h"
 
 #include <gtest/gtest.h>
+
+#include <algorithm>
 #include <sys/wait.h>
 
 #include <array>
@@ -421,6 +423,22 @@ TEST(EvalTest, RulerTaskOnSyntheticModelAndJsonRoundTrip) {
   ASSERT_TRUE(j["results"][2]["vt"].contains("baseline_solved"));
   EXPECT_EQ(j["results"][2]["vt"]["baseline_solved"]["cells"], 4);
   EXPECT_EQ(j["settings"]["ruler"]["n_gen"]["vt"], eval::RulerDefaultGen(eval::Task::kVt));
+  // Per-prompt outcomes, the Wilson interval and the paired test against the
+  // baseline: the f32 spec answers the baseline's prompts exactly as it does.
+  for (int i = 0; i < 3; ++i) {
+    const nlohmann::json& vt = j["results"][i]["vt"];
+    ASSERT_EQ(vt["outcomes"].get<std::string>().size(), 8u);
+    EXPECT_EQ(static_cast<int>(std::count(vt["outcomes"].get<std::string>().begin(),
+                                          vt["outcomes"].get<std::string>().end(), '1')), vt["hits"].get<int>());
+    EXPECT_LE(vt["accuracy_interval"][0].get<double>(), vt["accuracy"].get<double>());
+    EXPECT_GE(vt["accuracy_interval"][1].get<double>(), vt["accuracy"].get<double>());
+  }
+  const nlohmann::json& same = j["results"][1]["vt"]["vs_baseline"];
+  EXPECT_EQ(same["n"], 8);
+  EXPECT_EQ(same["baseline_only"], 0);
+  EXPECT_EQ(same["spec_only"], 0);
+  EXPECT_EQ(same["verdict"], "indistinguishable");
+  EXPECT_TRUE(j["results"][2]["vt"].contains("vs_baseline"));
   auto back = eval::ReportFromJson(j);
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_EQ(eval::ReportToJson(*back), j);

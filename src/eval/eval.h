@@ -244,6 +244,10 @@ struct RetrievalResult : TaskOutcome {
   int n = 0;
   int hits = 0;
   double score_sum = 0;
+  // Per prompt, in the plan's order (the same prompts for every spec of a
+  // run): 1 = hit. What a paired test against the baseline needs
+  // (eval/paired_test.h); empty in reports written before it was kept.
+  std::vector<uint8_t> outcomes;
   double Accuracy() const { return n > 0 ? static_cast<double>(hits) / n : 0.0; }
   double Score() const { return n > 0 ? score_sum / n : 0.0; }
 };

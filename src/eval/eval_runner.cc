@@ -623,6 +623,7 @@ class Runner {
       res.n++;
       res.hits += hit ? 1 : 0;
       res.score_sum += score;
+      res.outcomes.push_back(hit ? 1 : 0);
       Advance(weight);
     }
     res.seconds = Seconds() - t0;

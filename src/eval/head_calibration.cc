@@ -1,6 +1,7 @@
 #include "eval/head_calibration.h"
 
 #include <algorithm>
+#include <cmath>
 #include <mutex>
 #include <random>
 
@@ -24,25 +25,28 @@ class HeadProbe : public kv::KVPolicy, public kv::AttentionObserver {
   int QueryWindow() const override { return window_; }
   void set_window(int w) { window_ = w; }
 
-  // duo: mass on `needle` positions. razor: first_pos = the call's first
-  // query position, period = span (echo/induction).
+  // The observed call's first query position. duo (period 0): the mass
+  // outside the first `sinks` and the last `recent` positions. razor:
+  // echo/induction with the span's `period`.
   bool recording = false;
-  std::vector<uint8_t> needle;  // [position] 1 = a key digit
-  int first_pos = 0, period = 0, call_queries = 0;
+  int first_pos = 0, period = 0, sinks = 0, recent = 0;
 
   void OnProbabilities(int, int layer, int query_index, int head, int, const float* probs, const int32_t* positions,
                        int n) override {
     if (!recording) return;
+    const int i = first_pos + query_index;  // the call is exactly the observed queries
     double stat = 0;
     if (period == 0) {
+      // Only the mass above a uniform share counts: attention spread evenly
+      // over the far context averages values much as the kept part does, so
+      // dropping it barely moves the output; a spike on a few far tokens does.
+      const float uniform = 1.0f / static_cast<float>(n);
       for (int j = 0; j < n; ++j) {
         const int32_t p = positions[j];
-        if (p >= 0 && p < static_cast<int32_t>(needle.size()) && needle[p]) stat += probs[j];
+        if (p >= sinks && i - p >= recent) stat += std::max(0.0f, probs[j] - uniform);
       }
     } else {
-      // Query position i (the call's last `window` queries); earlier copies
-      // of its token sit at i - k * period (k >= 1, after the BOS).
-      const int i = first_pos + (call_queries - window_) + query_index;
+      // Earlier copies of query i's token sit at i - k * period (k >= 1, after the BOS).
       double echo = 0, induction = 0;
       for (int j = 0; j < n; ++j) {
         const int32_t p = positions[j];
@@ -69,11 +73,86 @@ class HeadProbe : public kv::KVPolicy, public kv::AttentionObserver {
   std::vector<int64_t> count_;
 };
 
+// A calibration prompt and how many of its last tokens' queries are observed.
+struct CalibPrompt {
+  std::vector<int32_t> tokens;
+  int tail = 0;
+};
+
+// Teacher forcing: the prompt, then the key's tokens but the last, so the
+// observed queries are those that predict each token of the key.
+Result<std::vector<CalibPrompt>> PasskeyPrompts(const model::Tokenizer& tok, const HeadCalibrationOptions& o) {
+  KVX_ASSIGN_OR_RETURN(ProbePlan plan, BuildPasskeyPlan(tok, o.lengths, o.depths, o.trials, 8, o.seed));
+  std::vector<CalibPrompt> out;
+  for (GenItem& item : plan.items) {
+    KVX_ASSIGN_OR_RETURN(std::vector<int32_t> answer, tok.Encode(" " + item.expected, false, false));
+    item.prompt.insert(item.prompt.end(), answer.begin(), answer.end() - 1);
+    out.push_back({std::move(item.prompt), static_cast<int>(answer.size())});
+  }
+  return out;
+}
+
+// BOS, `length` - 1 - span tokens of the text (from a seeded offset) in which
+// a span of `copy_span` tokens sits at `depth` of the room that leaves the
+// window after it, then the span again but its last token: the observed
+// queries predict the repeat, which only a head reaching past the window can.
+Result<std::vector<CalibPrompt>> CopyPrompts(const model::Tokenizer& tok, const HeadCalibrationOptions& o) {
+  if (o.text.empty()) return InvalidArgument("copy calibration needs a text (--text FILE of natural text)");
+  KVX_ASSIGN_OR_RETURN(std::vector<int32_t> text, tok.Encode(o.text, false, false));
+  KVX_ASSIGN_OR_RETURN(std::vector<int32_t> bos, tok.Encode("", /*add_special=*/true, /*parse_special=*/false));
+  std::mt19937_64 rng(o.seed);
+  std::vector<CalibPrompt> out;
+  for (int length : o.lengths) {
+    const int body = length - static_cast<int>(bos.size()) - o.copy_span;
+    const int room = body - o.copy_span - o.window;
+    if (room < 0) {
+      return InvalidArgument("a copy calibration prompt of " + std::to_string(length) + " tokens has no room for a " +
+                             std::to_string(o.copy_span) + "-token span a window (" + std::to_string(o.window) +
+                             ") away from its copy; raise --lengths");
+    }
+    if (static_cast<int>(text.size()) < body) {
+      return InvalidArgument("the copy text has " + std::to_string(text.size()) + " tokens, fewer than the " +
+                             std::to_string(body) + " a " + std::to_string(length) +
+                             "-token prompt needs; give a longer --text");
+    }
+    for (double depth : o.depths) {
+      for (int t = 0; t < o.trials; ++t) {
+        const size_t from = rng() % (text.size() - static_cast<size_t>(body) + 1);
+        CalibPrompt p;
+        p.tokens = bos;
+        p.tokens.insert(p.tokens.end(), text.begin() + from, text.begin() + from + body);
+        const size_t span_at = bos.size() + static_cast<size_t>(std::lround(depth * room));
+        const std::vector<int32_t> span(p.tokens.begin() + span_at, p.tokens.begin() + span_at + o.copy_span);
+        p.tokens.insert(p.tokens.end(), span.begin(), span.end() - 1);
+        p.tail = o.copy_span;
+        out.push_back(std::move(p));
+      }
+    }
+  }
+  return out;
+}
+
+// RazorAttention: BOS, then `repeats` copies of `span` random normal tokens;
+// the last copy's queries are observed.
+Result<std::vector<CalibPrompt>> RepeatedRandomPrompt(const model::Tokenizer& tok, const HeadCalibrationOptions& o) {
+  const std::vector<int32_t> candidates = CopyCandidateTokens(tok);
+  if (candidates.empty()) return InvalidArgument("the vocabulary has no normal tokens for random spans");
+  std::mt19937_64 rng(o.seed);
+  KVX_ASSIGN_OR_RETURN(std::vector<int32_t> p, tok.Encode("", /*add_special=*/true, /*parse_special=*/false));  // BOS
+  std::vector<int32_t> span(o.span);
+  for (int32_t& t : span) t = candidates[rng() % candidates.size()];
+  for (int r = 0; r < o.repeats; ++r) p.insert(p.end(), span.begin(), span.end());
+  return std::vector<CalibPrompt>{{std::move(p), o.span}};
+}
+
 }  // namespace
 
 Result<kv::HeadTable> CalibrateHeads(engine::Engine& engine, const HeadCalibrationOptions& o) {
   if (o.method != "duo" && o.method != "razor") {
     return InvalidArgument("calibration method '" + o.method + "' is unknown; use duo or razor");
+  }
+  if (o.method == "duo" && o.calib != "copy" && o.calib != "passkey") {
+    return InvalidArgument("calibration data '" + o.calib + "' is unknown; use copy or passkey");
   }
   const model::Model& model = engine.model();
   const model::Tokenizer& tok = model.tokenizer();
@@ -84,68 +163,40 @@ Result<kv::HeadTable> CalibrateHeads(engine::Engine& engine, const HeadCalibrati
     return InvalidArgument("razor calibration needs span in 2.." + std::to_string(engine.n_batch()) +
                            " and at least 2 repeats");
   }
-  auto owned = std::make_unique<HeadProbe>(L.n_layers, n_heads, duo ? 1 : o.span);
+  std::vector<CalibPrompt> prompts;
+  if (!duo) {
+    KVX_ASSIGN_OR_RETURN(prompts, RepeatedRandomPrompt(tok, o));
+  } else if (o.calib == "copy") {
+    KVX_ASSIGN_OR_RETURN(prompts, CopyPrompts(tok, o));
+  } else {
+    KVX_ASSIGN_OR_RETURN(prompts, PasskeyPrompts(tok, o));
+  }
+  auto owned = std::make_unique<HeadProbe>(L.n_layers, n_heads, 1);
   HeadProbe* probe = owned.get();
   engine.kv_manager().AddPolicy(std::move(owned));
-
-  // Each prompt with the number of its last tokens whose queries are observed.
-  std::vector<std::vector<int32_t>> prompts;
-  std::vector<int> tails, needle_end;
-  if (duo) {
-    // Teacher forcing: the prompt, then the key's tokens but the last, so the
-    // observed queries are those that predict each token of the key (the
-    // first may be a space token that needs no retrieval).
-    KVX_ASSIGN_OR_RETURN(ProbePlan plan, BuildPasskeyPlan(tok, o.lengths, o.depths, o.trials, 8, o.seed));
-    for (GenItem& item : plan.items) {
-      KVX_ASSIGN_OR_RETURN(std::vector<int32_t> answer, tok.Encode(" " + item.expected, false, false));
-      needle_end.push_back(static_cast<int>(item.prompt.size()));
-      tails.push_back(static_cast<int>(answer.size()));
-      item.prompt.insert(item.prompt.end(), answer.begin(), answer.end() - 1);
-      prompts.push_back(std::move(item.prompt));
-    }
-  } else {
-    const std::vector<int32_t> candidates = CopyCandidateTokens(tok);
-    if (candidates.empty()) return InvalidArgument("the vocabulary has no normal tokens for random spans");
-    std::mt19937_64 rng(o.seed);
-    KVX_ASSIGN_OR_RETURN(std::vector<int32_t> p, tok.Encode("", /*add_special=*/true, /*parse_special=*/false));  // BOS
-    std::vector<int32_t> span(o.span);
-    for (int32_t& t : span) t = candidates[rng() % candidates.size()];
-    for (int r = 0; r < o.repeats; ++r) p.insert(p.end(), span.begin(), span.end());
-    prompts.push_back(std::move(p));
-    tails.push_back(o.span);
-  }
-  for (size_t pi = 0; pi < prompts.size(); ++pi) {
-    const std::vector<int32_t>& prompt = prompts[pi];
-    const int n = static_cast<int>(prompt.size());
+  probe->period = duo ? 0 : o.span;
+  probe->sinks = o.sinks;
+  probe->recent = o.window;
+  for (const CalibPrompt& prompt : prompts) {
+    const int n = static_cast<int>(prompt.tokens.size());
     if (n > engine.n_ctx()) {
       return InvalidArgument("a calibration prompt of " + std::to_string(n) + " tokens exceeds the context of " +
                              std::to_string(engine.n_ctx()) + "; raise -c or lower the lengths");
     }
-    const int tail = tails[pi];
-    if (tail > engine.n_batch()) return InvalidArgument("the observed tail exceeds the batch size");
-    probe->set_window(tail);
+    if (prompt.tail > engine.n_batch()) return InvalidArgument("the observed tail exceeds the batch size");
+    probe->set_window(prompt.tail);
     KVX_ASSIGN_OR_RETURN(auto session, engine.NewSession());
     probe->recording = false;
-    KVX_RETURN_IF_ERROR(session->Feed(std::span<const int32_t>(prompt.data(), n - tail)).status());
-    if (duo) {
-      probe->needle.assign(n, 0);  // the key's digits inside the prompt (not the teacher-forced answer)
-      for (int i = 0; i < needle_end[pi]; ++i) {
-        const std::string piece = tok.TokenToPiece(prompt[i], false);
-        probe->needle[i] = std::any_of(piece.begin(), piece.end(), [](char c) { return c >= '0' && c <= '9'; });
-      }
-      probe->period = 0;
-    } else {
-      probe->period = o.span;
-      probe->first_pos = n - tail;
-      probe->call_queries = tail;
-    }
+    KVX_RETURN_IF_ERROR(session->Feed(std::span<const int32_t>(prompt.tokens.data(), n - prompt.tail)).status());
+    probe->first_pos = n - prompt.tail;
     probe->recording = true;
-    Status fed = session->Feed(std::span<const int32_t>(prompt.data() + n - tail, tail)).status();
+    Status fed = session->Feed(std::span<const int32_t>(prompt.tokens.data() + n - prompt.tail, prompt.tail)).status();
     probe->recording = false;
     KVX_RETURN_IF_ERROR(fed);
   }
   kv::HeadTable table;
   table.method = o.method;
+  table.calib = duo ? o.calib : "repeated random tokens";
   table.n_layers = L.n_layers;
   table.n_kv_heads = L.n_kv_heads;
   const int G = n_heads / L.n_kv_heads;

@@ -8,7 +8,9 @@
 #include <cmath>
 #include <limits>
 
+#include "eval/paired_test.h"
 #include "eval/report.h"
+#include "eval/stats.h"
 
 namespace kvx::eval {
 
@@ -45,7 +47,26 @@ json RetrievalJson(const RetrievalResult& r, const RetrievalResult* baseline) {
   j["score_sum"] = r.score_sum;
   j["accuracy"] = r.Accuracy();
   j["score"] = r.Score();
-  if (baseline && baseline->ok && r.ok) j["baseline_solved"] = SolvedJson(BaselineSolved(*baseline, r));
+  // Written with the per-prompt outcomes only, so reports committed before
+  // they were kept read back and write out unchanged (ReportFromJson).
+  if (!r.outcomes.empty()) {
+    const Interval ci = WilsonInterval(r.hits, r.n);
+    j["accuracy_interval"] = {ci.lo, ci.hi};  // Wilson 95%
+    std::string outcomes;
+    for (uint8_t o : r.outcomes) outcomes += o ? '1' : '0';
+    j["outcomes"] = outcomes;
+  }
+  if (baseline && baseline->ok && r.ok) {
+    j["baseline_solved"] = SolvedJson(BaselineSolved(*baseline, r));
+    if (!r.outcomes.empty() && baseline->outcomes.size() == r.outcomes.size()) {
+      const PairedComparison pc = ComparePaired(baseline->outcomes, r.outcomes);
+      j["vs_baseline"] = json{{"n", pc.n},
+                              {"baseline_only", pc.reference_only},
+                              {"spec_only", pc.candidate_only},
+                              {"mcnemar_p", pc.p},
+                              {"verdict", PairedVerdictName(pc.verdict)}};
+    }
+  }
   json cells = json::array();
   for (const CellResult& c : r.cells) {
     json cj;
@@ -99,6 +120,9 @@ RetrievalResult ReadRetrieval(const json& j) {
   r.n = j.at("n").get<int>();
   r.hits = j.contains("hits") ? j["hits"].get<int>() : static_cast<int>(std::llround(Num(j, "accuracy") * r.n));
   r.score_sum = j.contains("score_sum") ? Num(j, "score_sum") : Num(j, "score") * r.n;
+  if (j.contains("outcomes")) {
+    for (char c : j["outcomes"].get<std::string>()) r.outcomes.push_back(c == '1' ? 1 : 0);
+  }
   for (const json& cj : j.at("cells")) {
     CellResult c;
     c.cell.length = cj.value("length", 0);

@@ -26,6 +26,7 @@ Result<HeadTable> HeadTable::Load(const std::string& path) {
   try {
     t.method = j.value("method", "");
     t.model = j.value("model", "");
+    t.calib = j.value("calib", "");
     t.n_layers = j.at("n_layers").get<int>();
     t.n_kv_heads = j.at("n_kv_heads").get<int>();
     for (const auto& row : j.at("scores")) {
@@ -50,6 +51,7 @@ Status HeadTable::Save(const std::string& path) const {
   nlohmann::json j;
   j["method"] = method;
   j["model"] = model;
+  if (!calib.empty()) j["calib"] = calib;
   j["n_layers"] = n_layers;
   j["n_kv_heads"] = n_kv_heads;
   nlohmann::json rows = nlohmann::json::array();

@@ -40,6 +40,7 @@ namespace kvx::kv {
 struct HeadTable {
   std::string method;  // duo | razor
   std::string model;   // what it was calibrated on (informational)
+  std::string calib;   // the calibration data, e.g. "copy: prose/jargon-4.4.7.txt" (informational)
   int n_layers = 0, n_kv_heads = 0;
   std::vector<double> scores;  // [n_layers * n_kv_heads]
 
