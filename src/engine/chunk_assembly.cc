@@ -185,7 +185,7 @@ Result<ChunkRepair> ParseChunkRepair(std::string_view text) {
   if (mode == "none") r.mode = ChunkRepairMode::kNone;
   else if (mode == "full") r.mode = ChunkRepairMode::kFull;
   else if (mode == "epic") r.mode = ChunkRepairMode::kEpic, r.epic_tokens = 4;
-  else if (mode == "blend") r.mode = ChunkRepairMode::kBlend;
+  else if (mode == "blend") r.mode = ChunkRepairMode::kBlend, r.epic_tokens = 0;
   else return BadRepair(text, "unknown mode '" + std::string(mode) + "'");
   for (size_t i = 1; i < parts.size(); ++i) {
     const size_t eq = parts[i].find('=');

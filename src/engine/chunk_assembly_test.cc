@@ -294,6 +294,7 @@ TEST(ChunkAssemblyErrorsTest, ClearErrors) {
   r = f.assembler->Assemble(s->get(), {}, {}, {}, ChunkRepair{});
   EXPECT_FALSE(r.ok());
   ChunkRepair deep;
+  deep.mode = ChunkRepairMode::kBlend;
   deep.blend_layer = 6;
   r = f.assembler->Assemble(s->get(), {}, two, {}, deep);
   ASSERT_FALSE(r.ok());

@@ -109,7 +109,7 @@ Result<std::shared_ptr<kv::tier::TierStore>> OpenTiers(const CacheFlags& flags, 
 // (kvx serve, kvx batch).
 struct ChunkFlags {
   uint64_t cache_bytes = uint64_t{256} << 20;  // 0: requests with chunks are refused
-  std::string repair = engine::ChunkRepair().ToString();
+  std::string repair = engine::ChunkRepair().ToString();  // epic,k=16
 };
 void AddChunkFlags(CLI::App* cmd, ChunkFlags* flags);
 // The scheduler's chunk cache from the flags, and the default repair.
