@@ -114,5 +114,41 @@ TEST(BatchCliTest, APromptThePoolCannotHoldIsNamed) {
   EXPECT_NE(r.output.find("more than the whole KV pool holds (budget 16384 bytes)"), std::string::npos) << r.output;
 }
 
+// Lines with "chunks": the second line's chunks, reordered, come from the
+// chunk cache the first filled; the output says so; a plain line alongside
+// is unaffected; bad chunk fields name their line.
+TEST(BatchCliTest, ChunkLinesReuseTheChunkCache) {
+  const std::string in = TempDir() + "/batch_chunks.jsonl";
+  const std::string a = "The first document is about rivers. ", b = "The second one lists 4 8 15 16 23 42. ";
+  {
+    std::ofstream f(in);
+    f << nlohmann::json{{"chunks", {a, b}}, {"prompt", "Q1?"}, {"max_tokens", 4}, {"chunk_repair", "none"}}.dump()
+      << "\n";
+    f << nlohmann::json{{"chunks", {b, a}}, {"prompt", "Q2?"}, {"max_tokens", 4}}.dump() << "\n";
+    f << nlohmann::json{{"prompt", "plain"}, {"max_tokens", 4}}.dump() << "\n";
+  }
+  const auto out = RunBatch(in, TempDir() + "/batch_chunks_out.jsonl", "");
+  ASSERT_EQ(out.size(), 3u);
+  for (const auto& line : out) EXPECT_FALSE(line.contains("error")) << line.dump();
+  const int chunk_tokens = out[0]["chunk_tokens"];
+  EXPECT_GT(chunk_tokens, 10);
+  EXPECT_EQ(out[0]["chunk_cache_tokens"], 0);
+  EXPECT_EQ(out[0]["chunk_recomputed_tokens"], 0);
+  EXPECT_EQ(out[1]["chunk_tokens"], chunk_tokens);
+  EXPECT_EQ(out[1]["chunk_cache_tokens"], chunk_tokens);
+  EXPECT_GT(out[1]["chunk_recomputed_tokens"].get<int>(), 0);  // the default repair, epic,k=16
+  EXPECT_FALSE(out[2].contains("chunk_tokens"));
+
+  std::ofstream(in) << "{\"prompt\": \"q\", \"chunks\": [\"a\", 3]}\n";
+  auto r = RunCommand({BinaryDir() + "/kvx", "batch", in, "-m", TinyModel()});
+  EXPECT_NE(r.output.find(":1: \"chunks\"[1] must be a string"), std::string::npos) << r.output;
+  std::ofstream(in) << "{\"prompt\": \"q\", \"chunk_repair\": \"none\"}\n";
+  r = RunCommand({BinaryDir() + "/kvx", "batch", in, "-m", TinyModel()});
+  EXPECT_NE(r.output.find(":1: \"chunk_repair\" needs \"chunks\""), std::string::npos) << r.output;
+  std::ofstream(in) << "{\"prompt\": \"q\", \"chunks\": [\"a\"], \"chunk_repair\": \"blend,r=7\"}\n";
+  r = RunCommand({BinaryDir() + "/kvx", "batch", in, "-m", TinyModel()});
+  EXPECT_NE(r.output.find(":1: chunk repair 'blend,r=7'"), std::string::npos) << r.output;
+}
+
 }  // namespace
 }  // namespace kvx

@@ -13,7 +13,7 @@
 namespace kvx::engine {
 namespace {
 
-constexpr std::string_view kRepairForms = "none, full, epic[,k=N], blend[,r=X][,layer=L]";
+constexpr std::string_view kRepairForms = "none, full, epic[,k=N], blend[,r=X][,layer=L][,k=N][,dev=kv|k|v]";
 
 Status BadRepair(std::string_view text, const std::string& what) {
   return InvalidArgument("chunk repair '" + std::string(text) + "': " + what + " (valid: " + std::string(kRepairForms) +
@@ -28,11 +28,17 @@ class RepairPlan final : public model::RowRecompute {
   RepairPlan(const ChunkRepair& repair, int kv_dim, int n_rows, int n_chunk,
              const std::vector<int32_t>& chunk_starts, const std::vector<std::vector<float>>* cached_k,
              const std::vector<std::vector<float>>* cached_v)
-      : repair_(repair), kv_dim_(kv_dim), n_chunk_(n_chunk), cached_k_(cached_k), cached_v_(cached_v) {
+      : repair_(repair),
+        kv_dim_(kv_dim),
+        n_chunk_(n_chunk),
+        use_k_(repair.blend_deviation != ChunkRepair::Deviation::kV),
+        use_v_(repair.blend_deviation != ChunkRepair::Deviation::kK),
+        cached_k_(cached_k),
+        cached_v_(cached_v) {
     for (int i = 0; i < n_rows; ++i) all_.push_back(i);
     // The rows that always run: the suffix, or the last token without one.
     const int first_always = std::min(n_chunk, n_rows - 1);
-    if (repair.mode == ChunkRepairMode::kEpic) {
+    if (repair.mode == ChunkRepairMode::kEpic || repair.mode == ChunkRepairMode::kBlend) {
       for (size_t c = 0; c + 1 < chunk_starts.size(); ++c) {
         const int end = std::min(chunk_starts[c + 1], chunk_starts[c] + repair.epic_tokens);
         for (int i = chunk_starts[c]; i < std::min(end, first_always); ++i) late_.push_back(i);
@@ -62,7 +68,7 @@ class RepairPlan final : public model::RowRecompute {
         double d = 0;
         for (int j = 0; j < kv_dim_; ++j) {
           const double dk = fk[j] - ck[at + j], dv = fv[j] - cv[at + j];
-          d += dk * dk + dv * dv;
+          d += (use_k_ ? dk * dk : 0.0) + (use_v_ ? dv * dv : 0.0);
         }
         deviation.push_back({d, rows[i]});
       }
@@ -85,6 +91,8 @@ class RepairPlan final : public model::RowRecompute {
   // The top r fraction of the chunk rows by deviation (ties: the earlier
   // row), with the rows that always run.
   void Select(std::vector<std::pair<double, int32_t>> deviation) {
+    // Rows recomputed anyway (the first k of each chunk) are not ranked.
+    std::erase_if(deviation, [&](const auto& d) { return std::binary_search(late_.begin(), late_.end(), d.second); });
     const size_t keep = std::min(deviation.size(), static_cast<size_t>(std::ceil(repair_.blend_ratio * n_chunk_)));
     std::partial_sort(deviation.begin(), deviation.begin() + static_cast<std::ptrdiff_t>(keep), deviation.end(),
                       [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
@@ -99,6 +107,7 @@ class RepairPlan final : public model::RowRecompute {
 
   ChunkRepair repair_;
   int kv_dim_, n_chunk_;
+  bool use_k_, use_v_;  // what the deviation sums
   const std::vector<std::vector<float>>* cached_k_;
   const std::vector<std::vector<float>>* cached_v_;
   std::vector<int32_t> all_, late_;
@@ -132,11 +141,35 @@ std::string ChunkRepair::ToString() const {
     case ChunkRepairMode::kNone: return "none";
     case ChunkRepairMode::kFull: return "full";
     case ChunkRepairMode::kEpic: return "epic,k=" + std::to_string(epic_tokens);
-    case ChunkRepairMode::kBlend:
+    case ChunkRepairMode::kBlend: {
       std::snprintf(buf, sizeof buf, "blend,r=%g,layer=%d", blend_ratio, blend_layer);
-      return buf;
+      std::string out = buf;
+      if (epic_tokens > 0) out += ",k=" + std::to_string(epic_tokens);
+      if (blend_deviation == Deviation::kK) out += ",dev=k";
+      if (blend_deviation == Deviation::kV) out += ",dev=v";
+      return out;
+    }
   }
   return "?";
+}
+
+std::vector<int32_t> ChunkPrompt::Tokens() const {
+  std::vector<int32_t> out = prefix;
+  for (const std::vector<int32_t>& c : chunks) out.insert(out.end(), c.begin(), c.end());
+  out.insert(out.end(), suffix.begin(), suffix.end());
+  return out;
+}
+
+Result<ChunkPrompt> MakeChunkPrompt(const model::Tokenizer& tokenizer, std::span<const std::string> chunks,
+                                    const std::string& suffix, bool parse_special, const ChunkRepair& repair) {
+  ChunkPrompt c;
+  KVX_ASSIGN_OR_RETURN(c.prefix, tokenizer.Encode("", /*add_special=*/true, /*parse_special=*/false));  // BOS
+  KVX_ASSIGN_OR_RETURN(c.chunks, TokenizeChunks(tokenizer, chunks));
+  if (!suffix.empty()) {
+    KVX_ASSIGN_OR_RETURN(c.suffix, tokenizer.Encode(suffix, /*add_special=*/false, parse_special));
+  }
+  c.repair = repair;
+  return c;
 }
 
 Result<ChunkRepair> ParseChunkRepair(std::string_view text) {
@@ -151,15 +184,18 @@ Result<ChunkRepair> ParseChunkRepair(std::string_view text) {
   const std::string_view mode = parts[0];
   if (mode == "none") r.mode = ChunkRepairMode::kNone;
   else if (mode == "full") r.mode = ChunkRepairMode::kFull;
-  else if (mode == "epic") r.mode = ChunkRepairMode::kEpic;
-  else if (mode == "blend") r.mode = ChunkRepairMode::kBlend;
+  else if (mode == "epic") r.mode = ChunkRepairMode::kEpic, r.epic_tokens = 4;
+  else if (mode == "blend") r.mode = ChunkRepairMode::kBlend, r.epic_tokens = 0;
   else return BadRepair(text, "unknown mode '" + std::string(mode) + "'");
   for (size_t i = 1; i < parts.size(); ++i) {
     const size_t eq = parts[i].find('=');
     const std::string key(parts[i].substr(0, eq));
     const std::string value(eq == std::string_view::npos ? "" : parts[i].substr(eq + 1));
-    const std::string want = r.mode == ChunkRepairMode::kEpic ? "k" : r.mode == ChunkRepairMode::kBlend ? "r, layer" : "";
-    if (r.mode == ChunkRepairMode::kEpic && key == "k") {
+    const std::string want = r.mode == ChunkRepairMode::kEpic    ? "k"
+                             : r.mode == ChunkRepairMode::kBlend ? "r, layer, k, dev"
+                                                                 : "";
+    const bool takes_k = r.mode == ChunkRepairMode::kEpic || r.mode == ChunkRepairMode::kBlend;
+    if (takes_k && key == "k") {
       const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), r.epic_tokens);
       if (ec != std::errc() || end != value.data() + value.size() || r.epic_tokens < 0) {
         return BadRepair(text, "k must be a token count >= 0");
@@ -169,6 +205,11 @@ Result<ChunkRepair> ParseChunkRepair(std::string_view text) {
       if (ec != std::errc() || end != value.data() + value.size() || r.blend_layer < 0) {
         return BadRepair(text, "layer must be a layer index >= 0");
       }
+    } else if (r.mode == ChunkRepairMode::kBlend && key == "dev") {
+      if (value == "kv") r.blend_deviation = ChunkRepair::Deviation::kKV;
+      else if (value == "k") r.blend_deviation = ChunkRepair::Deviation::kK;
+      else if (value == "v") r.blend_deviation = ChunkRepair::Deviation::kV;
+      else return BadRepair(text, "dev must be kv, k or v");
     } else if (r.mode == ChunkRepairMode::kBlend && key == "r") {
       char* end = nullptr;
       r.blend_ratio = std::strtod(value.c_str(), &end);

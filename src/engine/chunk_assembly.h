@@ -52,16 +52,26 @@ namespace kvx::engine {
 
 enum class ChunkRepairMode { kNone, kFull, kEpic, kBlend };
 
+// The default (ChunkRepair{}, --chunk-repair) is epic,k=16: on the recall
+// model it matches blend's KLD at a quarter of its time to first token
+// (docs/kv-reuse.md, Results).
 struct ChunkRepair {
-  ChunkRepairMode mode = ChunkRepairMode::kBlend;
-  int epic_tokens = 4;        // epic: k, tokens recomputed at the start of each chunk
+  ChunkRepairMode mode = ChunkRepairMode::kEpic;
+  // epic: k, tokens recomputed at the start of each chunk (4 when parsed
+  // without k); blend: k first tokens of each chunk recomputed besides its
+  // selection (EPIC + blend; 0 when parsed without k).
+  int epic_tokens = 16;
   double blend_ratio = 0.15;  // blend: r, fraction of chunk tokens recomputed past the check layer
   int blend_layer = 1;        // blend: L, the check layer (LMCache's default: 1)
+  // blend: what ranks the tokens at the check layer: the squared deviation
+  // of keys and values (kv), keys only (k, LMCache's), values only (v).
+  enum class Deviation { kKV, kK, kV } blend_deviation = Deviation::kKV;
   // "blend,r=0.15,layer=1", "epic,k=4", "none", "full" (ParseChunkRepair's input).
   std::string ToString() const;
 };
-// "none", "full", "epic[,k=N]" (N >= 0), "blend[,r=X][,layer=L]" (0 <= X <= 1,
-// L >= 0; checked against the model's layers at assembly). InvalidArgument
+// "none", "full", "epic[,k=N]" (N >= 0),
+// "blend[,r=X][,layer=L][,k=N][,dev=kv|k|v]" (0 <= X <= 1, L >= 0: checked
+// against the model's layers at assembly; defaults r=0.15, layer=1, k=0, kv). InvalidArgument
 // naming the bad part and the valid forms.
 Result<ChunkRepair> ParseChunkRepair(std::string_view text);
 
@@ -71,6 +81,23 @@ Result<ChunkRepair> ParseChunkRepair(std::string_view text);
 // valid UTF-8 (e.g. a chunk cut inside a multi-byte character).
 Result<std::vector<std::vector<int32_t>>> TokenizeChunks(const model::Tokenizer& tokenizer,
                                                          std::span<const std::string> texts);
+
+// A prompt made of chunks (the scheduler's GenerationRequest::chunks, the
+// server's "chunks"): prefix, then each chunk, then the suffix, assembled
+// with `repair` instead of prefilled.
+struct ChunkPrompt {
+  std::vector<int32_t> prefix;               // fed normally (BOS, instructions)
+  std::vector<std::vector<int32_t>> chunks;  // each tokenized alone (TokenizeChunks)
+  std::vector<int32_t> suffix;               // after the chunks (the question)
+  ChunkRepair repair;
+  // prefix + every chunk + suffix: the prompt's tokens.
+  std::vector<int32_t> Tokens() const;
+};
+
+// A chunked prompt from texts: BOS (if the model adds one), each chunk
+// tokenized alone (TokenizeChunks), then `suffix` without BOS.
+Result<ChunkPrompt> MakeChunkPrompt(const model::Tokenizer& tokenizer, std::span<const std::string> chunks,
+                                    const std::string& suffix, bool parse_special, const ChunkRepair& repair);
 
 // What an assembly took from where (tokens).
 struct ChunkUsage {

@@ -255,18 +255,24 @@ TEST(ChunkAssemblyPlantedTest, BlendSelectsThePlantedTokens) {
     image->block_hashes.push_back(seed);
   }
   ASSERT_NE(f.assembler->cache().Insert(f.assembler->Key(0, chunk), *image), nullptr);
-  ChunkRepair blend;
-  blend.blend_layer = 0;
-  blend.blend_ratio = 3.0 / static_cast<double>(chunk.size());
-  auto s = f.engine->NewSession();
-  ASSERT_TRUE(s.ok());
-  ChunkUsage usage;
   const std::vector<int32_t> suffix = Tokens(*f.engine, " Answer:");
-  ASSERT_TRUE(f.assembler->Assemble(s->get(), prefix, {&chunk, 1}, suffix, blend, &usage).ok());
-  EXPECT_EQ(usage.cached_tokens, static_cast<int64_t>(chunk.size()));
-  std::vector<int32_t> want;
-  for (int p : planted) want.push_back(static_cast<int32_t>(prefix.size()) + p);
-  EXPECT_EQ(usage.recomputed_positions, want);
+  const int32_t at = static_cast<int32_t>(prefix.size());
+  // Keys only, values only, both; and with the first two tokens of the
+  // chunk recomputed besides (k=2: EPIC + blend), the planted three on top.
+  for (const char* extra : {"", ",dev=k", ",dev=v", ",k=2"}) {
+    SCOPED_TRACE(extra);
+    auto blend = ParseChunkRepair("blend,layer=0,r=" + std::to_string(3.0 / static_cast<double>(chunk.size())) + extra);
+    ASSERT_TRUE(blend.ok()) << blend.status().ToString();
+    auto s = f.engine->NewSession();
+    ASSERT_TRUE(s.ok());
+    ChunkUsage usage;
+    ASSERT_TRUE(f.assembler->Assemble(s->get(), prefix, {&chunk, 1}, suffix, *blend, &usage).ok());
+    EXPECT_EQ(usage.cached_tokens, static_cast<int64_t>(chunk.size()));
+    std::vector<int32_t> want;
+    if (std::string(extra) == ",k=2") want = {at, at + 1};
+    for (int p : planted) want.push_back(at + p);
+    EXPECT_EQ(usage.recomputed_positions, want);
+  }
 }
 
 TEST(ChunkAssemblyErrorsTest, ClearErrors) {
@@ -288,6 +294,7 @@ TEST(ChunkAssemblyErrorsTest, ClearErrors) {
   r = f.assembler->Assemble(s->get(), {}, {}, {}, ChunkRepair{});
   EXPECT_FALSE(r.ok());
   ChunkRepair deep;
+  deep.mode = ChunkRepairMode::kBlend;
   deep.blend_layer = 6;
   r = f.assembler->Assemble(s->get(), {}, two, {}, deep);
   ASSERT_FALSE(r.ok());
@@ -366,7 +373,15 @@ TEST(ChunkRepairTest, Parses) {
   EXPECT_EQ(b->blend_layer, 2);
   EXPECT_EQ(b->ToString(), "blend,r=0.3,layer=2");
   EXPECT_EQ(ParseChunkRepair(b->ToString())->ToString(), b->ToString());
-  for (const char* bad : {"", "blnd", "blend,r=2", "blend,r=", "epic,k=-1", "epic,r=0.1", "none,k=1", "blend,layer=x"}) {
+  auto both = ParseChunkRepair("blend,r=0.05,k=16,dev=v");
+  ASSERT_TRUE(both.ok());
+  EXPECT_EQ(both->epic_tokens, 16);
+  EXPECT_EQ(both->blend_deviation, ChunkRepair::Deviation::kV);
+  EXPECT_EQ(both->ToString(), "blend,r=0.05,layer=1,k=16,dev=v");
+  EXPECT_EQ(ParseChunkRepair("epic")->epic_tokens, 4);
+  EXPECT_EQ(ParseChunkRepair("blend")->epic_tokens, 0);
+  for (const char* bad : {"", "blnd", "blend,r=2", "blend,r=", "epic,k=-1", "epic,r=0.1", "none,k=1", "blend,layer=x",
+                          "blend,dev=q", "full,dev=k"}) {
     auto r = ParseChunkRepair(bad);
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_NE(r.status().message().find("valid:"), std::string::npos) << r.status().ToString();

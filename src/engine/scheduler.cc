@@ -62,6 +62,7 @@ Result<std::unique_ptr<Scheduler>> Scheduler::Create(Engine& engine, SchedulerOp
   if (options.tiers && options.tiers->space().spec_fingerprint != kv::tier::SpecFingerprint(engine.kv_manager().spec())) {
     return InvalidArgument("the KV tiers were made for another KV spec than the engine's");
   }
+  if (options.max_chunks < 1) return InvalidArgument("max_chunks must be at least 1");
   if (options.max_sessions_total < 0) return InvalidArgument("max_sessions_total must be >= 0");
   if (!options.clock) {
     options.clock = [] {
@@ -106,6 +107,14 @@ Scheduler::Scheduler(Engine& engine, SchedulerOptions options) : engine_(engine)
     });
     // Write-back: blocks go to the tiers when they leave the pool.
     if (tiers_->write_back()) cache_->SetEvictionObserver([this](kv::SeqId holder) { WriteBlocks(holder); });
+  }
+  if (options_.chunk_cache_bytes > 0) {
+    Result<std::unique_ptr<ChunkAssembler>> chunker = ChunkAssembler::Create(&engine_, options_.chunk_cache_bytes);
+    if (chunker.ok()) chunker_ = std::move(chunker).value();
+    chunker_status_ = chunker.status();
+  } else {
+    chunker_status_ = InvalidArgument("chunk reuse is off (a chunk cache of 0 bytes): start the server with "
+                                      "--chunk-cache-bytes above 0, or send one prompt");
   }
   start_time_ = Now();
   work_.pool_budget_bytes = engine_.pool().budget_bytes();
@@ -306,7 +315,8 @@ void Scheduler::Loop() {
     }
     const double t_work = Now(), busy_before = work_.busy_seconds;
     Admit();
-    const bool stepped = !running_.empty() && RunStep();
+    const bool assembled = AssembleChunks();
+    const bool stepped = (!running_.empty() && RunStep()) || assembled;
     if (stepped) work_.host_seconds += (Now() - t_work) - (work_.busy_seconds - busy_before);
     PublishStats();
     if (!stepped && !queue_.empty()) {

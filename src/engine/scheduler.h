@@ -84,6 +84,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/chunk_assembly.h"
 #include "engine/engine.h"
 #include "kv/kv_manager.h"
 #include "kv/tier/tier_store.h"
@@ -137,6 +138,11 @@ struct SchedulerOptions {
   // own (128 tokens), so a new process's first lookups are not judged by a
   // guess (>= 0).
   double prefill_tokens_per_second = 0;
+  // Chunk reuse (engine/chunk_assembly.h, docs/kv-reuse.md): the bytes of
+  // the chunk cache (0: requests with chunks are refused) and the chunks
+  // one request may name (>= 1).
+  uint64_t chunk_cache_bytes = 0;
+  int max_chunks = 64;
 };
 
 // What a request lets the prefix cache and the tiers do with its KV.
@@ -186,6 +192,14 @@ struct GenerationRequest {
   // text already began with one.
   bool drop_bos_when_resuming = false;
   CacheMode cache = CacheMode::kDefault;
+  // A prompt made of chunks (engine/chunk_assembly.h): its prefix, chunks
+  // and suffix are assembled, each chunk's KV from the chunk cache (key:
+  // tokens, model, spec, tenant_salt), with its repair, instead of
+  // prefilled. `prompt` must be chunks->Tokens(). The assembled sequence
+  // (its KV is not a plain prefill's) never enters the prefix cache or the
+  // tiers, nor reads them; no sessions. A preempted request is assembled
+  // again at readmission (its generated tokens then prefilled).
+  std::shared_ptr<const ChunkPrompt> chunks;
   // Run the compression moment (policies that compress once) after the
   // prompt. False keeps the whole prompt in the KV, e.g. a shared prefix's
   // warm-up request whose sequence is meant for the prefix cache.
@@ -204,6 +218,7 @@ enum class RequestPart {
   kSamples,    // n
   kSession,    // resume_session / continue_session
   kCache,      // cache (pin is not built)
+  kChunks,     // chunks: reuse off or impossible for the spec, too many, with a session, bad repair
 };
 
 enum class FinishReason { kLength, kStop, kCancelled, kError };
@@ -219,6 +234,11 @@ struct RequestTiming {
   // Of cached_tokens, the ones loaded from each tier (kind, tokens) for this
   // request; the rest were in the pool already.
   std::vector<std::pair<std::string, int>> cached_by_tier;
+  // Chunk reuse (last assembly): tokens in the chunks, of those taken from
+  // the chunk cache, and recomputed in context through the last layer.
+  int chunk_tokens = 0;
+  int chunk_cached_tokens = 0;
+  int chunk_recomputed_tokens = 0;
   int generated_tokens = 0;  // over all samples
   int preemptions = 0;
 };
@@ -288,6 +308,11 @@ struct SchedulerStats {
   std::vector<kv::tier::TierMetrics> tiers;
   kv::tier::TierStoreCounters tier_counters;
   uint64_t tier_hit_tokens = 0;  // prompt tokens admitted from blocks loaded from a tier
+  // Chunk reuse: the chunk cache's counters (its bytes within
+  // chunk_cache_bytes) and the chunk tokens assembled, taken from it and
+  // recomputed in context.
+  kv::ChunkCacheStats chunk_cache;
+  uint64_t chunk_tokens = 0, chunk_cached_tokens = 0, chunk_recomputed_tokens = 0;
   // Tokens of preempted requests loaded back from a tier at readmission
   // (swap-in) instead of recomputed.
   uint64_t swapped_in_tokens = 0;
@@ -453,8 +478,19 @@ class Scheduler {
   void PublishPrefix(Sample& s, int blocks);
   // Whether `r` fits now; if so gives its samples their sequences.
   Status TryAdmit(Request& r, uint64_t* available, bool* admitted);
+  // Chunk reuse (scheduler_chunks.cc): the gate's checks of `chunks`; the
+  // assembly of every running sample that starts a chunked prompt, before
+  // the step (false: none ran).
+  Status CheckChunks(const GenerationRequest& r, RequestPart* part) const;
+  bool AssembleChunks();
+  // One sample's assembly; false when the request left the running set.
+  bool AssembleSample(Request& r, Sample& s);
   bool RunStep();  // false: nothing to run
   void AfterStep(Request& r, Sample& s);
+  // After a step (or an assembly) consumed input of `r`: the compression
+  // moment of its samples in `reached`, forking samples, then sampling
+  // every sample with nothing pending (r may leave the running set).
+  void SampleReady(Request& r, const std::vector<Sample*>& reached);
   // The compression moment of the samples in `reached` that belong to `r`;
   // false when the request failed (and left the running set).
   bool CompressAtBase(Request& r, const std::vector<Sample*>& reached);
@@ -490,6 +526,8 @@ class Scheduler {
   std::shared_ptr<kv::tier::TierStore> tiers_;  // null without tiers (or without the prefix cache)
   double prefill_seconds_per_token_ = 0;         // measured (moving average), for abandoning slow loads
   bool CompressesAtBase(const Request& r) const;
+  std::unique_ptr<ChunkAssembler> chunker_;  // null: chunk reuse off (chunker_status_ says why)
+  Status chunker_status_;
 
   // Shared with other threads, under mu_.
   mutable std::mutex mu_;

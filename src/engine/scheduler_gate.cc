@@ -96,6 +96,7 @@ Status Scheduler::CheckRequest(const GenerationRequest& r, RequestPart* part) co
   if (!r.continue_session.empty() && !r.resume_session.empty() && r.continue_session != r.resume_session) {
     return InvalidArgument("continue_session and resume_session name different sessions");
   }
+  if (r.chunks != nullptr) KVX_RETURN_IF_ERROR(CheckChunks(r, part));
   *part = RequestPart::kNone;
   return Status::Ok();
 }

@@ -108,23 +108,23 @@ bool Scheduler::RunStep() {
   for (const Row& row : rows) {
     if (seen.insert(row.r).second) order.push_back(row.r);
   }
-  for (Request* r : order) {
-    if (!reached.empty() && !CompressAtBase(*r, reached)) continue;
-    if (!r->samples[0].forked) continue;
-    bool gone = false;
-    // Samples waiting for sample 0's prompt fork first (they sample from
-    // the same logits).
-    const Sample& s0 = r->samples[0];
-    if (s0.session != nullptr && s0.pending.empty() && s0.generated.empty() && !ForkSiblings(*r)) gone = true;
-    if (gone) continue;
-    std::vector<Sample*> ready;
-    for (Sample& s : r->samples) {
-      if (s.session != nullptr && !s.finished && s.pending.empty()) ready.push_back(&s);
-    }
-    for (Sample* s : ready) AfterStep(*r, *s);
-  }
+  for (Request* r : order) SampleReady(*r, reached);
   work_.sample_seconds += Now() - t1;
   return true;
+}
+
+void Scheduler::SampleReady(Request& r, const std::vector<Sample*>& reached) {
+  if (!reached.empty() && !CompressAtBase(r, reached)) return;
+  if (!r.samples[0].forked) return;
+  // Samples waiting for sample 0's prompt fork first (they sample from
+  // the same logits).
+  const Sample& s0 = r.samples[0];
+  if (s0.session != nullptr && s0.pending.empty() && s0.generated.empty() && !ForkSiblings(r)) return;
+  std::vector<Sample*> ready;
+  for (Sample& s : r.samples) {
+    if (s.session != nullptr && !s.finished && s.pending.empty()) ready.push_back(&s);
+  }
+  for (Sample* s : ready) AfterStep(r, *s);
 }
 
 bool Scheduler::CompressesAtBase(const Request& r) const { return compress_once_ && r.req.compress; }

@@ -11,7 +11,9 @@
 
 namespace kvx::engine {
 
-bool Scheduler::Caches(const Request& r) const { return cache_ != nullptr && r.req.cache != CacheMode::kNone; }
+bool Scheduler::Caches(const Request& r) const {
+  return cache_ != nullptr && r.req.cache != CacheMode::kNone && r.req.chunks == nullptr;
+}
 
 // What a lookup covers: the prompt, or for a preempted request (swap-in
 // through the tiers its preemption wrote to) everything it holds.

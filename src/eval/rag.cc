@@ -21,9 +21,12 @@ constexpr std::string_view kQuestion = "\nWhat is the pass key? The pass key is"
 
 // A run of essay sentences of at most chunk_tokens tokens (at least one
 // sentence) from a random start; with `value`, the pass-key needle at a
-// random sentence boundary.
-Result<std::string> MakeDocument(const model::Tokenizer& tok, const Haystack& hay, int chunk_tokens, const std::string& value,
-                                 std::mt19937_64& rng) {
+// random sentence boundary. One text, or with `split` two: the document cut
+// inside the needle, "... The pass key is" | " N. Remember it. ...", so the
+// number's KV, computed alone, never saw what it is (the answer needs
+// attention across the chunk boundary).
+Result<std::vector<std::string>> MakeDocument(const model::Tokenizer& tok, const Haystack& hay, int chunk_tokens,
+                                              const std::string& value, bool split, std::mt19937_64& rng) {
   std::vector<std::string> sentences;
   const size_t n_sent = hay.sentences.size();
   size_t at = rng() % n_sent;
@@ -35,13 +38,17 @@ Result<std::string> MakeDocument(const model::Tokenizer& tok, const Haystack& ha
     tokens += static_cast<int>(t.size());
     at = (at + 1) % n_sent;
   }
+  constexpr std::string_view kCut = "\x01";  // where a split needle is cut
   if (!value.empty()) {
     sentences.insert(sentences.begin() + static_cast<std::ptrdiff_t>(rng() % (sentences.size() + 1)),
-                     "The pass key is " + value + ". Remember it. " + value + " is the pass key.");
+                     split ? "The pass key is" + std::string(kCut) + " " + value + ". Remember it."
+                           : "The pass key is " + value + ". Remember it. " + value + " is the pass key.");
   }
   std::string text;
   for (const std::string& s : sentences) text += (text.empty() ? "" : " ") + s;
-  return text;
+  const size_t cut = text.find(kCut);
+  if (cut == std::string::npos) return std::vector<std::string>{text};
+  return std::vector<std::string>{text.substr(0, cut), text.substr(cut + kCut.size())};
 }
 
 int ArgMax(const float* logits, int n) { return static_cast<int>(std::max_element(logits, logits + n) - logits); }
@@ -118,24 +125,47 @@ Result<std::vector<RagRow>> RunSize(const model::Model& model, ThreadPool* threa
   // D - 1 plain documents every question shares, and one document with a
   // pass key per question.
   const int n_docs = std::max(2, size / o.chunk_tokens);
+  // Document d's chunks (one, or two for a split needle) in the list of all.
   std::vector<std::string> texts, values;
+  std::vector<std::vector<int>> doc_chunks;
+  auto add = [&](const std::vector<std::string>& parts) {
+    doc_chunks.emplace_back();
+    for (const std::string& p : parts) {
+      doc_chunks.back().push_back(static_cast<int>(texts.size()));
+      texts.push_back(p);
+    }
+  };
   for (int d = 0; d + 1 < n_docs; ++d) {
-    KVX_ASSIGN_OR_RETURN(std::string text, MakeDocument(tok, hay, o.chunk_tokens, "", rng));
-    texts.push_back(std::move(text));
+    KVX_ASSIGN_OR_RETURN(std::vector<std::string> parts, MakeDocument(tok, hay, o.chunk_tokens, "", false, rng));
+    add(parts);
   }
   for (int q = 0; q < o.questions; ++q) {
     values.push_back(std::to_string(1 + rng() % 50000));
-    KVX_ASSIGN_OR_RETURN(std::string text, MakeDocument(tok, hay, o.chunk_tokens, values.back(), rng));
-    texts.push_back(std::move(text));
+    KVX_ASSIGN_OR_RETURN(std::vector<std::string> parts,
+                         MakeDocument(tok, hay, o.chunk_tokens, values.back(), o.split_needle, rng));
+    add(parts);
   }
   KVX_ASSIGN_OR_RETURN(std::vector<std::vector<int32_t>> chunks, engine::TokenizeChunks(tok, texts));
+  auto doc_tokens = [&](int d) {
+    size_t n = 0;
+    for (int c : doc_chunks[d]) n += chunks[c].size();
+    return n;
+  };
   KVX_ASSIGN_OR_RETURN(std::vector<int32_t> prefix, tok.Encode(std::string(kInstruction) + "\n", true, false));
   KVX_ASSIGN_OR_RETURN(std::vector<int32_t> suffix, tok.Encode(kQuestion, false, false));
   // The longest prompt: the plain documents and the longest needle document.
   size_t longest_needle = 0;
-  for (int q = 0; q < o.questions; ++q) longest_needle = std::max(longest_needle, chunks[n_docs - 1 + q].size());
+  for (int q = 0; q < o.questions; ++q) longest_needle = std::max(longest_needle, doc_tokens(n_docs - 1 + q));
   int64_t chunk_total = static_cast<int64_t>(longest_needle);
-  for (int d = 0; d + 1 < n_docs; ++d) chunk_total += static_cast<int64_t>(chunks[d].size());
+  for (int d = 0; d + 1 < n_docs; ++d) chunk_total += static_cast<int64_t>(doc_tokens(d));
+  // The chunks of documents in `order`.
+  auto prompt_chunks = [&](const std::vector<int>& order) {
+    std::vector<std::vector<int32_t>> out;
+    for (int d : order) {
+      for (int c : doc_chunks[d]) out.push_back(chunks[c]);
+    }
+    return out;
+  };
   engine::EngineOptions eo;
   KVX_ASSIGN_OR_RETURN(eo.kv_spec, kv::ParseKVSpec(o.kv_spec));
   eo.n_ctx = static_cast<int>(prefix.size() + chunk_total + suffix.size()) + o.n_gen;
@@ -151,9 +181,10 @@ Result<std::vector<RagRow>> RunSize(const model::Model& model, ThreadPool* threa
   full.mode = engine::ChunkRepairMode::kFull;
   // The documents were seen before: every chunk in the cache.
   for (int q = 0; q < o.questions; ++q) {
-    std::vector<std::vector<int32_t>> prompt(chunks.begin(), chunks.begin() + (n_docs - 1));
-    prompt.push_back(chunks[n_docs - 1 + q]);
-    KVX_RETURN_IF_ERROR(runner.Run(prefix, prompt, suffix, none, nullptr).status());
+    std::vector<int> docs;
+    for (int d = 0; d + 1 < n_docs; ++d) docs.push_back(d);
+    docs.push_back(n_docs - 1 + q);
+    KVX_RETURN_IF_ERROR(runner.Run(prefix, prompt_chunks(docs), suffix, none, nullptr).status());
   }
 
   struct Acc {
@@ -168,12 +199,9 @@ Result<std::vector<RagRow>> RunSize(const model::Model& model, ThreadPool* threa
     for (int i = 0; i + 1 < n_docs; ++i) order[i] = i;
     order[n_docs - 1] = n_docs - 1 + q;
     std::shuffle(order.begin(), order.end(), rng);
-    std::vector<std::vector<int32_t>> shuffled;
+    const std::vector<std::vector<int32_t>> shuffled = prompt_chunks(order);
     int64_t prompt_chunk_tokens = 0;
-    for (int i : order) {
-      shuffled.push_back(chunks[i]);
-      prompt_chunk_tokens += static_cast<int64_t>(chunks[i].size());
-    }
+    for (const auto& c : shuffled) prompt_chunk_tokens += static_cast<int64_t>(c.size());
     prompt_tokens = static_cast<int64_t>(prefix.size() + suffix.size()) + prompt_chunk_tokens;
     KVX_ASSIGN_OR_RETURN(Answer reference, runner.Run(prefix, shuffled, suffix, full, nullptr));
     for (size_t r = 0; r < repairs.size(); ++r) {

@@ -17,6 +17,11 @@
 // (a hit when it holds N: text_score.h ValuesFound), and the KL divergence
 // KL(full || repair) of the next-token distributions at the answer's
 // positions, teacher-forced with `full`'s greedy answer (n_gen positions).
+//
+// split_needle (--rag-needle split): the needle document is two chunks cut
+// inside the needle, "... The pass key is" | " N. Remember it. ...", kept
+// adjacent in every order; N appears once, so answering needs the attention
+// from N's tokens back across the boundary that chunks computed alone lack.
 // Accuracy carries a Wilson 95% interval.
 //
 // Thread-safety: one call at a time (uses the given ThreadPool).
@@ -38,8 +43,13 @@ struct RagOptions {
   int chunk_tokens = 256;           // tokens per document (about: whole sentences)
   int questions = 10;               // per size
   int n_gen = 12;                   // answer tokens (greedy) and KLD positions
+  // The needle document cut in two chunks inside the needle ("... The pass
+  // key is" | " N. Remember it. ..."), kept adjacent: the answer needs
+  // attention across a chunk boundary (--rag-needle split).
+  bool split_needle = false;
   std::vector<std::string> repairs = {"none",         "epic,k=1",     "epic,k=4",    "epic,k=16",
-                                      "blend,r=0.05", "blend,r=0.15", "blend,r=0.3", "full"};
+                                      "blend,r=0.05", "blend,r=0.15", "blend,r=0.3", "blend,r=0.05,k=16",
+                                      "full"};
   std::string data_dir = "../shared/data";
   int n_batch = 512;
   uint64_t seed = 42;

@@ -132,6 +132,11 @@ json Usage(const Call& c) {
     by_tier["pool"] = c.timing.cached_tokens - from_tiers;
     details["cached_tokens_by_tier"] = by_tier;
   }
+  if (c.timing.chunk_tokens > 0) {  // chunk reuse: the chunks' tokens, from the chunk cache, recomputed in context
+    details["chunk_tokens"] = c.timing.chunk_tokens;
+    details["chunk_cache_tokens"] = c.timing.chunk_cached_tokens;
+    details["chunk_recomputed_tokens"] = c.timing.chunk_recomputed_tokens;
+  }
   return json{{"prompt_tokens", c.prompt_tokens},
               {"completion_tokens", completion},
               {"total_tokens", c.prompt_tokens + completion},

@@ -81,6 +81,21 @@ std::optional<ApiError> ContentText(const json& c, const std::string& param, std
   return std::nullopt;
 }
 
+// "chunks": an array of strings, with a prompt given as text.
+std::optional<ApiError> GetChunks(const json& j, CompletionParams* out) {
+  if (!j.contains("chunks") || j["chunks"].is_null()) return std::nullopt;
+  const json& c = j["chunks"];
+  if (!c.is_array()) return Bad("chunks", "'chunks' must be an array of strings (texts placed before the prompt)");
+  std::vector<std::string> texts;
+  for (size_t i = 0; i < c.size(); ++i) {
+    if (!c[i].is_string()) return Bad("chunks", "'chunks[" + std::to_string(i) + "]' must be a string");
+    texts.push_back(c[i].get<std::string>());
+  }
+  if (out->prompt_tokens) return Bad("chunks", "'chunks' needs the prompt as text, not token ids");
+  out->chunks = std::move(texts);
+  return std::nullopt;
+}
+
 }  // namespace
 
 json ApiError::ToJson() const {
@@ -122,6 +137,7 @@ ApiError SubmitError(const Status& s, engine::RequestPart part, bool chat) {
     case RequestPart::kSamples: return FromStatus(s, "n");
     case RequestPart::kSession: return FromStatus(s, "session");
     case RequestPart::kCache: return FromStatus(s, "cache");
+    case RequestPart::kChunks: return FromStatus(s, "chunks");
     case RequestPart::kSampling:
     case RequestPart::kNone: break;
   }
@@ -161,6 +177,16 @@ std::optional<ApiError> BuildGenerationRequest(const CompletionParams& p, const 
     g.stop_tokens = chat.stop_tokens();
   } else if (p.prompt_tokens) {
     g.prompt = *p.prompt_tokens;
+  } else if (p.chunks) {
+    Result<engine::ChunkPrompt> c =
+        engine::MakeChunkPrompt(tok, *p.chunks, p.prompt, p.parse_special.value_or(true), p.chunk_repair);
+    if (!c.ok()) return FromStatus(c.status(), "chunks");
+    g.chunks = std::make_shared<const engine::ChunkPrompt>(std::move(c).value());
+    g.prompt = g.chunks->Tokens();
+    if (p.echo) {
+      for (const std::string& text : *p.chunks) out->echo += text;
+      out->echo += p.prompt;
+    }
   } else {
     // A raw prompt is the caller's own text (it could send token ids as
     // well): its special-token texts are control tokens unless it asks not.
@@ -244,6 +270,14 @@ std::optional<ApiError> ParseCompletionRequest(const std::string& body, bool cha
       return Bad("prompt", "'prompt' must be a string, an array of one string, or an array of token ids");
     }
     if (auto e = GetBool(j, "echo", &out->echo)) return e;
+    if (auto e = GetChunks(j, out)) return e;
+  }
+  out->chunk_repair = limits.chunk_repair;
+  if (j.contains("chunk_repair") && !j["chunk_repair"].is_null()) {
+    if (!j["chunk_repair"].is_string()) return Bad("chunk_repair", "'chunk_repair' must be a string");
+    Result<engine::ChunkRepair> repair = engine::ParseChunkRepair(j["chunk_repair"].get<std::string>());
+    if (!repair.ok()) return Bad("chunk_repair", repair.status().message());
+    out->chunk_repair = *repair;
   }
 
   int64_t v = 0;

@@ -11,7 +11,9 @@
 // text parts), max_tokens (max_completion_tokens), temperature, top_p, n,
 // stream, stream_options.include_usage, stop (string or up to 4 strings),
 // seed, user (without API keys, the tenant: server/tenants.h), echo
-// (completions). kvx extensions: top_k, min_p,
+// (completions). kvx extensions: chunks (completions: a list of texts
+// placed before the prompt, their KV reused from the chunk cache:
+// docs/kv-reuse.md), chunk_repair, top_k, min_p,
 // repeat_penalty, session (a named session to continue and keep),
 // ignore_eos (llama-server's name: generate past the end-of-generation
 // tokens, e.g. to fill a session to a length), parse_special (below),
@@ -24,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -77,10 +80,16 @@ struct CompletionParams {
   // open a turn of another role), a completion's prompt (default true: the
   // caller's own raw prompt).
   std::optional<bool> parse_special;
+  // Completions: texts placed in order before the prompt, each assembled
+  // from the chunk cache (engine/chunk_assembly.h) with chunk_repair.
+  std::optional<std::vector<std::string>> chunks;
+  engine::ChunkRepair chunk_repair;
 };
 
+// What parsing takes from the server: limits and defaults.
 struct ParseLimits {
   int max_n = 16;  // samples per request
+  engine::ChunkRepair chunk_repair;  // when a request names none (--chunk-repair)
 };
 
 // Parses a request body. `chat` selects /v1/chat/completions.

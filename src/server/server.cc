@@ -277,6 +277,7 @@ void Server::HandleCompletion(bool chat, const httplib::Request& req, httplib::R
   if (draining_) return SendError(res, ShuttingDownError());
   ParseLimits limits;
   limits.max_n = std::min(options_.max_n, scheduler_.options().max_running);
+  limits.chunk_repair = options_.chunk_repair;
   CompletionParams p;
   if (auto e = ParseCompletionRequest(req.body, chat, limits, &p)) return SendError(res, *e);
   if (p.model.empty()) p.model = options_.model_id;

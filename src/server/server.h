@@ -80,6 +80,7 @@ struct ServerOptions {
   std::string session_dir;         // "": session endpoints answer 501
   std::string chat_template;       // a Jinja chat template (--chat-template); "": the model's
   double shutdown_grace_seconds = 5;
+  engine::ChunkRepair chunk_repair;  // of requests with chunks that name none (--chunk-repair)
 };
 
 class Server final : private CompletionHost {

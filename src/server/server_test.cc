@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <fstream>
 #include <future>
 #include <sstream>
@@ -49,6 +50,7 @@ class ServerTest : public ::testing::Test {
     engine::SchedulerOptions so;
     so.max_running = max_running_;
     so.max_queue = max_queue_;
+    so.chunk_cache_bytes = chunk_cache_bytes_;
     auto s = engine::Scheduler::Create(*engine_, so);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     scheduler_ = std::move(s).value();
@@ -113,6 +115,7 @@ class ServerTest : public ::testing::Test {
   ServerOptions opts_;   // what the server was created with
   int max_queue_ = 4096;
   int max_running_ = 8;
+  uint64_t chunk_cache_bytes_ = 0;  // chunk reuse off
   std::string path_;
   std::unique_ptr<engine::Engine> engine_;
   std::unique_ptr<engine::Scheduler> scheduler_;
@@ -620,6 +623,121 @@ TEST_F(BusyServerTest, HealthStaysFastUnderStreamsAndSlowConnections) {
   EXPECT_GE(m["kvx_http_connections"], 100) << "the load was not on";
   EXPECT_GE(m["kvx_queue_length"], 16) << "the streams did not wait for the scheduler";
   EXPECT_GE(m["kvx_http_request_timeouts_total"], 60) << "slow connections were not cut";
+}
+
+// Chunk reuse ("chunks", docs/kv-reuse.md) end to end.
+class ChunkServerTest : public ServerTest {
+ protected:
+  ChunkServerTest() { chunk_cache_bytes_ = 64 << 20; }
+  std::pair<int, json> Post(const json& body) {
+    auto c = Client();
+    auto r = c.Post("/v1/completions", body.dump(), "application/json");
+    if (!r) return {0, json()};
+    return {r->status, json::parse(r->body, nullptr, false)};
+  }
+  static json Chunked(std::vector<std::string> chunks, const std::string& repair) {
+    return {{"chunks", chunks}, {"prompt", " so the answer is"}, {"max_tokens", 8}, {"temperature", 0},
+            {"ignore_eos", true}, {"chunk_repair", repair}};
+  }
+  const std::string a_ = "The first document talks about rivers and the sea. ";
+  const std::string b_ = "A second one lists numbers: 4 8 15 16 23 42. ";
+  const std::string c_ = "The third is short.";
+};
+
+// The second request, its chunks reordered, takes every chunk from the
+// chunk cache; usage says so; full and blend,r=1 answer what the plain
+// prompt of the same tokens answers; and the assembled sequences never
+// entered the prefix cache: the plain prompt finds nothing cached.
+TEST_F(ChunkServerTest, ChunksAreReusedReorderedAndNeverEnterThePrefixCache) {
+  auto [status, first] = Post(Chunked({a_, b_, c_}, "blend,r=0.15,layer=0"));
+  ASSERT_EQ(status, 200) << first;
+  const json& u1 = first["usage"]["prompt_tokens_details"];
+  const int chunk_tokens = u1["chunk_tokens"];
+  EXPECT_GT(chunk_tokens, 20);
+  EXPECT_EQ(u1["chunk_cache_tokens"], 0);
+  EXPECT_EQ(u1["chunk_recomputed_tokens"], static_cast<int>(std::ceil(0.15 * chunk_tokens)));
+  auto [status2, second] = Post(Chunked({c_, a_, b_}, "none"));
+  ASSERT_EQ(status2, 200) << second;
+  const json& u2 = second["usage"]["prompt_tokens_details"];
+  EXPECT_EQ(u2["chunk_tokens"], chunk_tokens);
+  EXPECT_EQ(u2["chunk_cache_tokens"], chunk_tokens);
+  EXPECT_EQ(u2["chunk_recomputed_tokens"], 0);
+  EXPECT_EQ(second["usage"]["prompt_tokens"], first["usage"]["prompt_tokens"]);
+
+  std::vector<std::string> texts;
+  for (const char* repair : {"full", "blend,r=1,layer=0", "epic,k=1000"}) {
+    auto [st, j] = Post(Chunked({a_, b_, c_}, repair));
+    ASSERT_EQ(st, 200) << j;
+    EXPECT_EQ(j["usage"]["prompt_tokens_details"]["chunk_recomputed_tokens"], chunk_tokens) << repair;
+    texts.push_back(j["choices"][0]["text"]);
+  }
+  const std::vector<std::string> chunks = {a_, b_, c_};
+  auto prompt = engine::MakeChunkPrompt(engine_->model().tokenizer(), chunks, " so the answer is", true, {});
+  ASSERT_TRUE(prompt.ok()) << prompt.status().ToString();
+  json plain = {{"prompt", prompt->Tokens()}, {"max_tokens", 8}, {"temperature", 0}, {"ignore_eos", true}};
+  auto [st, j] = Post(plain);
+  ASSERT_EQ(st, 200) << j;
+  for (const std::string& t : texts) EXPECT_EQ(t, j["choices"][0]["text"]);
+  EXPECT_EQ(j["usage"]["prompt_tokens_details"]["cached_tokens"], 0) << "an assembled sequence entered the prefix cache";
+  EXPECT_FALSE(j["usage"]["prompt_tokens_details"].contains("chunk_tokens"));
+  std::tie(st, j) = Post(plain);  // (the prefix cache works: the plain prompt's own blocks are found)
+  EXPECT_GT(j["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 0);
+  EXPECT_GT(scheduler_->Stats().chunk_cache.hits, 0);
+}
+
+// Several requests with chunks at once (assembled one by one, then decoding
+// in the same steps) answer what each answers alone.
+TEST_F(ChunkServerTest, ConcurrentChunkedRequestsAnswerAsAlone) {
+  const std::vector<std::vector<std::string>> orders = {{a_, b_, c_}, {c_, b_, a_}, {b_, a_}, {c_, a_, b_}};
+  std::vector<std::string> alone;
+  for (const auto& o : orders) alone.push_back(Post(Chunked(o, "blend,r=0.3")).second["choices"][0]["text"]);
+  std::vector<std::future<std::string>> together;
+  for (const auto& o : orders) {
+    together.push_back(std::async(std::launch::async, [&, o] {
+      return Post(Chunked(o, "blend,r=0.3")).second["choices"][0]["text"].get<std::string>();
+    }));
+  }
+  for (size_t i = 0; i < orders.size(); ++i) EXPECT_EQ(together[i].get(), alone[i]) << i;
+}
+
+TEST_F(ChunkServerTest, BadChunksAreClear400s) {
+  auto expect = [&](const json& body, const std::string& param, const std::string& words) {
+    auto [st, j] = Post(body);
+    EXPECT_EQ(st, 400) << body;
+    EXPECT_EQ(j["error"]["param"], param) << j;
+    EXPECT_NE(j["error"]["message"].get<std::string>().find(words), std::string::npos) << j;
+  };
+  expect({{"prompt", "q"}, {"chunks", {"a", 3}}}, "chunks", "must be a string");
+  expect({{"prompt", "q"}, {"chunks", "a"}}, "chunks", "array of strings");
+  expect({{"prompt", {1, 2}}, {"chunks", {"a"}}}, "chunks", "prompt as text");
+  expect({{"prompt", "q"}, {"chunks", std::vector<std::string>(65, "x")}}, "chunks", "more than the 64");
+  expect({{"prompt", "q"}, {"chunks", {"a"}}, {"chunk_repair", "blend,r=2"}}, "chunk_repair", "fraction");
+  expect({{"prompt", "q"}, {"chunks", {"a"}}, {"chunk_repair", "blend,layer=99"}}, "chunks", "check layer");
+  expect({{"prompt", "q"}, {"chunks", {"a"}}, {"session", "s"}}, "chunks", "session");
+  auto [st, j] = Post({{"prompt", "q"}, {"chunks", {std::string(3000, 'x'), "y"}}});
+  EXPECT_EQ(st, 400);
+  EXPECT_EQ(j["error"]["code"], "context_length_exceeded") << j;
+}
+
+TEST_F(ServerTest, ChunksWithoutAChunkCacheAreRefused) {
+  auto c = Client();
+  auto r = c.Post("/v1/completions", json{{"prompt", "q"}, {"chunks", {"a"}}}.dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_NE(r->body.find("--chunk-cache-bytes"), std::string::npos) << r->body;
+}
+
+class KiviChunkServerTest : public ChunkServerTest {
+ protected:
+  KiviChunkServerTest() { kv_spec_ = "codec=kivi4"; }
+};
+
+TEST_F(KiviChunkServerTest, ASpecThatCannotTakeChunksIsA400NamingTheFix) {
+  auto [st, j] = Post(Chunked({a_}, "none"));
+  EXPECT_EQ(st, 400);
+  EXPECT_EQ(j["error"]["param"], "chunks");
+  EXPECT_NE(j["error"]["message"].get<std::string>().find("KIVI"), std::string::npos) << j;
+  EXPECT_EQ(Post({{"prompt", "plain prompts still work"}, {"max_tokens", 2}}).first, 200);
 }
 
 }  // namespace

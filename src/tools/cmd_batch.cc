@@ -7,8 +7,12 @@
 // Input, one JSON object per line (blank lines ignored):
 //   {"prompt": "text", "max_tokens": 64, "temperature": 0.8, "top_k": 40,
 //    "top_p": 0.95, "min_p": 0.05, "seed": 1, "cache": "default" | "none",
-//    "id": <any JSON, echoed>}
-// Only "prompt" is required; the others default to the flags.
+//    "id": <any JSON, echoed>,
+//    "chunks": ["text", ...], "chunk_repair": "blend,r=0.15"}
+// Only "prompt" is required; the others default to the flags. "chunks" are
+// placed in order before the prompt and assembled from the chunk cache
+// (docs/kv-reuse.md); such requests are not grouped by prefix (their KV
+// never enters the prefix cache).
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -44,6 +48,7 @@ struct BatchFlags {
   int max_step_tokens = 512;
   bool ignore_eos = false;
   bool no_grouping = false;
+  ChunkFlags chunks;
 };
 
 struct Item {
@@ -54,6 +59,9 @@ struct Item {
   model::SamplerOptions sampling;
   engine::CacheMode cache = engine::CacheMode::kDefault;
   std::vector<int32_t> tokens;
+  std::optional<std::vector<std::string>> chunks;
+  std::optional<engine::ChunkRepair> chunk_repair;
+  std::shared_ptr<const engine::ChunkPrompt> chunk_prompt;
 };
 
 // Reads and checks every line before anything runs: a bad line is an error
@@ -110,15 +118,29 @@ Result<std::vector<Item>> ReadItems(const BatchFlags& flags) {
           return InvalidArgument(where + "\"cache\": \"pin\" is not supported yet: use \"default\" or \"none\"");
         }
         it.cache = *mode;
+      } else if (key == "chunks") {
+        if (!v.is_array()) return InvalidArgument(where + "\"chunks\" must be an array of strings");
+        it.chunks.emplace();
+        for (size_t c = 0; c < v.size(); ++c) {
+          if (!v[c].is_string()) return InvalidArgument(where + "\"chunks\"[" + std::to_string(c) + "] must be a string");
+          it.chunks->push_back(v[c].get<std::string>());
+        }
+      } else if (key == "chunk_repair") {
+        if (!v.is_string()) return InvalidArgument(where + "\"chunk_repair\" must be a string");
+        Result<engine::ChunkRepair> repair = engine::ParseChunkRepair(v.get<std::string>());
+        if (!repair.ok()) return InvalidArgument(where + repair.status().message());
+        it.chunk_repair = *repair;
       } else if (key == "seed") {
         if (!v.is_number_unsigned()) return InvalidArgument(where + "\"seed\" must be a non-negative integer");
         it.sampling.seed = v.get<uint64_t>();
       } else {
         return InvalidArgument(where + "unknown field \"" + key +
-                               "\" (known: prompt, max_tokens, temperature, top_k, top_p, min_p, seed, cache, id)");
+                               "\" (known: prompt, max_tokens, temperature, top_k, top_p, min_p, seed, cache, id, chunks, "
+                               "chunk_repair)");
       }
     }
     if (!j.contains("prompt")) return InvalidArgument(where + "missing the required field \"prompt\"");
+    if (it.chunk_repair && !it.chunks) return InvalidArgument(where + "\"chunk_repair\" needs \"chunks\"");
     if (Status s = it.sampling.Validate(); !s.ok()) return InvalidArgument(where + s.message());
     items.push_back(std::move(it));
   }
@@ -157,8 +179,18 @@ Status Batch(const BatchFlags& flags) {
   KVX_ASSIGN_OR_RETURN(auto eng, LoadEngine(flags.runtime));
   const model::Tokenizer& tok = eng->model().tokenizer();
   std::vector<std::vector<int32_t>> prompts;
+  engine::SchedulerOptions so;
+  const engine::ChunkRepair default_repair = ApplyChunkFlags(flags.chunks, &so);
   for (Item& it : items) {
-    KVX_ASSIGN_OR_RETURN(it.tokens, tok.Encode(it.prompt, /*add_special=*/true, /*parse_special=*/false));
+    if (it.chunks) {
+      Result<engine::ChunkPrompt> c = engine::MakeChunkPrompt(tok, *it.chunks, it.prompt, /*parse_special=*/false,
+                                                              it.chunk_repair.value_or(default_repair));
+      if (!c.ok()) return c.status().WithContext(flags.input + ":" + std::to_string(it.line));
+      it.chunk_prompt = std::make_shared<const engine::ChunkPrompt>(std::move(c).value());
+      it.tokens = it.chunk_prompt->Tokens();
+    } else {
+      KVX_ASSIGN_OR_RETURN(it.tokens, tok.Encode(it.prompt, /*add_special=*/true, /*parse_special=*/false));
+    }
     if (it.tokens.empty()) {
       return InvalidArgument(flags.input + ":" + std::to_string(it.line) +
                              ": the prompt is empty and the model adds no BOS token");
@@ -181,7 +213,6 @@ Status Batch(const BatchFlags& flags) {
   // the requests already in flight (their callbacks run).
   Waiter warm, all;
   std::vector<Outcome> outcomes(items.size());
-  engine::SchedulerOptions so;
   so.max_step_tokens = flags.max_step_tokens;
   so.max_running = std::min(flags.runtime.options.n_seqs, flags.max_step_tokens);
   KVX_ASSIGN_OR_RETURN(so.tiers, OpenTiers(flags.cache, *eng));
@@ -190,13 +221,23 @@ Status Batch(const BatchFlags& flags) {
 
   const int block = eng->kv_manager().spec().layout.page_tokens;
   std::vector<engine::PrefixGroup> groups;
+  // Chunked prompts in a group of their own, without a shared prefix.
+  std::vector<int> plain;
+  engine::PrefixGroup chunked;
+  for (int i = 0; i < static_cast<int>(items.size()); ++i) (items[i].chunks ? chunked.members : plain).push_back(i);
   if (flags.no_grouping) {
     engine::PrefixGroup all;
-    for (int i = 0; i < static_cast<int>(items.size()); ++i) all.members.push_back(i);
+    all.members = plain;
     groups.push_back(all);
   } else {
-    groups = engine::GroupByPrefix(prompts, block);
+    std::vector<std::vector<int32_t>> plain_prompts;
+    for (int i : plain) plain_prompts.push_back(prompts[i]);
+    groups = engine::GroupByPrefix(plain_prompts, block);
+    for (engine::PrefixGroup& g : groups) {
+      for (int& m : g.members) m = plain[m];
+    }
   }
+  if (!chunked.members.empty()) groups.push_back(chunked);
   // 1. Each shared prefix once: a one-token request whose finished sequence
   //    the prefix cache keeps (its KV is exactly the prefix's whole blocks).
   int warmups = 0;
@@ -223,6 +264,7 @@ Status Batch(const BatchFlags& flags) {
       r.sampling = items[i].sampling;
       r.stop_at_eog = !flags.ignore_eos;
       r.cache = items[i].cache;
+      r.chunks = items[i].chunk_prompt;
       all.Add();
       auto id = sched->Submit(std::move(r), [&all, &outcomes, i](const engine::RequestEvent& e) {
         if (e.kind == engine::RequestEvent::Kind::kFinish) {
@@ -263,6 +305,11 @@ Status Batch(const BatchFlags& flags) {
       json by_tier = json::object();
       for (const auto& [tier, n] : e.timing.cached_by_tier) by_tier[tier] = n;
       j["cached_by_tier"] = by_tier;
+    }
+    if (e.timing.chunk_tokens > 0) {
+      j["chunk_tokens"] = e.timing.chunk_tokens;
+      j["chunk_cache_tokens"] = e.timing.chunk_cached_tokens;
+      j["chunk_recomputed_tokens"] = e.timing.chunk_recomputed_tokens;
     }
     j["generated_tokens"] = e.tokens.size();
     j["ttft_ms"] = e.timing.ttft_seconds * 1e3;
@@ -317,6 +364,7 @@ void RegisterBatch(CLI::App& app, int* exit_code) {
   cmd->add_option("--seed", flags->sampler.seed, "Default seed")->capture_default_str();
   cmd->add_flag("--ignore-eos", flags->ignore_eos, "Do not stop at end-of-text");
   AddCacheFlags(cmd, &flags->cache);
+  AddChunkFlags(cmd, &flags->chunks);
   cmd->add_flag("--no-grouping", flags->no_grouping, "Submit in file order without computing shared prefixes first");
   cmd->callback([flags, exit_code] { *exit_code = ReportStatus(Batch(*flags)); });
 }

@@ -34,6 +34,7 @@ struct EvalFlags {
   int n_threads = 0;
   bool quiet = false;
   eval::RagOptions rag;
+  std::string rag_needle = "whole";
 };
 
 // --tasks rag: chunk reuse's repairs on RAG prompts (eval/rag.h), one spec.
@@ -43,6 +44,7 @@ Status RunRagCommand(EvalFlags& flags) {
   if (!o.specs.empty()) flags.rag.kv_spec = o.specs[0];
   for (const std::string& repair : flags.rag.repairs) KVX_RETURN_IF_ERROR(engine::ParseChunkRepair(repair).status());
   flags.rag.data_dir = o.data_dir;
+  flags.rag.split_needle = flags.rag_needle == "split";
   flags.rag.seed = o.seed;
   flags.rag.n_batch = o.n_batch;
   KVX_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> model, model::Model::Load(o.model_path));
@@ -227,8 +229,9 @@ void RegisterEval(CLI::App& app, int* exit_code) {
   cmd->add_option("--lines-trials", o.lines_trials, "lines: cases per record size")->capture_default_str()
       ->check(IntIn(1, kMaxCount));
   cmd->add_option("--chunk-repair", flags->rag.repairs,
-                  "rag: the repairs compared (none, full, epic[,k=N], blend[,r=X][,layer=L]); repeat the flag; "
-                  "default: none, epic k=1,4,16, blend r=0.05,0.15,0.3, full");
+                  "rag: the repairs compared (none, full, epic[,k=N], blend[,r=X][,layer=L][,k=N][,dev=kv|k|v]); repeat "
+                  "the flag; "
+                  "default: none, epic k=1,4,16, blend r=0.05,0.15,0.3, blend r=0.05 with k=16, full");
   cmd->add_option("--rag-sizes", flags->rag.sizes, "rag: tokens of documents per prompt, comma-separated")
       ->delimiter(',')
       ->capture_default_str()
@@ -236,6 +239,11 @@ void RegisterEval(CLI::App& app, int* exit_code) {
   cmd->add_option("--rag-chunk-tokens", flags->rag.chunk_tokens, "rag: tokens per document (whole sentences)")
       ->capture_default_str()
       ->check(IntIn(1, kMaxContext));
+  cmd->add_option("--rag-needle", flags->rag_needle,
+                  "rag: whole (the needle in one document) or split (cut between two adjacent chunks inside the "
+                  "needle: the answer needs cross-chunk attention)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"whole", "split"}));
   cmd->add_option("--rag-questions", flags->rag.questions, "rag: questions per size")->capture_default_str()
       ->check(IntIn(1, kMaxCount));
   cmd->add_option("--seed", o.seed, "Seed of every random choice")->capture_default_str();

@@ -29,6 +29,7 @@ namespace {
 struct ServeFlags {
   EngineFlags engine;
   CacheFlags cache;
+  ChunkFlags chunks;
   engine::SchedulerOptions scheduler;
   server::ServerOptions server;
   int max_seqs = 16;
@@ -90,6 +91,7 @@ Status Serve(ServeFlags flags) {
   flags.scheduler.max_running = flags.max_seqs;
   KVX_ASSIGN_OR_RETURN(auto engine, LoadEngine(flags.engine));
   KVX_ASSIGN_OR_RETURN(flags.scheduler.tiers, OpenTiers(flags.cache, *engine));
+  flags.server.chunk_repair = ApplyChunkFlags(flags.chunks, &flags.scheduler);
   KVX_ASSIGN_OR_RETURN(auto scheduler, engine::Scheduler::Create(*engine, flags.scheduler));
   if (flags.server.model_id.empty()) {
     flags.server.model_id = std::filesystem::path(flags.engine.options.model_path).stem().string();
@@ -162,6 +164,7 @@ void RegisterServe(CLI::App& app, int* exit_code) {
   cmd->add_option("--max-step-tokens", flags->scheduler.max_step_tokens, "Tokens per forward step (decode + prefill)")
       ->capture_default_str()
       ->check(IntIn(1, 1 << 16));
+  AddChunkFlags(cmd, &flags->chunks);
   cmd->add_option("--session-dir", flags->server.session_dir,
                   "Directory for /v1/sessions/{name}/save and /restore files (off when empty)");
   cmd->add_option("--model-id", flags->server.model_id, "Model name in /v1/models (default: the file name)");

@@ -186,6 +186,27 @@ CLI::Validator ByteSizeIn(uint64_t lo, uint64_t hi) {
       "SIZE");
 }
 
+void AddChunkFlags(CLI::App* cmd, ChunkFlags* flags) {
+  cmd->add_option("--chunk-cache-bytes", flags->cache_bytes,
+                  "Chunk cache (requests' \"chunks\": their KV reused at any position) in RAM, e.g. 512M (0: "
+                  "requests with chunks are refused)")
+      ->capture_default_str()
+      ->transform(ByteSizeIn());
+  cmd->add_option("--chunk-repair", flags->repair,
+                  "Repair of reused chunks when a request names none: none, full, epic[,k=N], "
+                  "blend[,r=X][,layer=L][,k=N][,dev=kv|k|v]")
+      ->capture_default_str()
+      ->check([](const std::string& text) {
+        Result<engine::ChunkRepair> r = engine::ParseChunkRepair(text);
+        return r.ok() ? std::string() : r.status().message();
+      });
+}
+
+engine::ChunkRepair ApplyChunkFlags(const ChunkFlags& flags, engine::SchedulerOptions* options) {
+  options->chunk_cache_bytes = flags.cache_bytes;
+  return engine::ParseChunkRepair(flags.repair).value();  // checked by the flag
+}
+
 void AddCacheFlags(CLI::App* cmd, CacheFlags* flags) {
   cmd->add_option("--cache-ram-bytes", flags->ram_bytes,
                   "Host-RAM KV tier: blocks kept in this process's memory in the storage format (0: none), e.g. 2G")

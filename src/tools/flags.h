@@ -21,6 +21,7 @@
 #include <CLI/CLI.hpp>
 
 #include "engine/engine.h"
+#include "engine/scheduler.h"
 #include "kv/tier/tier_store.h"
 #include "util/status.h"
 
@@ -103,5 +104,15 @@ void AddCacheFlags(CLI::App* cmd, CacheFlags* flags);
 // `engine`'s model and KV spec; null when they ask for no tier.
 // InvalidArgument naming the flag at fault.
 Result<std::shared_ptr<kv::tier::TierStore>> OpenTiers(const CacheFlags& flags, const engine::Engine& engine);
+
+// Chunk reuse (docs/kv-reuse.md): --chunk-cache-bytes and --chunk-repair
+// (kvx serve, kvx batch).
+struct ChunkFlags {
+  uint64_t cache_bytes = uint64_t{256} << 20;  // 0: requests with chunks are refused
+  std::string repair = engine::ChunkRepair().ToString();  // epic,k=16
+};
+void AddChunkFlags(CLI::App* cmd, ChunkFlags* flags);
+// The scheduler's chunk cache from the flags, and the default repair.
+engine::ChunkRepair ApplyChunkFlags(const ChunkFlags& flags, engine::SchedulerOptions* options);
 
 }  // namespace kvx::tools
