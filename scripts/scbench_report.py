@@ -109,7 +109,7 @@ def render(out):
     lines = ["# SCBench's shared-context protocols on the recall model", "",
              "Rendered by `scripts/scbench_report.py` from `docs/results/scbench/*.json` (never typed). What the "
              "protocols are and how kvx runs them: [eval/scbench.h](../src/eval/scbench.h) and "
-             "[docs/kv-eviction.md](kv-eviction.md#shared-contexts-scbench); the compressed cache they use: "
+             "[docs/eval.md](eval.md#scbenchs-shared-context-protocols---protocol-multi-query--multi-turn); the compressed cache they use: "
              "[engine/compressed_cache.h](../src/engine/compressed_cache.h).", "",
              "Each context is RULER's niah_multikey haystack (Paul Graham essays, 4 needles \"One of the special "
              "magic numbers for KEY is: VALUE.\", distinct keys), prefilled and compressed **once** with the question "
@@ -166,6 +166,7 @@ def render(out):
                                                      r["summary"].replace("|", "/")))
         lines += ["", "Commands: " + "; ".join("`%s`" % r["command"] for r in b["rows"]), ""]
     out.write(DOC, "\n".join(lines).rstrip("\n") + "\n")
+    out.finish("scbench")
 
 
 def main():
@@ -186,9 +187,7 @@ def main():
         run(args)
     if args.batch:
         batch(args)
-    out = Output(args.check)
-    render(out)
-    out.finish("scbench")
+    render(Output(args.check))
 
 
 if __name__ == "__main__":

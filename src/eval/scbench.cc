@@ -143,6 +143,8 @@ Result<std::vector<std::vector<int32_t>>> AskContext(engine::Scheduler& s, const
     KVX_ASSIGN_OR_RETURN(auto a, asker.Ask({std::move(r)}));
     answers.push_back(a[0]);
   }
+  // Sessions hold their pages until dropped: the next context needs them.
+  KVX_RETURN_IF_ERROR(s.RunBetweenSteps([&](engine::Engine&) { return s.DropSession(0, session); }));
   return answers;
 }
 

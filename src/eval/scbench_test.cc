@@ -50,6 +50,15 @@ TEST(SharedContextTest, QuestionsShareOneCompressedCache) {
     EXPECT_EQ(snap.compressed_hits, protocol == "multi-query" ? 8u : 2u);
     EXPECT_NE(SharedContextTable(*r).find(protocol == "multi-query" ? "question 4" : "turn 4"), std::string::npos);
   }
+  // More conversations than the pool holds sequences: each context's
+  // session is dropped when its turns are done.
+  SharedContextOptions many = Small("multi-turn");
+  many.specs = {"codec=f16"};
+  many.questions = 2;
+  many.contexts = 5;
+  auto r = RunSharedContextEval(**model, &threads, many);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->rows[0].n, 5);
   SharedContextOptions bad = Small("multi-round");
   EXPECT_FALSE(RunSharedContextEval(**model, &threads, bad).ok());
 }
