@@ -14,7 +14,7 @@ Each run is one `kvx eval --protocol P --lengths L` over every method (the full 
 docs/results/scbench/P-L.json (kvx eval --json) plus P-L.meta.json (the command and its wall time); the document is
 rendered from those files alone.
 """
-import argparse, glob, json, os, subprocess, sys, tempfile, time
+import argparse, glob, json, os, re, subprocess, sys, tempfile, time
 
 from reportlib import ROOT, Output, rel, sub_command_paths
 
@@ -119,7 +119,11 @@ def render(out):
              "question. Cells: exact-match rate, Wilson 95%% interval, hits/n (n = contexts)." % RATIO, "",
              "**Caveat.** The recall model is weak at multi-key retrieval even with the full cache (RULER "
              "niah_multikey ~25-35%% in kvx eval: it confuses the four needles), so every rate here is low and the "
-             "intervals are wide; read rows against the full cache's row, not as absolute scores.", ""]
+             "intervals are wide; read rows against the full cache's row, not as absolute scores. In multi-query "
+             "every question index faces the same compressed cache (the question was excluded from the compression "
+             "and the order is shuffled), so a method's columns differ by noise only; a method that loses the "
+             "needles loses them for every question. In multi-turn the context grows by each answer, and continuous "
+             "policies keep evicting as it grows.", ""]
     for path in sorted(glob.glob(os.path.join(RESULTS, "*.json"))):
         if path.endswith(".meta.json") or os.path.basename(path) == "batch.json":
             continue
@@ -132,8 +136,9 @@ def render(out):
         label = "turn" if data["protocol"] == "multi-turn" else "question"
         lines += ["## %s, %d tokens" % (data["protocol"], length), ""]
         if meta:
-            lines += ["`%s` (%s s wall, %s; the machine shared with other builds)" % (
-                meta["command"], meta["seconds"], meta["date"]), ""]
+            command = re.sub(r"\S*/shared/data\b", "../shared/data", meta["command"])
+            lines += ["`%s` (%s s wall, %s; the machine shared with other builds, load average above 20)" % (
+                command, meta["seconds"], meta["date"]), ""]
         lines += ["| method | " + " | ".join("%s %d" % (label, q + 1) for q in range(nq)) + " |",
                   "|---|" + "---:|" * nq]
         by_spec = {}
