@@ -165,11 +165,17 @@ def render(out):
                   "`%s`, a context of about %d tokens (%s). Wall time: median of the runs, the machine loaded by "
                   "other builds; the summary line is kvx batch's own (last run)." % (
                       b["spec"], b["context_tokens_about"], b["date"]), "",
-                  "| mode | wall s (median) | runs | kvx batch summary |", "|---|---:|---:|---|"]
+                  "| mode | prompt tokens computed | compressions | wall s (median) | vs no reuse | runs | kvx batch summary |",
+                  "|---|---:|---:|---:|---:|---:|---|"]
+        base = b["rows"][0]["wall_seconds_median"]
         for r in b["rows"]:
-            lines.append("| %s | %.2f | %d | %s |" % (r["mode"], r["wall_seconds_median"], r["runs"],
-                                                     r["summary"].replace("|", "/")))
-        lines += ["", "Commands: " + "; ".join("`%s`" % r["command"] for r in b["rows"]), ""]
+            computed = re.search(r"(\d+) computed", r["summary"]).group(1)
+            compressions = re.search(r"(\d+) compressions", r["summary"]).group(1)
+            lines.append("| %s | %s | %s | %.2f | %.2fx | %d | %s |" % (
+                r["mode"], computed, compressions, r["wall_seconds_median"], r["wall_seconds_median"] / base,
+                r["runs"], r["summary"].replace("|", "/")))
+        commands = [re.sub(r"/tmp/\S+/out\.jsonl", "OUT.jsonl", r["command"]) for r in b["rows"]]
+        lines += ["", "Commands (`scripts/scbench_report.py --batch`): " + "; ".join("`%s`" % c for c in commands), ""]
     out.write(DOC, "\n".join(lines).rstrip("\n") + "\n")
     out.finish("scbench")
 
