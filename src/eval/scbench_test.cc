@@ -25,8 +25,9 @@ SharedContextOptions Small(const std::string& protocol) {
 
 TEST(SharedContextTest, QuestionsShareOneCompressedCache) {
   KVX_REQUIRE_SHARED();
-  auto model = model::Model::Load(testing::SharedPath("models/recall/recall-llama-8L-d512-f16.gguf"));
-  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  const std::string path = testing::SharedPath("models/recall/recall-llama-8L-d512-f16.gguf");
+  auto model = model::Model::Load(path);
+  ASSERT_TRUE(model.ok()) << path << ": " << model.status().ToString();
   ThreadPool threads(2);
   for (const std::string protocol : {"multi-query", "multi-turn"}) {
     SCOPED_TRACE(protocol);
