@@ -1,7 +1,8 @@
 // kvx eval --protocol on the recall model, small: the questions of a
 // context go against one compressed cache (the scheduler's counts), and
-// every question index is scored. Runs the scheduler's thread: labelled
-// `threads`.
+// every question index is scored. Runs the scheduler's thread, but is not
+// labelled `threads`: real-model forward passes under ThreadSanitizer take
+// many minutes, and the scheduler's threading is the engine tests' (TSan).
 #include "eval/scbench.h"
 
 #include <gtest/gtest.h>
