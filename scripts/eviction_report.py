@@ -560,7 +560,9 @@ def render(out):
              "(hours on 2 cores), then commit `docs/results/eviction/` and the rendered files. The specs of a "
              "method share each prompt's prefill where their policies allow (`kvx eval --prefill-cache`, identical "
              "results, docs/eval.md): at 8192 tokens a SnapKV or TOVA run takes about a minute, H2O's, which "
-             "cannot share, over twenty.", ""]
+             "cannot share, over twenty.", "",
+             "Shared contexts (SCBench's protocols: one context compressed once, then several questions against "
+             "it, or a conversation): [scbench.md](scbench.md).", ""]
     # The resolution of a cell, from the runs themselves: prompts per task = trials per depth x depths.
     per_cell = sorted({len(r["settings"]["passkey"]["depths"]) * r["settings"]["passkey"]["trials"]
                        for (m, n, mode), r in data.items() if mode != KLD_MODE and "passkey" in r.get("settings", {})})

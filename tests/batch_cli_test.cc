@@ -81,6 +81,29 @@ TEST(BatchCliTest, SharedPrefixesStillCachedWithAOncePolicy) {
   EXPECT_EQ(cached, 6);
 }
 
+// --compress-at prefix: each shared prefix is compressed once (its
+// warm-up) and the group's requests fork it; a continuous policy's warm-up
+// is kept too. The summary says so (hits by kind, compressions).
+TEST(BatchCliTest, CompressedPrefixesAreReused) {
+  const std::string in = WriteRequests("batch_reuse_in.jsonl");
+  for (const std::string kv : {"codec=f16,page=16;policy=snapkv,ratio=0.5", "codec=f16,page=16;policy=h2o,ratio=0.5"}) {
+    const std::string out = TempDir() + "/batch_reuse_out.jsonl";
+    const auto r = RunCommand({BinaryDir() + "/kvx", "batch", in, "-m", TinyModel(), "--kv", kv, "-c", "512", "-o",
+                               out, "--compress-at", "prefix"});
+    ASSERT_TRUE(r.exited && r.exit_code == 0) << r.Describe() << "\n" << r.output;
+    // The six requests of the one group fork its kept prefix.
+    EXPECT_NE(r.output.find("from 6 compressed-cache hits"), std::string::npos) << kv << "\n" << r.output;
+    EXPECT_NE(r.output.find("6 requests started from theirs"), std::string::npos) << kv << "\n" << r.output;
+    // snapkv: the warm-up and the three requests without a shared prefix.
+    if (kv.find("snapkv") != std::string::npos) {
+      EXPECT_NE(r.output.find("| 4 compressions"), std::string::npos) << r.output;
+    }
+    const auto lines = testing::ReadJsonLines(out);
+    ASSERT_EQ(lines.size(), 9u);
+    for (int i = 1; i < 9; i += (i % 3 == 2 ? 2 : 1)) EXPECT_GT(lines[i]["cached_tokens"].get<int>(), 0) << i;
+  }
+}
+
 TEST(BatchCliTest, BadLinesAreNamed) {
   const std::string in = TempDir() + "/batch_bad.jsonl";
   std::ofstream(in) << "{\"prompt\": \"ok\"}\n\n{\"max_tokens\": 3}\n";

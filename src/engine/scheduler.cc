@@ -4,6 +4,7 @@
 #include <chrono>
 #include <set>
 
+#include "engine/compressed_cache.h"
 #include "engine/scheduler_request.h"
 #include "engine/session.h"
 #include "kv/sequence_kv.h"
@@ -47,6 +48,12 @@ double Histogram::Quantile(double q) const {
 
 // ---------------------------------------------------------------------------
 // Construction, the public thread-safe calls.
+
+namespace {
+// Compressed contexts kept at most (LRU beyond; the pool's needs evict them
+// sooner): a server's few shared documents, an eval's current context.
+constexpr int kCompressedEntries = 64;
+}  // namespace
 
 Result<std::unique_ptr<Scheduler>> Scheduler::Create(Engine& engine, SchedulerOptions options) {
   if (options.max_step_tokens < 1) return InvalidArgument("max_step_tokens must be at least 1");
@@ -98,7 +105,10 @@ Scheduler::Scheduler(Engine& engine, SchedulerOptions options) : engine_(engine)
   page_tokens_ = spec.layout.page_tokens;
   block_bytes_ = KvBytesFor(page_tokens_);
   compress_once_ = engine_.kv_manager().HasOncePolicy();
-  if (options_.prefix_cache) cache_ = std::make_unique<kv::RadixCache>(&engine_.kv_manager());
+  if (options_.prefix_cache) {
+    cache_ = std::make_unique<kv::RadixCache>(&engine_.kv_manager());
+    compressed_ = std::make_unique<CompressedCache>(&engine_.kv_manager(), kCompressedEntries);
+  }
   if (cache_ && options_.tiers) {  // the tiers load into the prefix cache: nothing to load into without it
     tiers_ = options_.tiers;
     tiers_->SetOnLoad([this] {
@@ -134,6 +144,7 @@ Scheduler::~Scheduler() {
   running_.clear();
   for (auto& [name, e] : sessions_) engine_.kv_manager().ReleaseSequence(e.seq);
   sessions_.clear();
+  compressed_.reset();
   cache_.reset();
 }
 
@@ -379,6 +390,7 @@ void Scheduler::PublishStats() {
     s.cache_blocks = cache_->num_blocks();
     s.cache_bytes = static_cast<uint64_t>(s.cache_blocks) * block_bytes_;
     s.cache_evicted_blocks = cache_->evicted_blocks();
+    s.compressed_entries = compressed_->size();
   }
   if (tiers_) {
     s.tiers = tiers_->Metrics();

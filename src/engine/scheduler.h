@@ -44,9 +44,23 @@
 // the prompt. Prefill chunks stop at that point, so a preempted request
 // (recomputed from its tokens) is compressed at the same token, and the
 // prefix cache lookup stops short of it. A resumed session's request is
-// compressed again after its prompt. Compressed sequences never enter the
-// prefix cache (their pages no longer hold their tokens); samples 1..n-1
+// compressed again after its prompt. A request may name an earlier moment
+// (compress_at: after the context, before its question). Samples 1..n-1
 // fork the compressed sequence whole (pages shared, copied on write).
+//
+// Compressed caches that can be reused (engine/compressed_cache.h). A
+// compressed sequence cannot enter the radix prefix cache (its pages no
+// longer hold its tokens), so a second cache keeps such sequences whole:
+// a request that names its compression moment (compress_at > 0) leaves a
+// fork of its sequence as compressed there, and a later request whose
+// prompt extends exactly those tokens and compresses at the same moment
+// forks it instead of computing and compressing the context again (N
+// questions against one context compress once: SCBench's multi-query
+// protocol). With continuous policies (which act at every step) a finished
+// or preempted sequence is kept the same way, and a request whose tokens
+// extend it continues from it. Without a named moment the radix cache still
+// serves the uncompressed shared prefix and each request compresses its
+// own copy-on-write view after its whole prompt (query-aware).
 //
 // Sessions (named sequences): a request with `save_session` keeps its
 // sequence (sample 0) under that name when it finishes; a request with
@@ -97,6 +111,7 @@ class RadixCache;
 
 namespace kvx::engine {
 
+class CompressedCache;
 class Session;
 
 using RequestId = uint64_t;
@@ -204,6 +219,13 @@ struct GenerationRequest {
   // prompt. False keeps the whole prompt in the KV, e.g. a shared prefix's
   // warm-up request whose sequence is meant for the prefix cache.
   bool compress = true;
+  // The compression moment, in prompt tokens (0 <= compress_at <=
+  // prompt size): after prompt[0, compress_at), e.g. a shared context with
+  // its question excluded. 0: after the whole prompt. A request that names
+  // it leaves its compressed sequence in the compressed cache (with the
+  // prefix cache on), and starts from an entry compressed at that moment
+  // when one holds its tokens (see the header comment).
+  int compress_at = 0;
 };
 
 // The part of a request Submit rejected (its status says what is wrong and
@@ -303,6 +325,13 @@ struct SchedulerStats {
   // Requests that waited for another request still prefilling a prefix they
   // share, to start from its blocks rather than compute them too.
   uint64_t prefix_waits = 0;
+  // Compressed caches (engine/compressed_cache.h): compression moments run,
+  // admissions that forked a kept compressed (or continuously evicted)
+  // sequence instead, the tokens those held, and the entries kept now.
+  uint64_t compressions = 0;
+  uint64_t compressed_hits = 0;
+  uint64_t compressed_hit_tokens = 0;
+  int compressed_entries = 0;
   // KV tiers (empty without them): per tier its counters and load latency,
   // the store's lookups, abandoned loads, corrupt blocks and writes.
   std::vector<kv::tier::TierMetrics> tiers;
@@ -528,6 +557,15 @@ class Scheduler {
   bool CompressesAtBase(const Request& r) const;
   std::unique_ptr<ChunkAssembler> chunker_;  // null: chunk reuse off (chunker_status_ says why)
   Status chunker_status_;
+  // The compressed cache's part (scheduler_compressed.cc): the base token
+  // after which r compresses; the entry a sample of r may start from; a
+  // compressed sample's sequence kept for others; a sequence leaving a
+  // request handed to the cache that can hold it (ownership passes).
+  int Moment(const Request& r) const;
+  std::pair<kv::SeqId, int> LookupCompressed(const Request& r, const std::vector<int32_t>& tokens);
+  void KeepCompressed(const Request& r, const Sample& s);
+  void CacheSequence(kv::SeqId seq);
+  std::unique_ptr<CompressedCache> compressed_;  // with the prefix cache
 
   // Shared with other threads, under mu_.
   mutable std::mutex mu_;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "engine/compressed_cache.h"
 #include "engine/scheduler.h"
 #include "engine/scheduler_request.h"
 
@@ -47,6 +48,11 @@ void Scheduler::Admit() {
       continue;
     }
     if (!admitted) {
+      if (compressed_ && compressed_->EvictOne()) {  // kept compressed contexts give way too
+        const uint64_t in_use = m.BytesInUse();
+        free_bytes = (budget > in_use ? budget - in_use : 0) + (evictable_added ? cache_->EvictableBytes() : 0);
+        continue;
+      }
       if (running_.empty()) {
         // Nothing runs and it still does not fit: it never will.
         std::unique_ptr<Request> dead = std::move(queue_[i]);
@@ -153,6 +159,7 @@ Status Scheduler::TryAdmit(Request& r, uint64_t* available, bool* admitted) {
     Sample* s;
     kv::RadixCache::Match match;
     bool from_session = false;
+    kv::SeqId compressed = -1;  // a compressed cache entry holding match.tokens
   };
   std::vector<Plan> plans;
   uint64_t need = 0;
@@ -164,7 +171,7 @@ Status Scheduler::TryAdmit(Request& r, uint64_t* available, bool* admitted) {
       continue;
     }
     const std::vector<int32_t> full = r.Full(s);
-    Plan p{&s, {}, false};
+    Plan p{&s, {}, false, -1};
     const int n = static_cast<int>(full.size());
     if (session != nullptr && s.index == 0) {
       p.from_session = true;
@@ -172,8 +179,13 @@ Status Scheduler::TryAdmit(Request& r, uint64_t* available, bool* admitted) {
     } else if (Caches(r)) {
       // With a compression moment at the base's end, at least the base's
       // last token is computed (cached prefixes are never compressed).
-      const int limit = CompressesAtBase(r) ? std::min<int>(n, static_cast<int>(r.base.size())) - 1 : n - 1;
+      const int limit = CompressesAtBase(r) ? std::min<int>(n, Moment(r)) - 1 : n - 1;
       p.match = cache_->Lookup(r.req.tenant_salt, full, limit);
+      const auto [seq, tokens] = LookupCompressed(r, full);
+      if (tokens > p.match.tokens) {
+        p.compressed = seq;
+        p.match = kv::RadixCache::Match{0, tokens, kv::RadixCache::kNoNode};
+      }
     }
     if (s.index == 0) cached = p.match.tokens;
     need += KvBytesFor(n + 1) - KvBytesFor(p.match.tokens);
@@ -183,7 +195,8 @@ Status Scheduler::TryAdmit(Request& r, uint64_t* available, bool* admitted) {
   // Give each sample its sequence.
   for (size_t i = 0; i < plans.size(); ++i) {
     Plan& p = plans[i];
-    Result<kv::SeqId> seq = p.from_session       ? m.ForkPrefix(session->seq, p.match.tokens)
+    Result<kv::SeqId> seq = p.from_session         ? m.ForkPrefix(session->seq, p.match.tokens)
+                            : p.compressed >= 0  ? m.ForkPrefix(p.compressed, p.match.tokens)
                             : p.match.blocks > 0 ? cache_->ForkMatch(p.match)
                                                  : Result<kv::SeqId>(m.AddSequence(r.req.tenant_salt));
     if (!seq.ok()) {
@@ -206,7 +219,12 @@ Status Scheduler::TryAdmit(Request& r, uint64_t* available, bool* admitted) {
     if (Caches(r) && !p.from_session) {
       work_.prefix_lookups++;
       work_.prefix_lookup_tokens += full.size();
-      work_.prefix_hit_tokens += static_cast<uint64_t>(p.match.tokens);
+      if (p.compressed >= 0) {
+        work_.compressed_hits++;
+        work_.compressed_hit_tokens += static_cast<uint64_t>(p.match.tokens);
+      } else {
+        work_.prefix_hit_tokens += static_cast<uint64_t>(p.match.tokens);
+      }
     }
   }
   *available -= need;
@@ -236,6 +254,7 @@ Status Scheduler::TryAdmit(Request& r, uint64_t* available, bool* admitted) {
 bool Scheduler::MakeRoom(uint64_t bytes, Request** preempted) {
   *preempted = nullptr;
   if (cache_ && cache_->Evict(bytes) > 0) return true;
+  if (compressed_ && compressed_->EvictOne()) return true;  // (its pages may live on in forks: retried)
   if (running_.size() <= 1) return false;  // the one request left is the one that needs the room
   *preempted = Youngest();
   Preempt(*preempted);
@@ -264,7 +283,7 @@ void Scheduler::Preempt(Request* r) {
     if (s.locked != kv::RadixCache::kNoNode) cache_->Unlock(s.locked);
     s.locked = kv::RadixCache::kNoNode;
     WriteThrough(*r, s.session->id());
-    if (Caches(*r)) cache_->Insert(s.session->Detach());
+    if (Caches(*r)) CacheSequence(s.session->Detach());
     s.session.reset();
     s.pending.clear();
   }

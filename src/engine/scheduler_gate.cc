@@ -81,6 +81,10 @@ Status Scheduler::CheckRequest(const GenerationRequest& r, RequestPart* part) co
   *part = RequestPart::kContext;
   const int64_t prompt = static_cast<int64_t>(r.prompt.size());
   if (prompt >= engine_.n_ctx()) return ContextExceeded("the prompt has", prompt, engine_.n_ctx());
+  if (r.compress_at < 0 || r.compress_at > prompt) {
+    return InvalidArgument("compress_at (" + std::to_string(r.compress_at) + ") must be in [0, " +
+                           std::to_string(prompt) + "]: a number of prompt tokens, 0 for the whole prompt");
+  }
   *part = RequestPart::kKvBudget;
   KVX_RETURN_IF_ERROR(CheckPoolHolds("the prompt", prompt));
   *part = RequestPart::kMaxTokens;

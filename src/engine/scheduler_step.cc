@@ -35,7 +35,7 @@ bool Scheduler::RunStep() {
       if (s.session == nullptr || s.finished || (s.pending.size() == 1 && !s.generated.empty())) continue;
       if (s.pending.empty()) continue;  // (cannot happen: a sequence with nothing pending sampled already)
       int n = std::min<int>(budget, static_cast<int>(s.pending.size()));
-      const int to_base = static_cast<int>(r->base.size()) - s.session->n_past();
+      const int to_base = Moment(*r) - s.session->n_past();
       if (CompressesAtBase(*r) && to_base > 0) n = std::min(n, to_base);  // stop at the compression moment
       rows.push_back({r.get(), &s, n});
       budget -= n;
@@ -89,8 +89,8 @@ bool Scheduler::RunStep() {
     } else {
       work_.decode_rows++;
     }
-    const int base = static_cast<int>(row.r->base.size()), now = row.s->session->n_past();
-    if (CompressesAtBase(*row.r) && now - row.n < base && now >= base) reached.push_back(row.s);
+    const int moment = Moment(*row.r), now = row.s->session->n_past();
+    if (CompressesAtBase(*row.r) && now - row.n < moment && now >= moment) reached.push_back(row.s);
   }
   work_.prompt_tokens_computed += prefill_tokens;
   if (prefill_tokens > 0) {  // the cost a tier load must beat (moving average; decode rows count as tokens)
@@ -140,7 +140,11 @@ bool Scheduler::CompressAtBase(Request& r, const std::vector<Sample*>& reached) 
     if (s.session == nullptr) return false;  // preempted earlier in this step's aftermath
     for (;;) {
       const Status st = s.session->Compress();
-      if (st.ok()) break;
+      if (st.ok()) {
+        work_.compressions++;
+        KeepCompressed(r, s);
+        break;
+      }
       Request* victim = nullptr;
       if (st.code() == StatusCode::kResourceExhausted && MakeRoom(block_bytes_, &victim)) {
         if (victim == &r) return false;
@@ -231,7 +235,7 @@ void Scheduler::FinishSample(Request& r, Sample& s, FinishReason reason, Status 
       KeepSession({r.req.tenant_salt, r.req.save_session},
                   SessionEntry{s.session->Detach(), {s.generated.back()}, 0});
     } else if (normal && Caches(r)) {
-      cache_->Insert(s.session->Detach());
+      CacheSequence(s.session->Detach());
     }
     s.session.reset();
   }

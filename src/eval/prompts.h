@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "model/tokenizer.h"
@@ -49,6 +50,9 @@ struct GenItem {
   int cell = 0;                 // index of its grid cell
   std::string expected;         // passkey/lines: the number; needle: the answer sentence
   std::vector<std::string> answers;  // niah*, vt: every value asked (eval/ruler.h)
+  // niah*: (key, value) of every needle, the asked key's first (kvx eval
+  // --protocol asks them all: eval/scbench.h).
+  std::vector<std::pair<std::string, std::string>> needles;
   // Tokens of the context, before the question (passkey's "What is the pass
   // key?", needle's question, lines' asked line, RULER's question): where a
   // KV policy compresses when the question is excluded (kvx eval

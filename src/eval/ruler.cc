@@ -305,6 +305,8 @@ NiahText NiahFrame(const NiahSpec& spec, std::string_view asked_key) {
 
 }  // namespace
 
+std::string NiahQuestion(const NiahSpec& spec, std::string_view key) { return NiahFrame(spec, key).tail; }
+
 Result<int> NiahBareTokens(const model::Tokenizer& tok, const NiahSpec& spec) {
   std::mt19937_64 rng(0);
   const std::string key = RandomString(spec.key, rng);
@@ -356,6 +358,7 @@ Result<ProbePlan> BuildNiahPlan(const model::Tokenizer& tok, const Haystack& hay
           needles.push_back(Needle{v == 0 ? depth : later[static_cast<size_t>(v - 1)],
                                    NiahNeedle(spec.value, keys[0], value)});
           item.answers.push_back(value);
+          item.needles.emplace_back(keys[0], value);
         }
         // Distractor keys, anywhere, each with as many values.
         for (int k = 1; k < spec.n_keys; ++k) {
@@ -363,6 +366,7 @@ Result<ProbePlan> BuildNiahPlan(const model::Tokenizer& tok, const Haystack& hay
             KVX_ASSIGN_OR_RETURN(std::string value, DrawFresh(spec.value, rng, hay.text, &used));
             const double u = static_cast<double>(rng() % 1000001) / 1e6;
             needles.push_back(Needle{u, NiahNeedle(spec.value, keys[static_cast<size_t>(k)], value)});
+            item.needles.emplace_back(keys[static_cast<size_t>(k)], value);
           }
         }
         const int64_t start = static_cast<int64_t>(rng() % static_cast<uint64_t>(n_sent));

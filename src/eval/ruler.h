@@ -82,6 +82,10 @@ Result<std::string> LoadEssays(const std::string& dir);
 // "One of the special magic numbers for KEY is: VALUE."
 std::string NiahNeedle(NeedleKind value_kind, std::string_view key, std::string_view value);
 
+// The question that ends a niah prompt asking `key` (after the context,
+// newline first), with its answer prefix.
+std::string NiahQuestion(const NiahSpec& spec, std::string_view key);
+
 // REQUIRES: lengths > n_gen, depths in [0, 1], trials >= 1. Each item's
 // `answers` holds the asked values. InvalidArgument when a length cannot hold
 // the prompt without any haystack, or the haystack runs out.

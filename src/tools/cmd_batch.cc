@@ -1,8 +1,13 @@
 // kvx batch: an offline batch of requests from a JSONL file through the
 // scheduler. Prompts are grouped by shared prefix first (BatchLLM's global
 // prefix sharing, engine/prefix_groups.h): each group's common prefix is
-// computed once and cached, then the group's requests start from it. One
-// JSON line per request on the output (input order), a summary on stderr.
+// computed once and cached, then the group's requests start from it. With a
+// policy that compresses once, --compress-at says where: after each whole
+// prompt (each request compresses its own copy-on-write view of the cached
+// prefix) or after the shared prefix (compressed once, every request forks
+// the compressed cache: engine/compressed_cache.h). One JSON line per
+// request on the output (input order), a summary on stderr that says what
+// was reused and how.
 //
 // Input, one JSON object per line (blank lines ignored):
 //   {"prompt": "text", "max_tokens": 64, "temperature": 0.8, "top_k": 40,
@@ -49,6 +54,7 @@ struct BatchFlags {
   bool ignore_eos = false;
   bool no_grouping = false;
   ChunkFlags chunks;
+  std::string compress_at = "prompt";  // or "prefix"
 };
 
 struct Item {
@@ -240,6 +246,9 @@ Status Batch(const BatchFlags& flags) {
   if (!chunked.members.empty()) groups.push_back(chunked);
   // 1. Each shared prefix once: a one-token request whose finished sequence
   //    the prefix cache keeps (its KV is exactly the prefix's whole blocks).
+  //    With --compress-at prefix it is compressed at its end and kept so;
+  //    else whole, and the requests compress their own views.
+  const bool at_prefix = flags.compress_at == "prefix";
   int warmups = 0;
   for (const engine::PrefixGroup& g : groups) {
     if (g.prefix_tokens == 0) continue;
@@ -247,7 +256,8 @@ Status Batch(const BatchFlags& flags) {
     r.prompt.assign(prompts[g.members[0]].begin(), prompts[g.members[0]].begin() + g.prefix_tokens);
     r.max_tokens = 1;
     r.sampling.temperature = 0;
-    r.compress = false;  // its whole KV is for the prefix cache; the requests compress their own
+    r.compress = at_prefix;
+    r.compress_at = at_prefix ? g.prefix_tokens : 0;
     warm.Add();
     ++warmups;
     KVX_RETURN_IF_ERROR(sched->Submit(std::move(r), [&warm](const engine::RequestEvent& e) {
@@ -265,6 +275,7 @@ Status Batch(const BatchFlags& flags) {
       r.stop_at_eog = !flags.ignore_eos;
       r.cache = items[i].cache;
       r.chunks = items[i].chunk_prompt;
+      if (at_prefix) r.compress_at = g.prefix_tokens;
       all.Add();
       auto id = sched->Submit(std::move(r), [&all, &outcomes, i](const engine::RequestEvent& e) {
         if (e.kind == engine::RequestEvent::Kind::kFinish) {
@@ -281,7 +292,11 @@ Status Batch(const BatchFlags& flags) {
   const engine::SchedulerStats st = sched->Stats();
 
   uint64_t generated = 0, prompt_tokens = 0, cached = 0;
-  int failed = 0;
+  int failed = 0, reused = 0;  // reused: requests that started from their group's shared prefix
+  std::vector<int> group_prefix(items.size(), 0);
+  for (const engine::PrefixGroup& g : groups) {
+    for (int i : g.members) group_prefix[i] = g.prefix_tokens;
+  }
   for (size_t i = 0; i < items.size(); ++i) {
     const engine::RequestEvent& e = outcomes[i].finish;
     json j;
@@ -318,22 +333,24 @@ Status Batch(const BatchFlags& flags) {
     generated += e.tokens.size();
     prompt_tokens += static_cast<uint64_t>(e.timing.prompt_tokens);
     cached += static_cast<uint64_t>(e.timing.cached_tokens);
+    if (group_prefix[i] > 0 && e.timing.cached_tokens >= group_prefix[i]) ++reused;
   }
   if (file) {
     KVX_RETURN_IF_ERROR(file->Commit());
   } else {
     std::fflush(out);
   }
+  auto u = [](uint64_t v) { return static_cast<unsigned long long>(v); };
   std::fprintf(stderr,
-               "batch: %zu requests (%d failed) in %.2f s | %zu groups, %d shared prefixes computed once | "
-               "prompt %llu tokens, %llu from the prefix cache (%.1f%%), %llu computed | generated %llu tokens, "
-               "%.1f tok/s | %llu steps, %llu preemptions | KV pool %.2f / %.2f MiB\n",
-               items.size(), failed, seconds, groups.size(), warmups, static_cast<unsigned long long>(prompt_tokens),
-               static_cast<unsigned long long>(cached), prompt_tokens ? 100.0 * cached / prompt_tokens : 0.0,
-               static_cast<unsigned long long>(st.prompt_tokens_computed), static_cast<unsigned long long>(generated),
-               seconds > 0 ? generated / seconds : 0.0, static_cast<unsigned long long>(st.steps),
-               static_cast<unsigned long long>(st.preemptions), st.pool_bytes_used / 1048576.0,
-               st.pool_budget_bytes / 1048576.0);
+               "batch: %zu requests (%d failed) in %.2f s | %zu groups, %d shared prefixes computed, %d requests "
+               "started from theirs | prompt %llu tokens, %llu reused (%.1f%%: %llu from the prefix cache, %llu from "
+               "%llu compressed-cache hits), %llu computed | %llu compressions | generated %llu tokens, %.1f tok/s | "
+               "%llu steps, %llu preemptions | KV pool %.2f / %.2f MiB\n",
+               items.size(), failed, seconds, groups.size(), warmups, reused, u(prompt_tokens), u(cached),
+               prompt_tokens ? 100.0 * cached / prompt_tokens : 0.0, u(st.prefix_hit_tokens),
+               u(st.compressed_hit_tokens), u(st.compressed_hits), u(st.prompt_tokens_computed), u(st.compressions),
+               u(generated), seconds > 0 ? generated / seconds : 0.0, u(st.steps), u(st.preemptions),
+               st.pool_bytes_used / 1048576.0, st.pool_budget_bytes / 1048576.0);
   return failed == 0 ? Status::Ok()
                      : ResourceExhausted(std::to_string(failed) + " request(s) failed; see their \"error\" lines");
 }
@@ -366,6 +383,12 @@ void RegisterBatch(CLI::App& app, int* exit_code) {
   AddCacheFlags(cmd, &flags->cache);
   AddChunkFlags(cmd, &flags->chunks);
   cmd->add_flag("--no-grouping", flags->no_grouping, "Submit in file order without computing shared prefixes first");
+  cmd->add_option("--compress-at", flags->compress_at,
+                  "With a policy that compresses once: after each whole prompt (prompt: query-aware, each request "
+                  "compresses its own view of the cached prefix) or after the shared prefix (prefix: compressed once, "
+                  "every request of the group forks it)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"prompt", "prefix"}));
   cmd->callback([flags, exit_code] { *exit_code = ReportStatus(Batch(*flags)); });
 }
 

@@ -12,6 +12,7 @@
 #include "engine/chunk_assembly.h"
 #include "eval/eval.h"
 #include "eval/rag.h"
+#include "eval/scbench.h"
 #include "eval/report.h"
 #include "model/model.h"
 #include "tools/commands.h"
@@ -35,7 +36,32 @@ struct EvalFlags {
   bool quiet = false;
   eval::RagOptions rag;
   std::string rag_needle = "whole";
+  std::string protocol;               // --protocol: SCBench's instead of --tasks
+  eval::SharedContextOptions scbench;
 };
+
+// --protocol multi-query|multi-turn: SCBench's shared-context protocols
+// (eval/scbench.h) for the baseline and every --kv spec.
+Status RunProtocolCommand(EvalFlags& flags) {
+  const eval::EvalOptions& o = flags.options;
+  eval::SharedContextOptions& p = flags.scbench;
+  p.protocol = flags.protocol;
+  p.specs = {o.baseline};
+  p.specs.insert(p.specs.end(), o.specs.begin(), o.specs.end());
+  if (!o.lengths.empty()) p.lengths = o.lengths;
+  p.n_gen = o.ruler_gen;
+  p.data_dir = o.data_dir;
+  p.n_batch = o.n_batch;
+  p.seed = o.seed;
+  if (!flags.json_file.empty()) KVX_RETURN_IF_ERROR(CheckOutputFile(flags.json_file));
+  KVX_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> model, model::Model::Load(o.model_path));
+  ThreadPool threads(flags.n_threads);
+  KVX_ASSIGN_OR_RETURN(eval::SharedContextResult result, eval::RunSharedContextEval(*model, &threads, p));
+  if (!flags.json_file.empty()) KVX_RETURN_IF_ERROR(WriteFileAtomically(flags.json_file, eval::SharedContextJson(result)));
+  std::fputs(eval::SharedContextTable(result).c_str(), stdout);
+  std::fflush(stdout);
+  return Status::Ok();
+}
 
 // --tasks rag: chunk reuse's repairs on RAG prompts (eval/rag.h), one spec.
 Status RunRagCommand(EvalFlags& flags) {
@@ -106,6 +132,7 @@ Status RunEvalCommand(EvalFlags flags) {
   eval::EvalOptions& o = flags.options;
   if (o.model_path.empty()) return InvalidArgument("-m MODEL is required (or --render JSON)");
   if (flags.n_threads < 0) return InvalidArgument("thread count (-t) must be >= 0 (0 = all cores)");
+  if (!flags.protocol.empty()) return RunProtocolCommand(flags);
   if (flags.tasks == "rag") return RunRagCommand(flags);
   if (flags.tasks.find("rag") != std::string::npos) {
     return InvalidArgument("--tasks rag runs alone (it compares chunk repairs on one spec, not specs): drop the other "
@@ -246,6 +273,18 @@ void RegisterEval(CLI::App& app, int* exit_code) {
       ->check(CLI::IsMember({"whole", "split"}));
   cmd->add_option("--rag-questions", flags->rag.questions, "rag: questions per size")->capture_default_str()
       ->check(IntIn(1, kMaxCount));
+  cmd->add_option("--protocol", flags->protocol,
+                  "SCBench's shared-context protocols instead of --tasks (docs/scbench.md): multi-query (one context "
+                  "compressed once with the question excluded, then --questions questions, each a fork of it) or "
+                  "multi-turn (each answer joins the context before the next question); the baseline and every "
+                  "--kv spec, at --lengths (default 2048)")
+      ->check(CLI::IsMember({"multi-query", "multi-turn"}));
+  cmd->add_option("--contexts", flags->scbench.contexts, "--protocol: contexts per length")->capture_default_str()
+      ->check(IntIn(1, kMaxCount));
+  cmd->add_option("--questions", flags->scbench.questions,
+                  "--protocol: questions (needles) per context, each about another key")
+      ->capture_default_str()
+      ->check(IntIn(2, 64));
   cmd->add_option("--seed", o.seed, "Seed of every random choice")->capture_default_str();
   cmd->add_option("-t,--threads", flags->n_threads, "Threads (0: all cores)")->capture_default_str()
       ->check(Threads());
