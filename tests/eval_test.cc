@@ -175,6 +175,19 @@ TEST(EvalTest, SelfSpecGivesZeroKldAndPplMatchesPerplexity) {
   EXPECT_TRUE(eval::XmlWellFormed(eval::ParetoSvg(*report), &err)) << err;
 }
 
+// ppl and kld over SomeText() on the synthetic model, against f32, at
+// context 128: the split-protocol tests' common options.
+eval::EvalOptions TextTaskOptions(std::vector<std::string> specs) {
+  eval::EvalOptions o;
+  o.tasks = {eval::Task::kPpl, eval::Task::kKld};
+  o.baseline = "codec=f32";
+  o.specs = std::move(specs);
+  o.n_ctx = 128;
+  o.text = SomeText();
+  o.text_name = "synthetic";
+  return o;
+}
+
 // With a policy that compresses once, ppl/kld split each chunk: the first
 // kld_context of it is prefilled and compressed, the rest scored token by
 // token, for the baseline and every spec alike. A spec equal to the
@@ -185,15 +198,9 @@ TEST(EvalTest, OnceCompressionSplitsPplAndKldChunks) {
   auto model = model::Model::Load(SyntheticModel());
   ASSERT_TRUE(model.ok()) << model.status().ToString();
   ThreadPool threads(2);
-  eval::EvalOptions o;
-  o.tasks = {eval::Task::kPpl, eval::Task::kKld};
-  o.baseline = "codec=f32";
-  o.specs = {"codec=f32", "codec=f32;policy=snapkv,ratio=0.5,window=4,sinks=2"};
-  o.n_ctx = 128;
+  eval::EvalOptions o = TextTaskOptions({"codec=f32", "codec=f32;policy=snapkv,ratio=0.5,window=4,sinks=2"});
   o.chunk = 64;
   o.max_chunks = 3;
-  o.text = SomeText();
-  o.text_name = "synthetic";
   o.kld_context = 0.75;
   auto report = eval::RunEval(**model, &threads, o, {});
   ASSERT_TRUE(report.ok()) << report.status().ToString();
@@ -236,14 +243,8 @@ TEST(EvalTest, KldContextInTokensWithScoredCount) {
   auto model = model::Model::Load(SyntheticModel());
   ASSERT_TRUE(model.ok()) << model.status().ToString();
   ThreadPool threads(2);
-  eval::EvalOptions o;
-  o.tasks = {eval::Task::kPpl, eval::Task::kKld};
-  o.baseline = "codec=f32";
-  o.specs = {"codec=f32;policy=snapkv,ratio=0.5,window=4,sinks=2"};
-  o.n_ctx = 128;
+  eval::EvalOptions o = TextTaskOptions({"codec=f32;policy=snapkv,ratio=0.5,window=4,sinks=2"});
   o.max_chunks = 2;
-  o.text = SomeText();
-  o.text_name = "synthetic";
   o.kld_context = 40;
   o.kld_score = 16;
   auto report = eval::RunEval(**model, &threads, o, {});
@@ -276,15 +277,9 @@ TEST(EvalTest, ContinuousPoliciesSplitTheChunksToo) {
   auto model = model::Model::Load(SyntheticModel());
   ASSERT_TRUE(model.ok()) << model.status().ToString();
   ThreadPool threads(2);
-  eval::EvalOptions o;
-  o.tasks = {eval::Task::kPpl, eval::Task::kKld};
-  o.baseline = "codec=f32";
-  o.specs = {"codec=f32;policy=streamingllm,sinks=2,window=8"};
-  o.n_ctx = 128;
+  eval::EvalOptions o = TextTaskOptions({"codec=f32;policy=streamingllm,sinks=2,window=8"});
   o.chunk = 64;
   o.max_chunks = 2;
-  o.text = SomeText();
-  o.text_name = "synthetic";
   auto report = eval::RunEval(**model, &threads, o, {});
   ASSERT_TRUE(report.ok()) << report.status().ToString();
   const eval::SpecResult& window = report->specs[1];
