@@ -671,10 +671,8 @@ def cost_line(kind, what):
 def passkey_table(data, n, verdict, best):
     """Every method x ratio at length n: rate [Wilson 95%] n, verdict vs full, ★ when indistinguishable from the
     best method at that ratio, bytes vs f16."""
-    lines = ["| method | " + " | ".join("r=%g" % r for r in RATIOS) + " |", "|---|" + "---:|" * len(RATIOS)]
-    if n in data["base"]:
-        lines.append("| full f16 cache (ratio 0) | %s |" % " | ".join(
-            [fmt_rate(data["base"][n])] + [""] * (len(RATIOS) - 1)))
+    lines = ["The full f16 cache (ratio 0): %s." % fmt_rate(data["base"][n]), ""] if n in data["base"] else []
+    lines += ["| method | " + " | ".join("r=%g" % r for r in RATIOS) + " |", "|---|" + "---:|" * len(RATIOS)]
     for m in METHODS:
         cells = []
         for r in RATIOS:
