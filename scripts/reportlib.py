@@ -74,3 +74,40 @@ def spread(values, fmt="%.1f"):
 def sub_command_paths(cmd):
     """A recorded command line with machine-specific paths made relative (build/kvx, ../shared/...)."""
     return " ".join(rel(t) if t.startswith("/") else t for t in cmd.split(" "))
+
+
+# ---- statistics of paired retrieval results (kvx eval's src/eval/stats.cc computes the same) ----
+
+def wilson(hits, n, z=1.96):
+    """Wilson score 95% interval of hits / n; (0, 1) for n = 0."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = hits / n
+    center, spread = p + z * z / (2 * n), z * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5
+    return max(0.0, (center - spread) / (1 + z * z / n)), min(1.0, (center + spread) / (1 + z * z / n))
+
+
+def mcnemar_p(only_a, only_b):
+    """Exact McNemar: two-sided binomial test of the discordant pairs, min(1, 2 P(X <= min)), X ~ Bin(n, 1/2)."""
+    import math
+    n = only_a + only_b
+    if n == 0:
+        return 1.0
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(min(only_a, only_b) + 1)) / 2 ** n)
+
+
+def paired(a, b):
+    """(only_a, only_b, n) of two {prompt id: hit} maps on the prompts both answered."""
+    ids = a.keys() & b.keys()
+    return sum(1 for i in ids if a[i] and not b[i]), sum(1 for i in ids if b[i] and not a[i]), len(ids)
+
+
+def holm(pvalues, alpha=0.05):
+    """Holm's step-down correction: which of a family of p-values are significant at family-wise alpha."""
+    order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
+    significant = [False] * len(pvalues)
+    for rank, i in enumerate(order):
+        if pvalues[i] > alpha / (len(pvalues) - rank):
+            break
+        significant[i] = True
+    return significant

@@ -629,7 +629,7 @@ def retrieval_verdict(d, kv):
     verdict = vs.get("verdict", "?")
     lo, hi = row["interval"] or (0, 1)
     text = "%d/%d [%.0f–%.0f%%], %s (McNemar p %.2g: %d lost, %d gained)" % (
-        row["hits"], row["n"], 100 * lo, 100 * hi, verdict, vs.get("mcnemar_p", 1), vs.get("baseline_only", 0),
+        row["hits"], row["n"], 100 * lo, 100 * hi, verdict, vs.get("p", vs.get("mcnemar_p", 1)), vs.get("baseline_only", 0),
         vs.get("spec_only", 0))
     return text, verdict in ("indistinguishable", "better")
 
@@ -687,7 +687,7 @@ def render_capacity(d):
                 "hidden in the Paul Graham essays, asked at the end; question included, as the capacity session "
                 "compresses after its prompt) at %s tokens, depths %s, %d prompts per cell: %d per spec, the same "
                 "prompts for every spec. f16 finds %d/%d [Wilson 95%%: %.0f–%.0f%%]. A spec is **equal** when the "
-                "exact McNemar test on the same prompts (`eval/paired_test.h`) calls it indistinguishable from f16 "
+                "exact McNemar test on the same prompts (`eval/stats.h`) calls it indistinguishable from f16 "
                 "(or better). Command: `%s`." % (
                     ret["lengths"], ret["depths"], ret["trials"], b["n"], b["hits"], b["n"],
                     100 * (b["interval"] or [0, 1])[0], 100 * (b["interval"] or [0, 1])[1],

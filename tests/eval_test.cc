@@ -17,6 +17,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <set>
 #include <string>
 
 #include "engine/session.h"
@@ -176,6 +177,19 @@ TEST(EvalTest, SelfSpecGivesZeroKldAndPplMatchesPerplexity) {
   EXPECT_TRUE(eval::XmlWellFormed(eval::ParetoSvg(*report), &err)) << err;
 }
 
+// ppl and kld over SomeText() on the synthetic model, against f32, at
+// context 128: the split-protocol tests' common options.
+eval::EvalOptions TextTaskOptions(std::vector<std::string> specs) {
+  eval::EvalOptions o;
+  o.tasks = {eval::Task::kPpl, eval::Task::kKld};
+  o.baseline = "codec=f32";
+  o.specs = std::move(specs);
+  o.n_ctx = 128;
+  o.text = SomeText();
+  o.text_name = "synthetic";
+  return o;
+}
+
 // With a policy that compresses once, ppl/kld split each chunk: the first
 // kld_context of it is prefilled and compressed, the rest scored token by
 // token, for the baseline and every spec alike. A spec equal to the
@@ -186,15 +200,9 @@ TEST(EvalTest, OnceCompressionSplitsPplAndKldChunks) {
   auto model = model::Model::Load(SyntheticModel());
   ASSERT_TRUE(model.ok()) << model.status().ToString();
   ThreadPool threads(2);
-  eval::EvalOptions o;
-  o.tasks = {eval::Task::kPpl, eval::Task::kKld};
-  o.baseline = "codec=f32";
-  o.specs = {"codec=f32", "codec=f32;policy=snapkv,ratio=0.5,window=4,sinks=2"};
-  o.n_ctx = 128;
+  eval::EvalOptions o = TextTaskOptions({"codec=f32", "codec=f32;policy=snapkv,ratio=0.5,window=4,sinks=2"});
   o.chunk = 64;
   o.max_chunks = 3;
-  o.text = SomeText();
-  o.text_name = "synthetic";
   o.kld_context = 0.75;
   auto report = eval::RunEval(**model, &threads, o, {});
   ASSERT_TRUE(report.ok()) << report.status().ToString();
@@ -224,7 +232,43 @@ TEST(EvalTest, OnceCompressionSplitsPplAndKldChunks) {
   EXPECT_EQ(plain->specs[1].kld->context, 0);
   EXPECT_EQ(plain->specs[1].kld->n_positions, 3 * 31);
 
-  o.kld_context = 1.0;
+  for (double bad : {1.5, 63.0}) {  // not a whole token count; leaves fewer than 2 tokens of 64 to score
+    o.kld_context = bad;
+    EXPECT_EQ(eval::RunEval(**model, &threads, o, {}).status().code(), StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+// --kld-context in tokens with --kld-score: each chunk is the context, the
+// scored tokens and one more, whatever the model's context; the scored
+// count is exact. Contradictions are refused.
+TEST(EvalTest, KldContextInTokensWithScoredCount) {
+  auto model = model::Model::Load(SyntheticModel());
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  ThreadPool threads(2);
+  eval::EvalOptions o = TextTaskOptions({"codec=f32;policy=snapkv,ratio=0.5,window=4,sinks=2"});
+  o.max_chunks = 2;
+  o.kld_context = 40;
+  o.kld_score = 16;
+  auto report = eval::RunEval(**model, &threads, o, {});
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_EQ(report->settings.chunk, 57);
+  const eval::SpecResult& snap = report->specs[1];
+  ASSERT_TRUE(snap.kld && snap.kld->ok);
+  EXPECT_EQ(snap.kld->context, 40);
+  EXPECT_EQ(snap.kld->n_positions, 2 * 16);
+  const nlohmann::json j = eval::ReportToJson(*report);
+  EXPECT_EQ(j["settings"]["ppl"]["kld_score"], 16);
+  auto back = eval::ReportFromJson(j);
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(eval::ReportToJson(*back), j);
+
+  o.chunk = 64;  // contradicts 40 + 16 + 1
+  EXPECT_EQ(eval::RunEval(**model, &threads, o, {}).status().code(), StatusCode::kInvalidArgument);
+  o.chunk = 0;
+  o.kld_score = 100;  // 141 tokens per chunk > context 128
+  EXPECT_EQ(eval::RunEval(**model, &threads, o, {}).status().code(), StatusCode::kInvalidArgument);
+  o.kld_context = 0.5;  // a share has no scored count
+  o.kld_score = 16;
   EXPECT_EQ(eval::RunEval(**model, &threads, o, {}).status().code(), StatusCode::kInvalidArgument);
 }
 
@@ -235,15 +279,9 @@ TEST(EvalTest, ContinuousPoliciesSplitTheChunksToo) {
   auto model = model::Model::Load(SyntheticModel());
   ASSERT_TRUE(model.ok()) << model.status().ToString();
   ThreadPool threads(2);
-  eval::EvalOptions o;
-  o.tasks = {eval::Task::kPpl, eval::Task::kKld};
-  o.baseline = "codec=f32";
-  o.specs = {"codec=f32;policy=streamingllm,sinks=2,window=8"};
-  o.n_ctx = 128;
+  eval::EvalOptions o = TextTaskOptions({"codec=f32;policy=streamingllm,sinks=2,window=8"});
   o.chunk = 64;
   o.max_chunks = 2;
-  o.text = SomeText();
-  o.text_name = "synthetic";
   auto report = eval::RunEval(**model, &threads, o, {});
   ASSERT_TRUE(report.ok()) << report.status().ToString();
   const eval::SpecResult& window = report->specs[1];
@@ -421,23 +459,32 @@ TEST(EvalTest, RulerTaskOnSyntheticModelAndJsonRoundTrip) {
 
   const nlohmann::json j = eval::ReportToJson(*report);
   ASSERT_TRUE(j["results"][2]["vt"].contains("baseline_solved"));
+  // Per-prompt outcomes: every prompt once, by its id in the plan, with its
+  // depth; the spec equal to the baseline agrees on every prompt, so the
+  // paired test finds no discordant prompt.
+  for (const char* task : {"passkey", "vt"}) {
+    const nlohmann::json& t = j["results"][1][task];
+    ASSERT_EQ(t["prompts"].size(), t["n"].get<size_t>()) << task;
+    std::set<int> ids;
+    for (const auto& p : t["prompts"]) {
+      ids.insert(p["id"].get<int>());
+      EXPECT_TRUE(p.contains("depth"));
+    }
+    EXPECT_EQ(ids.size(), t["n"].get<size_t>());
+    EXPECT_EQ(t["vs_baseline"]["n"], t["n"]);
+    EXPECT_EQ(t["vs_baseline"]["baseline_only"].get<int>() + t["vs_baseline"]["spec_only"].get<int>(), 0);
+    EXPECT_EQ(t["vs_baseline"]["verdict"], "indistinguishable");
+    EXPECT_EQ(t["score_ci95"].size(), 2u);
+    EXPECT_FALSE(j["results"][0][task].contains("vs_baseline"));  // the baseline against itself
+  }
   EXPECT_EQ(j["results"][2]["vt"]["baseline_solved"]["cells"], 4);
   EXPECT_EQ(j["settings"]["ruler"]["n_gen"]["vt"], eval::RulerDefaultGen(eval::Task::kVt));
-  // Per-prompt outcomes, the Wilson interval and the paired test against the
-  // baseline: the f32 spec answers the baseline's prompts exactly as it does.
+  // The Wilson interval holds the rate.
   for (int i = 0; i < 3; ++i) {
     const nlohmann::json& vt = j["results"][i]["vt"];
-    ASSERT_EQ(vt["outcomes"].get<std::string>().size(), 8u);
-    EXPECT_EQ(static_cast<int>(std::count(vt["outcomes"].get<std::string>().begin(),
-                                          vt["outcomes"].get<std::string>().end(), '1')), vt["hits"].get<int>());
-    EXPECT_LE(vt["accuracy_interval"][0].get<double>(), vt["accuracy"].get<double>());
-    EXPECT_GE(vt["accuracy_interval"][1].get<double>(), vt["accuracy"].get<double>());
+    EXPECT_LE(vt["accuracy_ci95"][0].get<double>(), vt["accuracy"].get<double>());
+    EXPECT_GE(vt["accuracy_ci95"][1].get<double>(), vt["accuracy"].get<double>());
   }
-  const nlohmann::json& same = j["results"][1]["vt"]["vs_baseline"];
-  EXPECT_EQ(same["n"], 8);
-  EXPECT_EQ(same["baseline_only"], 0);
-  EXPECT_EQ(same["spec_only"], 0);
-  EXPECT_EQ(same["verdict"], "indistinguishable");
   EXPECT_TRUE(j["results"][2]["vt"].contains("vs_baseline"));
   auto back = eval::ReportFromJson(j);
   ASSERT_TRUE(back.ok()) << back.status().ToString();

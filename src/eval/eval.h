@@ -53,6 +53,7 @@
 
 #include "eval/progress.h"
 #include "eval/prompts.h"
+#include "eval/stats.h"
 #include "model/model.h"
 #include "util/status.h"
 #include "util/thread_pool.h"
@@ -143,7 +144,12 @@ struct EvalOptions {
   // the prefill and after every tail step). Otherwise ppl and kld keep
   // llama.cpp's protocol.
   std::string compress = "excluded";
-  double kld_context = 0.75;  // (0, 1): the context's share of a ppl/kld chunk in the split protocol
+  // The context of a ppl/kld chunk in the split protocol: a share of the
+  // chunk when in (0, 1), else a number of tokens.
+  double kld_context = 0.75;
+  // With kld_context in tokens: tokens scored after it; the chunk is then
+  // kld_context + kld_score + 1 tokens (0: whatever the chunk leaves).
+  int kld_score = 0;
   // The split protocol for every run, with a policy or not (kvx tune: KLDs
   // of specs measured in different passes stay comparable).
   bool always_split = false;
@@ -236,18 +242,25 @@ struct CellResult {
   double Score() const { return n > 0 ? score_sum / n : 0.0; }
 };
 
+// One prompt's outcome. `id` is the prompt's index in the probe plan, the
+// same prompt under every spec of a run, so two specs can be compared on the
+// same prompts (paired tests: stats.h McNemarExactP).
+struct PromptOutcome {
+  int id = 0;
+  int cell = 0;  // index into RetrievalResult::cells
+  bool hit = false;
+  double score = 0;
+};
+
 struct RetrievalResult : TaskOutcome {
   // "first_integer" (passkey, lines), "rouge1_f1" (needle) or "values_found"
   // (niah*, vt: ValuesFound, its share of the values as the score)
   std::string metric;
   std::vector<CellResult> cells;
+  std::vector<PromptOutcome> prompts;  // in the order they ran
   int n = 0;
   int hits = 0;
   double score_sum = 0;
-  // Per prompt, in the plan's order (the same prompts for every spec of a
-  // run): 1 = hit. What a paired test against the baseline needs
-  // (eval/paired_test.h); empty in reports written before it was kept.
-  std::vector<uint8_t> outcomes;
   double Accuracy() const { return n > 0 ? static_cast<double>(hits) / n : 0.0; }
   double Score() const { return n > 0 ? score_sum / n : 0.0; }
 };
@@ -286,6 +299,23 @@ struct SolvedCells {
   double Score() const { return n > 0 ? score_sum / n : 0.0; }
 };
 SolvedCells BaselineSolved(const RetrievalResult& baseline, const RetrievalResult& spec);
+
+// A spec against its baseline on the prompts both answered (matched by
+// PromptOutcome::id): hits of both, of the baseline only, of the spec only,
+// the exact McNemar p-value and the verdict at alpha 0.05 (uncorrected: one
+// comparison per spec and task).
+struct PairedComparison {
+  int n = 0, both = 0, baseline_only = 0, spec_only = 0;
+  double p = 1;
+  std::string verdict = "indistinguishable";
+};
+PairedComparison CompareWithBaseline(const RetrievalResult& baseline, const RetrievalResult& spec);
+
+// 95% interval of a result's score (or of one cell's, cell >= 0): Wilson on
+// the hits when every score is 0 or 1 (a rate), else the bootstrap of the
+// mean score over its prompts. Results read from reports written before
+// per-prompt outcomes were kept get Wilson on the hits.
+Interval ScoreInterval(const RetrievalResult& r, int cell = -1);
 
 struct ModelInfo {
   std::string path, name, arch;

@@ -32,10 +32,12 @@ bool SplitTextChunks(const EvalOptions& opt, std::span<const EvalRun> runs) {
   return false;
 }
 
-// The split protocol's context tokens of a chunk: at least 1, and at
-// least 2 tokens left to score.
+// The split protocol's context tokens of a chunk (kld_context: a share of
+// the chunk below 1, else tokens): at least 1, and at least 2 tokens left to
+// score.
 int SplitContext(const EvalOptions& opt, int chunk_len) {
-  const int ctx = static_cast<int>(std::lround(opt.kld_context * chunk_len));
+  const int ctx = opt.kld_context >= 1.0 ? static_cast<int>(opt.kld_context)
+                                         : static_cast<int>(std::lround(opt.kld_context * chunk_len));
   return std::clamp(ctx, 1, chunk_len - 2);
 }
 

@@ -1,6 +1,7 @@
 // RunEval: plans every probe input once, then runs the baseline and the specs
 // (see eval.h for the order and the measurement rules).
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <ctime>
 #include <filesystem>
@@ -106,6 +107,31 @@ class Runner {
     if (o.n_ctx == 0) o.n_ctx = c.n_ctx_train;
     const int n_ctx = o.n_ctx;
     if (n_ctx < 16) return InvalidArgument("context length must be at least 16 tokens");
+    // --kld-context in tokens with --kld-score: the chunk is the context, the
+    // scored tokens and the one whose next token is not known.
+    const bool context_in_tokens = o.kld_context >= 1.0;
+    if (o.kld_score < 0) return InvalidArgument("--kld-score must be >= 0 (0: the rest of each chunk)");
+    if (context_in_tokens && o.kld_context != std::floor(o.kld_context)) {
+      return InvalidArgument("--kld-context is a fraction below 1 or a whole number of tokens, got " +
+                             std::to_string(o.kld_context));
+    }
+    if (o.kld_score > 0) {
+      if (!context_in_tokens) {
+        return InvalidArgument("--kld-score needs --kld-context in tokens (e.g. --kld-context 4096 --kld-score 256)");
+      }
+      const int64_t want = static_cast<int64_t>(o.kld_context) + o.kld_score + 1;
+      if (want > n_ctx) {
+        return InvalidArgument("--kld-context " + std::to_string(static_cast<int64_t>(o.kld_context)) +
+                               " + --kld-score " + std::to_string(o.kld_score) + " + 1 = " + std::to_string(want) +
+                               " tokens per chunk do not fit the context " + std::to_string(n_ctx) +
+                               " (raise -c or shorten them)");
+      }
+      if (o.chunk != 0 && o.chunk != want) {
+        return InvalidArgument("--chunk " + std::to_string(o.chunk) + " contradicts --kld-context + --kld-score + 1 = " +
+                               std::to_string(want) + " (drop --chunk)");
+      }
+      o.chunk = static_cast<int>(want);
+    }
     if (o.chunk == 0) o.chunk = n_ctx;
     if (o.chunk < 4 || o.chunk > n_ctx) {
       return InvalidArgument("the ppl/kld chunk (" + std::to_string(o.chunk) + ") must be in 4.." +
@@ -150,9 +176,10 @@ class Runner {
     if (o.compress != "excluded" && o.compress != "included" && o.compress != "none") {
       return InvalidArgument("--compress must be excluded, included or none (got '" + o.compress + "')");
     }
-    if (!(o.kld_context > 0.0 && o.kld_context < 1.0)) {
+    if (!(o.kld_context > 0.0 && (o.kld_context < 1.0 || o.kld_context <= o.chunk - 2))) {
       return InvalidArgument("--kld-context must be a fraction strictly between 0 and 1 (the context's share of a "
-                             "ppl/kld chunk), got " + std::to_string(o.kld_context));
+                             "ppl/kld chunk) or a token count that leaves at least 2 tokens of the " +
+                             std::to_string(o.chunk) + "-token chunk to score, got " + std::to_string(o.kld_context));
     }
     if (o.depths.empty()) o.depths = {0.0, 0.25, 0.5, 0.75, 1.0};
     for (double d : o.depths) {
@@ -623,7 +650,7 @@ class Runner {
       res.n++;
       res.hits += hit ? 1 : 0;
       res.score_sum += score;
-      res.outcomes.push_back(hit ? 1 : 0);
+      res.prompts.push_back({static_cast<int>(&item - plan.items.data()), item.cell, hit, score});
       Advance(weight);
     }
     res.seconds = Seconds() - t0;

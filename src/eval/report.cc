@@ -93,6 +93,25 @@ std::string Headline(Task t, const RetrievalResult& r) {
   if (t == Task::kNeedle) return Fixed(r.Score(), 3);
   return Pct(IsRulerTask(t) ? r.Score() : r.Accuracy());
 }
+// The headline with its 95% interval and n, and against the baseline (paired
+// on the same prompts, exact McNemar at 0.05): "▼" worse, "▲" better, nothing
+// when indistinguishable or unpaired (reports written before per-prompt
+// outcomes were kept).
+std::string HeadlineWithInterval(Task t, const RetrievalResult& r, const RetrievalResult* base) {
+  // A partial score (share of values found) read from a report without
+  // per-prompt outcomes has no interval to show.
+  if (r.prompts.empty() && r.score_sum != r.hits) return Headline(t, r);
+  const Interval ci = ScoreInterval(r);
+  const bool needle = t == Task::kNeedle;
+  std::string out = Headline(t, r) + " [" + (needle ? Fixed(ci.lo, 2) : Pct(ci.lo)) + "–" +
+                    (needle ? Fixed(ci.hi, 2) : Pct(ci.hi)) + "] n=" + std::to_string(r.n);
+  if (base && base != &r && base->ok && !r.prompts.empty() && !base->prompts.empty()) {
+    const std::string v = CompareWithBaseline(*base, r).verdict;
+    if (v == "worse") out += " ▼";
+    if (v == "better") out += " ▲";
+  }
+  return out;
+}
 double HeadlineValue(Task t, const RetrievalResult& r) {
   return (t == Task::kNeedle || IsRulerTask(t)) ? r.Score() : r.Accuracy();
 }
@@ -181,7 +200,8 @@ std::string SummaryTable(const EvalReport& report) {
     for (Task t : kRetrievalTasks) {
       if (!has(t)) continue;
       const std::optional<RetrievalResult>& r = *s.Retrieval(t);
-      row += " " + (!r ? pending : !r->ok ? err(*r) : Headline(t, *r)) + " |";
+      const std::optional<RetrievalResult>* b = base ? base->Retrieval(t) : nullptr;
+      row += " " + (!r ? pending : !r->ok ? err(*r) : HeadlineWithInterval(t, *r, b && *b ? &**b : nullptr)) + " |";
     }
     out += row + "\n";
   }
@@ -347,6 +367,13 @@ std::string ReportToMarkdown(const EvalReport& report, bool with_images) {
         "with first-occurrence accuracy as the no-copy control). ";
   if (std::any_of(o.tasks.begin(), o.tasks.end(), IsRulerTask)) {
     md += "niah_*, vt (RULER): share of the asked values among the answer's first candidates (exact match). ";
+  }
+  if (std::any_of(o.tasks.begin(), o.tasks.end(), [](Task t) {
+        return std::find(std::begin(kRetrievalTasks), std::end(kRetrievalTasks), t) != std::end(kRetrievalTasks);
+      })) {
+    md += "Retrieval cells: score [95% interval: Wilson for rates, bootstrap of the mean for needle's ROUGE] n = "
+          "prompts; ▼ / ▲: worse / better than the baseline on the same prompts (exact McNemar, alpha 0.05, no "
+          "correction for multiple comparisons). ";
   }
   md += "Protocols: docs/eval.md.\n";
   if (with_images && !ParetoSvg(report).empty()) md += "\n![quality vs KV bytes](pareto.svg)\n";

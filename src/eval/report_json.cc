@@ -8,7 +8,6 @@
 #include <cmath>
 #include <limits>
 
-#include "eval/paired_test.h"
 #include "eval/report.h"
 #include "eval/stats.h"
 
@@ -39,6 +38,22 @@ json SolvedJson(const SolvedCells& s) {
               {"accuracy", s.Accuracy()}, {"score", s.Score()}};
 }
 
+json IntervalJson(const Interval& i) { return json::array({i.lo, i.hi}); }
+
+// Per prompt: id (the same prompt under every spec), its cell's depth (when
+// the task has depths), hit and score: what paired tests need.
+json PromptsJson(const RetrievalResult& r) {
+  json out = json::array();
+  for (const PromptOutcome& o : r.prompts) {
+    json p{{"id", o.id}, {"cell", o.cell}, {"hit", o.hit}, {"score", o.score}};
+    if (static_cast<size_t>(o.cell) < r.cells.size() && r.cells[static_cast<size_t>(o.cell)].cell.depth >= 0) {
+      p["depth"] = r.cells[static_cast<size_t>(o.cell)].cell.depth;
+    }
+    out.push_back(p);
+  }
+  return out;
+}
+
 json RetrievalJson(const RetrievalResult& r, const RetrievalResult* baseline) {
   json j = OutcomeJson(r);
   j["metric"] = r.metric;
@@ -47,24 +62,15 @@ json RetrievalJson(const RetrievalResult& r, const RetrievalResult* baseline) {
   j["score_sum"] = r.score_sum;
   j["accuracy"] = r.Accuracy();
   j["score"] = r.Score();
-  // Written with the per-prompt outcomes only, so reports committed before
-  // they were kept read back and write out unchanged (ReportFromJson).
-  if (!r.outcomes.empty()) {
-    const Interval ci = WilsonInterval(r.hits, r.n);
-    j["accuracy_interval"] = {ci.lo, ci.hi};  // Wilson 95%
-    std::string outcomes;
-    for (uint8_t o : r.outcomes) outcomes += o ? '1' : '0';
-    j["outcomes"] = outcomes;
-  }
+  // Derived, not read back: recomputed from the counts and prompts.
+  j["accuracy_ci95"] = IntervalJson(WilsonInterval(r.hits, r.n));
+  j["score_ci95"] = IntervalJson(ScoreInterval(r));
   if (baseline && baseline->ok && r.ok) {
     j["baseline_solved"] = SolvedJson(BaselineSolved(*baseline, r));
-    if (!r.outcomes.empty() && baseline->outcomes.size() == r.outcomes.size()) {
-      const PairedComparison pc = ComparePaired(baseline->outcomes, r.outcomes);
-      j["vs_baseline"] = json{{"n", pc.n},
-                              {"baseline_only", pc.reference_only},
-                              {"spec_only", pc.candidate_only},
-                              {"mcnemar_p", pc.p},
-                              {"verdict", PairedVerdictName(pc.verdict)}};
+    if (baseline != &r && !r.prompts.empty()) {
+      const PairedComparison c = CompareWithBaseline(*baseline, r);
+      j["vs_baseline"] = json{{"n", c.n},       {"both", c.both}, {"baseline_only", c.baseline_only},
+                              {"spec_only", c.spec_only}, {"p", c.p}, {"verdict", c.verdict}};
     }
   }
   json cells = json::array();
@@ -81,9 +87,11 @@ json RetrievalJson(const RetrievalResult& r, const RetrievalResult* baseline) {
     cj["score"] = c.Score();
     cj["mean_prompt_tokens"] = c.n > 0 ? c.prompt_tokens_sum / c.n : 0.0;
     cj["example"] = c.example;
+    cj["score_ci95"] = IntervalJson(ScoreInterval(r, static_cast<int>(cells.size())));
     cells.push_back(cj);
   }
   j["cells"] = cells;
+  if (!r.prompts.empty()) j["prompts"] = PromptsJson(r);
   return j;
 }
 
@@ -120,9 +128,6 @@ RetrievalResult ReadRetrieval(const json& j) {
   r.n = j.at("n").get<int>();
   r.hits = j.contains("hits") ? j["hits"].get<int>() : static_cast<int>(std::llround(Num(j, "accuracy") * r.n));
   r.score_sum = j.contains("score_sum") ? Num(j, "score_sum") : Num(j, "score") * r.n;
-  if (j.contains("outcomes")) {
-    for (char c : j["outcomes"].get<std::string>()) r.outcomes.push_back(c == '1' ? 1 : 0);
-  }
   for (const json& cj : j.at("cells")) {
     CellResult c;
     c.cell.length = cj.value("length", 0);
@@ -135,6 +140,11 @@ RetrievalResult ReadRetrieval(const json& j) {
                                                            : Num(cj, "mean_prompt_tokens") * c.n;
     c.example = cj.at("example").get<std::string>();
     r.cells.push_back(std::move(c));
+  }
+  if (j.contains("prompts")) {
+    for (const json& pj : j["prompts"]) {
+      r.prompts.push_back({pj.at("id").get<int>(), pj.at("cell").get<int>(), pj.at("hit").get<bool>(), Num(pj, "score")});
+    }
   }
   return r;
 }
@@ -173,6 +183,7 @@ EvalReport ReadReport(const json& j) {
   o.chunk = s.at("ppl").at("chunk").get<int>();
   o.max_chunks = s.at("ppl").at("max_chunks").get<int>();
   o.kld_context = s.at("ppl").value("kld_context", 0.75);
+  o.kld_score = s.at("ppl").value("kld_score", 0);
   const json& copy = s.at("copy");
   o.copy_span = copy.at("span").get<int>();
   o.copy_skip = copy.at("skip").get<int>();
@@ -310,6 +321,7 @@ json ReportToJson(const EvalReport& report) {
     settings["compress"] = o.compress;
     // Only a compressing run splits its chunks; older reports stay byte-identical.
     settings["ppl"]["kld_context"] = o.kld_context;
+    if (o.kld_score > 0) settings["ppl"]["kld_score"] = o.kld_score;
   }
   const ModelInfo& m = report.model;
   json model{{"path", m.path},

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <random>
 
 namespace kvx::eval {
 
@@ -52,6 +53,49 @@ Interval WilsonInterval(int64_t hits, int64_t n, double z) {
   const double spread = z * std::sqrt(p * (1 - p) / nn + z2 / (4 * nn * nn));
   const double denom = 1 + z2 / nn;
   return {std::max(0.0, (center - spread) / denom), std::min(1.0, (center + spread) / denom)};
+}
+
+Interval BootstrapMeanInterval(const std::vector<double>& values, int reps, uint64_t seed) {
+  if (values.empty()) return {0, 0};
+  std::mt19937_64 rng(seed);
+  const size_t n = values.size();
+  std::vector<double> means(static_cast<size_t>(std::max(1, reps)));
+  for (double& m : means) {
+    double sum = 0;
+    for (size_t i = 0; i < n; ++i) sum += values[rng() % n];
+    m = sum / static_cast<double>(n);
+  }
+  std::sort(means.begin(), means.end());
+  return {PercentileSorted(means, 0.025), PercentileSorted(means, 0.975)};
+}
+
+double McNemarExactP(int64_t only_a, int64_t only_b) {
+  const int64_t n = only_a + only_b, k = std::min(only_a, only_b);
+  if (n <= 0) return 1.0;
+  // P(X <= k) = sum_{i<=k} C(n, i) / 2^n, each term from lgamma (n is a
+  // count of prompts: no overflow, and the sum of a few terms keeps precision).
+  double tail = 0;
+  for (int64_t i = 0; i <= k; ++i) {
+    tail += std::exp(std::lgamma(n + 1.0) - std::lgamma(i + 1.0) - std::lgamma(n - i + 1.0) - n * std::log(2.0));
+  }
+  return std::min(1.0, 2 * tail);
+}
+
+PairedVerdict McNemarVerdict(int64_t only_a, int64_t only_b, double alpha) {
+  if (McNemarExactP(only_a, only_b) >= alpha) return PairedVerdict::kIndistinguishable;
+  return only_b > only_a ? PairedVerdict::kBetter : PairedVerdict::kWorse;
+}
+
+const char* VerdictName(PairedVerdict v) {
+  switch (v) {
+    case PairedVerdict::kBetter:
+      return "better";
+    case PairedVerdict::kWorse:
+      return "worse";
+    case PairedVerdict::kIndistinguishable:
+      break;
+  }
+  return "indistinguishable";
 }
 
 }  // namespace kvx::eval

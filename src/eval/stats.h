@@ -1,5 +1,8 @@
 // Small statistics used by kvx eval: mean with standard error, percentiles,
-// log-softmax and the KL divergence between two next-token distributions.
+// log-softmax and the KL divergence between two next-token distributions;
+// the intervals and the paired test that kvx eval's retrieval results carry
+// (Wilson for hit rates, a bootstrap for mean scores, exact McNemar for two
+// caches scored on the same prompts).
 //
 // Conventions: sums are accumulated in double; log-softmax uses the max-shift
 // (log-sum-exp) form, so large logits do not overflow. KL(P || Q) is computed
@@ -55,6 +58,30 @@ struct Interval {
   double lo = 0, hi = 1;
 };
 Interval WilsonInterval(int64_t hits, int64_t n, double z = 1.96);
+
+// The percentile bootstrap 95% interval of the mean of `values`: `reps`
+// resamples of n values drawn with replacement (std::mt19937_64 seeded with
+// `seed`, so the interval is the same on every run), their means' 2.5th and
+// 97.5th percentiles. For scores that are not 0/1 (needle ROUGE), where
+// Wilson does not apply. {0, 0} for no values.
+Interval BootstrapMeanInterval(const std::vector<double>& values, int reps = 2000, uint64_t seed = 1);
+
+// Exact McNemar test of two caches scored on the same prompts: of the
+// discordant prompts, `only_a` are hits for a only and `only_b` for b only.
+// Under "a and b are equally good" each discordant prompt goes either way
+// with probability 1/2, so the two-sided p-value is
+// min(1, 2 P(X <= min(only_a, only_b))), X ~ Binomial(only_a + only_b, 1/2)
+// (the binomial test on the discordant pairs; concordant prompts carry no
+// information). 1 when there is no discordant prompt.
+double McNemarExactP(int64_t only_a, int64_t only_b);
+
+// How b compares with a on paired prompts at level alpha (two-sided): kBetter
+// when b wins significantly more discordant prompts, kWorse when fewer,
+// else kIndistinguishable. No correction for multiple comparisons here: the
+// caller owns the family (scripts/eviction_report.py applies Holm's).
+enum class PairedVerdict { kBetter, kWorse, kIndistinguishable };
+PairedVerdict McNemarVerdict(int64_t only_a, int64_t only_b, double alpha = 0.05);
+const char* VerdictName(PairedVerdict v);  // "better", "worse", "indistinguishable"
 
 // out[i] = logits[i] - log(sum_j exp(logits[j])), in double.
 void LogSoftmax(const float* logits, int n, double* out);

@@ -120,5 +120,51 @@ TEST(WilsonIntervalTest, KnownValuesAndEdges) {
   EXPECT_EQ(WilsonInterval(0, 0).hi, 1.0);
 }
 
+TEST(McNemarTest, KnownExactValues) {
+  // Two-sided exact binomial on the discordant pairs: 2 * sum_{i<=k} C(n,i) / 2^n.
+  // (lgamma terms: equal to ~1e-15, not bit-exact)
+  EXPECT_NEAR(McNemarExactP(0, 6), 2.0 / 64, 1e-12);             // n 6, k 0
+  EXPECT_NEAR(McNemarExactP(9, 1), 2.0 * 11 / 1024, 1e-12);      // n 10, k 1: (1 + 10) / 2^10
+  EXPECT_NEAR(McNemarExactP(2, 8), 2.0 * 56 / 1024, 1e-12);      // (1 + 10 + 45) / 2^10
+  EXPECT_NEAR(McNemarExactP(3, 17), 2.0 * 1351 / 1048576, 1e-12);  // 1 + 20 + 190 + 1140
+  EXPECT_NEAR(McNemarExactP(0, 5), 2.0 / 32, 1e-12);             // 5 to 0 is not significant at 0.05
+  EXPECT_DOUBLE_EQ(McNemarExactP(5, 5), 1.0);                  // capped at 1
+  EXPECT_DOUBLE_EQ(McNemarExactP(4, 5), McNemarExactP(5, 4));  // symmetric
+}
+
+TEST(McNemarTest, AllConcordantIsIndistinguishable) {
+  // Every prompt the same for both caches: no discordant pair, no evidence.
+  EXPECT_DOUBLE_EQ(McNemarExactP(0, 0), 1.0);
+  EXPECT_EQ(McNemarVerdict(0, 0), PairedVerdict::kIndistinguishable);
+}
+
+TEST(McNemarTest, VerdictFollowsTheDirectionOfTheDiscordantPrompts) {
+  // only_a: hits of a (the reference) alone; only_b: hits of b alone.
+  EXPECT_EQ(McNemarVerdict(0, 6), PairedVerdict::kBetter);
+  EXPECT_EQ(McNemarVerdict(6, 0), PairedVerdict::kWorse);
+  EXPECT_EQ(McNemarVerdict(9, 1), PairedVerdict::kWorse);
+  EXPECT_EQ(McNemarVerdict(0, 5), PairedVerdict::kIndistinguishable);
+  EXPECT_EQ(McNemarVerdict(9, 1, /*alpha=*/0.01), PairedVerdict::kIndistinguishable);
+  EXPECT_STREQ(VerdictName(PairedVerdict::kWorse), "worse");
+}
+
+TEST(BootstrapTest, IntervalHoldsTheMeanAndIsReproducible) {
+  std::vector<double> v;
+  for (int i = 0; i < 60; ++i) v.push_back(i % 3 == 0 ? 1.0 : 0.25 * (i % 4));
+  double mean = 0;
+  for (double x : v) mean += x / v.size();
+  const Interval a = BootstrapMeanInterval(v), b = BootstrapMeanInterval(v);
+  EXPECT_LT(a.lo, mean);
+  EXPECT_GT(a.hi, mean);
+  EXPECT_GT(a.hi - a.lo, 0.05);  // 60 values with sd ~0.37: about +-0.09
+  EXPECT_LT(a.hi - a.lo, 0.3);
+  EXPECT_EQ(a.lo, b.lo);  // seeded
+  EXPECT_EQ(a.hi, b.hi);
+  const Interval constant = BootstrapMeanInterval(std::vector<double>(10, 0.5));
+  EXPECT_DOUBLE_EQ(constant.lo, 0.5);
+  EXPECT_DOUBLE_EQ(constant.hi, 0.5);
+  EXPECT_EQ(BootstrapMeanInterval({}).hi, 0.0);
+}
+
 }  // namespace
 }  // namespace kvx::eval

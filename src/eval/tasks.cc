@@ -1,4 +1,5 @@
 // kvx eval's task names and the small result helpers of eval.h.
+#include <map>
 #include <set>
 
 #include "eval/eval.h"
@@ -153,6 +154,39 @@ SolvedCells BaselineSolved(const RetrievalResult& baseline, const RetrievalResul
     s.score_sum += c.score_sum;
   }
   return s;
+}
+
+PairedComparison CompareWithBaseline(const RetrievalResult& baseline, const RetrievalResult& spec) {
+  std::map<int, bool> base_hit;
+  for (const PromptOutcome& o : baseline.prompts) base_hit[o.id] = o.hit;
+  PairedComparison c;
+  for (const PromptOutcome& o : spec.prompts) {
+    const auto it = base_hit.find(o.id);
+    if (it == base_hit.end()) continue;
+    c.n++;
+    if (it->second && o.hit) c.both++;
+    if (it->second && !o.hit) c.baseline_only++;
+    if (!it->second && o.hit) c.spec_only++;
+  }
+  c.p = McNemarExactP(c.baseline_only, c.spec_only);
+  c.verdict = VerdictName(McNemarVerdict(c.baseline_only, c.spec_only));
+  return c;
+}
+
+Interval ScoreInterval(const RetrievalResult& r, int cell) {
+  std::vector<double> scores;
+  bool binary = true;
+  for (const PromptOutcome& o : r.prompts) {
+    if (cell >= 0 && o.cell != cell) continue;
+    scores.push_back(o.score);
+    binary = binary && (o.score == 0.0 || o.score == 1.0);
+  }
+  if (scores.empty() || binary) {
+    const bool whole = cell < 0 || static_cast<size_t>(cell) >= r.cells.size();
+    return whole ? WilsonInterval(r.hits, r.n)
+                 : WilsonInterval(r.cells[static_cast<size_t>(cell)].hits, r.cells[static_cast<size_t>(cell)].n);
+  }
+  return BootstrapMeanInterval(scores);
 }
 
 }  // namespace kvx::eval

@@ -230,9 +230,15 @@ void RegisterEval(CLI::App& app, int* exit_code) {
       ->delimiter(',')
       ->check(NumberIn(0, 1, false, false, "a fraction of the sequence"));
   cmd->add_option("--kld-context", o.kld_context,
-                  "ppl/kld with a KV policy (and --compress excluded|included): the context's "
-                  "share of each chunk (prefill, then compress); the rest is scored token by token")
+                  "ppl/kld with a KV policy (and --compress excluded|included): the context of each chunk "
+                  "(prefill, then compress), a share below 1 or a token count (e.g. 4096); the rest is scored "
+                  "token by token")
       ->capture_default_str();
+  cmd->add_option("--kld-score", o.kld_score,
+                  "ppl/kld with --kld-context in tokens: score this many tokens after the context (the chunk "
+                  "becomes context + score + 1 tokens; 0: the rest of --chunk)")
+      ->capture_default_str()
+      ->check(IntIn(0, kMaxContext));
   cmd->add_option("--compress", o.compress,
                   "When KV policies compress once (Session::Compress): excluded = after the context, before the "
                   "question (the cache could serve any question); included = after the whole prompt (query-aware); "
