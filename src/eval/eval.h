@@ -244,6 +244,9 @@ struct RetrievalResult : TaskOutcome {
   int n = 0;
   int hits = 0;
   double score_sum = 0;
+  // Each prompt's hit, in plan order (every spec runs the same plan), for
+  // paired comparisons between specs (kvx tune's McNemar verdict).
+  std::vector<uint8_t> item_hits;
   double Accuracy() const { return n > 0 ? static_cast<double>(hits) / n : 0.0; }
   double Score() const { return n > 0 ? score_sum / n : 0.0; }
 };

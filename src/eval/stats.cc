@@ -54,4 +54,15 @@ Interval WilsonInterval(int64_t hits, int64_t n, double z) {
   return {std::max(0.0, (center - spread) / denom), std::min(1.0, (center + spread) / denom)};
 }
 
+double McNemarExactP(int64_t b, int64_t c) {
+  const int64_t n = b + c, k = std::min(b, c);
+  if (n == 0) return 1.0;
+  // sum_{i<=k} C(n, i) / 2^n, each term in logs (n may be in the thousands).
+  double tail = 0;
+  for (int64_t i = 0; i <= k; ++i) {
+    tail += std::exp(std::lgamma(n + 1.0) - std::lgamma(i + 1.0) - std::lgamma(n - i + 1.0) - n * std::log(2.0));
+  }
+  return std::min(1.0, 2 * tail);
+}
+
 }  // namespace kvx::eval

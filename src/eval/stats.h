@@ -56,6 +56,13 @@ struct Interval {
 };
 Interval WilsonInterval(int64_t hits, int64_t n, double z = 1.96);
 
+// The exact (binomial) McNemar test of two paired classifiers on the same
+// prompts: b prompts only the first gets right, c only the second. Two-sided
+// p-value = min(1, 2 P(X <= min(b, c))), X ~ Binomial(b + c, 1/2); 1 when
+// b + c = 0. Exact rather than chi-square because retrieval comparisons
+// have few discordant prompts.
+double McNemarExactP(int64_t b, int64_t c);
+
 // out[i] = logits[i] - log(sum_j exp(logits[j])), in double.
 void LogSoftmax(const float* logits, int n, double* out);
 

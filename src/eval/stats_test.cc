@@ -120,5 +120,14 @@ TEST(WilsonIntervalTest, KnownValuesAndEdges) {
   EXPECT_EQ(WilsonInterval(0, 0).hi, 1.0);
 }
 
+TEST(McNemarTest, ExactTwoSidedPValues) {
+  EXPECT_DOUBLE_EQ(McNemarExactP(0, 6), 2.0 / 64);      // 2 * (1/2)^6
+  EXPECT_NEAR(McNemarExactP(1, 9), 2 * 11.0 / 1024, 1e-12);  // 2 * (C(10,0) + C(10,1)) / 2^10
+  EXPECT_NEAR(McNemarExactP(9, 1), McNemarExactP(1, 9), 1e-15);  // symmetric
+  EXPECT_DOUBLE_EQ(McNemarExactP(5, 5), 1.0);           // capped at 1
+  EXPECT_DOUBLE_EQ(McNemarExactP(0, 0), 1.0);           // no discordant prompt: no evidence
+  EXPECT_GT(McNemarExactP(0, 5), 0.05);                  // 5 lost prompts alone do not reach 5%
+}
+
 }  // namespace
 }  // namespace kvx::eval
