@@ -130,7 +130,8 @@ class Tuner {
       }
     }
     if (rs.trials < 1) return InvalidArgument("--retrieval-trials must be at least 1");
-    if (rs.length == 0) rs.length = std::min(opt_.ctx, model_.config().n_ctx_train);
+    const int trained = model_.config().n_ctx_train;
+    if (rs.length == 0) rs.length = trained > 0 ? std::min(opt_.ctx, trained) : opt_.ctx;
     const int64_t need = TuneTextTokens(opt_);
     if (static_cast<int64_t>(text_.size()) < need) {
       return InvalidArgument("the text has " + std::to_string(text_.size()) + " tokens; tune needs " +

@@ -170,6 +170,12 @@ std::string TuneSummary(const TuneResult& r, const TuneOptions& o) {
     std::snprintf(line, sizeof(line), "retrieval: f16 %d/%d [%.2f, %.2f] at %d tokens, %.0f s\n", tr.hits, tr.n,
                   tr.interval.lo, tr.interval.hi, tr.length, tr.seconds);
     s += line;
+    for (const auto& [role, i] : tr.compared) {
+      if (i < 0) continue;
+      const TuneCandidate& c = r.candidates[static_cast<size_t>(i)];
+      s += "  " + role + ": `" + c.spec + "` " + Ratio(r, c.bytes) + ", KLD rung 0 " + Kld(c.search.front()) +
+           ", retrieval " + Retrieval(c.retrieval) + "\n";
+    }
     if (r.chosen >= 0 && !EqualQuality(r.candidates[static_cast<size_t>(r.chosen)], o)) {
       char bound[32];
       std::snprintf(bound, sizeof(bound), "%g", o.EqualKld());
