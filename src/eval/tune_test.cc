@@ -259,6 +259,10 @@ TEST(RetrievalVerdictTest, IntervalAndPairedTest) {
   const std::vector<uint8_t> f16(50, 1);
   std::vector<uint8_t> spec(50, 1);
   EXPECT_EQ(JudgeRetrieval(f16, spec).verdict, "indistinguishable");
+  for (int n : {10, 20, 30, 50, 100}) {  // every prompt answered by both is no verdict, at any n
+    const std::vector<uint8_t> all(static_cast<size_t>(n), 1);
+    EXPECT_EQ(JudgeRetrieval(all, all).verdict, "indistinguishable") << n;
+  }
   spec[0] = spec[1] = 0;  // 48/50: inside f16's interval [0.93, 1], 2 discordant prompts (p = 0.5)
   EXPECT_EQ(JudgeRetrieval(f16, spec).verdict, "indistinguishable");
   for (int i = 0; i < 6; ++i) spec[i] = 0;  // 44/50 = 0.88 < 0.93: below the interval
