@@ -9,6 +9,7 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -242,9 +243,14 @@ std::pair<std::string, std::string> TextAndKvBytes(const std::string& output) {
 }
 
 // kvx tune writes the file that --kv @FILE reads: run, eval and serve run the
-// spec it chose exactly as if it were given as text.
+// spec it chose exactly as if it were given as text. It also caches the
+// result, which --kv auto finds for the same model (tune_cache.h).
 TEST(CliTest, TunedSpecLoadsWithKvAtFileInRunEvalAndServe) {
   const std::string dir = TempDir(), out = dir + "/tuned.json", text = dir + "/tune_text.txt";
+  const std::string cache = dir + "/tune_cache";
+  std::filesystem::remove_all(cache);
+  setenv("KVX_TUNE_CACHE", cache.c_str(), 1);  // never the user's cache; the children inherit it
+  ExpectError("run -m " + TinyModel() + " -p hi --kv auto", "kvx tune -m " + TinyModel());
   std::string words;
   for (int i = 0; words.size() < 12000; ++i) words += "word" + std::to_string(i * 7919 % 1000) + " and more text. ";
   WriteFile(text, words);
@@ -276,6 +282,17 @@ TEST(CliTest, TunedSpecLoadsWithKvAtFileInRunEvalAndServe) {
   const testing::CommandOutcome serve = testing::RunCommand(
       {BinaryDir() + "/kvx", "serve", "-m", TinyModel(), "--kv", "@" + out, "--port", "0", "-t", "1"}, 2);
   EXPECT_NE(serve.output.find("--kv '" + spec + "'"), std::string::npos) << serve.output;
+
+  // --kv auto: the cached result of this model and budget, logged with its file.
+  const testing::CommandOutcome serve_auto = testing::RunCommand(
+      {BinaryDir() + "/kvx", "serve", "-m", TinyModel(), "--kv", "auto", "--port", "0", "-t", "1"}, 2);
+  EXPECT_NE(serve_auto.output.find("--kv '" + spec + "'"), std::string::npos) << serve_auto.output;
+  EXPECT_NE(serve_auto.output.find(cache + "/"), std::string::npos) << serve_auto.output;
+  const CommandResult by_auto = RunKvx(run + "auto:40K");
+  ASSERT_EQ(by_auto.exit_code, 0) << by_auto.output;
+  EXPECT_EQ(TextAndKvBytes(by_auto.output).second, TextAndKvBytes(by_text.output).second);
+  ExpectError("run -m " + TinyModel() + " -p hi --kv auto:41K", "--mem 41984");
+  unsetenv("KVX_TUNE_CACHE");
 
   ExpectError("run -m " + TinyModel() + " -p hi --kv @" + dir + "/no_such_tuned.json", "no_such_tuned.json");
   ExpectError("serve -m " + TinyModel() + " --kv @" + text, "not valid JSON");

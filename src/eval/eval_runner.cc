@@ -55,7 +55,12 @@ class Runner {
     KVX_RETURN_IF_ERROR(Resolve());
     KVX_RETURN_IF_ERROR(Plan());
     KVX_RETURN_IF_ERROR(SetUpSpecs());
-    if (hooks_.progress) hooks_.progress->SetTotal(total_items_, total_weight_);
+    // Added to the work the bar has done already (kvx tune runs this after
+    // its KLD passes on the same bar).
+    if (hooks_.progress) {
+      const ProgressState& st = hooks_.progress->state();
+      hooks_.progress->SetTotal(st.done_items + total_items_, st.done_weight + total_weight_);
+    }
     if (Has(opt_.tasks, Task::kPpl) || Has(opt_.tasks, Task::kKld)) RunTextTasks();
     for (size_t r = 0; r < rts_.size(); ++r) {
       SpecResult& res = report_.specs[r];

@@ -52,7 +52,11 @@ Interval WilsonInterval(int64_t hits, int64_t n, double z) {
   const double center = p + z2 / (2 * nn);
   const double spread = z * std::sqrt(p * (1 - p) / nn + z2 / (4 * nn * nn));
   const double denom = 1 + z2 / nn;
-  return {std::max(0.0, (center - spread) / denom), std::min(1.0, (center + spread) / denom)};
+  // At 0 or n hits the formula's far end is 0 or 1 exactly on paper; in
+  // floating point it can land a rounding below 1, and a spec answering every
+  // prompt would then look "above" a full cache that answers every prompt too.
+  return {hits == 0 ? 0.0 : std::max(0.0, (center - spread) / denom),
+          hits == n ? 1.0 : std::min(1.0, (center + spread) / denom)};
 }
 
 Interval BootstrapMeanInterval(const std::vector<double>& values, int reps, uint64_t seed) {

@@ -97,6 +97,10 @@ class Tuner {
     // in the descent still reports them on unseen text.
     if (!Stopped()) Validate(alive);
     if (!Stopped() && !alive.empty()) Descend(&alive);
+    if (!Stopped() && !alive.empty() && !opt_.retrieval.tasks.empty()) {
+      Status s = Retrieve(&alive);
+      if (!s.ok()) return s;
+    }
     result_.finalists = alive;
     Choose();
     result_.seconds = Seconds() - start_;
@@ -118,6 +122,16 @@ class Tuner {
       return InvalidArgument("tune: finalists >= 1, eta >= 2, batch >= 1 and 16 <= first chunk <= max chunk");
     }
     if (opt_.max_kld && !(*opt_.max_kld > 0)) return InvalidArgument("--quality kld<=X needs X > 0");
+    RetrievalSettings& rs = opt_.retrieval;
+    for (Task t : rs.tasks) {
+      if (std::find(std::begin(kRetrievalTasks), std::end(kRetrievalTasks), t) == std::end(kRetrievalTasks)) {
+        return InvalidArgument("--tasks takes retrieval tasks (passkey, needle, niah_*, vt, lines), not " +
+                               std::string(TaskName(t)) + ": tune measures KLD itself");
+      }
+    }
+    if (rs.trials < 1) return InvalidArgument("--retrieval-trials must be at least 1");
+    const int trained = model_.config().n_ctx_train;
+    if (rs.length == 0) rs.length = trained > 0 ? std::min(opt_.ctx, trained) : opt_.ctx;
     const int64_t need = TuneTextTokens(opt_);
     if (static_cast<int64_t>(text_.size()) < need) {
       return InvalidArgument("the text has " + std::to_string(text_.size()) + " tokens; tune needs " +
@@ -146,6 +160,8 @@ class Tuner {
       TuneCandidate c;
       c.spec = spec->ToString();
       c.origin = "space";
+      c.family = Family(*spec);
+      c.defaults = text.find_first_of(",;") == std::string::npos;
       c.bytes = *bytes;
       result_.candidates.push_back(std::move(c));
     }
@@ -175,6 +191,13 @@ class Tuner {
       weight += static_cast<double>(n) * r.chunk * r.n_chunks;
       items += static_cast<int64_t>(n) * r.n_chunks;
       n = std::max<size_t>(opt_.finalists, (n + opt_.eta - 1) / opt_.eta);
+    }
+    // Retrieval: every prompt for f16, the finalists (and the descent's
+    // result) and the three compared specs, the actual sum set once it runs.
+    if (!opt_.retrieval.tasks.empty()) {
+      const int64_t prompts = static_cast<int64_t>(opt_.retrieval.Prompts()) * (opt_.finalists + 5);
+      items += prompts;
+      weight += static_cast<double>(prompts) * opt_.retrieval.length;
     }
     hooks_.progress->SetTotal(items, weight);
   }
@@ -279,6 +302,8 @@ class Tuner {
     const TuneMeasure& ma = result_.candidates[a].search[r];
     const TuneMeasure& mb = result_.candidates[b].search[r];
     if (ma.error.empty() != mb.error.empty()) return ma.error.empty();
+    const bool ra = result_.candidates[a].Rejected(), rb = result_.candidates[b].Rejected();
+    if (ra != rb) return rb;  // retrieval worse than f16's ranks below every other
     const uint64_t ba = result_.candidates[a].bytes, bb = result_.candidates[b].bytes;
     if (opt_.max_kld) {
       const bool ok_a = ma.kld <= *opt_.max_kld, ok_b = mb.kld <= *opt_.max_kld;
@@ -366,6 +391,7 @@ class Tuner {
     TuneCandidate c;
     c.spec = tuned.ToString();
     c.origin = "per-layer descent";
+    c.family = base_c.family;
     c.bytes = *SteadyStateBytes(tuned, layout_, opt_.ctx, opt_.sessions);
     // Measured on every rung's text as the finalists were, so it ranks
     // beside them at the deepest rung.
@@ -387,6 +413,58 @@ class Tuner {
     const Rung& last = rungs_.back();
     MeasureSpecs(specs, text_.last(HoldoutTokens()), last.chunk, last.n_chunks, "unseen text",
                  [&](size_t j, const TuneMeasure& m) { result_.candidates[finalists[j]].holdout = m; });
+  }
+
+  static std::string Family(const kv::KVSpec& spec) {
+    if (spec.policies.empty()) return "codec";
+    return spec.codec.id == kv::KVSpec{}.codec.id ? "policy" : "codec+policy";
+  }
+
+  // The best candidate of a family at rung 0 (-1: none measured).
+  int BestOf(const std::function<bool(const TuneCandidate&)>& pick) const {
+    int best = -1;
+    for (size_t i = 0; i < result_.candidates.size(); ++i) {
+      const TuneCandidate& c = result_.candidates[i];
+      if (!pick(c) || c.search.empty() || !c.search[0].error.empty()) continue;
+      if (best < 0 || c.search[0].kld < result_.candidates[best].search[0].kld) best = static_cast<int>(i);
+    }
+    return best;
+  }
+
+  // The finalists and the best of each single family answer the retrieval
+  // prompts beside f16; the verdicts re-rank the finalists.
+  Status Retrieve(std::vector<int>* alive) {
+    TuneRetrieval tr;
+    tr.length = opt_.retrieval.length;
+    tr.compared = {{"codec only", BestOf([](const TuneCandidate& c) { return c.family == "codec"; })},
+                   {"policy only", BestOf([](const TuneCandidate& c) { return c.family == "policy"; })},
+                   {"defaults", BestOf([](const TuneCandidate& c) { return c.defaults; })}};
+    std::vector<int> which = *alive;
+    for (const auto& [role, i] : tr.compared) {
+      if (i >= 0 && std::find(which.begin(), which.end(), i) == which.end()) which.push_back(i);
+    }
+    std::vector<std::string> specs;
+    for (int i : which) specs.push_back(result_.candidates[i].spec);
+    if (hooks_.progress) hooks_.progress->SetLabel("retrieval");
+    const double t0 = Seconds();
+    const RetrievalScorer score =
+        hooks_.retrieval ? hooks_.retrieval : ModelRetrievalScorer(model_, threads_, opt_.retrieval, hooks_.progress);
+    Result<RetrievalScores> scores = score(specs);
+    if (!scores.ok()) return scores.status().WithContext("tune retrieval");
+    tr.seconds = Seconds() - t0;
+    tr.n = static_cast<int>(scores->f16.size());
+    for (uint8_t h : scores->f16) tr.hits += h ? 1 : 0;
+    tr.interval = WilsonInterval(tr.hits, tr.n);
+    for (size_t k = 0; k < which.size(); ++k) {
+      const std::vector<uint8_t> none;
+      RetrievalVerdict v = JudgeRetrieval(scores->f16, k < scores->specs.size() ? scores->specs[k] : none);
+      if (k < scores->errors.size() && !scores->errors[k].empty()) v.error = scores->errors[k], v.verdict = "worse";
+      result_.candidates[which[k]].retrieval = std::move(v);
+    }
+    result_.retrieval = std::move(tr);
+    if (result_.rungs > 0) Rank(alive, result_.rungs - 1);
+    Choose();
+    return Status::Ok();
   }
 
   void Notify() {
@@ -439,6 +517,13 @@ std::vector<std::string> DefaultTuneSpace() {
     s.push_back(std::string(codec) + ";policy=snapkv,pool=max,ratio=0.5;policy=think,lambda=0.25");
   }
   return s;
+}
+
+bool EqualQuality(const TuneCandidate& c, const TuneOptions& options) {
+  const std::optional<TuneMeasure>& m =
+      c.holdout ? c.holdout : (c.search.empty() ? std::nullopt : std::optional(c.search.back()));
+  if (!m || !m->error.empty() || m->kld > options.EqualKld()) return false;
+  return c.retrieval && c.retrieval->verdict != "worse";
 }
 
 std::vector<ParetoPoint> TuneRung0Points(const TuneResult& result, std::vector<int>* which) {

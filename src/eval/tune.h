@@ -19,7 +19,12 @@
 //      measured; the moves are then taken in order of measured benefit while
 //      the spec still fits (or its predicted KLD still meets the floor);
 //   4. the finalists are measured again on text the search did not see (the
-//      end of the text), and both figures are reported.
+//      end of the text), and both figures are reported;
+//   5. with retrieval tasks (TuneOptions::retrieval), the finalists and the
+//      best spec of each single family (codec only, policy only, a codec at
+//      its defaults) answer retrieval prompts beside an f16 cache
+//      (tune_retrieval.h); a finalist whose retrieval is worse than f16's
+//      ranks below every other, so it is chosen only when all are worse.
 // Between passes (a few candidates at a time) the stop hook is polled: a
 // stopped search (Ctrl-C, --time-budget) returns the best candidate of the
 // deepest rung reached.
@@ -40,6 +45,7 @@
 #include <vector>
 
 #include "eval/progress.h"
+#include "eval/tune_retrieval.h"
 #include "kv/kv_spec.h"
 #include "kv/layout.h"
 #include "model/model.h"
@@ -59,6 +65,13 @@ struct TuneOptions {
   int eta = 3;   // each rung keeps the best 1/eta
   int batch = 6; // candidates measured per pass (the stop hook is polled between passes)
   std::vector<std::string> space;  // the candidate specs; empty: DefaultTuneSpace()
+  // Retrieval tasks (none: KLD only); length 0: --ctx, at most the model's
+  // trained context.
+  RetrievalSettings retrieval;
+  // "Equal quality" (issue 37): KLD on unseen text within this bound (the
+  // quality floor when there is one) and retrieval not worse than f16's.
+  double equal_kld = 0.01;
+  double EqualKld() const { return max_kld.value_or(equal_kld); }
 };
 
 // One KLD measurement of a spec (KL(f32 || spec) per scored position).
@@ -73,9 +86,23 @@ struct TuneMeasure {
 struct TuneCandidate {
   std::string spec;    // canonical (KVSpec::ToString)
   std::string origin;  // "space" or "per-layer descent"
+  std::string family;  // "codec" (no policy), "policy" (f16 + policies) or "codec+policy"
+  bool defaults = false;  // a bare "codec=X" of the space: the codec at its default settings
   uint64_t bytes = 0;  // steady-state: SteadyStateBytes
   std::vector<TuneMeasure> search;     // one per rung reached, on the search text
   std::optional<TuneMeasure> holdout;  // finalists: on the text the search did not see
+  std::optional<RetrievalVerdict> retrieval;  // with retrieval tasks: finalists and the compared
+  bool Rejected() const { return retrieval && retrieval->verdict == "worse"; }
+};
+
+// The f16 cache on the retrieval prompts, and the specs compared.
+struct TuneRetrieval {
+  int n = 0, hits = 0, length = 0;
+  Interval interval;
+  double seconds = 0;
+  // The best spec (lowest rung-0 KLD) of each single family that fits, by
+  // role ("codec only", "policy only", "defaults"): indices into candidates.
+  std::vector<std::pair<std::string, int>> compared;
 };
 
 struct TuneResult {
@@ -89,12 +116,18 @@ struct TuneResult {
   uint64_t f16_bytes = 0;   // the same sessions x ctx in f16
   int rungs = 0;            // rungs completed
   double seconds = 0;
+  std::optional<TuneRetrieval> retrieval;  // with retrieval tasks, once they ran
 };
+
+// KLD within options.EqualKld() (on unseen text when measured) and
+// retrieval not worse than f16 (when measured; unmeasured: unknown, false).
+bool EqualQuality(const TuneCandidate& c, const TuneOptions& options);
 
 struct TuneHooks {
   std::function<std::string()> stop;                 // polled between passes: why to stop, "" to go on
   std::function<void(const TuneResult&)> on_update;  // after every pass
   ProgressBar* progress = nullptr;
+  RetrievalScorer retrieval;  // null: ModelRetrievalScorer (kvx eval's tasks on the model)
 };
 
 // Codecs, their settings, policies and their combinations (docs/tune.md).

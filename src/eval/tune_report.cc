@@ -21,19 +21,64 @@ json MeasureJson(const TuneMeasure& m) {
   return j;
 }
 
-json CandidateJson(const TuneResult& r, int i) {
-  const TuneCandidate& c = r.candidates[static_cast<size_t>(i)];
-  json j = {{"spec", c.spec}, {"origin", c.origin}, {"bytes", c.bytes}, {"search", json::array()}};
-  if (c.bytes > 0) j["vs_f16"] = static_cast<double>(r.f16_bytes) / static_cast<double>(c.bytes);
-  for (const TuneMeasure& m : c.search) j["search"].push_back(MeasureJson(m));
-  j["unseen"] = c.holdout ? MeasureJson(*c.holdout) : json(nullptr);
+json RateJson(int hits, int n, const Interval& in) {
+  return {{"hits", hits}, {"n", n}, {"rate", n > 0 ? static_cast<double>(hits) / n : 0.0}, {"lo95", in.lo},
+          {"hi95", in.hi}};
+}
+
+json VerdictJson(const RetrievalVerdict& v) {
+  json j = RateJson(v.hits, v.n, v.interval);
+  j["only_spec"] = v.only_spec;
+  j["only_f16"] = v.only_f16;
+  j["mcnemar_p"] = v.mcnemar_p;
+  j["verdict"] = v.verdict;
+  if (!v.error.empty()) j["error"] = v.error;
   return j;
 }
 
-json CandidateList(const TuneResult& r, const std::vector<int>& which) {
+json CandidateJson(const TuneResult& r, const TuneOptions& o, int i) {
+  const TuneCandidate& c = r.candidates[static_cast<size_t>(i)];
+  json j = {{"spec", c.spec},     {"origin", c.origin},     {"family", c.family},
+            {"defaults", c.defaults}, {"bytes", c.bytes}, {"search", json::array()}};
+  if (c.bytes > 0) j["vs_f16"] = static_cast<double>(r.f16_bytes) / static_cast<double>(c.bytes);
+  for (const TuneMeasure& m : c.search) j["search"].push_back(MeasureJson(m));
+  j["unseen"] = c.holdout ? MeasureJson(*c.holdout) : json(nullptr);
+  if (c.retrieval) {
+    j["retrieval"] = VerdictJson(*c.retrieval);
+    j["equal_quality"] = EqualQuality(c, o);
+  }
+  return j;
+}
+
+json CandidateList(const TuneResult& r, const TuneOptions& o, const std::vector<int>& which) {
   json a = json::array();
-  for (int i : which) a.push_back(CandidateJson(r, i));
+  for (int i : which) a.push_back(CandidateJson(r, o, i));
   return a;
+}
+
+json RetrievalJson(const TuneResult& r, const TuneOptions& o) {
+  if (!r.retrieval) return nullptr;
+  const TuneRetrieval& tr = *r.retrieval;
+  json tasks = json::array();
+  for (Task t : o.retrieval.tasks) tasks.push_back(std::string(TaskName(t)));
+  json compared = json::object();
+  for (const auto& [role, i] : tr.compared) compared[role] = i >= 0 ? CandidateJson(r, o, i) : json(nullptr);
+  return {{"tasks", tasks},
+          {"length", tr.length},
+          {"depths", o.retrieval.depths},
+          {"trials", o.retrieval.trials},
+          {"f16", RateJson(tr.hits, tr.n, tr.interval)},
+          {"equal_kld", o.EqualKld()},
+          {"seconds", tr.seconds},
+          {"compared", compared}};
+}
+
+std::string Retrieval(const std::optional<RetrievalVerdict>& v) {
+  if (!v) return "–";
+  char buf[96];
+  std::snprintf(buf, sizeof(buf), "%d/%d [%.2f, %.2f] %s", v->hits, v->n, v->interval.lo, v->interval.hi,
+                v->verdict.c_str());
+  return buf;
 }
 
 std::string Ratio(const TuneResult& r, uint64_t bytes) {
@@ -65,12 +110,13 @@ std::string TuneResultJson(const TuneResult& r, const TuneOptions& o, const std:
   j["rungs"] = r.rungs;
   j["space_size"] = r.space_size;
   j["fitting"] = r.candidates.size();
-  j["chosen"] = r.chosen >= 0 ? CandidateJson(r, r.chosen) : json(nullptr);
-  j["finalists"] = CandidateList(r, r.finalists);
-  j["pareto"] = CandidateList(r, r.pareto);
+  j["chosen"] = r.chosen >= 0 ? CandidateJson(r, o, r.chosen) : json(nullptr);
+  j["retrieval"] = RetrievalJson(r, o);
+  j["finalists"] = CandidateList(r, o, r.finalists);
+  j["pareto"] = CandidateList(r, o, r.pareto);
   std::vector<int> all(r.candidates.size());
   for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int>(i);
-  j["candidates"] = CandidateList(r, all);
+  j["candidates"] = CandidateList(r, o, all);
   return j.dump(2) + "\n";
 }
 
@@ -100,14 +146,16 @@ std::string TuneParetoSvg(const TuneResult& r) {
 }
 
 std::string TuneSummary(const TuneResult& r, const TuneOptions& o) {
-  std::string s = "| # | spec | origin | bytes | vs f16 | KLD, search text | KLD, unseen text |\n|---|---|---|---:|---:|---|---|\n";
+  std::string s =
+      "| # | spec | origin | bytes | vs f16 | KLD, search text | KLD, unseen text | retrieval vs f16 |\n"
+      "|---|---|---|---:|---:|---|---|---|\n";
   int n = 0;
   for (int i : r.finalists) {
     const TuneCandidate& c = r.candidates[static_cast<size_t>(i)];
     const std::optional<TuneMeasure> last = c.search.empty() ? std::nullopt : std::optional(c.search.back());
     s += "| " + std::to_string(++n) + (i == r.chosen ? " (chosen)" : "") + " | `" + c.spec + "` | " + c.origin +
          " | " + std::to_string(c.bytes) + " | " + Ratio(r, c.bytes) + " | " + Kld(last) + " | " + Kld(c.holdout) +
-         " |\n";
+         " | " + Retrieval(c.retrieval) + " |\n";
   }
   char line[256];
   std::snprintf(line, sizeof(line),
@@ -117,6 +165,24 @@ std::string TuneSummary(const TuneResult& r, const TuneOptions& o) {
                 static_cast<unsigned long long>(r.f16_bytes), r.rungs, r.seconds,
                 r.stopped ? (", stopped (" + r.stop_reason + "): the best spec so far").c_str() : "");
   s += line;
+  if (r.retrieval) {
+    const TuneRetrieval& tr = *r.retrieval;
+    std::snprintf(line, sizeof(line), "retrieval: f16 %d/%d [%.2f, %.2f] at %d tokens, %.0f s\n", tr.hits, tr.n,
+                  tr.interval.lo, tr.interval.hi, tr.length, tr.seconds);
+    s += line;
+    for (const auto& [role, i] : tr.compared) {
+      if (i < 0) continue;
+      const TuneCandidate& c = r.candidates[static_cast<size_t>(i)];
+      s += "  " + role + ": `" + c.spec + "` " + Ratio(r, c.bytes) + ", KLD rung 0 " + Kld(c.search.front()) +
+           ", retrieval " + Retrieval(c.retrieval) + "\n";
+    }
+    if (r.chosen >= 0 && !EqualQuality(r.candidates[static_cast<size_t>(r.chosen)], o)) {
+      char bound[32];
+      std::snprintf(bound, sizeof(bound), "%g", o.EqualKld());
+      s += std::string("note: the chosen spec is not of equal quality to f16 (KLD on unseen text above ") + bound +
+           ", or retrieval worse than f16's)\n";
+    }
+  }
   if (r.chosen >= 0) s += "chosen: --kv '" + r.candidates[static_cast<size_t>(r.chosen)].spec + "'\n";
   return s;
 }

@@ -197,5 +197,89 @@ TEST_F(TuneTest, QualityFloorPicksTheSmallestSpecMeetingIt) {
   EXPECT_LT(chosen.bytes, F16Bytes()) << "a compressed spec meets a loose floor";
 }
 
+// Issue 37's "equal quality means retrieval too": a spec that keeps a tiny
+// window (StreamingLLM) loses every needle; with a quality floor every spec
+// meets (its KLD forced to pass), it is the smallest and would be chosen on
+// KLD alone, but the retrieval verdict (a stubbed score table: f16 and the
+// others answer every prompt, the window none) ranks it last.
+TEST_F(TuneTest, RetrievalVerdictRejectsASpecThatLosesTheNeedle) {
+  const std::string window = "codec=f16,page=16;policy=streamingllm,sinks=4,window=8";
+  TuneOptions o = Options(F16Bytes());
+  o.space = {"codec=f16", "codec=int8", window};
+  o.max_kld = 1e9;
+  const std::vector<int32_t> text = Text(o);
+  const std::string canonical_window = kv::ParseKVSpec(window).value().ToString();
+  Result<TuneResult> kld_only = RunTune(*model_, threads_, text, o, {});
+  ASSERT_TRUE(kld_only.ok()) << kld_only.status().ToString();
+  ASSERT_EQ(kld_only->candidates[kld_only->chosen].spec, canonical_window) << "smallest, so chosen on KLD alone";
+
+  o.retrieval.tasks = {Task::kPasskey};
+  constexpr int kPrompts = 50;
+  std::vector<std::vector<std::string>> asked;
+  TuneHooks hooks;
+  hooks.retrieval = [&](const std::vector<std::string>& specs) -> Result<RetrievalScores> {
+    asked.push_back(specs);
+    RetrievalScores s;
+    s.f16.assign(kPrompts, 1);
+    for (const std::string& spec : specs) {
+      s.specs.push_back(std::vector<uint8_t>(kPrompts, spec.find("streamingllm") == std::string::npos ? 1 : 0));
+      s.errors.push_back("");
+    }
+    return s;
+  };
+  Result<TuneResult> r = RunTune(*model_, threads_, text, o, hooks);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(asked.size(), 1u) << "one retrieval run for the finalists and the compared specs";
+  ASSERT_TRUE(r->retrieval.has_value());
+  EXPECT_EQ(r->retrieval->n, kPrompts);
+  const TuneCandidate& chosen = r->candidates[r->chosen];
+  EXPECT_NE(chosen.spec, canonical_window) << "rejected by retrieval though its KLD passes";
+  ASSERT_TRUE(chosen.retrieval.has_value());
+  EXPECT_EQ(chosen.retrieval->verdict, "indistinguishable");
+  EXPECT_TRUE(EqualQuality(chosen, o));
+  bool judged_window = false;
+  for (const TuneCandidate& c : r->candidates) {
+    if (c.spec != canonical_window) continue;
+    judged_window = true;
+    ASSERT_TRUE(c.retrieval.has_value());
+    EXPECT_EQ(c.retrieval->verdict, "worse");
+    EXPECT_EQ(c.retrieval->hits, 0);
+    EXPECT_FALSE(EqualQuality(c, o));
+  }
+  EXPECT_TRUE(judged_window);
+  EXPECT_EQ(r->candidates[r->finalists.back()].spec, canonical_window) << "ranked below every finalist";
+  // The JSON carries the rate, its interval and the verdict per finalist.
+  const std::string json = TuneResultJson(*r, o, "{}");
+  EXPECT_NE(json.find("\"verdict\": \"worse\""), std::string::npos);
+  EXPECT_NE(json.find("\"lo95\""), std::string::npos);
+  EXPECT_NE(json.find("\"equal_quality\": true"), std::string::npos);
+}
+
+TEST(RetrievalVerdictTest, IntervalAndPairedTest) {
+  const std::vector<uint8_t> f16(50, 1);
+  std::vector<uint8_t> spec(50, 1);
+  EXPECT_EQ(JudgeRetrieval(f16, spec).verdict, "indistinguishable");
+  for (int n : {10, 20, 30, 50, 100}) {  // every prompt answered by both is no verdict, at any n
+    const std::vector<uint8_t> all(static_cast<size_t>(n), 1);
+    EXPECT_EQ(JudgeRetrieval(all, all).verdict, "indistinguishable") << n;
+  }
+  spec[0] = spec[1] = 0;  // 48/50: inside f16's interval [0.93, 1], 2 discordant prompts (p = 0.5)
+  EXPECT_EQ(JudgeRetrieval(f16, spec).verdict, "indistinguishable");
+  for (int i = 0; i < 6; ++i) spec[i] = 0;  // 44/50 = 0.88 < 0.93: below the interval
+  const RetrievalVerdict v = JudgeRetrieval(f16, spec);
+  EXPECT_EQ(v.verdict, "worse");
+  EXPECT_EQ(v.only_f16, 6);
+  EXPECT_NEAR(v.mcnemar_p, 2.0 / 64, 1e-12);
+  // Paired: the same rate as f16 but on other prompts is no verdict; a
+  // spec that wins 8 prompts f16 loses, and loses none, is better.
+  std::vector<uint8_t> half(50, 0), other(50, 0);
+  for (int i = 0; i < 25; ++i) half[i] = 1, other[49 - i] = 1;
+  EXPECT_EQ(JudgeRetrieval(half, other).verdict, "indistinguishable");
+  std::vector<uint8_t> more = half;
+  for (int i = 25; i < 33; ++i) more[i] = 1;
+  EXPECT_EQ(JudgeRetrieval(half, more).verdict, "better");
+  EXPECT_EQ(JudgeRetrieval(f16, std::vector<uint8_t>(10, 1)).verdict, "worse") << "unpaired sizes";
+}
+
 }  // namespace
 }  // namespace kvx::eval

@@ -132,6 +132,9 @@ Status RunEvalCommand(EvalFlags flags) {
   eval::EvalOptions& o = flags.options;
   if (o.model_path.empty()) return InvalidArgument("-m MODEL is required (or --render JSON)");
   if (flags.n_threads < 0) return InvalidArgument("thread count (-t) must be >= 0 (0 = all cores)");
+  for (std::string& spec : o.specs) {
+    KVX_ASSIGN_OR_RETURN(spec, ResolveAutoKV(spec, o.model_path));
+  }
   if (!flags.protocol.empty()) return RunProtocolCommand(flags);
   if (flags.tasks == "rag") return RunRagCommand(flags);
   if (flags.tasks.find("rag") != std::string::npos) {

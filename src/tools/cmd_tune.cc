@@ -20,6 +20,8 @@
 
 #include "eval/ruler.h"
 #include "eval/tune.h"
+#include "eval/tune_cache.h"
+#include "model/fingerprint.h"
 #include "model/model.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
@@ -39,6 +41,7 @@ struct TuneFlags {
   std::string text_file;
   std::string data_dir = "../shared/data";
   std::string quality;
+  std::string tasks;
   std::string out_file;
   std::string svg_file;
   double time_budget = 0;
@@ -86,6 +89,10 @@ Status RunTuneCommand(TuneFlags flags) {
   }
   for (const std::string* f : {&flags.out_file, &flags.svg_file}) {
     if (!f->empty()) KVX_RETURN_IF_ERROR(CheckOutputFile(*f));
+  }
+  o.retrieval.data_dir = flags.data_dir;
+  if (!flags.tasks.empty()) {
+    KVX_ASSIGN_OR_RETURN(o.retrieval.tasks, eval::ParseTasks(flags.tasks));
   }
   std::string text, text_name;
   if (!flags.text_file.empty()) {
@@ -143,6 +150,18 @@ Status RunTuneCommand(TuneFlags flags) {
   std::fputs(eval::TuneSummary(*result, o).c_str(), stdout);
   std::fflush(stdout);
   if (!write_status.ok()) return write_status;
+  // The cache --kv auto reads (eval/tune_cache.h); a cache that cannot be
+  // written costs only --kv auto, so it is a warning.
+  const Result<std::string> cached = eval::StoreTuneResult(
+      eval::TuneCacheDir(),
+      eval::TuneCacheName(model::ModelFingerprint(model->file()), o.mem_bytes, o.ctx, o.sessions),
+      eval::TuneResultJson(*result, o, about));
+  if (!cached.ok()) {
+    std::fprintf(stderr, "kvx: warning: not cached for --kv auto: %s\n", cached.status().message().c_str());
+  } else if (!flags.quiet) {
+    std::fprintf(stderr, "cached %s (kvx serve -m %s --kv auto:%llu uses it)\n", cached->c_str(),
+                 flags.model_path.c_str(), static_cast<unsigned long long>(o.mem_bytes));
+  }
   if (!flags.quiet) {
     if (!flags.out_file.empty()) std::fprintf(stderr, "wrote %s (use it as --kv @%s)\n", flags.out_file.c_str(), flags.out_file.c_str());
     if (!flags.svg_file.empty()) std::fprintf(stderr, "wrote %s\n", flags.svg_file.c_str());
@@ -169,10 +188,21 @@ void RegisterTune(CLI::App& app, int* exit_code) {
   cmd->add_option("--sessions", o.sessions, "Sessions held at once")->capture_default_str()
       ->check(IntIn(1, 1 << 20));
   cmd->add_option("-f,--file", flags->text_file, "Text to measure KLD on (default: the essays in --data)");
-  cmd->add_option("--data", flags->data_dir, "Folder with paul_graham_essays/ (the default text)")
+  cmd->add_option("--data", flags->data_dir, "Folder with paul_graham_essays/ (the default text; needle and niah_*)")
       ->capture_default_str();
   cmd->add_option("--quality", flags->quality,
                   "A quality floor, kld<=X: the smallest spec whose KLD meets it (default: the best KLD that fits)");
+  cmd->add_option("--tasks", flags->tasks,
+                  "Retrieval tasks the finalists also answer beside f16, e.g. passkey or passkey,niah_number: a "
+                  "finalist worse than f16 (Wilson 95% interval, McNemar) ranks below the others");
+  cmd->add_option("--retrieval-length", o.retrieval.length,
+                  "Tokens of each retrieval prompt (0: --ctx, at most the model's trained context)")
+      ->capture_default_str()
+      ->check(IntIn(0, kMaxContext));
+  cmd->add_option("--retrieval-trials", o.retrieval.trials,
+                  "Retrieval prompts per depth (5 depths, 0 to 1) and task")
+      ->capture_default_str()
+      ->check(IntIn(1, kMaxCount));
   cmd->add_option("-o,--output", flags->out_file, "Write the result here (JSON; --kv @FILE reads it)");
   cmd->add_option("--svg", flags->svg_file, "Write the Pareto chart (bytes vs KLD) here");
   cmd->add_option("--time-budget", flags->time_budget,

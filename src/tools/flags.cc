@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "eval/tune_cache.h"
 #include "gguf/gguf_file.h"
 #include "kv/kv_spec.h"
 #include "kv/tier/disk_tier.h"
@@ -112,7 +113,8 @@ namespace {
 
 constexpr const char* kKVHelp =
     "KV cache spec: codec, page size, budget and policies, e.g. 'codec=kivi4,page=32;budget=1G' "
-    "(grammar: README, --kv), or @FILE, the JSON file kvx tune -o wrote";
+    "(grammar: README, --kv), or @FILE, the JSON file kvx tune -o wrote, or auto[:SIZE], the spec kvx tune "
+    "cached for this model (and budget)";
 
 }  // namespace
 
@@ -165,9 +167,18 @@ Status CheckTrainedContext(const std::string& model_path, int64_t tokens, bool f
   return CheckTrainedContext(tokens, config->n_ctx_train, force, what);
 }
 
+Result<std::string> ResolveAutoKV(const std::string& kv, const std::string& model_path) {
+  if (!eval::IsAutoKV(kv)) return kv;
+  KVX_ASSIGN_OR_RETURN(eval::TunedSpec t, eval::FindTunedSpec(eval::TuneCacheDir(), model_path, kv));
+  std::fprintf(stderr, "kvx: --kv %s: %s (tuned for --mem %llu, --ctx %d, --sessions %d): --kv '%s'\n", kv.c_str(),
+               t.path.c_str(), static_cast<unsigned long long>(t.mem_bytes), t.ctx, t.sessions, t.spec.c_str());
+  return t.spec;
+}
+
 Result<std::unique_ptr<engine::Engine>> LoadEngine(const EngineFlags& flags) {
   engine::EngineOptions options = flags.options;
-  KVX_ASSIGN_OR_RETURN(options.kv_spec, kv::ParseKVSpec(flags.kv));
+  KVX_ASSIGN_OR_RETURN(const std::string kv, ResolveAutoKV(flags.kv, options.model_path));
+  KVX_ASSIGN_OR_RETURN(options.kv_spec, kv::ParseKVSpec(kv));
   return engine::Engine::Load(options);
 }
 

@@ -83,6 +83,12 @@ Status CheckTrainedContext(int64_t tokens, int trained, bool force, const std::s
 // wrong with it).
 Status CheckTrainedContext(const std::string& model_path, int64_t tokens, bool force, const std::string& what);
 
+// --kv auto or auto:SIZE (eval/tune_cache.h): the spec kvx tune cached for
+// the model at `model_path`, with the file and spec logged on stderr; any
+// other text as it is. InvalidArgument naming the kvx tune command to run
+// when nothing is cached.
+Result<std::string> ResolveAutoKV(const std::string& kv, const std::string& model_path);
+
 // Declares -m/--model (required), -c/--ctx-size, -t/--threads and --kv.
 void AddEngineFlags(CLI::App* cmd, EngineFlags* flags, const ContextFlag& ctx = {});
 // Parses --kv (InvalidArgument naming the bad item), then Engine::Load.
