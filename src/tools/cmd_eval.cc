@@ -204,6 +204,11 @@ void RegisterEval(CLI::App& app, int* exit_code) {
                   "ppl/kld with a KV policy (and --compress excluded|included): the context's "
                   "share of each chunk (prefill, then compress); the rest is scored token by token")
       ->capture_default_str();
+  cmd->add_option("--storage-codec", o.storage_codec,
+                  "ppl/kld through the KV tiers' storage codec: every spec but the baseline sends its context's "
+                  "256-token blocks through the tier block format at this level (lossless, high, medium, low) and "
+                  "back before the rest is scored; its KV bytes are the stored blocks'")
+      ->check(CLI::IsMember({"lossless", "high", "medium", "low"}));
   cmd->add_option("--compress", o.compress,
                   "When KV policies compress once (Session::Compress): excluded = after the context, before the "
                   "question (the cache could serve any question); included = after the whole prompt (query-aware); "

@@ -28,6 +28,26 @@ uint16_t HalfAtLeast(float f) {
   return h;
 }
 
+// Symbols of `bits` bits share a byte when they fit more than once (1, 2
+// and 4 bits pack exactly, 3 bits two to a byte): zstd's Huffman stage
+// spends at least one bit per byte, so unpacked 2-bit symbols would cost
+// twice their entropy (docs/tiers.md measures it).
+int SymbolsPerByte(int bits) { return 8 / bits; }
+size_t PackedBytes(int tokens, int bits) {
+  const int per = SymbolsPerByte(bits);
+  return static_cast<size_t>((tokens + per - 1) / per);
+}
+
+// The grid index token j's symbol is coded against: its anchor's (the
+// first token of its group of G), an anchor's previous anchor's, 0 for the
+// first token or without anchors (G = 0).
+int AnchorReference(const std::vector<int>& q, int j, int anchor_tokens) {
+  if (anchor_tokens <= 0) return 0;
+  const int anchor = j - j % anchor_tokens;
+  if (j != anchor) return q[anchor];
+  return anchor > 0 ? q[anchor - anchor_tokens] : 0;
+}
+
 // The page codec a table's page is stored in (f16 for staging/sink pages).
 CodecId PageCodecId(const LayerCodec& lc, bool full) { return full ? CodecId::kF16 : lc.id; }
 
@@ -89,15 +109,15 @@ Result<StorageLevels> ParseStorageLevels(std::string_view text) {
 }
 
 StorageBits LayerBits(StorageLevel level, int layer, int n_layers) {
-  // Late-layer bits per level; the first third of the layers gets one more.
-  int late = 0;
+  // Bits of the first third of the layers and of the rest, per level.
+  int early = 8, late = 8;  // lossless stores pages: not used
   switch (level) {
-    case StorageLevel::kHigh: late = 6; break;
-    case StorageLevel::kMedium: late = 5; break;
-    case StorageLevel::kLow: late = 4; break;
-    case StorageLevel::kLossless: late = 8; break;  // not used: lossless stores pages
+    case StorageLevel::kHigh: early = 4, late = 5; break;
+    case StorageLevel::kMedium: early = 3, late = 4; break;
+    case StorageLevel::kLow: early = 2, late = 3; break;
+    case StorageLevel::kLossless: break;
   }
-  const int bits = std::min(8, 3 * layer < n_layers ? late + 1 : late);
+  const int bits = 3 * layer < n_layers ? early : late;
   return {bits, bits};
 }
 
@@ -124,7 +144,8 @@ bool EncodeTensor(const float* x, int tokens, int dim, int bits, int anchor_toke
   out->U8(static_cast<uint8_t>(anchor_tokens));
   out->Bytes(origin.data(), origin.size() * sizeof(uint16_t));
   out->Bytes(step.data(), step.size() * sizeof(uint16_t));
-  std::vector<uint8_t> symbols(static_cast<size_t>(tokens));
+  const int per_byte = SymbolsPerByte(bits);
+  std::vector<uint8_t> packed(PackedBytes(tokens, bits));
   std::vector<int> q(static_cast<size_t>(tokens));
   for (int c = 0; c < dim; ++c) {
     const float o = Fp16ToFloat(origin[c]), s = Fp16ToFloat(step[c]);
@@ -132,15 +153,12 @@ bool EncodeTensor(const float* x, int tokens, int dim, int bits, int anchor_toke
       const float v = x[static_cast<size_t>(j) * dim + c];
       q[j] = s > 0 ? std::clamp(static_cast<int>(std::lround((v - o) / s)), 0, levels) : 0;
     }
+    std::fill(packed.begin(), packed.end(), 0);
     for (int j = 0; j < tokens; ++j) {
-      int reference = 0;  // G = 0: the index itself
-      if (anchor_tokens > 0) {
-        const int anchor = j - j % anchor_tokens;
-        reference = j != anchor ? q[anchor] : (anchor > 0 ? q[anchor - anchor_tokens] : 0);
-      }
-      symbols[j] = static_cast<uint8_t>(q[j] - reference);  // mod 256
+      const int symbol = (q[j] - AnchorReference(q, j, anchor_tokens)) & levels;  // mod 2^bits
+      packed[j / per_byte] |= static_cast<uint8_t>(symbol << (j % per_byte * bits));
     }
-    out->Bytes(symbols.data(), symbols.size());
+    out->Bytes(packed.data(), packed.size());
   }
   return true;
 }
@@ -154,20 +172,20 @@ Status DecodeTensor(ByteReader& in, int tokens, int dim, float* x) {
   if (!in.ok()) return in.Error();
   if (bits < 1 || bits > 8) return DataLoss("tier block's storage codec names " + std::to_string(bits) + " bits");
   const int levels = (1 << bits) - 1;
+  const int per_byte = SymbolsPerByte(bits);
   std::vector<int> q(static_cast<size_t>(tokens));
   for (int c = 0; c < dim; ++c) {
     const float o = Fp16ToFloat(origin[c]), s = Fp16ToFloat(step[c]);
     if (!std::isfinite(o) || !std::isfinite(s) || s < 0) return DataLoss("tier block's storage codec grid is damaged");
-    const std::span<const uint8_t> symbols = in.Span(static_cast<size_t>(tokens), "storage codec symbols");
+    const std::span<const uint8_t> packed = in.Span(PackedBytes(tokens, bits), "storage codec symbols");
     if (!in.ok()) return in.Error();
+    for (size_t b = 0; b < packed.size(); ++b) {  // bits beyond the symbols (or the last token) are zero
+      const int used = std::min(per_byte, tokens - static_cast<int>(b) * per_byte) * bits;
+      if (used < 8 && (packed[b] >> used) != 0) return DataLoss("tier block's storage codec symbols fall off their grid");
+    }
     for (int j = 0; j < tokens; ++j) {
-      int reference = 0;
-      if (anchor_tokens > 0) {
-        const int anchor = j - j % anchor_tokens;
-        reference = j != anchor ? q[anchor] : (anchor > 0 ? q[anchor - anchor_tokens] : 0);
-      }
-      q[j] = (reference + symbols[j]) & 0xFF;
-      if (q[j] > levels) return DataLoss("tier block's storage codec symbols fall off their grid");
+      const int symbol = (packed[j / per_byte] >> (j % per_byte * bits)) & levels;
+      q[j] = (AnchorReference(q, j, anchor_tokens) + symbol) & levels;
       x[static_cast<size_t>(j) * dim + c] = o + static_cast<float>(q[j]) * s;
     }
   }

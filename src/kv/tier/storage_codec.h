@@ -10,19 +10,23 @@
 // decoded to floats ([tokens][dim]) and each is written as
 //
 //   u8 bits, u8 anchor tokens G, f16 origin[dim], f16 step[dim],
-//   u8 symbol[dim][tokens]                                    (channel-major)
+//   per channel: its tokens' symbols, 8 / bits of them to a byte
+//   (channel-major; symbol j of a byte at bits j * bits..)
 //
 // Every value x of channel c is put on the channel's grid: q = round((x -
 // origin_c) / step_c) in [0, 2^bits - 1], with origin_c <= min_c and
 // step_c >= (max_c - origin_c) / (2^bits - 1) over the block's tokens, so
 // |x - (origin_c + q step_c)| <= step_c / 2: the error bound of a level is
-// half its step, per channel. The bit width is per layer (earlier layers get
-// more: LayerBits). The symbols are the grid indices as deltas against an
+// half its step, per channel. The bit width is per layer (LayerBits: on the
+// recall model the later layers are the sensitive ones, the reverse of
+// CacheGen's models; docs/tiers.md). The symbols are the grid indices as deltas against an
 // anchor token (CacheGen's token locality): the first token of each group of
 // G tokens is the anchor, coded against the previous anchor; the others are
-// coded against their group's anchor (mod 256, so the deltas are exact
+// coded against their group's anchor (mod 2^bits, so the deltas are exact
 // integers: the anchor changes the size, never the error). G = 0 stores the
-// indices themselves. The entropy coder is zstd over the whole block payload
+// indices themselves: the default, since on the recall model a token's KV
+// is no closer to its neighbours' than to the channel's other values
+// (deltas cost 0.4 bit a value more; docs/tiers.md). The entropy coder is zstd over the whole block payload
 // (block_format.cc); docs/tiers.md measures what an arithmetic coder would
 // save over it.
 //
@@ -71,16 +75,17 @@ struct StorageLevels {
 Result<StorageLevels> ParseStorageLevels(std::string_view text);
 
 // The K and V bit widths of `layer` (of n_layers) at a lossy level: the
-// first third of the layers one bit more than the rest (CacheGen: shallow
-// layers are the more sensitive). REQUIRES: level != kLossless.
+// first third of the layers one bit fewer than the rest (measured on the
+// recall model: 2 bits instead of 3 in layers 0-2 left KLD unchanged, in
+// layers 3-7 it multiplied it by 7). REQUIRES: level != kLossless.
 struct StorageBits {
   int k = 0, v = 0;
 };
 StorageBits LayerBits(StorageLevel level, int layer, int n_layers);
 
-// The anchor group of the lossy levels (tokens; 0 = no deltas). Chosen by
-// measurement (scripts/storage_codec_report.py).
-inline constexpr int kDefaultAnchorTokens = 16;
+// The anchor group of the lossy levels (tokens; 0 = no deltas), chosen by
+// measurement (docs/tiers.md#the-storage-codec).
+inline constexpr int kDefaultAnchorTokens = 0;
 
 // Whether a table of layer codec `lc` holds floats in every page (f16 or f32
 // pages, its f16 sink pages included), i.e. whether the lossy levels apply.

@@ -83,6 +83,12 @@ TEST(StorageCodecTest, TheAnchorChangesNoValue) {
   const std::vector<float> x = KvLike(tokens, dim, 2);
   const std::vector<float> ref = RoundTrip(x, tokens, dim, 4, 0);
   for (int anchor : {1, 10, 16, 99, 100, 255}) EXPECT_EQ(RoundTrip(x, tokens, dim, 4, anchor), ref) << anchor;
+  for (int bits : {1, 2, 3, 5}) {  // every packing, odd token counts
+    for (int n : {1, 7, 99}) {
+      const std::vector<float> y(x.begin(), x.begin() + n * dim);
+      EXPECT_EQ(RoundTrip(y, n, dim, bits, 10), RoundTrip(y, n, dim, bits, 0)) << bits << " bits, " << n << " tokens";
+    }
+  }
 }
 
 TEST(StorageCodecTest, ConstantChannelsAreExact) {
@@ -114,7 +120,7 @@ TEST(StorageCodecTest, DamagedTensorsAreDataLoss) {
     return DecodeTensor(r, tokens, dim, y.data()).code();
   };
   std::string bad = w.out();
-  bad[2 + 4 * dim] = static_cast<char>(200);  // the first symbol: index 200 on a 3-bit grid
+  bad[2 + 4 * dim] = static_cast<char>(0xc0);  // bits above the first byte's two 3-bit symbols
   EXPECT_EQ(decode(bad), StatusCode::kDataLoss);
   bad = w.out();
   bad[0] = 9;  // bits
@@ -129,9 +135,9 @@ TEST(StorageCodecTest, LevelsParseAndOrder) {
   EXPECT_TRUE(AcceptsLevel(StorageLevel::kMedium, StorageLevel::kMedium));
   EXPECT_FALSE(AcceptsLevel(StorageLevel::kMedium, StorageLevel::kLow));
   EXPECT_FALSE(AcceptsLevel(StorageLevel::kLossless, StorageLevel::kHigh));
-  // Earlier layers get at least as many bits; lossier levels fewer.
+  // Later layers get at least as many bits; lossier levels fewer.
   for (StorageLevel l : {StorageLevel::kHigh, StorageLevel::kMedium, StorageLevel::kLow}) {
-    EXPECT_GE(LayerBits(l, 0, 8).k, LayerBits(l, 7, 8).k);
+    EXPECT_LE(LayerBits(l, 0, 8).k, LayerBits(l, 7, 8).k);
   }
   EXPECT_GT(LayerBits(StorageLevel::kHigh, 5, 8).k, LayerBits(StorageLevel::kLow, 5, 8).k);
 }
