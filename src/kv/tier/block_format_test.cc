@@ -209,10 +209,13 @@ std::vector<float> TableFloats(const LayerCodec& lc, std::span<const std::span<c
   return out;
 }
 
+// Block `index` of a's sequence (tenant 0) encoded at `level` and decoded
+// by a reader that accepts any level; its size and bytes when asked.
 Result<ParsedBlock> RoundTrip(const Filled& a, const KVManager::SequenceImage& image, int index, StorageLevel level,
-                              size_t* bytes = nullptr) {
+                              size_t* bytes = nullptr, std::string* encoded = nullptr) {
   KVX_ASSIGN_OR_RETURN(EncodedBlock e, EncodeBlock(a.space, 0, image, index, {.level = level}));
   if (bytes) *bytes = e.bytes.size();
+  if (encoded) *encoded = e.bytes;
   BlockRequest q = Request(a, 0, index);
   q.accepts = StorageLevel::kLow;
   return DecodeBlock(Bytes(e.bytes), q);
@@ -351,11 +354,10 @@ TEST(BlockFormatTest, ADamagedLossyBlockIsDataLoss) {
 // another version: Unimplemented, which the store takes as a miss.
 TEST(BlockFormatTest, AVersion1BlockIsAnotherVersion) {
   Filled a = Make("codec=f16", 64, 32, 0);
-  auto image = a.m->ExportSequence(a.seq);
-  ASSERT_TRUE(image.ok());
-  auto e = EncodeBlock(a.space, 0, *image, 1);
-  ASSERT_TRUE(e.ok());
-  std::string v1 = VersionOneBlock(e->bytes);
+  size_t unused = 0;
+  std::string v1;
+  ASSERT_TRUE(RoundTrip(a, *a.m->ExportSequence(a.seq), 1, StorageLevel::kLossless, &unused, &v1).ok());
+  v1 = VersionOneBlock(v1);
   auto d = DecodeBlock(Bytes(v1), Request(a, 0, 1));
   EXPECT_EQ(d.status().code(), StatusCode::kUnimplemented) << d.status().ToString();
   v1[20] ^= 1;  // a version-1 header that fails its checksum is damaged
