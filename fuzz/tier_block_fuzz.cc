@@ -7,7 +7,8 @@
 // The first input byte picks the mode: odd — the rest is a whole block
 // (header, checksums and all); even — the rest is a payload framed with a
 // valid header (FrameBlock), so the fuzzer reaches the payload parser and the
-// import behind the checksums it could never forge.
+// import behind the checksums it could never forge. Bit 2 picks an int4 or an
+// f16 pool (where coded tables, the storage codec's, decode into pages).
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -22,7 +23,8 @@ using namespace kvx::kv;
 using namespace kvx::kv::tier;
 
 struct Fixture {
-  std::unique_ptr<KVManager> m = testing::MakeManager("codec=int4,page=8", KVLayout{2, 1, 32, 8}, 64);
+  explicit Fixture(const char* spec) : m(testing::MakeManager(spec, KVLayout{2, 1, 32, 8}, 64)) {}
+  std::unique_ptr<KVManager> m;
   BlockSpace space = *MakeBlockSpace(m->spec(), 1, 8);
 };
 
@@ -37,7 +39,10 @@ void Check(bool ok, kvx::StatusCode code, std::initializer_list<kvx::StatusCode>
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static Fixture f;
+  // Bit 2 picks the pool: int4 (pages only) or f16 (the storage codec's
+  // coded tables decode into it).
+  static Fixture int4("codec=int4,page=8"), f16("codec=f16,page=8");
+  Fixture& f = (size > 0 && (data[0] & 4) != 0) ? f16 : int4;
   if (size < 1 || size > (1 << 16)) return 0;
   std::string framed;
   std::span<const uint8_t> bytes(data + 1, size - 1);
@@ -50,6 +55,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto parsed = ParseBlock(bytes);
   Check(parsed.ok(), parsed.status().code(), {kvx::StatusCode::kDataLoss, kvx::StatusCode::kUnimplemented});
   if (!parsed.ok() || parsed->index != 0) return 0;
+  const kvx::Status decoded = DecodeCodedTables(f.space, *parsed);
+  Check(decoded.ok(), decoded.code(), {kvx::StatusCode::kDataLoss});
+  if (!decoded.ok()) return 0;
   auto image = PrefixImage(std::span<const ParsedBlock>(&*parsed, 1), f.space, 0);
   Check(image.ok(), image.status().code(), {kvx::StatusCode::kInvalidArgument});
   if (!image.ok()) return 0;

@@ -272,6 +272,40 @@ TEST(EvalTest, KldContextInTokensWithScoredCount) {
   EXPECT_EQ(eval::RunEval(**model, &threads, o, {}).status().code(), StatusCode::kInvalidArgument);
 }
 
+// --storage-codec: the context's full blocks go through the tier block
+// format and back. Lossless gives KLD exactly 0 (the pages byte for byte);
+// a lossy level a KLD above 0 from blocks several times smaller; the KV
+// bytes are the stored block's, over its 256 tokens.
+TEST(EvalTest, StorageCodecSendsTheContextThroughTheTierFormat) {
+  auto model = model::Model::Load(SyntheticModel());
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  ThreadPool threads(2);
+  eval::EvalOptions o;
+  o.tasks = {eval::Task::kKld};
+  o.baseline = "codec=f16";
+  o.specs = {"codec=f16"};
+  o.n_ctx = 512;
+  o.chunk = 400;  // context 300: one block of 256, 44 tokens fed again
+  o.max_chunks = 1;
+  o.text = SomeText();
+  o.text_name = "synthetic";
+  auto kld_at = [&](const char* level) {
+    o.storage_codec = level;
+    auto report = eval::RunEval(**model, &threads, o, {});
+    EXPECT_TRUE(report.ok()) << report.status().ToString();
+    const eval::KldResult kld = report.ok() ? report->specs[1].kld.value_or(eval::KldResult{}) : eval::KldResult{};
+    EXPECT_TRUE(kld.ok) << level << ": " << kld.error;
+    return kld;
+  };
+  const eval::KldResult exact = kld_at("lossless"), lossy = kld_at("low");
+  EXPECT_EQ(exact.mean, 0.0);
+  EXPECT_EQ(exact.kv.peak_tokens, 256);
+  EXPECT_GT(lossy.mean, 0.0);
+  EXPECT_LT(lossy.kv.peak_bytes * 3, exact.kv.peak_bytes);
+  o.tasks = {eval::Task::kKld, eval::Task::kPasskey};
+  EXPECT_EQ(eval::RunEval(**model, &threads, o, {}).status().code(), StatusCode::kInvalidArgument);
+}
+
 // A policy that acts between steps (a StreamingLLM window) changes no logit
 // over one whole-chunk prefill; the split feeds the tail step by step, so
 // the window's evictions show in the KLD.

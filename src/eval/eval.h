@@ -153,6 +153,12 @@ struct EvalOptions {
   // The split protocol for every run, with a policy or not (kvx tune: KLDs
   // of specs measured in different passes stay comparable).
   bool always_split = false;
+  // A tier storage level (kv/tier/storage_codec.h; "" = none): ppl and kld
+  // (only) use the split protocol, and every spec but the baseline sends
+  // its context's full 256-token blocks through the tier block format at
+  // this level and back, as a tier hit would load them, before the rest is
+  // scored. Its KV bytes are then the stored blocks' bytes.
+  std::string storage_codec;
   // Retrieval prompts: specs of the same codec and page size take the
   // prompt's prefill from the first of them that ran it (a copy of its
   // pages), and run only the prompt's last calls themselves, when their

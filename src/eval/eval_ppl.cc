@@ -4,10 +4,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <memory>
+#include <optional>
 #include <string>
 
 #include "eval/perplexity.h"
 #include "eval/stats.h"
+#include "kv/tier/block_format.h"
 #include "model/sampler.h"
 
 namespace kvx::eval {
@@ -24,6 +27,7 @@ bool Has(const std::vector<Task>& tasks, Task t) { return std::find(tasks.begin(
 // in decode steps only, so over one whole-chunk prefill it changes no
 // logit (the sweep saw KLD exactly 0 at every ratio).
 bool SplitTextChunks(const EvalOptions& opt, std::span<const EvalRun> runs) {
+  if (!opt.storage_codec.empty()) return true;
   if (opt.compress == "none") return false;
   if (opt.always_split) return true;
   for (const EvalRun& run : runs) {
@@ -41,20 +45,72 @@ int SplitContext(const EvalOptions& opt, int chunk_len) {
   return std::clamp(ctx, 1, chunk_len - 2);
 }
 
+// EvalOptions::storage_codec: the tokens a tier block holds (--cache-block's default).
+constexpr int kStorageBlockTokens = 256;
+
+// What one run's context went through on its way through the storage codec.
+struct StorageTrip {
+  kv::tier::StorageLevel level = kv::tier::StorageLevel::kLossless;
+  uint64_t bytes = 0;  // the stored blocks' bytes
+  int64_t tokens = 0;  // the tokens they hold
+};
+
+// The full blocks of `session`'s context leave the pool through the tier
+// block format at trip->level and come back as a tier hit loads them
+// (EncodeBlock, DecodeBlock, PrefixImage, ImportSequence, as the scheduler
+// does); the rest of the context is fed again, as after a hit. Returns the
+// session that holds the result (`session` is reset).
+Result<std::unique_ptr<engine::Session>> ThroughStorage(engine::Session& session, std::span<const int32_t> context,
+                                                        StorageTrip* trip) {
+  namespace tier = kv::tier;
+  kv::KVManager& m = session.engine().kv_manager();
+  KVX_ASSIGN_OR_RETURN(const tier::BlockSpace space, tier::MakeBlockSpace(m.spec(), 0, kStorageBlockTokens));
+  KVX_ASSIGN_OR_RETURN(const kv::KVManager::SequenceImage image, m.ExportSequence(session.id()));
+  const int n = static_cast<int>(context.size()) / kStorageBlockTokens;
+  if (n == 0) {
+    return InvalidArgument("--storage-codec: the ppl/kld context holds no full block of " +
+                           std::to_string(kStorageBlockTokens) + " tokens (use a longer --chunk)");
+  }
+  const std::vector<tier::BlockKey> keys = tier::BlockKeys(space, image.salt, image.tokens);
+  std::vector<tier::ParsedBlock> blocks;
+  for (int i = 0; i < n; ++i) {
+    KVX_ASSIGN_OR_RETURN(const tier::EncodedBlock b, tier::EncodeBlock(space, image.salt, image, i, {.level = trip->level}));
+    trip->bytes += b.bytes.size();
+    const tier::BlockRequest q{&space, image.salt, image.tokens, i, keys[i], trip->level};
+    KVX_ASSIGN_OR_RETURN(tier::ParsedBlock block,
+                         tier::DecodeBlock({reinterpret_cast<const uint8_t*>(b.bytes.data()), b.bytes.size()}, q));
+    blocks.push_back(std::move(block));
+  }
+  trip->tokens += static_cast<int64_t>(n) * kStorageBlockTokens;
+  KVX_ASSIGN_OR_RETURN(const kv::KVManager::SequenceImage prefix, tier::PrefixImage(blocks, space, image.salt));
+  session.Reset();  // the blocks hold copies: the pool's pages go back before the import
+  KVX_ASSIGN_OR_RETURN(const kv::SeqId seq, m.ImportSequence(prefix));
+  std::unique_ptr<engine::Session> restored = session.engine().AdoptSequence(seq);
+  const size_t done = static_cast<size_t>(n) * kStorageBlockTokens;
+  if (done < context.size()) KVX_RETURN_IF_ERROR(restored->Feed(context.subspan(done)).status());
+  return restored;
+}
+
 // The chunk's logits of rows first..chunk_len-2. Split protocol: prefill
 // the context (first tokens), Compress, then feed the rest one token at a
 // time (teacher forced), each token's logits scored: every scored
 // position sees the compressed context, as a served request's decode
-// does. Otherwise one prefill with logits from row `first` on.
+// does (with `trip`, through the storage codec first: ThroughStorage).
+// Otherwise one prefill with logits from row `first` on.
 Status ChunkLogits(engine::Session& session, size_t n_vocab, const std::vector<int32_t>& chunk, int first, bool split,
-                   std::vector<float>* logits) {
+                   StorageTrip* trip, std::vector<float>* logits) {
   if (!split) return session.FeedWithLogits(chunk, first, logits);
   const std::span<const int32_t> all(chunk);
   KVX_RETURN_IF_ERROR(session.Feed(all.first(first)).status());
   KVX_RETURN_IF_ERROR(session.Compress());
+  std::unique_ptr<engine::Session> restored;
+  if (trip) {
+    KVX_ASSIGN_OR_RETURN(restored, ThroughStorage(session, all.first(first), trip));
+  }
+  engine::Session& tail = restored ? *restored : session;
   logits->resize((chunk.size() - 1 - first) * n_vocab);
   for (size_t j = first; j + 1 < chunk.size(); ++j) {
-    KVX_ASSIGN_OR_RETURN(const float* row, session.Feed(all.subspan(j, 1)));
+    KVX_ASSIGN_OR_RETURN(const float* row, tail.Feed(all.subspan(j, 1)));
     std::copy(row, row + n_vocab, logits->begin() + static_cast<long>((j - first) * n_vocab));
   }
   return Status::Ok();
@@ -124,14 +180,24 @@ std::vector<TextTaskResult> RunTextTasks(const model::Model& model, const EvalOp
       const double t0 = Seconds();
       engine::Session& session = *runs[r].session;
       session.Reset();
-      const Status status = ChunkLogits(session, static_cast<size_t>(n_vocab), chunk, first, split, &logits);
+      std::optional<StorageTrip> trip;
+      if (r > 0 && !opt.storage_codec.empty()) {
+        trip.emplace();
+        trip->level = kv::tier::ParseStorageLevel(opt.storage_codec).value_or(kv::tier::StorageLevel::kLossless);
+      }
+      const Status status =
+          ChunkLogits(session, static_cast<size_t>(n_vocab), chunk, first, split, trip ? &*trip : nullptr, &logits);
       if (!status.ok()) {
         s.error = status.message();
         session.Reset();
         hooks.advance(chunk_len);
         continue;
       }
-      ObserveKv(runs[r], f16_bytes_per_token, &s.kv);
+      if (trip) {
+        s.kv.Observe(trip->bytes, trip->tokens, f16_bytes_per_token);
+      } else {
+        ObserveKv(runs[r], f16_bytes_per_token, &s.kv);
+      }
       for (int j = first; j < chunk_len - 1; ++j) {
         const float* row = &logits[static_cast<size_t>(j - first) * n_vocab];
         s.nll.Add(NextTokenNll(row, n_vocab, chunk[j + 1]));  // as `kvx perplexity` scores it

@@ -16,6 +16,7 @@
 #include "eval/prefill_cache.h"
 #include "eval/ruler.h"
 #include "eval/text_score.h"
+#include "kv/tier/storage_codec.h"
 #include "model/sampler.h"
 #include "util/mmap_file.h"
 
@@ -180,6 +181,18 @@ class Runner {
     if (o.ruler_gen < 0) return InvalidArgument("--ruler-gen must be >= 0 (0 = each task's default)");
     if (o.compress != "excluded" && o.compress != "included" && o.compress != "none") {
       return InvalidArgument("--compress must be excluded, included or none (got '" + o.compress + "')");
+    }
+    if (!o.storage_codec.empty()) {
+      if (!kv::tier::ParseStorageLevel(o.storage_codec)) {
+        return InvalidArgument("--storage-codec must be one of " + std::string(kv::tier::kStorageLevelChoices) +
+                               " (got '" + o.storage_codec + "')");
+      }
+      for (Task t : o.tasks) {
+        if (t != Task::kPpl && t != Task::kKld) {
+          return InvalidArgument("--storage-codec applies to the ppl and kld tasks only (drop --tasks " +
+                                 std::string(TaskName(t)) + ", or run it without --storage-codec)");
+        }
+      }
     }
     if (!(o.kld_context > 0.0 && (o.kld_context < 1.0 || o.kld_context <= o.chunk - 2))) {
       return InvalidArgument("--kld-context must be a fraction strictly between 0 and 1 (the context's share of a "

@@ -242,6 +242,11 @@ void RegisterEval(CLI::App& app, int* exit_code) {
                   "becomes context + score + 1 tokens; 0: the rest of --chunk)")
       ->capture_default_str()
       ->check(IntIn(0, kMaxContext));
+  cmd->add_option("--storage-codec", o.storage_codec,
+                  "ppl/kld through the KV tiers' storage codec: every spec but the baseline sends its context's "
+                  "256-token blocks through the tier block format at this level (lossless, high, medium, low) and "
+                  "back before the rest is scored; its KV bytes are the stored blocks'")
+      ->check(CLI::IsMember({"lossless", "high", "medium", "low"}));
   cmd->add_option("--compress", o.compress,
                   "When KV policies compress once (Session::Compress): excluded = after the context, before the "
                   "question (the cache could serve any question); included = after the whole prompt (query-aware); "

@@ -240,6 +240,14 @@ void AddCacheFlags(CLI::App* cmd, CacheFlags* flags) {
                   "the prefix cache evicts them, and at shutdown)")
       ->capture_default_str()
       ->check(CLI::IsMember({"through", "back"}));
+  cmd->add_option("--cache-codec", flags->codec,
+                  "Storage codec of the KV tiers: lossless (the pool's pages byte for byte), high, medium or low "
+                  "(CacheGen-style, for f16/f32 pools), for every tier or per tier: disk=high,redis=medium")
+      ->capture_default_str()
+      ->check([](const std::string& text) {
+        Result<kv::tier::StorageLevels> l = kv::tier::ParseStorageLevels(text);
+        return l.ok() ? std::string() : l.status().message();
+      });
   cmd->add_option("--cache-block", flags->block_tokens,
                   "Tokens per KV tier block (a multiple of the KV page size, at most 4096)")
       ->capture_default_str()
@@ -270,6 +278,8 @@ Result<std::shared_ptr<kv::tier::TierStore>> OpenTiers(const CacheFlags& flags, 
   if (!space.ok()) return space.status().WithContext("--cache-block");
   TierStoreOptions options;
   options.write_back = flags.write == "back";
+  KVX_ASSIGN_OR_RETURN(const StorageLevels levels, ParseStorageLevels(flags.codec));
+  for (const auto& t : tiers) options.tier_levels.push_back(levels.For(t->name().substr(0, t->name().find(' '))));
   KVX_ASSIGN_OR_RETURN(auto store, TierStore::Create(std::move(space).value(), std::move(tiers), options));
   return std::shared_ptr<TierStore>(std::move(store));
 }

@@ -104,6 +104,7 @@ struct CacheFlags {
   std::string redis;            // "": no Redis tier
   int block_tokens = 256;
   std::string write = "through";  // or "back"
+  std::string codec = "lossless";  // storage level(s): kv::tier::ParseStorageLevels
 };
 void AddCacheFlags(CLI::App* cmd, CacheFlags* flags);
 // The tier store the flags ask for, host RAM -> disk -> Redis, for

@@ -16,6 +16,14 @@ namespace {
 constexpr char kMagic[8] = {'K', 'V', 'X', 'B', 'L', 'O', 'C', 'K'};
 constexpr uint32_t kNoCompression = 0, kZstd = 1;
 constexpr const char* kDocument = "tier block";
+constexpr size_t kVersion1HeaderBytes = 96;
+
+template <class T>
+T Load(const uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
 
 std::string Hex64(uint64_t v) {
   char buf[24];
@@ -53,16 +61,20 @@ Result<EncodedBlock> EncodeBlock(const BlockSpace& space, uint64_t salt, const K
       page_bytes += 5 + ti.pages[p].size();
     }
   }
+  const bool lossy = options.level != StorageLevel::kLossless;
   ByteWriter w;
-  w.out().reserve(16 + (end + B) * sizeof(int32_t) + page_bytes);
+  w.out().reserve(16 + (end + B) * sizeof(int32_t) + n_tables + (lossy ? page_bytes / 2 : page_bytes));
   w.U32(static_cast<uint32_t>(end));
   w.Bytes(image.tokens.data(), end * sizeof(int32_t));
   w.Bytes(image.positions.data() + static_cast<size_t>(index) * B, static_cast<size_t>(B) * sizeof(int32_t));
   w.U32(static_cast<uint32_t>(n_tables));
   w.U32(static_cast<uint32_t>(ppb));
+  bool coded_any = false;
+  ByteWriter coded;
   for (size_t t = 0; t < n_tables; ++t) {
     const SequenceKV::TableImage& ti = image.tables[t];
-    const LayerCodec& lc = space.layers[t / layout.n_kv_heads];
+    const int layer = static_cast<int>(t / layout.n_kv_heads);
+    const LayerCodec& lc = space.layers[layer];
     if (ti.length != static_cast<int>(image.tokens.size()) || ti.pages.size() < static_cast<size_t>(first_page + ppb)) {
       return InvalidArgument("table " + std::to_string(t) + " of the sequence image does not hold block " +
                              std::to_string(index));
@@ -70,19 +82,43 @@ Result<EncodedBlock> EncodeBlock(const BlockSpace& space, uint64_t salt, const K
     for (int p = first_page; p < first_page + ppb; ++p) {
       if (ti.full[p] && p >= lc.sink_pages) {
         return InvalidArgument("block " + std::to_string(index) + " is still in the f16 staging window of layer " +
-                               std::to_string(t / layout.n_kv_heads) + ": store it once the sequence is " +
+                               std::to_string(layer) + ": store it once the sequence is " +
                                std::to_string(lc.residual) + " tokens past it");
       }
-      w.U8(ti.full[p]);
-      w.U32(static_cast<uint32_t>(ti.pages[p].size()));
-      w.Bytes(ti.pages[p].data(), ti.pages[p].size());
     }
+    const std::span<const std::span<const uint8_t>> pages(ti.pages.data() + first_page, ppb);
+    const std::span<const uint8_t> full(ti.full.data() + first_page, ppb);
+    coded.out().clear();
+    const bool code = lossy && HoldsFloatPages(lc) &&
+                      EncodeTablePages(lc, pages, full, LayerBits(options.level, layer, layout.n_layers),
+                                       options.anchor_tokens, &coded);
+    w.U8(code ? 1 : 0);
+    for (int p = 0; p < ppb; ++p) {
+      w.U8(full[p]);
+      if (code) continue;
+      w.U32(static_cast<uint32_t>(pages[p].size()));
+      w.Bytes(pages[p].data(), pages[p].size());
+    }
+    if (code) {
+      w.U32(static_cast<uint32_t>(coded.out().size()));
+      w.Bytes(coded.out().data(), coded.out().size());
+    }
+    coded_any = coded_any || code;
   }
 
   EncodedBlock out;
   out.key = BlockKeys(space, salt, std::span<const int32_t>(image.tokens.data(), end))[index];
-  const BlockHeader header{out.key, space.model_fingerprint, space.spec_fingerprint, SaltDigest(salt), index, B};
-  KVX_ASSIGN_OR_RETURN(out.bytes, FrameBlock(header, w.out(), options));
+  // The level the bytes have: a block none of whose tables could be coded
+  // (quantized pools) is lossless whatever was asked.
+  const StorageLevel level = coded_any ? options.level : StorageLevel::kLossless;
+  const BlockHeader header{out.key, space.model_fingerprint, space.spec_fingerprint, SaltDigest(salt), index, B, level};
+  BlockEncodeOptions frame = options;
+  if (lossy) {
+    frame.compress = true;
+    frame.zstd_level = options.lossy_zstd_level;
+  }
+  KVX_ASSIGN_OR_RETURN(out.bytes, FrameBlock(header, w.out(), frame));
+  out.level = level;
   return out;
 }
 
@@ -108,6 +144,8 @@ Result<std::string> FrameBlock(const BlockHeader& header, std::string_view paylo
   h.U64(header.salt_digest);
   h.U32(static_cast<uint32_t>(header.index));
   h.U32(static_cast<uint32_t>(header.block_tokens));
+  h.U32(static_cast<uint32_t>(header.level));
+  h.U32(0);
   h.U64(payload.size());
   h.U64(body.size());
   h.U64(XXH3_64bits(body.data(), body.size()));
@@ -122,15 +160,18 @@ Result<ParsedBlock> ParseBlock(std::span<const uint8_t> bytes) {
   if (bytes.size() < sizeof kMagic || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0) {
     return DataLoss("not a kvx tier block (no KVXBLOCK magic)");
   }
+  // A sound version-1 block (96-byte header, its checksum in the last 8) is
+  // another version, a miss; anything else that fails the header checksum
+  // below is damaged.
+  if (bytes.size() >= kVersion1HeaderBytes && Load<uint32_t>(bytes.data() + 8) == 1 &&
+      XXH3_64bits(bytes.data(), kVersion1HeaderBytes - 8) == Load<uint64_t>(bytes.data() + kVersion1HeaderBytes - 8)) {
+    return Unimplemented("tier block version 1; this kvx reads version " + std::to_string(kBlockFormatVersion));
+  }
   if (bytes.size() < kBlockHeaderBytes) {
     return DataLoss("tier block is truncated: " + std::to_string(bytes.size()) + " bytes, its header alone has " +
                     std::to_string(kBlockHeaderBytes));
   }
-  if (XXH3_64bits(bytes.data(), kBlockHeaderBytes - 8) != [&] {
-        uint64_t v;
-        std::memcpy(&v, bytes.data() + kBlockHeaderBytes - 8, 8);
-        return v;
-      }()) {
+  if (XXH3_64bits(bytes.data(), kBlockHeaderBytes - 8) != Load<uint64_t>(bytes.data() + kBlockHeaderBytes - 8)) {
     return DataLoss("tier block header is corrupted (checksum mismatch)");
   }
   ByteReader hr(bytes.first(kBlockHeaderBytes), kDocument);
@@ -146,14 +187,18 @@ Result<ParsedBlock> ParseBlock(std::span<const uint8_t> bytes) {
   b.salt_digest = hr.U64("salt digest");
   b.index = static_cast<int>(hr.U32("block index"));
   b.block_tokens = static_cast<int>(hr.U32("block tokens"));
+  const uint32_t level = hr.U32("storage level");
+  hr.U32("reserved");
   const uint64_t payload_bytes = hr.U64("payload size");
   const uint64_t stored_bytes = hr.U64("stored size");
   const uint64_t stored_hash = hr.U64("payload checksum");
-  if (version != kBlockFormatVersion) {
+  if (version != kBlockFormatVersion) {  // checked first: an older header's fields mean other things
     return Unimplemented("tier block version " + std::to_string(version) + "; this kvx reads version " +
                          std::to_string(kBlockFormatVersion));
   }
   if (compression != kNoCompression && compression != kZstd) return DataLoss("tier block names an unknown compression");
+  if (level > static_cast<uint32_t>(StorageLevel::kLow)) return DataLoss("tier block names an unknown storage level");
+  b.level = static_cast<StorageLevel>(level);
   const std::span<const uint8_t> stored = bytes.subspan(kBlockHeaderBytes);
   if (stored.size() != stored_bytes) {
     return DataLoss("tier block is " + std::string(stored.size() < stored_bytes ? "truncated" : "longer than its header says") +
@@ -195,14 +240,54 @@ Result<ParsedBlock> ParseBlock(std::span<const uint8_t> bytes) {
   }
   b.full.resize(n_pages);
   b.pages.resize(n_pages);
-  for (uint64_t p = 0; p < n_pages; ++p) {
-    b.full[p] = r.U8("page kind");
-    if (b.full[p] > 1) return DataLoss("tier block names an unknown page kind");
-    b.pages[p] = r.Span(r.U32("page size"), "page bytes");
+  b.coded.resize(static_cast<size_t>(b.tables));
+  for (int t = 0; t < b.tables; ++t) {
+    const uint8_t form = r.U8("table form");
+    if (form > 1) return r.ok() ? DataLoss("tier block names an unknown table form") : r.Error();
+    for (int p = 0; p < b.pages_per_table; ++p) {
+      const size_t at = static_cast<size_t>(t) * b.pages_per_table + p;
+      b.full[at] = r.U8("page kind");
+      if (b.full[at] > 1) return DataLoss("tier block names an unknown page kind");
+      if (form == 0) b.pages[at] = r.Span(r.U32("page size"), "page bytes");
+    }
+    if (form == 1) {
+      b.coded[t] = r.Span(r.U32("coded table size"), "coded table");
+      if (r.ok() && b.coded[t].empty()) return DataLoss("tier block holds an empty coded table");
+    }
+    if (!r.ok()) return r.Error();
   }
-  if (!r.ok()) return r.Error();
   if (!r.at_end()) return DataLoss("tier block has bytes after its last page");
   return b;
+}
+
+Status DecodeCodedTables(const BlockSpace& s, ParsedBlock& b) {
+  const KVLayout& l = s.layout;
+  if (b.tables != l.n_layers * l.n_kv_heads || b.pages_per_table != PagesPerBlock(s) ||
+      b.positions.size() != static_cast<size_t>(s.block_tokens)) {
+    return DataLoss("tier block's tables do not match its spec's layout " + l.ToString());
+  }
+  const int ppb = b.pages_per_table;
+  size_t bytes = 0;  // sized once: the page spans point into it
+  for (int t = 0; t < b.tables; ++t) {
+    if (b.coded[t].empty()) continue;
+    const LayerCodec& lc = s.layers[t / s.layout.n_kv_heads];
+    for (int p = 0; p < ppb; ++p) bytes += lc.PageBytes(b.full[static_cast<size_t>(t) * ppb + p]);
+  }
+  b.decoded.assign(bytes, 0);
+  size_t at = 0;
+  std::vector<std::span<uint8_t>> out(ppb);
+  for (int t = 0; t < b.tables; ++t) {
+    if (b.coded[t].empty()) continue;
+    const LayerCodec& lc = s.layers[t / s.layout.n_kv_heads];
+    const std::span<const uint8_t> full(b.full.data() + static_cast<size_t>(t) * ppb, ppb);
+    for (int p = 0; p < ppb; ++p) {
+      out[p] = std::span<uint8_t>(b.decoded.data() + at, lc.PageBytes(full[p]));
+      b.pages[static_cast<size_t>(t) * ppb + p] = out[p];
+      at += out[p].size();
+    }
+    KVX_RETURN_IF_ERROR(DecodeTablePages(lc, b.coded[t], full, b.positions, out));
+  }
+  return Status::Ok();
 }
 
 Result<ParsedBlock> DecodeBlock(std::span<const uint8_t> bytes, const BlockRequest& q) {
@@ -225,6 +310,11 @@ Result<ParsedBlock> DecodeBlock(std::span<const uint8_t> bytes, const BlockReque
   if (b.tables != l.n_layers * l.n_kv_heads || b.pages_per_table != PagesPerBlock(s)) {
     return DataLoss("tier block's tables do not match its spec's layout " + l.ToString());
   }
+  if (!AcceptsLevel(q.accepts, b.level)) {
+    return differs("stored at storage level " + std::string(StorageLevelName(b.level)) + ", this reader accepts " +
+                   std::string(StorageLevelName(q.accepts)) + " or more faithful");
+  }
+  KVX_RETURN_IF_ERROR(DecodeCodedTables(s, b));
   return b;
 }
 

@@ -1,23 +1,31 @@
 // The tier block format: one block (block_key.h) of a sequence's KV as bytes
 // that any tier stores (disk file, Redis value) and any process running the
-// same model and spec loads back, bit for bit (the pages' bytes exactly as
-// the pool stores them: a lossless format; the CacheGen-style storage codec
-// is future work, docs/tiers.md).
+// same model and spec loads back: the pages as the pool stores them (the
+// `lossless` storage level, bit for bit) or, for tables of float pages at a
+// lossy level, coded by the storage codec (storage_codec.h, CacheGen-style)
+// and encoded into the pool's codec again on load.
 //
-// Layout (little-endian), version kBlockFormatVersion:
-//   header, kBlockHeaderBytes = 96: magic "KVXBLOCK", u32 version,
+// Layout (little-endian), version kBlockFormatVersion (2):
+//   header, kBlockHeaderBytes = 104: magic "KVXBLOCK", u32 version,
 //     u32 compression (0 none, 1 zstd), u64 key lo, u64 key hi, u64 model
 //     fingerprint, u64 spec fingerprint, u64 salt digest (SaltDigest),
-//     u32 block index, u32 block tokens, u64 payload bytes, u64 stored bytes,
-//     u64 XXH3-64 of the stored payload, u64 XXH3-64 of the 88 bytes before;
-//   payload (zstd-compressed when compression is 1):
+//     u32 block index, u32 block tokens, u32 storage level (StorageLevel:
+//     what the bytes mean; a reader that accepts only more faithful blocks
+//     treats the block as a miss), u32 zero, u64 payload bytes, u64 stored
+//     bytes, u64 XXH3-64 of the stored payload, u64 XXH3-64 of the 96 bytes
+//     before;
+//   payload (zstd-compressed when compression is 1; always at lossy levels):
 //     u32 n, i32[n] token ids 0..end of the block (n = (index + 1) * block
 //     tokens: a hit compares them all, so neither a key collision nor a
 //     damaged index can serve the KV of another prefix), i32[block tokens]
 //     positions of the block's tokens, u32 tables (n_layers * n_kv_heads,
 //     layer-major), u32 pages per table (block tokens / page tokens), then
-//     per table per page: u8 f16 (1) / packed (0), u32 bytes, the page's
-//     bytes as the pool holds them (its position array included).
+//     per table: u8 form, and
+//       form 0 (pages): per page u8 f16 (1) / packed (0), u32 bytes, the
+//         page's bytes as the pool holds them (its position array included);
+//       form 1 (coded): per page u8 f16/packed, then u32 bytes and the
+//         table's K and V as storage_codec.h writes them.
+//   Version 1 (no storage level, no form byte) is read as a miss.
 //
 // A block holds pages in their final form only: a page of a sealed layer
 // (kivi*, residual=) still in the f16 staging window is refused by
@@ -26,9 +34,11 @@
 // concatenate into a sequence ImportSequence accepts.
 //
 // Faults: every decoding error is a Status, never a crash: DataLoss for a
-// damaged block (checksum, truncation, impossible fields), Unimplemented for
-// another version, NotFound for a sound block that is not the one asked for
-// (another model, spec, tenant, key or tokens: a miss).
+// damaged block (checksum, truncation, impossible fields, a coded table
+// that does not decode), Unimplemented for another version, NotFound for a
+// sound block that is not the one asked for (another model, spec, tenant,
+// key or tokens, or a lossier storage level than the reader accepts: a
+// miss).
 //
 // Thread-safety: pure functions.
 #pragma once
@@ -41,12 +51,13 @@
 
 #include "kv/kv_manager.h"
 #include "kv/tier/block_key.h"
+#include "kv/tier/storage_codec.h"
 #include "util/status.h"
 
 namespace kvx::kv::tier {
 
-inline constexpr uint32_t kBlockFormatVersion = 1;
-inline constexpr size_t kBlockHeaderBytes = 96;
+inline constexpr uint32_t kBlockFormatVersion = 2;
+inline constexpr size_t kBlockHeaderBytes = 104;
 // The largest payload a block may announce (bounds what a damaged or hostile
 // value can make a decoder allocate).
 inline constexpr uint64_t kMaxBlockPayloadBytes = 1ull << 30;
@@ -54,11 +65,17 @@ inline constexpr uint64_t kMaxBlockPayloadBytes = 1ull << 30;
 struct BlockEncodeOptions {
   bool compress = false;  // zstd the payload (f16 pages shrink ~10%, quantized ones less; costs encode time)
   int zstd_level = 1;
+  // Lossy levels code the tables of float pages (storage_codec.h) and
+  // always compress (zstd is their entropy coder), at lossy_zstd_level.
+  StorageLevel level = StorageLevel::kLossless;
+  int anchor_tokens = kDefaultAnchorTokens;
+  int lossy_zstd_level = 3;
 };
 
 struct EncodedBlock {
   BlockKey key;
   std::string bytes;
+  StorageLevel level = StorageLevel::kLossless;  // what the bytes hold (the header's)
 };
 
 // Block `index` (tokens [index * B, (index + 1) * B), B = space.block_tokens)
@@ -75,6 +92,7 @@ struct BlockHeader {
   BlockKey key;
   uint64_t model_fingerprint = 0, spec_fingerprint = 0, salt_digest = 0;
   int index = 0, block_tokens = 0;
+  StorageLevel level = StorageLevel::kLossless;
 };
 
 // The header (sizes, checksums) and the payload (compressed when asked):
@@ -88,13 +106,23 @@ struct ParsedBlock : BlockHeader {
   std::vector<int32_t> positions;  // of the block's tokens
   int tables = 0, pages_per_table = 0;
   std::vector<uint8_t> full;                    // [tables * pages_per_table]
-  std::vector<std::span<const uint8_t>> pages;  // [tables * pages_per_table], into payload
+  // [tables * pages_per_table], into payload (form 0) or decoded (form 1;
+  // empty until DecodeBlock decoded them)
+  std::vector<std::span<const uint8_t>> pages;
+  std::vector<std::span<const uint8_t>> coded;  // [tables]: a coded table's bytes, empty for form 0
   std::vector<uint8_t> payload;                 // owns the page bytes (a vector: moving it keeps them in place)
+  std::vector<uint8_t> decoded;                 // owns the coded tables' pages once decoded
 };
 
 // Checks magic, header checksum, version, sizes, the payload checksum, and
-// decompresses and parses the payload. DataLoss / Unimplemented as above.
+// decompresses and parses the payload (coded tables are decoded by
+// DecodeBlock, which knows the spec). DataLoss / Unimplemented as above.
 Result<ParsedBlock> ParseBlock(std::span<const uint8_t> bytes);
+
+// DecodeBlock's last step, public for the fuzzer: decodes b's coded tables
+// into pages of the space's codecs (owned by b.decoded, b.pages point into
+// it). DataLoss when they do not decode to the space's pages.
+Status DecodeCodedTables(const BlockSpace& space, ParsedBlock& b);
 
 // What a lookup asks for: block `index` of `tokens` for tenant `salt`.
 struct BlockRequest {
@@ -103,12 +131,17 @@ struct BlockRequest {
   std::span<const int32_t> tokens;  // the prompt; holds at least (index + 1) * block_tokens tokens
   int index = 0;
   BlockKey key;                     // BlockKeys(...)[index]
+  // The least faithful storage level the reader accepts (lossless: only
+  // pages byte for byte).
+  StorageLevel accepts = StorageLevel::kLossless;
 };
 
 // ParseBlock, then the identity: key, model and spec fingerprints, salt,
 // block index and size, every token equal to the request's, the tables the
-// space's layout (page sizes are checked by ImportSequence). NotFound naming
-// the first difference when the block is sound but not this one.
+// space's layout (page sizes are checked by ImportSequence), the storage
+// level one the request accepts; then decodes coded tables into pages of
+// the pool's codec. NotFound naming the first difference when the block is
+// sound but not this one.
 // REQUIRES: request.space != nullptr, request.index >= 0.
 Result<ParsedBlock> DecodeBlock(std::span<const uint8_t> bytes, const BlockRequest& request);
 

@@ -2,10 +2,15 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "kv/codec/codecs.h"
 #include "kv/tier/tier_test_util.h"
 
 namespace kvx::kv::tier {
@@ -14,6 +19,7 @@ namespace {
 using testing::FillSequence;
 using testing::MakeManager;
 using testing::Tokens;
+using testing::VersionOneBlock;
 
 std::span<const uint8_t> Bytes(const std::string& s) {
   return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
@@ -184,6 +190,178 @@ TEST(BlockFormatTest, PrefixImageNeedsConsecutiveBlocks) {
   EXPECT_EQ(PrefixImage(blocks, a.space, 0).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(PrefixImage(std::span<const ParsedBlock>(&blocks[0], 1), a.space, 0).status().code(),
             StatusCode::kInvalidArgument);  // block 1 alone
+}
+
+
+// One table's block of pages as floats: K then V, [tokens][dim] each.
+std::vector<float> TableFloats(const LayerCodec& lc, std::span<const std::span<const uint8_t>> pages,
+                               std::span<const uint8_t> full) {
+  const CodecParams& p = lc.params;
+  const size_t T = p.page_tokens, d = p.head_dim, n = pages.size() * T;
+  std::vector<float> out(2 * n * d);
+  for (size_t i = 0; i < pages.size(); ++i) {
+    DispatchCodec(full[i] ? CodecId::kF16 : lc.id, [&](auto codec) {
+      const uint8_t* data = pages[i].data() + PageDataOffset(p.page_tokens);
+      decltype(codec)::DecodeKeys(p, data, p.page_tokens, &out[i * T * d]);
+      decltype(codec)::DecodeValues(p, data, p.page_tokens, &out[(n + i * T) * d]);
+    });
+  }
+  return out;
+}
+
+// Block `index` of a's sequence (tenant 0) encoded at `level` and decoded
+// by a reader that accepts any level; its size and bytes when asked.
+Result<ParsedBlock> RoundTrip(const Filled& a, const KVManager::SequenceImage& image, int index, StorageLevel level,
+                              size_t* bytes = nullptr, std::string* encoded = nullptr) {
+  KVX_ASSIGN_OR_RETURN(EncodedBlock e, EncodeBlock(a.space, 0, image, index, {.level = level}));
+  if (bytes) *bytes = e.bytes.size();
+  if (encoded) *encoded = e.bytes;
+  BlockRequest q = Request(a, 0, index);
+  q.accepts = StorageLevel::kLow;
+  return DecodeBlock(Bytes(e.bytes), q);
+}
+
+// Each lossy level of an f16 pool: every value within half its layer's
+// step (the channel's range over the block / (2^bits - 1)) plus the f16
+// rounding of the page it is decoded into; positions exact; the header says
+// the level; smaller than the lossless block.
+TEST(BlockFormatTest, LossyLevelsStayWithinHalfAStep) {
+  const KVLayout layout{3, 2, 64, 16};
+  Filled a = Make("codec=f16", 128, 64, 0, layout);
+  auto image = a.m->ExportSequence(a.seq);
+  ASSERT_TRUE(image.ok());
+  size_t lossless_bytes = 0;
+  ASSERT_TRUE(RoundTrip(a, *image, 1, StorageLevel::kLossless, &lossless_bytes).ok());
+  for (StorageLevel level : {StorageLevel::kHigh, StorageLevel::kMedium, StorageLevel::kLow}) {
+    size_t bytes = 0;
+    auto b = RoundTrip(a, *image, 1, level, &bytes);
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    EXPECT_EQ(b->level, level);
+    EXPECT_LT(bytes, lossless_bytes / 2) << StorageLevelName(level);
+    const int ppb = b->pages_per_table, T = layout.page_tokens, d = layout.head_dim, n = ppb * T;
+    for (int t = 0; t < b->tables; ++t) {
+      const int layer = t / layout.n_kv_heads;
+      const LayerCodec& lc = a.space.layers[layer];
+      const auto& ti = image->tables[t];
+      const std::vector<float> want = TableFloats(lc, std::span(ti.pages).subspan(ppb, ppb), std::span(ti.full).subspan(ppb, ppb));
+      const std::vector<float> got = TableFloats(lc, std::span(b->pages).subspan(t * ppb, ppb), std::span(b->full).subspan(t * ppb, ppb));
+      const int bits = LayerBits(level, layer, layout.n_layers).k;
+      for (int kv = 0; kv < 2; ++kv) {
+        for (int c = 0; c < d; ++c) {
+          float lo = INFINITY, hi = -INFINITY;
+          for (int j = 0; j < n; ++j) {
+            lo = std::min(lo, want[(kv * n + j) * d + c]);
+            hi = std::max(hi, want[(kv * n + j) * d + c]);
+          }
+          const double half_step = 0.5 * (hi - lo + std::fabs(lo) * 0x1p-10) / ((1 << bits) - 1) * (1 + 0x1p-9);
+          for (int j = 0; j < n; ++j) {
+            const size_t i = (kv * n + j) * d + c;
+            ASSERT_LE(std::fabs(got[i] - want[i]), half_step + std::fabs(want[i]) * 0x1p-11 + 1e-7)
+                << StorageLevelName(level) << " table " << t << (kv ? " V" : " K") << " channel " << c << " token " << j;
+          }
+        }
+      }
+      for (int p = 0; p < ppb; ++p) {
+        EXPECT_EQ(std::memcmp(b->pages[t * ppb + p].data(), ti.pages[ppb + p].data(), T * sizeof(int32_t)), 0);
+      }
+    }
+  }
+}
+
+// Quantized pools keep their pages byte for byte at every level (a second
+// quantization would stack errors), and such a block says it is lossless.
+TEST(BlockFormatTest, QuantizedPagesStayExactAtLossyLevels) {
+  for (const char* spec : {"codec=int4", "codec=kivi4,page=32"}) {
+    Filled a = Make(spec, 256, 64, 0);
+    auto image = a.m->ExportSequence(a.seq);
+    ASSERT_TRUE(image.ok());
+    auto b = RoundTrip(a, *image, 0, StorageLevel::kLow);
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    EXPECT_EQ(b->level, StorageLevel::kLossless) << spec;
+    for (int t = 0; t < b->tables; ++t) {
+      for (int p = 0; p < b->pages_per_table; ++p) {
+        const auto& want = image->tables[t].pages[p];
+        const auto& got = b->pages[t * b->pages_per_table + p];
+        ASSERT_EQ(got.size(), want.size());
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size()), 0) << spec << " table " << t << " page " << p;
+      }
+    }
+  }
+}
+
+// A lossy block is a miss (NotFound, a sound block) for a reader that
+// accepts only more faithful ones: a lossless reader is never served one.
+TEST(BlockFormatTest, ALossyBlockIsAMissForAMoreFaithfulReader) {
+  Filled a = Make("codec=f16", 64, 32, 0);
+  auto image = a.m->ExportSequence(a.seq);
+  ASSERT_TRUE(image.ok());
+  auto e = EncodeBlock(a.space, 0, *image, 1, {.level = StorageLevel::kMedium});
+  ASSERT_TRUE(e.ok());
+  BlockRequest q = Request(a, 0, 1);
+  for (StorageLevel accepts : kAllStorageLevels) {
+    q.accepts = accepts;
+    EXPECT_EQ(DecodeBlock(Bytes(e->bytes), q).status().code(),
+              AcceptsLevel(accepts, StorageLevel::kMedium) ? StatusCode::kOk : StatusCode::kNotFound)
+        << StorageLevelName(accepts);
+  }
+}
+
+// The header and payload checksums over `bytes` recomputed (a block damaged
+// behind valid checksums: what only the payload's own checks can catch).
+void Rechecksum(std::string& bytes) {
+  const uint64_t payload = XXH3_64bits(bytes.data() + kBlockHeaderBytes, bytes.size() - kBlockHeaderBytes);
+  std::memcpy(bytes.data() + kBlockHeaderBytes - 16, &payload, 8);
+  const uint64_t header = XXH3_64bits(bytes.data(), kBlockHeaderBytes - 8);
+  std::memcpy(bytes.data() + kBlockHeaderBytes - 8, &header, 8);
+}
+
+// A damaged lossy block is DataLoss: any flipped bit (the checksums), a
+// damaged zstd frame behind valid checksums (zstd's error), a coded table
+// off its grid behind valid checksums (the storage codec's checks).
+TEST(BlockFormatTest, ADamagedLossyBlockIsDataLoss) {
+  Filled a = Make("codec=f16", 32, 16, 0, KVLayout{2, 1, 32, 8});
+  auto image = a.m->ExportSequence(a.seq);
+  ASSERT_TRUE(image.ok());
+  auto e = EncodeBlock(a.space, 0, *image, 1, {.level = StorageLevel::kLow});
+  ASSERT_TRUE(e.ok());
+  BlockRequest q = Request(a, 0, 1);
+  q.accepts = StorageLevel::kLow;
+  auto good = DecodeBlock(Bytes(e->bytes), q);
+  ASSERT_TRUE(good.ok()) << good.status().ToString();
+  for (size_t i = 0; i < e->bytes.size(); ++i) {
+    for (int bit : {0, 7}) {
+      std::string bad = e->bytes;
+      bad[i] = static_cast<char>(bad[i] ^ (1 << bit));
+      ASSERT_EQ(DecodeBlock(Bytes(bad), q).status().code(), StatusCode::kDataLoss) << "byte " << i << " bit " << bit;
+    }
+  }
+  std::string bad = e->bytes;
+  for (size_t i = kBlockHeaderBytes + 4; i < bad.size(); i += 7) bad[i] = static_cast<char>(bad[i] ^ 0x5a);
+  Rechecksum(bad);
+  auto zstd_damaged = DecodeBlock(Bytes(bad), q);
+  EXPECT_EQ(zstd_damaged.status().code(), StatusCode::kDataLoss) << zstd_damaged.status().ToString();
+  // Off the grid: the first coded tensor's bit width set to 0, reframed.
+  std::vector<uint8_t> payload = good->payload;
+  payload[good->coded[0].data() - good->payload.data()] = 0;
+  auto reframed = FrameBlock(*good, std::string_view(reinterpret_cast<const char*>(payload.data()), payload.size()),
+                             {.compress = true});
+  ASSERT_TRUE(reframed.ok());
+  auto off_grid = DecodeBlock(Bytes(*reframed), q);
+  EXPECT_EQ(off_grid.status().code(), StatusCode::kDataLoss) << off_grid.status().ToString();
+}
+
+// A sound block of format version 1 (96-byte header, no storage level) is
+// another version: Unimplemented, which the store takes as a miss.
+TEST(BlockFormatTest, AVersion1BlockIsAnotherVersion) {
+  Filled a = Make("codec=f16", 64, 32, 0);
+  size_t unused = 0;
+  std::string v1;
+  ASSERT_TRUE(RoundTrip(a, *a.m->ExportSequence(a.seq), 1, StorageLevel::kLossless, &unused, &v1).ok());
+  v1 = VersionOneBlock(v1);
+  auto d = DecodeBlock(Bytes(v1), Request(a, 0, 1));
+  EXPECT_EQ(d.status().code(), StatusCode::kUnimplemented) << d.status().ToString();
+  v1[20] ^= 1;  // a version-1 header that fails its checksum is damaged
+  EXPECT_EQ(DecodeBlock(Bytes(v1), Request(a, 0, 1)).status().code(), StatusCode::kDataLoss);
 }
 
 }  // namespace

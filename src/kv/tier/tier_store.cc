@@ -19,6 +19,10 @@ std::span<const uint8_t> AsBytes(const std::string& s) {
 Result<std::unique_ptr<TierStore>> TierStore::Create(BlockSpace space, std::vector<std::unique_ptr<Tier>> tiers,
                                                      TierStoreOptions options) {
   if (tiers.empty()) return InvalidArgument("a tier store needs at least one tier");
+  if (tiers.size() > 32) return InvalidArgument("a tier store holds at most 32 tiers");
+  if (!options.tier_levels.empty() && options.tier_levels.size() != tiers.size()) {
+    return InvalidArgument("a tier store needs one storage level per tier");
+  }
   for (const auto& t : tiers) {
     if (t == nullptr) return InvalidArgument("a tier store was given a null tier");
   }
@@ -29,6 +33,8 @@ Result<std::unique_ptr<TierStore>> TierStore::Create(BlockSpace space, std::vect
 
 TierStore::TierStore(BlockSpace space, std::vector<std::unique_ptr<Tier>> tiers, TierStoreOptions options)
     : space_(std::move(space)), tiers_(std::move(tiers)), options_(options) {
+  levels_ = options_.tier_levels;
+  levels_.resize(tiers_.size(), options_.encode.level);
   for (const auto& t : tiers_) {
     const std::string name = t->name();
     kinds_.push_back(name.substr(0, name.find(' ')));
@@ -138,16 +144,16 @@ void TierStore::RunLookup(const LookupRequest& q, PendingLoad& load) {
   const int B = space_.block_tokens;
   const std::vector<BlockKey> keys = BlockKeys(space_, q.salt, q.tokens);
   const int n = std::min<int>(q.max_blocks, static_cast<int>(keys.size()));
-  std::vector<EncodedBlock> promote[8];  // per tier it was found in (tiers above it get a copy)
+  WriteJob promote;  // blocks found below the first tier, copied up
   for (int i = 0; i < n && !load.cancelled_.load(std::memory_order_relaxed); ++i) {
     const double elapsed = Seconds() - t0;
     if (q.recompute_seconds_per_token > 0 && i > 0 && elapsed > i * B * q.recompute_seconds_per_token) {
       out.abandoned = true;  // slower than recomputing what is loaded: recompute the rest
       break;
     }
-    const BlockRequest request{&space_, q.salt, q.tokens, i, keys[i]};
     bool found = false;
     for (size_t t = 0; t < tiers_.size() && !found; ++t) {
+      const BlockRequest request{&space_, q.salt, q.tokens, i, keys[i], level(t)};
       const double ts = Seconds();
       std::optional<std::string> bytes = tiers_[t]->Get(keys[i]);
       if (!bytes) {
@@ -157,7 +163,11 @@ void TierStore::RunLookup(const LookupRequest& q, PendingLoad& load) {
       Result<ParsedBlock> block = DecodeBlock(AsBytes(*bytes), request);
       RecordLoad(t, Seconds() - ts, block.ok());
       if (!block.ok()) {
-        if (block.status().code() != StatusCode::kNotFound) {  // damaged: never served, never read again
+        // Damaged: never served, never read again. Another block (NotFound)
+        // or another version (Unimplemented: an older or newer kvx sharing
+        // the tier) is a miss and stays for its readers.
+        const StatusCode code = block.status().code();
+        if (code != StatusCode::kNotFound && code != StatusCode::kUnimplemented) {
           tiers_[t]->DropCorrupt(keys[i]);
           std::lock_guard<std::mutex> lock(mu_);
           counters_.corrupt_blocks++;
@@ -165,51 +175,68 @@ void TierStore::RunLookup(const LookupRequest& q, PendingLoad& load) {
         continue;
       }
       found = true;
+      const StorageLevel stored = block->level;
       out.blocks.push_back(std::move(block).value());
       out.tier_of_block.push_back(static_cast<int>(t));
       Remember(keys[i]);
-      if (t > 0 && t < std::size(promote)) promote[t].push_back(EncodedBlock{keys[i], std::move(*bytes)});
+      uint32_t above = 0;  // the tiers above that serve the block's level get a copy
+      for (size_t u = 0; u < t; ++u) above |= AcceptsLevel(level(u), stored) ? 1u << u : 0;
+      if (above != 0) {
+        promote.encoded.push_back(EncodedBlock{keys[i], std::move(*bytes), stored});
+        promote.put_in.push_back(above);
+      }
     }
     if (!found) break;
   }
   out.seconds = Seconds() - t0;
   std::lock_guard<std::mutex> lock(mu_);
   if (out.abandoned) counters_.abandoned++;
-  for (size_t t = 1; t < std::size(promote); ++t) {
-    if (promote[t].empty()) continue;
-    WriteJob job;
-    job.encoded = std::move(promote[t]);
-    job.tiers_end = t;
-    for (const EncodedBlock& b : job.encoded) job.bytes += b.bytes.size();
-    pending_write_bytes_ += job.bytes;
-    writes_.push_back(std::move(job));
+  if (!promote.encoded.empty()) {
+    for (const EncodedBlock& b : promote.encoded) promote.bytes += b.bytes.size();
+    pending_write_bytes_ += promote.bytes;
+    writes_.push_back(std::move(promote));
   }
 }
 
 void TierStore::RunWrite(WriteJob& job) {
-  if (job.snapshot) {
+  if (job.snapshot) {  // each block once per storage level its tiers write
     const BlockSnapshot& s = *job.snapshot;
     for (size_t i = 0; i < s.blocks.size(); ++i) {
-      Result<EncodedBlock> b = EncodeBlock(space_, s.salt, s.image, s.blocks[i], options_.encode);
-      if (!b.ok()) {  // not storable after all (e.g. a staging page): keep the rest
-        Forget(s.keys[i]);
-        continue;
+      const size_t before = job.encoded.size();
+      uint32_t encoded_levels = 0;
+      for (size_t t = 0; t < tiers_.size(); ++t) {
+        const StorageLevel l = level(t);
+        if (encoded_levels & (1u << static_cast<int>(l))) continue;
+        encoded_levels |= 1u << static_cast<int>(l);
+        BlockEncodeOptions options = options_.encode;
+        options.level = l;
+        Result<EncodedBlock> b = EncodeBlock(space_, s.salt, s.image, s.blocks[i], options);
+        if (!b.ok()) break;  // not storable after all (e.g. a staging page): keep the rest
+        uint32_t put_in = 0;
+        for (size_t u = 0; u < tiers_.size(); ++u) put_in |= level(u) == l ? 1u << u : 0;
+        job.encoded.push_back(std::move(b).value());
+        job.put_in.push_back(put_in);
       }
-      job.encoded.push_back(std::move(b).value());
+      if (job.encoded.size() == before) Forget(s.keys[i]);
     }
-    job.tiers_end = tiers_.size();
     job.snapshot.reset();  // the pages' copies go as soon as they are encoded
   }
-  for (const EncodedBlock& b : job.encoded) {
+  // Consecutive encodings of one key are one block: written when a tier took one.
+  for (size_t i = 0; i < job.encoded.size();) {
+    const BlockKey key = job.encoded[i].key;
     bool stored = false;
-    for (size_t t = 0; t < job.tiers_end; ++t) stored = tiers_[t]->Put(b.key, b.bytes).ok() || stored;
+    for (; i < job.encoded.size() && job.encoded[i].key == key; ++i) {
+      for (size_t t = 0; t < tiers_.size(); ++t) {
+        if (job.put_in[i] & (1u << t)) stored = tiers_[t]->Put(key, job.encoded[i].bytes).ok() || stored;
+      }
+    }
     std::lock_guard<std::mutex> lock(mu_);
     if (stored) {
       counters_.blocks_written++;
     } else {
       counters_.write_errors++;
     }
-    if (!stored) Forget(b.key);  // no tier has it: a later sequence may write it
+    if (!stored) Forget(key);  // no tier has it: a later sequence may write it
   }
 }
 

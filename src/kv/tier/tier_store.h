@@ -46,6 +46,10 @@ namespace kvx::kv::tier {
 
 struct TierStoreOptions {
   BlockEncodeOptions encode;
+  // The storage level of each tier (lookup order; docs/tiers.md#the-storage-codec):
+  // what it writes, and the least faithful level it serves (a lossier block
+  // found in it is a miss). Empty: encode.level for every tier.
+  std::vector<StorageLevel> tier_levels;
   // Snapshots waiting to be written hold at most this many page bytes; a
   // snapshot beyond is dropped (counted in writes_dropped).
   uint64_t max_pending_write_bytes = 256ull << 20;
@@ -164,8 +168,8 @@ class TierStore {
  private:
   struct WriteJob {
     std::optional<BlockSnapshot> snapshot;  // encode, then put in every tier
-    std::vector<EncodedBlock> encoded;      // put in tiers [0, tiers_end)
-    size_t tiers_end = 0;
+    std::vector<EncodedBlock> encoded;      // encoded[i] is put in the tiers of bit mask put_in[i]
+    std::vector<uint32_t> put_in;
     uint64_t bytes = 0;
     std::shared_ptr<PendingLoad> load;      // or a lookup behind the writes (`lookup`)
     LookupRequest lookup;
@@ -182,11 +186,13 @@ class TierStore {
   bool Known(const BlockKey& key) const;
   void Forget(const BlockKey& key);
   void RecordLoad(size_t tier, double seconds, bool hit);
+  StorageLevel level(size_t tier) const { return levels_[tier]; }
 
   const BlockSpace space_;
   std::vector<std::unique_ptr<Tier>> tiers_;
   std::vector<std::string> kinds_;
   const TierStoreOptions options_;
+  std::vector<StorageLevel> levels_;  // per tier
 
   mutable std::mutex mu_;  // the queues, the counters, the metrics
   std::condition_variable wake_, idle_;

@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <numeric>
@@ -22,7 +23,11 @@
 #include <thread>
 #include <vector>
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 #include "kv/kv_manager.h"
+#include "kv/tier/block_format.h"
 #include "kv/tier/redis_tier.h"
 
 extern char** environ;
@@ -68,6 +73,19 @@ inline Result<SeqId> FillSequence(KVManager& m, uint64_t salt, std::span<const i
 }
 
 // Tokens 0..n-1 shifted by `offset` (distinct prompts for distinct offsets).
+// `block` (the current format) with the header of format version 1 (96
+// bytes: no storage level; checksummed as version 1 wrote it) before its
+// payload: what a kvx of version 1 left in a tier.
+inline std::string VersionOneBlock(const std::string& block) {
+  std::string v1 = block.substr(0, 64);  // magic .. block tokens, where both versions agree
+  const uint32_t one = 1;
+  std::memcpy(v1.data() + 8, &one, 4);
+  v1 += block.substr(72, 24);  // payload bytes, stored bytes, payload checksum
+  const uint64_t header = XXH3_64bits(v1.data(), v1.size());
+  v1.append(reinterpret_cast<const char*>(&header), 8);
+  return v1 + block.substr(kBlockHeaderBytes);
+}
+
 inline std::vector<int32_t> Tokens(int n, int offset = 0) {
   std::vector<int32_t> t(n);
   std::iota(t.begin(), t.end(), 100 + offset);
