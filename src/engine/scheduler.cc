@@ -68,6 +68,10 @@ Result<std::unique_ptr<Scheduler>> Scheduler::Create(Engine& engine, SchedulerOp
       return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
     };
   }
+  if (!(options.copy_bytes_per_second >= 0)) return InvalidArgument("copy_bytes_per_second must be >= 0");
+  if (options.preempt != PreemptMode::kRecompute && options.copy_bytes_per_second == 0) {
+    options.copy_bytes_per_second = MeasureCopyBandwidth();
+  }
   if (options.tiers && options.prefill_tokens_per_second == 0) {
     options.prefill_tokens_per_second = MeasurePrefill(engine);
   }
@@ -97,6 +101,7 @@ Scheduler::Scheduler(Engine& engine, SchedulerOptions options) : engine_(engine)
   page_tokens_ = spec.layout.page_tokens;
   block_bytes_ = KvBytesFor(page_tokens_);
   compress_once_ = engine_.kv_manager().HasOncePolicy();
+  copy_bytes_per_second_ = options_.copy_bytes_per_second;
   if (options_.prefix_cache) cache_ = std::make_unique<kv::RadixCache>(&engine_.kv_manager());
   if (cache_ && options_.tiers) {  // the tiers load into the prefix cache: nothing to load into without it
     tiers_ = options_.tiers;
@@ -343,6 +348,8 @@ void Scheduler::PublishStats() {
   const kv::KVManager& m = engine_.kv_manager();
   SchedulerStats s = work_;
   s.queued = static_cast<int>(queue_.size());
+  s.swapped_bytes = SwappedBytes();
+  s.copy_bytes_per_second = copy_bytes_per_second_;
   s.running_requests = static_cast<int>(running_.size());
   s.running_sequences = 0;
   for (const auto& r : running_) {

@@ -85,6 +85,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/preemption.h"
 #include "kv/kv_manager.h"
 #include "kv/tier/tier_store.h"
 #include "model/sampler.h"
@@ -137,6 +138,17 @@ struct SchedulerOptions {
   // own (128 tokens), so a new process's first lookups are not judged by a
   // guess (>= 0).
   double prefill_tokens_per_second = 0;
+  // Preemption (engine/preemption.h): by cost (auto), always by swapping
+  // the sequences' pages to host RAM and back, or always by recomputing.
+  // Swapping needs sequences an image carries (no KV policy: their state is
+  // not in the pages) and room in the swap space; else it recomputes.
+  PreemptMode preempt = PreemptMode::kAuto;
+  // Host RAM for swapped-out sequences, in bytes; 0: the pool's budget (a
+  // swapped sequence held at most that much in the pool).
+  uint64_t swap_bytes = 0;
+  // The host copy bandwidth a swap costs, in bytes per second, until swaps
+  // measure it; 0: measured at Create (MeasureCopyBandwidth) (>= 0).
+  double copy_bytes_per_second = 0;
 };
 
 // What a request lets the prefix cache and the tiers do with its KV.
@@ -291,6 +303,12 @@ struct SchedulerStats {
   // Tokens of preempted requests loaded back from a tier at readmission
   // (swap-in) instead of recomputed.
   uint64_t swapped_in_tokens = 0;
+  // Preemptions by kind (preemptions = their sum): pages swapped to host RAM
+  // and back, or sequences released and recomputed.
+  uint64_t preempt_swaps = 0;
+  uint64_t preempt_recomputes = 0;
+  uint64_t swapped_bytes = 0;             // host RAM held by swapped-out sequences now
+  double copy_bytes_per_second = 0;       // the swap cost's bandwidth (measured)
   // Work.
   uint64_t steps = 0;
   uint64_t prompt_tokens_computed = 0;  // prefill rows run (cache hits excluded)
@@ -467,6 +485,15 @@ class Scheduler {
   bool MakeRoom(uint64_t bytes, Request** preempted);
   Request* Youngest();
   void Preempt(Request* r);
+  // Swap preemption (scheduler_swap.cc): moves `r`'s sequences to host RAM
+  // when the preemption mode and the cost say so and they can be exported;
+  // false (nothing changed) to recompute instead.
+  bool SwapOut(Request& r);
+  // A swapped-out sample's sequence back in the pool, sharing its leading
+  // pages with `anchor` (the request's first sample swapped in) as it did
+  // before (ResourceExhausted: no room yet; the image is kept).
+  Result<kv::SeqId> SwapIn(Sample& s, kv::SeqId anchor);
+  uint64_t SwappedBytes() const;
   void FinishSample(Request& r, Sample& s, FinishReason reason, Status status);
   void FailRequest(Request& r, FinishReason reason, Status status);
   void CancelId(RequestId id);
@@ -489,6 +516,7 @@ class Scheduler {
   bool compress_once_ = false;  // the spec has policies that compress once
   std::shared_ptr<kv::tier::TierStore> tiers_;  // null without tiers (or without the prefix cache)
   double prefill_seconds_per_token_ = 0;         // measured (moving average), for abandoning slow loads
+  double copy_bytes_per_second_ = 0;             // measured (moving average over swaps), for the swap cost
   bool CompressesAtBase(const Request& r) const;
 
   // Shared with other threads, under mu_.

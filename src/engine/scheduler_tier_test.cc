@@ -298,10 +298,11 @@ TEST(SchedulerTierTest, WriteBackWritesWhatTheCacheEvictsAndHoldsAtShutdown) {
   EXPECT_EQ(hit.finish.at(0).tokens, alone);
 }
 
-// Swap preemption through the tiers: a preempted request's blocks are written
-// (write-through at preemption) and loaded back at readmission when the
-// prefix cache gave them up, instead of recomputed; every request gives what
-// it gives alone.
+// Swap-in through the tiers: a request preempted by recompute has its blocks
+// written (write-through at preemption) and loaded back at readmission when
+// the prefix cache gave them up, instead of recomputed; every request gives
+// what it gives alone. (Swap preemption proper, pages to host RAM and back:
+// scheduler_swap_test.cc.)
 TEST(SchedulerTierTest, APreemptedRequestIsSwappedBackInFromTheRamTier) {
   std::vector<Job> jobs;
   for (int i = 0; i < 6; ++i) jobs.push_back({Tokens(40 + 6 * i, 20 + i), 24, static_cast<uint64_t>(i)});
@@ -315,6 +316,7 @@ TEST(SchedulerTierTest, APreemptedRequestIsSwappedBackInFromTheRamTier) {
     so.max_step_tokens = 32;
     so.max_running = 8;
     so.prefill_tokens_per_second = 1000;
+    so.preempt = PreemptMode::kRecompute;
     auto engine = MakeEngine("codec=f16,page=16,budget=40000", 256, 1);
     std::vector<std::unique_ptr<kv::tier::Tier>> tiers;
     tiers.push_back(kv::tier::RamTier::Open(64 << 20).value());

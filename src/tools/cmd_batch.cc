@@ -184,7 +184,7 @@ Status Batch(const BatchFlags& flags) {
   engine::SchedulerOptions so;
   so.max_step_tokens = flags.max_step_tokens;
   so.max_running = std::min(flags.runtime.options.n_seqs, flags.max_step_tokens);
-  KVX_ASSIGN_OR_RETURN(so.tiers, OpenTiers(flags.cache, *eng));
+  KVX_RETURN_IF_ERROR(ApplyCacheFlags(flags.cache, *eng, &so));
   KVX_ASSIGN_OR_RETURN(auto sched, engine::Scheduler::Create(*eng, so));
   const auto t0 = std::chrono::steady_clock::now();
 
@@ -280,12 +280,13 @@ Status Batch(const BatchFlags& flags) {
   std::fprintf(stderr,
                "batch: %zu requests (%d failed) in %.2f s | %zu groups, %d shared prefixes computed once | "
                "prompt %llu tokens, %llu from the prefix cache (%.1f%%), %llu computed | generated %llu tokens, "
-               "%.1f tok/s | %llu steps, %llu preemptions | KV pool %.2f / %.2f MiB\n",
+               "%.1f tok/s | %llu steps, %llu preemptions (%llu swapped) | KV pool %.2f / %.2f MiB\n",
                items.size(), failed, seconds, groups.size(), warmups, static_cast<unsigned long long>(prompt_tokens),
                static_cast<unsigned long long>(cached), prompt_tokens ? 100.0 * cached / prompt_tokens : 0.0,
                static_cast<unsigned long long>(st.prompt_tokens_computed), static_cast<unsigned long long>(generated),
                seconds > 0 ? generated / seconds : 0.0, static_cast<unsigned long long>(st.steps),
-               static_cast<unsigned long long>(st.preemptions), st.pool_bytes_used / 1048576.0,
+               static_cast<unsigned long long>(st.preemptions), static_cast<unsigned long long>(st.preempt_swaps),
+               st.pool_bytes_used / 1048576.0,
                st.pool_budget_bytes / 1048576.0);
   return failed == 0 ? Status::Ok()
                      : ResourceExhausted(std::to_string(failed) + " request(s) failed; see their \"error\" lines");
