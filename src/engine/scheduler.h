@@ -155,10 +155,15 @@ struct SchedulerOptions {
 enum class CacheMode {
   kDefault,  // read and write: start from cached prefixes, leave its blocks for others
   kNone,     // neither: computed from scratch, its KV released at the end
-  kPin,      // kept in RAM until unpinned (not built: refused at Submit)
+  // As default, and the prompt's full blocks are pinned in the host-RAM
+  // tier (kv/tier/ram_tier.h) until a request of the same tenant and prompt
+  // unpins them or the tier's budget needs them back. Refused without a
+  // host-RAM tier, with a session, or when the blocks exceed its budget.
+  kPin,
+  kUnpin,  // as default, and the prompt's full blocks are unpinned (the tenant's own only)
 };
-// "default", "none" or "pin" (the APIs' "cache" field); InvalidArgument
-// naming the choices for anything else.
+// "default", "none", "pin" or "unpin" (the APIs' "cache" field);
+// InvalidArgument naming the choices for anything else.
 Result<CacheMode> ParseCacheMode(std::string_view text);
 
 struct GenerationRequest {
@@ -215,7 +220,7 @@ enum class RequestPart {
   kSampling,
   kSamples,    // n
   kSession,    // resume_session / continue_session
-  kCache,      // cache (pin is not built)
+  kCache,      // cache (pin without a host-RAM tier, with a session, or larger than the tier)
 };
 
 enum class FinishReason { kLength, kStop, kCancelled, kError };
@@ -438,6 +443,7 @@ class Scheduler {
   // continue_session resolved against the sessions kept (under mu_); the
   // checks of a resumed session (at Submit and again at admission).
   Status CheckRequest(const GenerationRequest& r, RequestPart* part) const;
+  Status CheckPin(const GenerationRequest& r) const;
   Status ResolveSession(GenerationRequest& r, RequestPart* part) const;
   Status CheckResume(const GenerationRequest& r, const SessionSummary& s, RequestPart* part) const;
   Status CheckPoolHolds(const std::string& what, int64_t tokens) const;

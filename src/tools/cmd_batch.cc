@@ -106,9 +106,6 @@ Result<std::vector<Item>> ReadItems(const BatchFlags& flags) {
         if (!v.is_string()) return InvalidArgument(where + "\"cache\" must be a string");
         Result<engine::CacheMode> mode = engine::ParseCacheMode(v.get<std::string>());
         if (!mode.ok()) return InvalidArgument(where + mode.status().message());
-        if (*mode == engine::CacheMode::kPin) {
-          return InvalidArgument(where + "\"cache\": \"pin\" is not supported yet: use \"default\" or \"none\"");
-        }
         it.cache = *mode;
       } else if (key == "seed") {
         if (!v.is_number_unsigned()) return InvalidArgument(where + "\"seed\" must be a non-negative integer");
@@ -265,7 +262,11 @@ Status Batch(const BatchFlags& flags) {
       j["cached_by_tier"] = by_tier;
     }
     j["generated_tokens"] = e.tokens.size();
+    // Submitted -> first token, and its two parts: waiting in the queue
+    // (for room in the pool, a prefix, a tier load) and admitted -> first token.
     j["ttft_ms"] = e.timing.ttft_seconds * 1e3;
+    j["queue_ms"] = e.timing.queue_seconds * 1e3;
+    j["admitted_ttft_ms"] = std::max(0.0, e.timing.ttft_seconds - e.timing.queue_seconds) * 1e3;
     const std::string line = j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
     std::fwrite(line.data(), 1, line.size(), out);
     generated += e.tokens.size();

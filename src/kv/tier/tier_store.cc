@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "kv/tier/ram_tier.h"
+
 namespace kvx::kv::tier {
 namespace {
 
@@ -29,6 +31,9 @@ Result<std::unique_ptr<TierStore>> TierStore::Create(BlockSpace space, std::vect
 
 TierStore::TierStore(BlockSpace space, std::vector<std::unique_ptr<Tier>> tiers, TierStoreOptions options)
     : space_(std::move(space)), tiers_(std::move(tiers)), options_(options) {
+  for (size_t i = 0; i < tiers_.size() && i < 31; ++i) {
+    tiers_[i]->SetOnDrop([this, bit = 1u << i](const BlockKey& key) { Mark(key, 0, bit); });
+  }
   for (const auto& t : tiers_) {
     const std::string name = t->name();
     kinds_.push_back(name.substr(0, name.find(' ')));
@@ -90,6 +95,11 @@ void TierStore::Loop() {
       writes_.pop_front();
       if (job.load) {
         ServeLookup(job.lookup, job.load, lock);
+      } else if (job.pin) {
+        busy_ = true;
+        lock.unlock();
+        RunPin(job.lookup, *job.pin);
+        lock.lock();
       } else {
         busy_ = true;
         lock.unlock();
@@ -167,7 +177,7 @@ void TierStore::RunLookup(const LookupRequest& q, PendingLoad& load) {
       found = true;
       out.blocks.push_back(std::move(block).value());
       out.tier_of_block.push_back(static_cast<int>(t));
-      Remember(keys[i]);
+      Mark(keys[i], 1u << t, 0);
       if (t > 0 && t < std::size(promote)) promote[t].push_back(EncodedBlock{keys[i], std::move(*bytes)});
     }
     if (!found) break;
@@ -192,7 +202,7 @@ void TierStore::RunWrite(WriteJob& job) {
     for (size_t i = 0; i < s.blocks.size(); ++i) {
       Result<EncodedBlock> b = EncodeBlock(space_, s.salt, s.image, s.blocks[i], options_.encode);
       if (!b.ok()) {  // not storable after all (e.g. a staging page): keep the rest
-        Forget(s.keys[i]);
+        Mark(s.keys[i], 0, kWriting);
         continue;
       }
       job.encoded.push_back(std::move(b).value());
@@ -201,32 +211,63 @@ void TierStore::RunWrite(WriteJob& job) {
     job.snapshot.reset();  // the pages' copies go as soon as they are encoded
   }
   for (const EncodedBlock& b : job.encoded) {
-    bool stored = false;
-    for (size_t t = 0; t < job.tiers_end; ++t) stored = tiers_[t]->Put(b.key, b.bytes).ok() || stored;
+    uint32_t held = 0;
+    for (size_t t = 0; t < job.tiers_end; ++t) held |= tiers_[t]->Put(b.key, b.bytes).ok() ? 1u << t : 0;
+    Mark(b.key, held, kWriting);  // no tier has it: forgotten, a later sequence may write it
     std::lock_guard<std::mutex> lock(mu_);
-    if (stored) {
+    if (held != 0) {
       counters_.blocks_written++;
     } else {
       counters_.write_errors++;
     }
-    if (!stored) Forget(b.key);  // no tier has it: a later sequence may write it
   }
 }
 
-bool TierStore::Remember(const BlockKey& key) {
+void TierStore::RunPin(const LookupRequest& what, bool on) {
+  auto* ram = dynamic_cast<RamTier*>(tiers_[0].get());
+  if (ram == nullptr) return;
+  for (const BlockKey& key : BlockKeys(space_, what.salt, what.tokens)) {
+    ram->Pin(key, on);
+    if (!on || ram->Has(key)) continue;
+    for (size_t t = 1; t < tiers_.size(); ++t) {  // copy it up (it is checked when a lookup reads it)
+      std::optional<std::string> bytes = tiers_[t]->Get(key);
+      if (!bytes) continue;
+      if (ram->Put(key, *bytes).ok()) Mark(key, 1u, 0);
+      break;
+    }
+  }
+}
+
+void TierStore::Pin(uint64_t salt, std::vector<int32_t> tokens, bool on) {
+  WriteJob job;
+  job.pin = on;
+  job.lookup.salt = salt;
+  job.lookup.tokens = std::move(tokens);
+  std::lock_guard<std::mutex> lock(mu_);
+  writes_.push_back(std::move(job));
+  wake_.notify_all();
+}
+
+uint64_t TierStore::pin_capacity() const {
+  const auto* ram = dynamic_cast<const RamTier*>(tiers_[0].get());
+  return ram != nullptr ? ram->max_bytes() : 0;
+}
+
+void TierStore::Mark(const BlockKey& key, uint32_t set, uint32_t clear) {
   std::lock_guard<std::mutex> lock(known_mu_);
-  if (known_.size() >= options_.max_known_keys) known_.clear();
-  return known_.insert(key).second;
+  auto it = known_.find(key);
+  if (it == known_.end()) {
+    if (set == 0) return;
+    if (known_.size() >= options_.max_known_keys) known_.clear();
+    it = known_.emplace(key, 0).first;
+  }
+  it->second = (it->second | set) & ~clear;
+  if (it->second == 0) known_.erase(it);
 }
 
 bool TierStore::Known(const BlockKey& key) const {
   std::lock_guard<std::mutex> lock(known_mu_);
   return known_.count(key) != 0;
-}
-
-void TierStore::Forget(const BlockKey& key) {
-  std::lock_guard<std::mutex> lock(known_mu_);
-  known_.erase(key);
 }
 
 std::optional<BlockSnapshot> TierStore::Snapshot(const KVManager& m, SeqId seq) {
@@ -283,7 +324,7 @@ std::optional<BlockSnapshot> TierStore::Snapshot(const KVManager& m, SeqId seq) 
       }
     }
   }
-  for (const BlockKey& k : s.keys) Remember(k);
+  for (const BlockKey& k : s.keys) Mark(k, kWriting, 0);
   return s;
 }
 
@@ -291,7 +332,7 @@ void TierStore::Write(BlockSnapshot snapshot) {
   std::lock_guard<std::mutex> lock(mu_);
   if (pending_write_bytes_ + snapshot.bytes > options_.max_pending_write_bytes) {
     counters_.writes_dropped += snapshot.blocks.size();
-    for (const BlockKey& k : snapshot.keys) Forget(k);
+    for (const BlockKey& k : snapshot.keys) Mark(k, 0, kWriting);
     return;
   }
   WriteJob job;
