@@ -59,50 +59,47 @@ PressureRun RunUnderPressure(SchedulerOptions so) {
   return run;
 }
 
+// Runs RunUnderPressure and checks that every preemption was of `kind`.
+PressureRun ExpectOnly(PreemptKind kind, SchedulerOptions so) {
+  PressureRun run = RunUnderPressure(so);
+  const bool swap = kind == PreemptKind::kSwap;
+  EXPECT_GT(swap ? run.stats.preempt_swaps : run.stats.preempt_recomputes, 0u) << PreemptKindName(kind);
+  EXPECT_EQ(swap ? run.stats.preempt_recomputes : run.stats.preempt_swaps, 0u) << PreemptKindName(kind);
+  return run;
+}
+
 TEST(SchedulerSwapTest, SwappedRequestsGiveTheTokensOfAnUninterruptedRun) {
   SchedulerOptions so;
   so.preempt = PreemptMode::kSwap;
-  const PressureRun run = RunUnderPressure(so);
+  const PressureRun run = ExpectOnly(PreemptKind::kSwap, so);
   EXPECT_EQ(run.checked, 10);
   EXPECT_GT(run.stats.preempt_swaps, 1u);  // several requests swapped (and resumed)
   EXPECT_GT(run.preempted_with_samples, 0);  // n > 1 too
-  EXPECT_EQ(run.stats.preempt_recomputes, 0u);
   EXPECT_GT(run.stats.copy_bytes_per_second, 0);
 }
 
-TEST(SchedulerSwapTest, RecomputeModeNeverSwaps) {
-  SchedulerOptions so;
-  so.preempt = PreemptMode::kRecompute;
-  const PressureRun run = RunUnderPressure(so);
-  EXPECT_GT(run.stats.preempt_recomputes, 0u);
-  EXPECT_EQ(run.stats.preempt_swaps, 0u);
-}
-
-// Auto compares the measured costs: with host copies assumed impossibly
-// slow (1 byte/s) it recomputes; impossibly fast, it swaps. (The prefill
-// speed is the steps' own measurement.)
-TEST(SchedulerSwapTest, AutoChoosesByCost) {
-  SchedulerOptions so;
-  so.preempt = PreemptMode::kAuto;
-  so.copy_bytes_per_second = 1;
-  PressureRun run = RunUnderPressure(so);
-  EXPECT_GT(run.stats.preempt_recomputes, 0u);
-  EXPECT_EQ(run.stats.preempt_swaps, 0u);
-  so.copy_bytes_per_second = 1e18;
-  run = RunUnderPressure(so);
-  EXPECT_GT(run.stats.preempt_swaps, 0u);
-  EXPECT_EQ(run.stats.preempt_recomputes, 0u);
-}
-
-// A swap space too small for any request: swap mode falls back to
-// recompute (still the same tokens).
-TEST(SchedulerSwapTest, ANoRoomSwapSpaceRecomputes) {
-  SchedulerOptions so;
-  so.preempt = PreemptMode::kSwap;
-  so.swap_bytes = 1;
-  const PressureRun run = RunUnderPressure(so);
-  EXPECT_GT(run.stats.preempt_recomputes, 0u);
-  EXPECT_EQ(run.stats.preempt_swaps, 0u);
+// Recompute mode never swaps; auto compares the measured costs — with host
+// copies assumed impossibly slow (1 byte/s) it recomputes, impossibly fast
+// it swaps (the prefill speed is the steps' own measurement); a swap space
+// too small for any request recomputes even in swap mode. The same tokens
+// every time.
+TEST(SchedulerSwapTest, EachModeAndCostPicksItsKind) {
+  struct Case {
+    PreemptMode mode;
+    double copy_bytes_per_second;
+    uint64_t swap_bytes;
+    PreemptKind want;
+  };
+  for (const Case& c : {Case{PreemptMode::kRecompute, 0, 0, PreemptKind::kRecompute},
+                        Case{PreemptMode::kAuto, 1, 0, PreemptKind::kRecompute},
+                        Case{PreemptMode::kAuto, 1e18, 0, PreemptKind::kSwap},
+                        Case{PreemptMode::kSwap, 0, 1, PreemptKind::kRecompute}}) {
+    SchedulerOptions so;
+    so.preempt = c.mode;
+    so.copy_bytes_per_second = c.copy_bytes_per_second;
+    so.swap_bytes = c.swap_bytes;
+    ExpectOnly(c.want, so);
+  }
 }
 
 }  // namespace

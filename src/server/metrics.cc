@@ -83,6 +83,9 @@ void TierMetrics(const engine::SchedulerStats& s, Out& o) {
       {"kvx_tier_evictions_total", "counter", "Blocks evicted to stay within the tier's budget", &TierStats::evictions},
       {"kvx_tier_errors_total", "counter", "Failed reads/writes, refused writes and corrupted blocks dropped",
        &TierStats::errors},
+      {"kvx_tier_pinned", "gauge", "Blocks pinned (\"cache\": \"pin\"; the host-RAM tier)", &TierStats::pinned},
+      {"kvx_tier_pins_broken_total", "counter", "Pinned blocks evicted because the tier's budget held nothing else",
+       &TierStats::pins_broken},
   };
   for (const Field& f : fields) {
     o.Metric(f.name, f.type, f.help);
