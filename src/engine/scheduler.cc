@@ -293,6 +293,12 @@ void Scheduler::Loop() {
     }
     for (auto& r : incoming) {
       work_.requests_submitted++;
+      // A pin is set as the request arrives, before its blocks exist (outside
+      // mu_: the store's I/O thread takes mu_ to wake this loop).
+      const CacheMode c = r->req.cache;
+      if (c == CacheMode::kPin || c == CacheMode::kUnpin) {
+        tiers_->Pin(r->req.tenant_salt, r->req.prompt, c == CacheMode::kPin);
+      }
       Enqueue(std::move(r));
     }
     for (RequestId id : cancels) CancelId(id);

@@ -46,9 +46,6 @@ Result<RequestId> Scheduler::Submit(GenerationRequest request, EventCallback on_
   if (static_cast<int>(live_.size()) >= options_.max_queue) {
     return reject(ResourceExhausted("too many requests in flight (" + std::to_string(live_.size()) + "); retry later"));
   }
-  if (request.cache == CacheMode::kPin || request.cache == CacheMode::kUnpin) {
-    tiers_->Pin(request.tenant_salt, request.prompt, request.cache == CacheMode::kPin);  // before its blocks come
-  }
   r->req = std::move(request);
   r->id = next_id_++;
   const RequestId id = r->id;
