@@ -2,9 +2,11 @@
 """Decode speed with KV tier write-through on and off (docs/tiers.md): one `kvx batch` of requests that
 finish at different times (so blocks are written while others decode), run alternately without cache
 flags and with --cache-dir (a fresh directory each run, so every block is written), on a synthetic
-smollm2-135m. Prints the median generated tokens per second of each and their ratio.
+smollm2-135m. Prints the median generated tokens per second of each, and the on/off ratio of each round (an
+"off" run and the "on" run right after it: on a machine shared with other work, a ratio within a round is
+steadier than a ratio of medians) with its median and spread.
 
-  scripts/tier_write_ab.py --reps 3
+  scripts/tier_write_ab.py --reps 7
 """
 import argparse, json, os, re, statistics, subprocess, sys, tempfile
 
@@ -39,7 +41,10 @@ def main():
     print("|---|---|---|")
     print("| off | %.1f | %s |" % (off, ", ".join("%.1f" % x for x in speed["off"])))
     print("| on (--cache-dir) | %.1f | %s |" % (on, ", ".join("%.1f" % x for x in speed["on"])))
-    print("\non/off = %.3f" % (on / off))
+    ratios = sorted(b / a for a, b in zip(speed["off"], speed["on"]))
+    print("\non/off per round: %s" % ", ".join("%.3f" % x for x in ratios))
+    print("on/off: median %.3f, spread %.3f..%.3f over %d rounds (ratio of the medians %.3f)" %
+          (statistics.median(ratios), ratios[0], ratios[-1], len(ratios), on / off))
 
 
 if __name__ == "__main__":

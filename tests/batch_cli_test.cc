@@ -60,6 +60,10 @@ TEST(BatchCliTest, OneLinePerRequestSharedPrefixesOnce) {
     EXPECT_EQ(grouped[i]["id"], i * 10);
     EXPECT_FALSE(grouped[i].contains("error")) << grouped[i].dump();
     EXPECT_LE(grouped[i]["generated_tokens"].get<int>(), 5 + i);
+    // The time to first token splits into the queue's and the admitted request's.
+    EXPECT_GE(grouped[i]["queue_ms"].get<double>(), 0);
+    EXPECT_NEAR(grouped[i]["queue_ms"].get<double>() + grouped[i]["admitted_ttft_ms"].get<double>(),
+                grouped[i]["ttft_ms"].get<double>(), 1e-6);
     EXPECT_EQ(grouped[i]["text"], plain[i]["text"]) << "request " << i;
     if (i % 3) cached += grouped[i]["cached_tokens"].get<int>() > 0;
   }

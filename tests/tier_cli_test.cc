@@ -167,9 +167,12 @@ TEST(TierCliTest, TwoProcessesShareARedis) {
 TEST(TierCliTest, BadCacheFlagsAndFieldsAreClearErrors) {
   const std::string pin = TempDir() + "/tier_pin.jsonl";
   std::ofstream(pin) << R"({"prompt": "x", "cache": "pin"})" << "\n";
-  auto r = RunCommand({BinaryDir() + "/kvx", "batch", pin, "-m", TinyModel()});
-  EXPECT_NE(r.output.find("kvx: error: " + pin + ":1: \"cache\": \"pin\" is not supported yet"), std::string::npos)
-      << r.output;
+  auto r = RunCommand({BinaryDir() + "/kvx", "batch", pin, "-m", TinyModel()});  // no host-RAM tier to pin in
+  EXPECT_NE(r.output.find("start with --cache-ram-bytes"), std::string::npos) << r.output;
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  std::ofstream(pin) << R"({"prompt": "x", "cache": "pinned"})" << "\n";
+  r = RunCommand({BinaryDir() + "/kvx", "batch", pin, "-m", TinyModel()});
+  EXPECT_NE(r.output.find("kvx: error: " + pin + ":1: \"cache\" must be"), std::string::npos) << r.output;
   r = RunCommand({BinaryDir() + "/kvx", "batch", Requests(), "-m", TinyModel(), "--cache-redis", "http://x"});
   EXPECT_NE(r.output.find("kvx: error: --cache-redis"), std::string::npos) << r.output;
   r = RunCommand({BinaryDir() + "/kvx", "batch", Requests(), "-m", TinyModel(), "--cache-dir", "/tmp", "--cache-block",

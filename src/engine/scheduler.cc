@@ -76,6 +76,10 @@ Result<std::unique_ptr<Scheduler>> Scheduler::Create(Engine& engine, SchedulerOp
       return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
     };
   }
+  if (!(options.copy_bytes_per_second >= 0)) return InvalidArgument("copy_bytes_per_second must be >= 0");
+  if (options.preempt != PreemptMode::kRecompute && options.copy_bytes_per_second == 0) {
+    options.copy_bytes_per_second = MeasureCopyBandwidth();
+  }
   if (options.tiers && options.prefill_tokens_per_second == 0) {
     options.prefill_tokens_per_second = MeasurePrefill(engine);
   }
@@ -105,6 +109,7 @@ Scheduler::Scheduler(Engine& engine, SchedulerOptions options) : engine_(engine)
   page_tokens_ = spec.layout.page_tokens;
   block_bytes_ = KvBytesFor(page_tokens_);
   compress_once_ = engine_.kv_manager().HasOncePolicy();
+  copy_bytes_per_second_ = options_.copy_bytes_per_second;
   if (options_.prefix_cache) {
     cache_ = std::make_unique<kv::RadixCache>(&engine_.kv_manager());
     compressed_ = std::make_unique<CompressedCache>(&engine_.kv_manager(), kCompressedEntries);
@@ -308,6 +313,12 @@ void Scheduler::Loop() {
     }
     for (auto& r : incoming) {
       work_.requests_submitted++;
+      // A pin is set as the request arrives, before its blocks exist (outside
+      // mu_: the store's I/O thread takes mu_ to wake this loop).
+      const CacheMode c = r->req.cache;
+      if (c == CacheMode::kPin || c == CacheMode::kUnpin) {
+        tiers_->Pin(r->req.tenant_salt, r->req.prompt, c == CacheMode::kPin);
+      }
       Enqueue(std::move(r));
     }
     for (RequestId id : cancels) CancelId(id);
@@ -364,6 +375,8 @@ void Scheduler::PublishStats() {
   const kv::KVManager& m = engine_.kv_manager();
   SchedulerStats s = work_;
   s.queued = static_cast<int>(queue_.size());
+  s.swapped_bytes = SwappedBytes();
+  s.copy_bytes_per_second = copy_bytes_per_second_;
   s.running_requests = static_cast<int>(running_.size());
   s.running_sequences = 0;
   for (const auto& r : running_) {

@@ -100,6 +100,7 @@
 
 #include "engine/chunk_assembly.h"
 #include "engine/engine.h"
+#include "engine/preemption.h"
 #include "kv/kv_manager.h"
 #include "kv/tier/tier_store.h"
 #include "model/sampler.h"
@@ -158,16 +159,32 @@ struct SchedulerOptions {
   // one request may name (>= 1).
   uint64_t chunk_cache_bytes = 0;
   int max_chunks = 64;
+  // Preemption (engine/preemption.h): by cost (auto), always by swapping
+  // the sequences' pages to host RAM and back, or always by recomputing.
+  // Swapping needs sequences an image carries (no KV policy: their state is
+  // not in the pages) and room in the swap space; else it recomputes.
+  PreemptMode preempt = PreemptMode::kAuto;
+  // Host RAM for swapped-out sequences, in bytes; 0: the pool's budget (a
+  // swapped sequence held at most that much in the pool).
+  uint64_t swap_bytes = 0;
+  // The host copy bandwidth a swap costs, in bytes per second, until swaps
+  // measure it; 0: measured at Create (MeasureCopyBandwidth) (>= 0).
+  double copy_bytes_per_second = 0;
 };
 
 // What a request lets the prefix cache and the tiers do with its KV.
 enum class CacheMode {
   kDefault,  // read and write: start from cached prefixes, leave its blocks for others
   kNone,     // neither: computed from scratch, its KV released at the end
-  kPin,      // kept in RAM until unpinned (not built: refused at Submit)
+  // As default, and the prompt's full blocks are pinned in the host-RAM
+  // tier (kv/tier/ram_tier.h) until a request of the same tenant and prompt
+  // unpins them or the tier's budget needs them back. Refused without a
+  // host-RAM tier, with a session, or when the blocks exceed its budget.
+  kPin,
+  kUnpin,  // as default, and the prompt's full blocks are unpinned (the tenant's own only)
 };
-// "default", "none" or "pin" (the APIs' "cache" field); InvalidArgument
-// naming the choices for anything else.
+// "default", "none", "pin" or "unpin" (the APIs' "cache" field);
+// InvalidArgument naming the choices for anything else.
 Result<CacheMode> ParseCacheMode(std::string_view text);
 
 struct GenerationRequest {
@@ -239,7 +256,7 @@ enum class RequestPart {
   kSampling,
   kSamples,    // n
   kSession,    // resume_session / continue_session
-  kCache,      // cache (pin is not built)
+  kCache,      // cache (pin without a host-RAM tier, with a session, or larger than the tier)
   kChunks,     // chunks: reuse off or impossible for the spec, too many, with a session, bad repair
 };
 
@@ -345,6 +362,12 @@ struct SchedulerStats {
   // Tokens of preempted requests loaded back from a tier at readmission
   // (swap-in) instead of recomputed.
   uint64_t swapped_in_tokens = 0;
+  // Preemptions by kind (preemptions = their sum): pages swapped to host RAM
+  // and back, or sequences released and recomputed.
+  uint64_t preempt_swaps = 0;
+  uint64_t preempt_recomputes = 0;
+  uint64_t swapped_bytes = 0;             // host RAM held by swapped-out sequences now
+  double copy_bytes_per_second = 0;       // the swap cost's bandwidth (measured)
   // Work.
   uint64_t steps = 0;
   uint64_t prompt_tokens_computed = 0;  // prefill rows run (cache hits excluded)
@@ -474,6 +497,7 @@ class Scheduler {
   // continue_session resolved against the sessions kept (under mu_); the
   // checks of a resumed session (at Submit and again at admission).
   Status CheckRequest(const GenerationRequest& r, RequestPart* part) const;
+  Status CheckPin(const GenerationRequest& r) const;
   Status ResolveSession(GenerationRequest& r, RequestPart* part) const;
   Status CheckResume(const GenerationRequest& r, const SessionSummary& s, RequestPart* part) const;
   Status CheckPoolHolds(const std::string& what, int64_t tokens) const;
@@ -532,6 +556,15 @@ class Scheduler {
   bool MakeRoom(uint64_t bytes, Request** preempted);
   Request* Youngest();
   void Preempt(Request* r);
+  // Swap preemption (scheduler_swap.cc): moves `r`'s sequences to host RAM
+  // when the preemption mode and the cost say so and they can be exported;
+  // false (nothing changed) to recompute instead.
+  bool SwapOut(Request& r);
+  // A swapped-out sample's sequence back in the pool, sharing its leading
+  // pages with `anchor` (the request's first sample swapped in) as it did
+  // before (ResourceExhausted: no room yet; the image is kept).
+  Result<kv::SeqId> SwapIn(Sample& s, kv::SeqId anchor);
+  uint64_t SwappedBytes() const;
   void FinishSample(Request& r, Sample& s, FinishReason reason, Status status);
   void FailRequest(Request& r, FinishReason reason, Status status);
   void CancelId(RequestId id);
@@ -554,6 +587,7 @@ class Scheduler {
   bool compress_once_ = false;  // the spec has policies that compress once
   std::shared_ptr<kv::tier::TierStore> tiers_;  // null without tiers (or without the prefix cache)
   double prefill_seconds_per_token_ = 0;         // measured (moving average), for abandoning slow loads
+  double copy_bytes_per_second_ = 0;             // measured (moving average over swaps), for the swap cost
   bool CompressesAtBase(const Request& r) const;
   std::unique_ptr<ChunkAssembler> chunker_;  // null: chunk reuse off (chunker_status_ says why)
   Status chunker_status_;

@@ -1,5 +1,5 @@
 // Admission (FIFO by priority, KV budget, in-flight prefix sharing) and
-// recompute preemption.
+// preemption (by recompute here, by swap in scheduler_swap.cc).
 #include <algorithm>
 #include <string>
 
@@ -173,7 +173,9 @@ Status Scheduler::TryAdmit(Request& r, uint64_t* available, bool* admitted) {
     const std::vector<int32_t> full = r.Full(s);
     Plan p{&s, {}, false, -1};
     const int n = static_cast<int>(full.size());
-    if (session != nullptr && s.index == 0) {
+    if (s.swapped) {  // its whole sequence comes back from host RAM
+      p.match.tokens = static_cast<int>(s.swapped->image.tokens.size());
+    } else if (session != nullptr && s.index == 0) {
       p.from_session = true;
       p.match.tokens = m.length(session->seq);
     } else if (Caches(r)) {
@@ -188,14 +190,16 @@ Status Scheduler::TryAdmit(Request& r, uint64_t* available, bool* admitted) {
       }
     }
     if (s.index == 0) cached = p.match.tokens;
-    need += KvBytesFor(n + 1) - KvBytesFor(p.match.tokens);
+    need += KvBytesFor(n + 1) - KvBytesFor(s.swapped ? s.swapped->shared_tokens : p.match.tokens);
     plans.push_back(p);
   }
   if (need > *available) return Status::Ok();
   // Give each sample its sequence.
+  kv::SeqId swap_anchor = -1;  // the first sample swapped in: the others share its prompt's pages
   for (size_t i = 0; i < plans.size(); ++i) {
     Plan& p = plans[i];
-    Result<kv::SeqId> seq = p.from_session         ? m.ForkPrefix(session->seq, p.match.tokens)
+    Result<kv::SeqId> seq = p.s->swapped         ? SwapIn(*p.s, swap_anchor)
+                            : p.from_session     ? m.ForkPrefix(session->seq, p.match.tokens)
                             : p.compressed >= 0  ? m.ForkPrefix(p.compressed, p.match.tokens)
                             : p.match.blocks > 0 ? cache_->ForkMatch(p.match)
                                                  : Result<kv::SeqId>(m.AddSequence(r.req.tenant_salt));
@@ -211,12 +215,13 @@ Status Scheduler::TryAdmit(Request& r, uint64_t* available, bool* admitted) {
       return seq.status();
     }
     Sample& s = *p.s;
+    if (s.swapped && swap_anchor < 0) swap_anchor = *seq;
     s.session = engine_.AdoptSequence(*seq);
     s.locked = !p.from_session && p.match.blocks > 0 ? p.match.deepest : kv::RadixCache::kNoNode;
     s.published_blocks = p.from_session ? 0 : p.match.blocks;
     const std::vector<int32_t> full = r.Full(s);
     s.pending.assign(full.begin() + p.match.tokens, full.end());
-    if (Caches(r) && !p.from_session) {
+    if (Caches(r) && !p.from_session && !s.swapped) {
       work_.prefix_lookups++;
       work_.prefix_lookup_tokens += full.size();
       if (p.compressed >= 0) {
@@ -229,6 +234,7 @@ Status Scheduler::TryAdmit(Request& r, uint64_t* available, bool* admitted) {
   }
   *available -= need;
   *admitted = true;
+  for (Sample& s : r.samples) s.swapped.reset();  // back in the pool: the host copies go
   if (!r.started) {
     r.started = true;
     r.timing.queue_seconds = Now() - r.submit_time;
@@ -274,22 +280,28 @@ std::unique_ptr<Scheduler::Request> Scheduler::TakeRunning(Request* r) {
   return nullptr;
 }
 
-// Recompute preemption: the request's computed blocks go to the prefix cache
-// (so readmission usually recomputes only the last partial page), its
-// sequences are released, and it waits at the head of the queue (by id).
+// Preemption: by swap when SwapOut takes the request (its pages to host
+// RAM), else by recompute: the request's computed blocks go to the prefix
+// cache (so readmission recomputes only what the cache gave up meanwhile)
+// and the tiers, and its sequences are released. Either way it waits at the
+// head of the queue (by id).
 void Scheduler::Preempt(Request* r) {
+  const bool swapped = SwapOut(*r);
   for (Sample& s : r->samples) {
     if (s.session == nullptr) continue;
     if (s.locked != kv::RadixCache::kNoNode) cache_->Unlock(s.locked);
     s.locked = kv::RadixCache::kNoNode;
-    WriteThrough(*r, s.session->id());
-    if (Caches(*r)) CacheSequence(s.session->Detach());
-    s.session.reset();
+    if (!swapped) {
+      WriteThrough(*r, s.session->id());
+      if (Caches(*r)) CacheSequence(s.session->Detach());
+    }
+    s.session.reset();  // (a swapped sequence is released: its pages are in host RAM)
     s.pending.clear();
   }
   r->timing.preemptions++;
-  r->tiers_asked = false;  // readmission looks up what the preemption wrote (swap-in)
+  r->tiers_asked = false;  // a recomputed request looks up what its preemption wrote (swap-in through the tiers)
   work_.preemptions++;
+  (swapped ? work_.preempt_swaps : work_.preempt_recomputes)++;
   Enqueue(TakeRunning(r));
 }
 

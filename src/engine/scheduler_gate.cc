@@ -59,15 +59,35 @@ Result<CacheMode> ParseCacheMode(std::string_view text) {
   if (text == "default") return CacheMode::kDefault;
   if (text == "none") return CacheMode::kNone;
   if (text == "pin") return CacheMode::kPin;
-  return InvalidArgument("\"cache\" must be \"default\" (read and write cached KV), \"none\" (neither) or \"pin\"");
+  if (text == "unpin") return CacheMode::kUnpin;
+  return InvalidArgument("\"cache\" must be \"default\" (read and write cached KV), \"none\" (neither), \"pin\" "
+                         "(keep the prompt's blocks in the host-RAM tier) or \"unpin\"");
+}
+
+// A pin holds the prompt's full blocks in the host-RAM tier: there must be
+// one, large enough, and a prompt that is the whole text (no session).
+Status Scheduler::CheckPin(const GenerationRequest& r) const {
+  const uint64_t capacity = tiers_ ? tiers_->pin_capacity() : 0;
+  if (capacity == 0) {
+    return InvalidArgument("\"cache\": \"pin\" and \"unpin\" keep blocks in the host-RAM KV tier, and there is "
+                           "none: start with --cache-ram-bytes SIZE");
+  }
+  if (!r.resume_session.empty() || !r.continue_session.empty()) {
+    return InvalidArgument("\"cache\": \"pin\" and \"unpin\" take a prompt without a session");
+  }
+  const int64_t B = tiers_->block_tokens(), blocks = static_cast<int64_t>(r.prompt.size()) / B;
+  const uint64_t need = KvBytesFor(blocks * B);  // the blocks' pages (a block adds its header and tokens)
+  if (r.cache == CacheMode::kPin && need > capacity) {
+    return InvalidArgument("the pin needs " + std::to_string(blocks) + " blocks (" + std::to_string(need) +
+                           " bytes) in the host-RAM tier, which holds " + std::to_string(capacity) +
+                           " bytes: raise --cache-ram-bytes or pin a shorter prompt");
+  }
+  return Status::Ok();
 }
 
 Status Scheduler::CheckRequest(const GenerationRequest& r, RequestPart* part) const {
   *part = RequestPart::kCache;
-  if (r.cache == CacheMode::kPin) {
-    return InvalidArgument("\"cache\": \"pin\" is not supported yet: use \"default\" (read and write cached KV) or "
-                           "\"none\" (neither)");
-  }
+  if (r.cache == CacheMode::kPin || r.cache == CacheMode::kUnpin) KVX_RETURN_IF_ERROR(CheckPin(r));
   *part = RequestPart::kPrompt;
   if (r.prompt.empty() && r.resume_session.empty() && r.continue_session.empty()) {
     return InvalidArgument("the prompt is empty: give at least one token (or continue a session)");

@@ -23,6 +23,17 @@ namespace kvx::engine {
 // generated; the KV holds all of it but `pending` (its suffix not fed yet:
 // the prompt's rest during prefill, the last sampled token when decoding,
 // everything after a preemption).
+// A swapped-out sequence (scheduler_swap.cc): everything it held, its pages
+// copied to host RAM.
+struct SwappedSequence {
+  kv::KVManager::SequenceImage image;         // page spans point into `storage`
+  std::vector<std::vector<uint8_t>> storage;  // the pages
+  uint64_t bytes = 0;
+  // Leading tokens whose pages it shared with the request's first swapped
+  // sample (samples fork its prompt): not copied, shared again at swap-in.
+  int shared_tokens = 0;
+};
+
 struct Scheduler::Sample {
   int index = 0;
   std::unique_ptr<Session> session;  // null: not running
@@ -39,6 +50,8 @@ struct Scheduler::Sample {
   // In-flight prefix sharing: full blocks of its KV known to be in the
   // prefix cache (its path locked by `locked` while it runs).
   int published_blocks = 0;
+  // Preempted by swap: its sequence, until readmission imports it.
+  std::unique_ptr<SwappedSequence> swapped;
 };
 
 struct Scheduler::Request {

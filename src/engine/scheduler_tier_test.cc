@@ -149,17 +149,110 @@ TEST(SchedulerTierTest, ARestartOnTheSameDirectoryHitsTheDisk) {
   EXPECT_EQ(store->counters().blocks_written, written);
 }
 
-TEST(SchedulerTierTest, PinIsRefusedWithAClearError) {
+// A store over one host-RAM tier of `bytes` (its lines go to `log`).
+std::shared_ptr<TierStore> RamStore(const Engine& engine, uint64_t bytes, kv::tier::TierLog log = [](const std::string&) {}) {
+  std::vector<std::unique_ptr<kv::tier::Tier>> t;
+  t.push_back(kv::tier::RamTier::Open(bytes, std::move(log)).value());
+  return Store(engine, std::move(t));
+}
+
+// The bytes of one stored block of this test's prompts (measured).
+uint64_t BlockBytes(Engine& engine) {
+  auto store = RamStore(engine, 1ull << 30);
+  RunOne(engine, store, FixedLengthRequest(kPrompt, 2, 1));
+  const kv::tier::TierStats st = store->Metrics()[0].stats;
+  return st.blocks > 0 ? st.bytes / st.blocks : 0;
+}
+
+GenerationRequest CacheRequest(const std::vector<int32_t>& prompt, CacheMode mode, uint64_t tenant) {
+  GenerationRequest r = FixedLengthRequest(prompt, 2, 1);
+  r.cache = mode;
+  r.tenant_salt = tenant;
+  return r;
+}
+
+Status SubmitError(Engine& engine, std::shared_ptr<TierStore> store, const GenerationRequest& r, RequestPart* part) {
+  SchedulerOptions o;
+  o.tiers = std::move(store);
+  o.prefill_tokens_per_second = 1000;
+  auto sched = Scheduler::Create(engine, o);
+  EXPECT_TRUE(sched.ok());
+  return (*sched)->Submit(r, [](const RequestEvent&) {}, part).status();
+}
+
+// A pin needs a host-RAM tier that can hold its prompt's blocks, and no
+// session: each refusal names the fix.
+TEST(SchedulerTierTest, APinTheRamTierCannotHoldIsAClearError) {
   auto engine = MakeEngine(kSpec, 512);
-  auto sched = Scheduler::Create(*engine, {});
-  GenerationRequest r = FixedLengthRequest(Tokens(10, 1), 2, 1);
-  r.cache = CacheMode::kPin;
   RequestPart part = RequestPart::kNone;
-  auto id = (*sched)->Submit(r, [](const RequestEvent&) {}, &part);
-  ASSERT_FALSE(id.ok());
+  Status st = SubmitError(*engine, nullptr, CacheRequest(kPrompt, CacheMode::kPin, 1), &part);
   EXPECT_EQ(part, RequestPart::kCache);
-  EXPECT_NE(id.status().message().find("not supported yet"), std::string::npos);
+  EXPECT_NE(st.message().find("start with --cache-ram-bytes"), std::string::npos) << st.ToString();
+  st = SubmitError(*engine, RamStore(*engine, 3 * BlockBytes(*engine)), CacheRequest(kPrompt, CacheMode::kPin, 1), &part);
+  EXPECT_EQ(part, RequestPart::kCache);
+  EXPECT_NE(st.message().find("the pin needs 4 blocks"), std::string::npos) << st.ToString();
+  EXPECT_NE(st.message().find("raise --cache-ram-bytes"), std::string::npos) << st.ToString();
+  EXPECT_EQ(ParseCacheMode("unpin").value(), CacheMode::kUnpin);
   EXPECT_FALSE(ParseCacheMode("sometimes").ok());
+}
+
+// Tenant 1 pins a prompt's 4 blocks in a host-RAM tier of about 6.5 blocks;
+// tenant 2's "unpin" of the same prompt touches only its own keys; a flood
+// of other prompts evicts everything else, the pinned blocks stay (a new
+// scheduler is served them from RAM). Once tenant 1 unpins, a flood evicts
+// them too. Two pins larger together than the tier: the budget wins, pins
+// given back with a logged line.
+TEST(SchedulerTierTest, APinnedPromptStaysInTheRamTierUntilItsTenantUnpins) {
+  auto engine = MakeEngine(kSpec, 512);
+  const uint64_t block = BlockBytes(*engine);
+  ASSERT_GT(block, 0u);
+  std::vector<std::string> lines;
+  auto store = RamStore(*engine, block * 13 / 2, [&](const std::string& line) { lines.push_back(line); });
+  auto flood = [&](uint64_t tenant) {
+    for (int i = 0; i < 3; ++i) RunOne(*engine, store, CacheRequest(Tokens(150, 40 + i), CacheMode::kDefault, tenant));
+  };
+  auto from_ram = [&] { return FromTier(RunOne(*engine, store, CacheRequest(kPrompt, CacheMode::kDefault, 1)), "ram"); };
+  RunOne(*engine, store, CacheRequest(kPrompt, CacheMode::kPin, 1));
+  EXPECT_EQ(store->Metrics()[0].stats.pinned, 4u);
+  RunOne(*engine, store, CacheRequest(kPrompt, CacheMode::kUnpin, 2));  // another tenant's unpin: not these blocks
+  flood(1);
+  flood(2);
+  EXPECT_EQ(store->Metrics()[0].stats.pinned, 4u);
+  EXPECT_EQ(from_ram(), 4 * kBlock);
+  RunOne(*engine, store, CacheRequest(kPrompt, CacheMode::kUnpin, 1));
+  EXPECT_EQ(store->Metrics()[0].stats.pinned, 0u);
+  flood(1);
+  EXPECT_EQ(from_ram(), 0);
+  EXPECT_TRUE(lines.empty());
+  // Two pins of 4 blocks in 6.5 blocks: the second takes its room back.
+  RunOne(*engine, store, CacheRequest(kPrompt, CacheMode::kPin, 1));
+  RunOne(*engine, store, CacheRequest(kPrompt, CacheMode::kPin, 2));
+  EXPECT_GT(store->Metrics()[0].stats.pins_broken, 0u);
+  ASSERT_FALSE(lines.empty());
+  EXPECT_NE(lines[0].find("hold only pinned blocks: gave back"), std::string::npos) << lines[0];
+}
+
+// The store's record of written keys follows the tiers: blocks the RAM tier
+// evicted are written again by the next snapshot of their sequence.
+TEST(SchedulerTierTest, EvictedBlocksAreWrittenAgain) {
+  auto engine = MakeEngine(kSpec, 512);
+  const uint64_t block = BlockBytes(*engine);
+  auto store = RamStore(*engine, block * 5 / 2);
+  auto session = engine->NewSession();
+  ASSERT_TRUE(session.ok());
+  ASSERT_TRUE((*session)->Feed(kPrompt).ok());
+  const kv::KVManager& m = engine->kv_manager();
+  auto first = store->Snapshot(m, (*session)->id());
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->blocks, (std::vector<int>{0, 1, 2, 3}));
+  store->Write(std::move(*first));
+  store->Flush();
+  const auto keys = kv::tier::BlockKeys(store->space(), m.salt((*session)->id()), kPrompt);
+  EXPECT_FALSE(store->Known(keys[0]));  // evicted for blocks 2 and 3
+  EXPECT_TRUE(store->Known(keys[3]));
+  auto again = store->Snapshot(m, (*session)->id());
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(again->blocks, (std::vector<int>{0, 1}));
 }
 
 // Two "servers" (engines) on one Redis: what one computed is a hit for the
@@ -369,10 +462,11 @@ TEST(SchedulerTierTest, WriteBackWritesWhatTheCacheEvictsAndHoldsAtShutdown) {
   EXPECT_EQ(hit.finish.at(0).tokens, alone);
 }
 
-// Swap preemption through the tiers: a preempted request's blocks are written
-// (write-through at preemption) and loaded back at readmission when the
-// prefix cache gave them up, instead of recomputed; every request gives what
-// it gives alone.
+// Swap-in through the tiers: a request preempted by recompute has its blocks
+// written (write-through at preemption) and loaded back at readmission when
+// the prefix cache gave them up, instead of recomputed; every request gives
+// what it gives alone. (Swap preemption proper, pages to host RAM and back:
+// scheduler_swap_test.cc.)
 TEST(SchedulerTierTest, APreemptedRequestIsSwappedBackInFromTheRamTier) {
   std::vector<Job> jobs;
   for (int i = 0; i < 6; ++i) jobs.push_back({Tokens(40 + 6 * i, 20 + i), 24, static_cast<uint64_t>(i)});
@@ -386,6 +480,7 @@ TEST(SchedulerTierTest, APreemptedRequestIsSwappedBackInFromTheRamTier) {
     so.max_step_tokens = 32;
     so.max_running = 8;
     so.prefill_tokens_per_second = 1000;
+    so.preempt = PreemptMode::kRecompute;
     auto engine = MakeEngine("codec=f16,page=16,budget=40000", 256, 1);
     std::vector<std::unique_ptr<kv::tier::Tier>> tiers;
     tiers.push_back(kv::tier::RamTier::Open(64 << 20).value());

@@ -23,7 +23,9 @@ std::vector<int32_t> Scheduler::LookupTokens(const Request& r) const {
 
 bool Scheduler::WaitsForTiers(Request& r) {
   if (!tiers_ || !Caches(r) || !r.req.resume_session.empty()) return false;
-  if (r.started && r.req.n != 1) return false;  // a preempted request with samples recomputes
+  // A request preempted by recompute looks its sequence up again (n = 1;
+  // with samples it recomputes); one preempted by swap has it in host RAM.
+  if (r.started && (r.req.n != 1 || r.samples[0].swapped)) return false;
   if (r.tier_load) {
     if (!r.tier_load->done()) return true;
     ImportTierLoad(r);

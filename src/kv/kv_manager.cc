@@ -96,9 +96,19 @@ Result<SeqId> KVManager::ForkPrefix(SeqId src_id, int n_tokens) {
   return id;
 }
 
-Result<SeqId> KVManager::ImportSequence(const SequenceImage& image) {
+Result<SeqId> KVManager::ImportSequence(const SequenceImage& image, SharedPrefix prefix) {
   KVX_CHECK(!in_step_);
   const size_t n = image.tokens.size();
+  const Sequence* src = nullptr;
+  if (prefix.tokens > 0) {
+    const int T = spec_.layout.page_tokens;
+    if (!HasSequence(prefix.from)) return InvalidArgument("no sequence " + std::to_string(prefix.from) + " to share");
+    src = &Seq(prefix.from);
+    if (prefix.tokens % T != 0 || prefix.tokens > static_cast<int>(std::min(n, src->tokens.size())) ||
+        src->entries_removed) {
+      return InvalidArgument("a shared prefix must be whole pages that both the sequence and the image hold");
+    }
+  }
   if (image.positions.size() != n) {
     return DataLoss(std::to_string(n) + " tokens but " + std::to_string(image.positions.size()) + " positions");
   }
@@ -108,6 +118,7 @@ Result<SeqId> KVManager::ImportSequence(const SequenceImage& image) {
   }
   for (size_t i = 0; i < n; ++i) {
     if (image.tokens[i] < 0) return DataLoss("token " + std::to_string(i) + " has a negative id");
+    if (static_cast<int>(i) < prefix.tokens) continue;  // the shared sequence's positions
     if (image.positions[i] < 0 || image.positions[i] >= spec_.n_ctx) {
       return InvalidArgument("saved position " + std::to_string(image.positions[i]) + " is outside the context 0.." +
                              std::to_string(spec_.n_ctx - 1) + "; raise the context length (-c)");
@@ -118,10 +129,17 @@ Result<SeqId> KVManager::ImportSequence(const SequenceImage& image) {
   probe.tokens = image.tokens;
   probe.salt = image.salt;
   ExtendHashes(probe);
-  const bool prefix = image.block_hashes.size() <= probe.block_hashes.size() &&
-                      std::equal(image.block_hashes.begin(), image.block_hashes.end(), probe.block_hashes.begin());
-  if (!prefix || (!image.entries_removed && image.block_hashes.size() != probe.block_hashes.size())) {
+  const bool chained = image.block_hashes.size() <= probe.block_hashes.size() &&
+                       std::equal(image.block_hashes.begin(), image.block_hashes.end(), probe.block_hashes.begin());
+  if (!chained || (!image.entries_removed && image.block_hashes.size() != probe.block_hashes.size())) {
     return DataLoss("the block hashes are not those of the saved tokens");
+  }
+  const size_t shared_blocks = static_cast<size_t>(prefix.tokens / spec_.layout.page_tokens);
+  if (src != nullptr && (src->block_hashes.size() < shared_blocks ||
+                         !std::equal(probe.block_hashes.begin(), probe.block_hashes.begin() + shared_blocks,
+                                     src->block_hashes.begin()))) {
+    return InvalidArgument("the shared sequence does not hold the image's first " + std::to_string(prefix.tokens) +
+                           " tokens");
   }
   if (!image.entries_removed) {
     for (size_t i = 0; i < image.tables.size(); ++i) {
@@ -133,7 +151,7 @@ Result<SeqId> KVManager::ImportSequence(const SequenceImage& image) {
     }
   }
   auto kv = std::make_unique<SequenceKV>(pool_.get(), spec_.layout, spec_.spec.codec, spec_.layers);
-  KVX_RETURN_IF_ERROR(kv->Import(image.tables));
+  KVX_RETURN_IF_ERROR(kv->Import(image.tables, src ? src->kv.get() : nullptr, static_cast<int>(shared_blocks)));
   if (!image.entries_removed) {
     for (int l = 0; l < spec_.layout.n_layers; ++l) {
       for (int h = 0; h < spec_.layout.n_kv_heads; ++h) {
@@ -148,6 +166,7 @@ Result<SeqId> KVManager::ImportSequence(const SequenceImage& image) {
   s.kv = std::move(kv);
   s.tokens = image.tokens;
   s.positions = image.positions;
+  if (src != nullptr) std::copy_n(src->positions.begin(), prefix.tokens, s.positions.begin());
   s.block_hashes = image.block_hashes;
   s.salt = image.salt;
   s.entries_removed = image.entries_removed;

@@ -121,7 +121,20 @@ class KVManager {
   // entry per token unless entries were removed, and SequenceKV::Import's
   // checks. DataLoss naming the problem, ResourceExhausted when the pool
   // cannot hold the pages; on error nothing changed. REQUIRES: not in a step.
-  Result<SeqId> ImportSequence(const SequenceImage& image);
+  //
+  // With `prefix` (tokens > 0, a whole number of pages), the new sequence
+  // shares its first `prefix.tokens` tokens' pages and positions with
+  // sequence `prefix.from` (by reference, copied on write, as ForkPrefix)
+  // instead of copying them from the image, whose pages and positions there
+  // are not read: a swapped-in sample over its sibling's prompt, tier blocks
+  // over the prefix the pool holds. InvalidArgument unless `from` holds those
+  // tokens (its block hashes equal the image's) with nothing removed.
+  struct SharedPrefix {
+    SeqId from = -1;
+    int tokens = 0;
+  };
+  Result<SeqId> ImportSequence(const SequenceImage& image, SharedPrefix prefix);
+  Result<SeqId> ImportSequence(const SequenceImage& image) { return ImportSequence(image, SharedPrefix{-1, 0}); }
   // Everything sequence `id` holds, as ImportSequence takes it; the page
   // spans point into the pool (valid until the next step, compression or
   // release changes a page). Only f16 and packed pages without side data can

@@ -369,6 +369,51 @@ TEST(KVManagerTest, ExportedSequencesImportUnchangedIntoAnotherManager) {
   EXPECT_NE(refused.status().message().find("before compressing"), std::string::npos) << refused.status().ToString();
 }
 
+// An image imported over a shared prefix of another sequence: the prefix's
+// pages are referenced (not read from the image: its spans there are empty),
+// the rest copied, and the result holds what a whole import holds. A
+// sequence that does not hold the image's tokens cannot be the prefix.
+TEST(KVManagerTest, ImportOverASharedPrefixReferencesItsPages) {
+  for (const std::string spec : {"codec=f16,page=16", "codec=kivi4,page=8,residual=8", "codec=int4,page=16"}) {
+    SCOPED_TRACE(spec);
+    auto m = MakeManager(spec);
+    std::mt19937 rng(10);
+    const SeqId a = m->AddSequence(3);
+    ASSERT_TRUE(RunStep(*m, {{a, 45}}, rng).ok());
+    auto image = m->ExportSequence(a);
+    ASSERT_TRUE(image.ok()) << image.status().ToString();
+    KVManager::SequenceImage partial = *image;
+    const int T = m->spec().layout.page_tokens, shared = 32 / T * T;
+    for (auto& t : partial.tables) {
+      for (int p = 0; p < shared / T; ++p) t.pages[p] = {};
+    }
+    auto b = m->ImportSequence(partial, {.from = a, .tokens = shared});
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    ASSERT_TRUE(m->CheckInvariants().ok()) << m->CheckInvariants().ToString();
+    EXPECT_EQ(m->kv(*b).table(1, 1).pages()[0], m->kv(a).table(1, 1).pages()[0]);  // shared
+    EXPECT_EQ(m->pool().RefCount(m->kv(a).table(1, 1).pages()[0]), 2);
+    EXPECT_NE(m->kv(*b).table(1, 1).pages().back(), m->kv(a).table(1, 1).pages().back());  // copied
+    EXPECT_EQ(m->tokens(*b), m->tokens(a));
+    EXPECT_EQ(m->block_hashes(*b), m->block_hashes(a));
+    for (int l = 0; l < kShape.n_layers; ++l) {
+      for (int h = 0; h < kShape.n_kv_heads; ++h) EXPECT_EQ(LiveEntries(m->kv(*b), l, h), LiveEntries(m->kv(a), l, h));
+    }
+    const auto before = LiveEntries(m->kv(a), 0, 1);
+    ASSERT_TRUE(RunStep(*m, {{*b, 9}}, rng).ok());  // writes copy, the original stays
+    EXPECT_EQ(LiveEntries(m->kv(a), 0, 1), before);
+    m->ReleaseSequence(a);
+    ASSERT_TRUE(m->CheckInvariants().ok()) << m->CheckInvariants().ToString();
+    // Other tokens, or a prefix that is not whole pages: refused, nothing changed.
+    const SeqId other = m->AddSequence(3);
+    ASSERT_TRUE(RunStep(*m, {{other, 40}}, rng).ok());
+    const auto wrong = m->ImportSequence(*image, {.from = other, .tokens = shared});
+    EXPECT_EQ(wrong.status().code(), StatusCode::kInvalidArgument) << wrong.status().ToString();
+    const auto ragged = m->ImportSequence(*image, {.from = *b, .tokens = shared + 1});
+    EXPECT_EQ(ragged.status().code(), StatusCode::kInvalidArgument) << ragged.status().ToString();
+    ASSERT_TRUE(m->CheckInvariants().ok()) << m->CheckInvariants().ToString();
+  }
+}
+
 // Random add / step / fork / remove / compact / release with every
 // invariant checked after each operation.
 TEST(KVManagerTest, RandomizedOperationsKeepInvariants) {

@@ -209,8 +209,13 @@ class SequenceKV {
   // the pre-RoPE limit) or dead, and no non-sink page is empty.
   // DataLoss naming the table and the problem; ResourceExhausted when the
   // pool cannot hold the pages. On any error nothing changed.
+  // With `prefix` (a sequence of the same manager), the first
+  // `prefix_pages` pages of every table are `prefix`'s pages, shared (by
+  // reference, copied on write) rather than copied: the image's entries for
+  // them are not read (their spans may be empty). The caller vouches that
+  // they hold the same tokens (KVManager::ImportSequence checks the hashes).
   // REQUIRES: every table empty, no reservation pending.
-  Status Import(const std::vector<TableImage>& tables);
+  Status Import(const std::vector<TableImage>& tables, const SequenceKV* prefix = nullptr, int prefix_pages = 0);
 
   // Bytes of the pages this sequence references (pages shared with other
   // sequences count fully, a page two of its tables list (ShareEntries)

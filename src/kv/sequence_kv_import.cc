@@ -11,7 +11,7 @@
 
 namespace kvx::kv {
 
-Status SequenceKV::Import(const std::vector<TableImage>& tables) {
+Status SequenceKV::Import(const std::vector<TableImage>& tables, const SequenceKV* prefix, int prefix_pages) {
   KVX_CHECK_MSG(ReservedPages() == 0, "tables change only between steps");
   for (const PageTable& t : tables_) KVX_CHECK_MSG(t.empty(), "Import needs an empty sequence");
   const int T = layout_.page_tokens, H = layout_.n_kv_heads;
@@ -20,6 +20,20 @@ Status SequenceKV::Import(const std::vector<TableImage>& tables) {
                     std::to_string(tables_.size()) + " (layers x kv heads)");
   }
   KVX_RETURN_IF_ERROR(EnsureSizeClasses());
+  if (prefix == nullptr) prefix_pages = 0;
+  // Shared pages: the prefix's, as it holds them (its format, its bytes).
+  auto shared = [&](size_t, size_t page) { return static_cast<int>(page) < prefix_pages; };
+  for (size_t i = 0; i < tables.size() && prefix_pages > 0; ++i) {
+    const PageTable& from = prefix->tables_[i];
+    if (from.num_pages() < prefix_pages || from.length() < prefix_pages * T ||
+        tables[i].pages.size() < static_cast<size_t>(prefix_pages)) {
+      return InvalidArgument("the shared prefix of " + std::to_string(prefix_pages) +
+                             " pages is longer than the sequence or the image");
+    }
+    for (int p = 0; p < prefix_pages; ++p) {
+      if (from.live_in_page(p) != T) return InvalidArgument("the shared prefix holds dead entries");
+    }
+  }
 
   // 1. Check every table before allocating anything.
   int32_t max_pos = -1;
@@ -35,6 +49,10 @@ Status SequenceKV::Import(const std::vector<TableImage>& tables) {
     }
     bool staging = false;  // inside the f16 staging run of a sealed layer
     for (size_t p = 0; p < np; ++p) {
+      if (shared(i, p)) {
+        staging = staging || (lc.sealed && static_cast<int>(p) >= lc.sink_pages && prefix->tables_[i].is_full(p));
+        continue;
+      }
       const std::string page = where + " page " + std::to_string(p);
       const bool full = im.full[p] != 0;
       const int slots = std::min(T, im.length - static_cast<int>(p) * T);
@@ -79,6 +97,12 @@ Status SequenceKV::Import(const std::vector<TableImage>& tables) {
     const int l = static_cast<int>(i) / H;
     PageId before = kNoPage;
     for (size_t p = 0; p < tables[i].pages.size(); ++p) {
+      if (shared(i, p)) {
+        const PageId id = prefix->tables_[i].pages()[p];
+        pool_->Ref(id);
+        taken.push_back(id);
+        continue;
+      }
       Result<PageId> id = pool_->AllocateAfter(SizeClass(l, tables[i].full[p] != 0), before);
       if (!id.ok()) {
         for (PageId x : taken) pool_->Unref(x);
@@ -94,6 +118,10 @@ Status SequenceKV::Import(const std::vector<TableImage>& tables) {
     PageTable& t = tables_[i];
     for (size_t p = 0; p < im.pages.size(); ++p) {
       const PageId id = taken[next++];
+      if (shared(i, p)) {
+        t.AddPage(id, prefix->tables_[i].format(p));
+        continue;
+      }
       std::memcpy(pool_->PageData(id), im.pages[p].data(), im.pages[p].size());
       t.AddPage(id, im.full[p] != 0);
     }
@@ -106,6 +134,7 @@ Status SequenceKV::Import(const std::vector<TableImage>& tables) {
       t.SetPageLive(p, live);
     }
   }
+  if (prefix_pages > 0) max_pos = std::max(max_pos, prefix->max_pos_);  // (a bound: the table only grows)
   if (codec_.pre_rope && max_pos >= 0) {
     max_pos_ = max_pos;
     ExtendRopeTable(max_pos_);

@@ -83,6 +83,9 @@ void TierMetrics(const engine::SchedulerStats& s, Out& o) {
       {"kvx_tier_evictions_total", "counter", "Blocks evicted to stay within the tier's budget", &TierStats::evictions},
       {"kvx_tier_errors_total", "counter", "Failed reads/writes, refused writes and corrupted blocks dropped",
        &TierStats::errors},
+      {"kvx_tier_pinned", "gauge", "Blocks pinned (\"cache\": \"pin\"; the host-RAM tier)", &TierStats::pinned},
+      {"kvx_tier_pins_broken_total", "counter", "Pinned blocks evicted because the tier's budget held nothing else",
+       &TierStats::pins_broken},
   };
   for (const Field& f : fields) {
     o.Metric(f.name, f.type, f.help);
@@ -143,8 +146,16 @@ std::string RenderMetrics(const engine::SchedulerStats& s, const HttpCounters& h
   o.Counter("kvx_prompt_tokens_total", "Prompt tokens computed (cache hits excluded)",
             static_cast<double>(s.prompt_tokens_computed));
   o.Counter("kvx_generated_tokens_total", "Tokens generated", static_cast<double>(s.tokens_generated));
-  o.Counter("kvx_preemptions_total", "Requests preempted (recomputed later) when the pool ran out",
+  o.Counter("kvx_preemptions_total", "Requests preempted when the pool ran out (swapped or recomputed)",
             static_cast<double>(s.preemptions));
+  o.Metric("kvx_preempt_total", "counter",
+           "Preemptions by kind: swap (pages to host RAM and back), recompute (sequences released, computed again)");
+  o.Sample("kvx_preempt_total", static_cast<double>(s.preempt_swaps), "kind=\"swap\"");
+  o.Sample("kvx_preempt_total", static_cast<double>(s.preempt_recomputes), "kind=\"recompute\"");
+  o.Gauge("kvx_swapped_bytes", "Host RAM held by sequences swapped out of the pool",
+          static_cast<double>(s.swapped_bytes));
+  o.Gauge("kvx_swap_copy_bytes_per_second", "The host copy bandwidth swap preemption is costed at (measured)",
+          s.copy_bytes_per_second);
   o.Counter("kvx_requests_submitted_total", "Requests submitted", static_cast<double>(s.requests_submitted));
   o.Counter("kvx_requests_finished_total", "Requests finished (any reason)", static_cast<double>(s.requests_finished));
   o.Counter("kvx_requests_cancelled_total", "Requests cancelled (client gone, shutdown)",

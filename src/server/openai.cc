@@ -332,7 +332,7 @@ std::optional<ApiError> ParseCompletionRequest(const std::string& body, bool cha
   if (auto e = GetString(j, "cache", &cache)) return e;
   Result<engine::CacheMode> mode = engine::ParseCacheMode(cache);
   if (!mode.ok()) return Bad("cache", mode.status().message());
-  out->cache = *mode;  // pin: refused by the scheduler's gate (RequestPart::kCache)
+  out->cache = *mode;  // pin / unpin: checked by the scheduler's gate (RequestPart::kCache)
   if (j.contains("parse_special") && !j["parse_special"].is_null()) {
     bool parse = false;
     if (auto e = GetBool(j, "parse_special", &parse)) return e;

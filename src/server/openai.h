@@ -18,7 +18,8 @@
 // ignore_eos (llama-server's name: generate past the end-of-generation
 // tokens, e.g. to fill a session to a length), parse_special (below),
 // cache ("default" | "none": whether the prefix cache and the KV tiers are
-// read and written; "pin" is refused, not built yet).
+// read and written; "pin" | "unpin": as default, and the prompt's blocks
+// pinned in / unpinned from the host-RAM tier, per tenant).
 // presence_penalty, frequency_penalty, logit_bias must be 0/empty
 // (InvalidArgument otherwise), logprobs is refused: not silently ignored.
 //

@@ -120,9 +120,6 @@ Result<std::vector<Item>> ReadItems(const BatchFlags& flags) {
         if (!v.is_string()) return InvalidArgument(where + "\"cache\" must be a string");
         Result<engine::CacheMode> mode = engine::ParseCacheMode(v.get<std::string>());
         if (!mode.ok()) return InvalidArgument(where + mode.status().message());
-        if (*mode == engine::CacheMode::kPin) {
-          return InvalidArgument(where + "\"cache\": \"pin\" is not supported yet: use \"default\" or \"none\"");
-        }
         it.cache = *mode;
       } else if (key == "chunks") {
         if (!v.is_array()) return InvalidArgument(where + "\"chunks\" must be an array of strings");
@@ -221,7 +218,7 @@ Status Batch(const BatchFlags& flags) {
   std::vector<Outcome> outcomes(items.size());
   so.max_step_tokens = flags.max_step_tokens;
   so.max_running = std::min(flags.runtime.options.n_seqs, flags.max_step_tokens);
-  KVX_ASSIGN_OR_RETURN(so.tiers, OpenTiers(flags.cache, *eng));
+  KVX_RETURN_IF_ERROR(ApplyCacheFlags(flags.cache, *eng, &so));
   KVX_ASSIGN_OR_RETURN(auto sched, engine::Scheduler::Create(*eng, so));
   const auto t0 = std::chrono::steady_clock::now();
 
@@ -327,7 +324,11 @@ Status Batch(const BatchFlags& flags) {
       j["chunk_recomputed_tokens"] = e.timing.chunk_recomputed_tokens;
     }
     j["generated_tokens"] = e.tokens.size();
+    // Submitted -> first token, and its two parts: waiting in the queue
+    // (for room in the pool, a prefix, a tier load) and admitted -> first token.
     j["ttft_ms"] = e.timing.ttft_seconds * 1e3;
+    j["queue_ms"] = e.timing.queue_seconds * 1e3;
+    j["admitted_ttft_ms"] = std::max(0.0, e.timing.ttft_seconds - e.timing.queue_seconds) * 1e3;
     const std::string line = j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
     std::fwrite(line.data(), 1, line.size(), out);
     generated += e.tokens.size();
@@ -345,12 +346,12 @@ Status Batch(const BatchFlags& flags) {
                "batch: %zu requests (%d failed) in %.2f s | %zu groups, %d shared prefixes computed, %d requests "
                "started from theirs | prompt %llu tokens, %llu reused (%.1f%%: %llu from the prefix cache, %llu from "
                "%llu compressed-cache hits), %llu computed | %llu compressions | generated %llu tokens, %.1f tok/s | "
-               "%llu steps, %llu preemptions | KV pool %.2f / %.2f MiB\n",
+               "%llu steps, %llu preemptions (%llu swapped) | KV pool %.2f / %.2f MiB\n",
                items.size(), failed, seconds, groups.size(), warmups, reused, u(prompt_tokens), u(cached),
                prompt_tokens ? 100.0 * cached / prompt_tokens : 0.0, u(st.prefix_hit_tokens),
                u(st.compressed_hit_tokens), u(st.compressed_hits), u(st.prompt_tokens_computed), u(st.compressions),
                u(generated), seconds > 0 ? generated / seconds : 0.0, u(st.steps), u(st.preemptions),
-               st.pool_bytes_used / 1048576.0, st.pool_budget_bytes / 1048576.0);
+               u(st.preempt_swaps), st.pool_bytes_used / 1048576.0, st.pool_budget_bytes / 1048576.0);
   return failed == 0 ? Status::Ok()
                      : ResourceExhausted(std::to_string(failed) + " request(s) failed; see their \"error\" lines");
 }

@@ -90,7 +90,7 @@ Status Serve(ServeFlags flags) {
   flags.engine.options.n_seqs = flags.max_seqs;
   flags.scheduler.max_running = flags.max_seqs;
   KVX_ASSIGN_OR_RETURN(auto engine, LoadEngine(flags.engine));
-  KVX_ASSIGN_OR_RETURN(flags.scheduler.tiers, OpenTiers(flags.cache, *engine));
+  KVX_RETURN_IF_ERROR(ApplyCacheFlags(flags.cache, *engine, &flags.scheduler));
   flags.server.chunk_repair = ApplyChunkFlags(flags.chunks, &flags.scheduler);
   KVX_ASSIGN_OR_RETURN(auto scheduler, engine::Scheduler::Create(*engine, flags.scheduler));
   if (flags.server.model_id.empty()) {

@@ -252,6 +252,22 @@ void AddCacheFlags(CLI::App* cmd, CacheFlags* flags) {
                   "Tokens per KV tier block (a multiple of the KV page size, at most 4096)")
       ->capture_default_str()
       ->check(IntIn(1, kv::tier::kMaxBlockTokens));
+  cmd->add_option("--preempt", flags->preempt,
+                  "How a request is preempted when the KV pool runs out: swap (its pages to host RAM and back), "
+                  "recompute, or auto (the cheaper at the measured copy bandwidth and prefill speed)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "swap", "recompute"}));
+  cmd->add_option("--swap-bytes", flags->swap_bytes,
+                  "Host RAM for sequences swapped out of the pool (0: as much as the pool's budget), e.g. 4G")
+      ->capture_default_str()
+      ->transform(ByteSizeIn());
+}
+
+Status ApplyCacheFlags(const CacheFlags& flags, const engine::Engine& engine, engine::SchedulerOptions* options) {
+  KVX_ASSIGN_OR_RETURN(options->tiers, OpenTiers(flags, engine));
+  KVX_ASSIGN_OR_RETURN(options->preempt, engine::ParsePreemptMode(flags.preempt));
+  KVX_ASSIGN_OR_RETURN(options->swap_bytes, ParseByteSize(flags.swap_bytes));
+  return Status::Ok();
 }
 
 Result<std::shared_ptr<kv::tier::TierStore>> OpenTiers(const CacheFlags& flags, const engine::Engine& engine) {

@@ -96,8 +96,11 @@ Result<std::unique_ptr<engine::Engine>> LoadEngine(const EngineFlags& flags);
 
 // The KV tier flags of the commands that run a scheduler (serve, batch):
 // --cache-ram-bytes (host-RAM tier), --cache-dir and --cache-dir-bytes
-// (disk tier), --cache-redis (Redis tier), --cache-block (tokens a block).
+// (disk tier), --cache-redis (Redis tier), --cache-block (tokens a block);
+// and how the scheduler preempts: --preempt, --swap-bytes.
 struct CacheFlags {
+  std::string preempt = "auto";     // or "swap", "recompute"
+  std::string swap_bytes = "0";     // host RAM for swapped-out sequences (0: the pool's budget)
   std::string ram_bytes = "0";  // 0: no host-RAM tier
   std::string dir;              // "": no disk tier
   std::string dir_bytes = "10G";
@@ -111,6 +114,8 @@ void AddCacheFlags(CLI::App* cmd, CacheFlags* flags);
 // `engine`'s model and KV spec; null when they ask for no tier.
 // InvalidArgument naming the flag at fault.
 Result<std::shared_ptr<kv::tier::TierStore>> OpenTiers(const CacheFlags& flags, const engine::Engine& engine);
+// The scheduler options the flags set: the tiers (OpenTiers), the preemption.
+Status ApplyCacheFlags(const CacheFlags& flags, const engine::Engine& engine, engine::SchedulerOptions* options);
 
 // Chunk reuse (docs/kv-reuse.md): --chunk-cache-bytes and --chunk-repair
 // (kvx serve, kvx batch).

@@ -82,6 +82,7 @@ void DiskTier::EvictFor(uint64_t incoming) {
     std::error_code ec;
     fs::remove(PathOf(victim), ec);
     Count([](TierStats& s) { ++s.evictions; });
+    Dropped(victim);
   }
   CountSize();
 }

@@ -29,14 +29,35 @@ bool LruIndex::Remove(const BlockKey& key) {
   return true;
 }
 
-std::vector<BlockKey> LruIndex::EvictFor(uint64_t incoming) {
+std::vector<BlockKey> LruIndex::EvictFor(uint64_t incoming, uint64_t* pins_broken) {
   std::vector<BlockKey> out;
-  while (used_ + incoming > max_bytes_ && !lru_.empty()) {
-    const BlockKey victim = lru_.back();  // a copy: Remove erases the list node
+  uint64_t freed = 0;
+  for (const bool pinned_pass : {false, true}) {  // unpinned keys first, least recently used first
+    for (auto it = lru_.rbegin(); it != lru_.rend() && used_ - freed + incoming > max_bytes_; ++it) {
+      if ((pinned_.count(*it) != 0) != pinned_pass) continue;
+      out.push_back(*it);
+      freed += index_.at(*it).bytes;
+    }
+  }
+  for (const BlockKey& victim : out) {
+    if (pinned_.erase(victim) != 0 && pins_broken != nullptr) ++*pins_broken;
     Remove(victim);
-    out.push_back(victim);
   }
   return out;
+}
+
+void LruIndex::Pin(const BlockKey& key, bool on) {
+  if (on) {
+    pinned_.insert(key);
+  } else {
+    pinned_.erase(key);
+  }
+}
+
+size_t LruIndex::pinned() const {
+  size_t n = 0;
+  for (const BlockKey& k : pinned_) n += index_.count(k);
+  return n;
 }
 
 }  // namespace kvx::kv::tier

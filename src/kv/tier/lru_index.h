@@ -10,6 +10,7 @@
 #include <list>
 #include <optional>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "kv/tier/block_key.h"
@@ -30,7 +31,13 @@ class LruIndex {
   bool Remove(const BlockKey& key);
   // The least recently used keys to remove so that `incoming` more bytes fit
   // the budget, removed from the index (the caller drops their values).
-  std::vector<BlockKey> EvictFor(uint64_t incoming);
+  // Pinned keys go only when no unpinned key is left to evict (least
+  // recently used first); their pins go with them (counted in *pins_broken).
+  std::vector<BlockKey> EvictFor(uint64_t incoming, uint64_t* pins_broken = nullptr);
+  // Pins (or unpins) `key`, held now or to come: see EvictFor.
+  void Pin(const BlockKey& key, bool on);
+  // Pinned keys the index holds.
+  size_t pinned() const;
 
   uint64_t used_bytes() const { return used_; }
   uint64_t max_bytes() const { return max_bytes_; }
@@ -44,6 +51,7 @@ class LruIndex {
   const uint64_t max_bytes_;
   std::unordered_map<BlockKey, Entry, BlockKeyHash> index_;
   std::list<BlockKey> lru_;
+  std::unordered_set<BlockKey, BlockKeyHash> pinned_;
   uint64_t used_ = 0;
 };
 

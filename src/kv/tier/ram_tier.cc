@@ -2,12 +2,15 @@
 
 namespace kvx::kv::tier {
 
-Result<std::unique_ptr<RamTier>> RamTier::Open(uint64_t max_bytes) {
+Result<std::unique_ptr<RamTier>> RamTier::Open(uint64_t max_bytes, TierLog log) {
   if (max_bytes == 0) return InvalidArgument("the host-RAM tier's budget must be at least 1 byte (--cache-ram-bytes)");
-  return std::unique_ptr<RamTier>(new RamTier(max_bytes));
+  return std::unique_ptr<RamTier>(new RamTier(max_bytes, std::move(log)));
 }
 
-void RamTier::CountSize() { SetSize(index_.used_bytes(), index_.size()); }
+void RamTier::CountSize() {
+  SetSize(index_.used_bytes(), index_.size());
+  Count([&](TierStats& s) { s.pinned = index_.pinned(); });
+}
 
 Status RamTier::Put(const BlockKey& key, std::string_view bytes) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -17,9 +20,16 @@ Status RamTier::Put(const BlockKey& key, std::string_view bytes) {
                              std::to_string(index_.max_bytes()) + " bytes");
   }
   if (index_.Remove(key)) values_.erase(key);
-  for (const BlockKey& victim : index_.EvictFor(bytes.size())) {
+  uint64_t pins_broken = 0;
+  for (const BlockKey& victim : index_.EvictFor(bytes.size(), &pins_broken)) {
     values_.erase(victim);
     Count([](TierStats& s) { ++s.evictions; });
+    Dropped(victim);
+  }
+  if (pins_broken > 0) {
+    Count([&](TierStats& s) { s.pins_broken += pins_broken; });
+    log_("host-RAM tier: its " + std::to_string(index_.max_bytes()) + " bytes hold only pinned blocks: gave back " +
+         std::to_string(pins_broken) + " pin(s), least recently used first (raise --cache-ram-bytes or unpin)");
   }
   index_.Add(key, bytes.size());
   values_[key] = std::string(bytes);
@@ -38,6 +48,17 @@ std::optional<std::string> RamTier::Get(const BlockKey& key) {
   index_.Touch(key);
   Count([](TierStats& s) { ++s.hits; });
   return it->second;
+}
+
+void RamTier::Pin(const BlockKey& key, bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  index_.Pin(key, on);
+  CountSize();
+}
+
+bool RamTier::Has(const BlockKey& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return values_.count(key) != 0;
 }
 
 void RamTier::Erase(const BlockKey& key) {

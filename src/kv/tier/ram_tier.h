@@ -7,6 +7,11 @@
 // (LruIndex, the disk tier's logic). A value larger than the budget is
 // refused and counted.
 //
+// Pins ("cache": "pin", through TierStore::Pin): a pinned block is evicted
+// only when the budget holds nothing unpinned to evict for a Put; then its
+// pin is given back (counted in pins_broken, one logged line per Put that
+// broke pins) — the budget always wins, and a pin never fails a write.
+//
 // Thread-safety: thread-safe (one mutex).
 #pragma once
 
@@ -23,21 +28,26 @@ namespace kvx::kv::tier {
 class RamTier final : public Tier {
  public:
   // InvalidArgument for a zero budget.
-  static Result<std::unique_ptr<RamTier>> Open(uint64_t max_bytes);
+  static Result<std::unique_ptr<RamTier>> Open(uint64_t max_bytes, TierLog log = StderrTierLog());
 
   std::string name() const override { return "ram"; }
   Status Put(const BlockKey& key, std::string_view bytes) override;
   std::optional<std::string> Get(const BlockKey& key) override;
   void Erase(const BlockKey& key) override;
+  // Pins or unpins `key` (held now or to come).
+  void Pin(const BlockKey& key, bool on);
+  bool Has(const BlockKey& key);
+  uint64_t max_bytes() const { return index_.max_bytes(); }
 
  private:
-  explicit RamTier(uint64_t max_bytes) : index_(max_bytes) {}
+  RamTier(uint64_t max_bytes, TierLog log) : index_(max_bytes), log_(std::move(log)) {}
   // REQUIRES: mu_ held.
   void CountSize();
 
   std::mutex mu_;
   LruIndex index_;
   std::unordered_map<BlockKey, std::string, BlockKeyHash> values_;
+  TierLog log_;
 };
 
 }  // namespace kvx::kv::tier

@@ -11,6 +11,7 @@ TierLog StderrTierLog() {
 void Tier::DropCorrupt(const BlockKey& key) {
   Erase(key);
   Count([](TierStats& s) { ++s.errors; });
+  Dropped(key);
 }
 
 TierStats Tier::stats() const {

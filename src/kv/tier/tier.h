@@ -35,6 +35,8 @@ struct TierStats {
   uint64_t blocks = 0;     // values the tier holds (same caveat)
   uint64_t evictions = 0;  // values removed to stay within the byte budget
   uint64_t errors = 0;     // failed reads/writes, refused writes, corrupted values dropped
+  uint64_t pinned = 0;       // values pinned now (the host-RAM tier: "cache": "pin")
+  uint64_t pins_broken = 0;  // pinned values evicted because nothing unpinned was left to make room
 };
 
 // Where a tier's state-change lines go ("kvx: disk tier ...: stopped writing:
@@ -60,8 +62,18 @@ class Tier {
   // and counted as an error, so it is never read again.
   void DropCorrupt(const BlockKey& key);
   TierStats stats() const;
+  // Called with every key the tier gives up on its own — evicted for its
+  // budget, dropped as corrupt — so that a record of what it holds
+  // (TierStore's known keys) follows it. Set before the tier is used; called
+  // under the tier's lock (must not call the tier). Redis evicts without
+  // telling: its keys are never reported.
+  void SetOnDrop(std::function<void(const BlockKey&)> on_drop) { on_drop_ = std::move(on_drop); }
 
  protected:
+  void Dropped(const BlockKey& key) {
+    if (on_drop_) on_drop_(key);
+  }
+  std::function<void(const BlockKey&)> on_drop_;
   mutable std::mutex stats_mu_;
   TierStats stats_;  // guarded by stats_mu_; implementations update it through Count
   template <class F>

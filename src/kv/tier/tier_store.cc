@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "kv/tier/ram_tier.h"
+
 namespace kvx::kv::tier {
 namespace {
 
@@ -35,6 +37,9 @@ TierStore::TierStore(BlockSpace space, std::vector<std::unique_ptr<Tier>> tiers,
     : space_(std::move(space)), tiers_(std::move(tiers)), options_(options) {
   levels_ = options_.tier_levels;
   levels_.resize(tiers_.size(), options_.encode.level);
+  for (size_t i = 0; i < tiers_.size() && i < 31; ++i) {
+    tiers_[i]->SetOnDrop([this, bit = 1u << i](const BlockKey& key) { Mark(key, 0, bit); });
+  }
   for (const auto& t : tiers_) {
     const std::string name = t->name();
     kinds_.push_back(name.substr(0, name.find(' ')));
@@ -96,6 +101,11 @@ void TierStore::Loop() {
       writes_.pop_front();
       if (job.load) {
         ServeLookup(job.lookup, job.load, lock);
+      } else if (job.pin) {
+        busy_ = true;
+        lock.unlock();
+        RunPin(job.lookup, *job.pin);
+        lock.lock();
       } else {
         busy_ = true;
         lock.unlock();
@@ -178,7 +188,7 @@ void TierStore::RunLookup(const LookupRequest& q, PendingLoad& load) {
       const StorageLevel stored = block->level;
       out.blocks.push_back(std::move(block).value());
       out.tier_of_block.push_back(static_cast<int>(t));
-      Remember(keys[i]);
+      Mark(keys[i], 1u << t, 0);
       uint32_t above = 0;  // the tiers above that serve the block's level get a copy
       for (size_t u = 0; u < t; ++u) above |= AcceptsLevel(level(u), stored) ? 1u << u : 0;
       if (above != 0) {
@@ -217,43 +227,74 @@ void TierStore::RunWrite(WriteJob& job) {
         job.encoded.push_back(std::move(b).value());
         job.put_in.push_back(put_in);
       }
-      if (job.encoded.size() == before) Forget(s.keys[i]);
+      if (job.encoded.size() == before) Mark(s.keys[i], 0, kWriting);  // not storable: forgotten
     }
     job.snapshot.reset();  // the pages' copies go as soon as they are encoded
   }
-  // Consecutive encodings of one key are one block: written when a tier took one.
+  // Consecutive encodings of one key are one block: held by the tiers that took one.
   for (size_t i = 0; i < job.encoded.size();) {
     const BlockKey key = job.encoded[i].key;
-    bool stored = false;
+    uint32_t held = 0;
     for (; i < job.encoded.size() && job.encoded[i].key == key; ++i) {
       for (size_t t = 0; t < tiers_.size(); ++t) {
-        if (job.put_in[i] & (1u << t)) stored = tiers_[t]->Put(key, job.encoded[i].bytes).ok() || stored;
+        if (job.put_in[i] & (1u << t)) held |= tiers_[t]->Put(key, job.encoded[i].bytes).ok() ? 1u << t : 0;
       }
     }
+    Mark(key, held, kWriting);  // no tier has it: forgotten, a later sequence may write it
     std::lock_guard<std::mutex> lock(mu_);
-    if (stored) {
+    if (held != 0) {
       counters_.blocks_written++;
     } else {
       counters_.write_errors++;
     }
-    if (!stored) Forget(key);  // no tier has it: a later sequence may write it
   }
 }
 
-bool TierStore::Remember(const BlockKey& key) {
+void TierStore::RunPin(const LookupRequest& what, bool on) {
+  auto* ram = dynamic_cast<RamTier*>(tiers_[0].get());
+  if (ram == nullptr) return;
+  for (const BlockKey& key : BlockKeys(space_, what.salt, what.tokens)) {
+    ram->Pin(key, on);
+    if (!on || ram->Has(key)) continue;
+    for (size_t t = 1; t < tiers_.size(); ++t) {  // copy it up (it is checked when a lookup reads it)
+      std::optional<std::string> bytes = tiers_[t]->Get(key);
+      if (!bytes) continue;
+      if (ram->Put(key, *bytes).ok()) Mark(key, 1u, 0);
+      break;
+    }
+  }
+}
+
+void TierStore::Pin(uint64_t salt, std::vector<int32_t> tokens, bool on) {
+  WriteJob job;
+  job.pin = on;
+  job.lookup.salt = salt;
+  job.lookup.tokens = std::move(tokens);
+  std::lock_guard<std::mutex> lock(mu_);
+  writes_.push_back(std::move(job));
+  wake_.notify_all();
+}
+
+uint64_t TierStore::pin_capacity() const {
+  const auto* ram = dynamic_cast<const RamTier*>(tiers_[0].get());
+  return ram != nullptr ? ram->max_bytes() : 0;
+}
+
+void TierStore::Mark(const BlockKey& key, uint32_t set, uint32_t clear) {
   std::lock_guard<std::mutex> lock(known_mu_);
-  if (known_.size() >= options_.max_known_keys) known_.clear();
-  return known_.insert(key).second;
+  auto it = known_.find(key);
+  if (it == known_.end()) {
+    if (set == 0) return;
+    if (known_.size() >= options_.max_known_keys) known_.clear();
+    it = known_.emplace(key, 0).first;
+  }
+  it->second = (it->second | set) & ~clear;
+  if (it->second == 0) known_.erase(it);
 }
 
 bool TierStore::Known(const BlockKey& key) const {
   std::lock_guard<std::mutex> lock(known_mu_);
   return known_.count(key) != 0;
-}
-
-void TierStore::Forget(const BlockKey& key) {
-  std::lock_guard<std::mutex> lock(known_mu_);
-  known_.erase(key);
 }
 
 std::optional<BlockSnapshot> TierStore::Snapshot(const KVManager& m, SeqId seq) {
@@ -310,7 +351,7 @@ std::optional<BlockSnapshot> TierStore::Snapshot(const KVManager& m, SeqId seq) 
       }
     }
   }
-  for (const BlockKey& k : s.keys) Remember(k);
+  for (const BlockKey& k : s.keys) Mark(k, kWriting, 0);
   return s;
 }
 
@@ -318,7 +359,7 @@ void TierStore::Write(BlockSnapshot snapshot) {
   std::lock_guard<std::mutex> lock(mu_);
   if (pending_write_bytes_ + snapshot.bytes > options_.max_pending_write_bytes) {
     counters_.writes_dropped += snapshot.blocks.size();
-    for (const BlockKey& k : snapshot.keys) Forget(k);
+    for (const BlockKey& k : snapshot.keys) Mark(k, 0, kWriting);
     return;
   }
   WriteJob job;

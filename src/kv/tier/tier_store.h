@@ -34,7 +34,7 @@
 #include <optional>
 #include <string>
 #include <thread>
-#include <unordered_set>
+#include <unordered_map>
 #include <vector>
 
 #include "kv/kv_manager.h"
@@ -53,8 +53,10 @@ struct TierStoreOptions {
   // Snapshots waiting to be written hold at most this many page bytes; a
   // snapshot beyond is dropped (counted in writes_dropped).
   uint64_t max_pending_write_bytes = 256ull << 20;
-  // Keys remembered as stored (so a block is written once); the set is
-  // cleared when it grows past this many.
+  // Keys remembered as stored, with the tiers that hold each (so a block is
+  // written once): a key leaves when every tier that held it gave it up
+  // (evicted, dropped as corrupt). Redis evicts without telling, so as a
+  // backstop the record is cleared when it grows past this many.
   size_t max_known_keys = 1u << 20;
   // When blocks are written: through (every full, final block of a sequence
   // that finishes or is preempted) or back (when the prefix cache evicts
@@ -159,6 +161,16 @@ class TierStore {
   std::optional<BlockSnapshot> Snapshot(const KVManager& m, SeqId seq);
   // Queues a snapshot for encoding and writing to every tier.
   void Write(BlockSnapshot snapshot);
+  // Pins (on) or unpins the full blocks of `tokens` for tenant `salt` in the
+  // host-RAM tier ("cache": "pin" / "unpin"), on the I/O thread after the
+  // writes queued before it; a pinned block the RAM tier lacks is copied up
+  // from the first lower tier that has it. A key names the tenant, so one
+  // tenant's pins are never another's. No-op without a host-RAM tier.
+  void Pin(uint64_t salt, std::vector<int32_t> tokens, bool on);
+  // The host-RAM tier's byte budget, the most a pin can hold (0: none).
+  uint64_t pin_capacity() const;
+  // Whether some tier is known to hold (or is writing) `key` (tests).
+  bool Known(const BlockKey& key) const;
   // Blocks until every queued lookup and write is done (tests, tools).
   void Flush();
 
@@ -173,6 +185,7 @@ class TierStore {
     uint64_t bytes = 0;
     std::shared_ptr<PendingLoad> load;      // or a lookup behind the writes (`lookup`)
     LookupRequest lookup;
+    std::optional<bool> pin;                // or a pin (true) / unpin of `lookup`'s tokens
   };
   TierStore(BlockSpace space, std::vector<std::unique_ptr<Tier>> tiers, TierStoreOptions options);
   void Loop();
@@ -181,10 +194,11 @@ class TierStore {
   void ServeLookup(const LookupRequest& request, const std::shared_ptr<PendingLoad>& load,
                    std::unique_lock<std::mutex>& lock);
   void RunWrite(WriteJob& job);
-  // Remembers `key` as stored; true when it was not known.
-  bool Remember(const BlockKey& key);
-  bool Known(const BlockKey& key) const;
-  void Forget(const BlockKey& key);
+  void RunPin(const LookupRequest& what, bool on);
+  // The record of which tiers hold a key: bit t for tier t, kWriting while
+  // a write of it is queued; a key with no bit left is forgotten.
+  static constexpr uint32_t kWriting = 1u << 31;
+  void Mark(const BlockKey& key, uint32_t set, uint32_t clear);
   void RecordLoad(size_t tier, double seconds, bool hit);
   StorageLevel level(size_t tier) const { return levels_[tier]; }
 
@@ -205,7 +219,7 @@ class TierStore {
   std::vector<TierMetrics> metrics_;  // stats filled at Metrics()
 
   mutable std::mutex known_mu_;
-  std::unordered_set<BlockKey, BlockKeyHash> known_;
+  std::unordered_map<BlockKey, uint32_t, BlockKeyHash> known_;
 
   std::thread thread_;
 };
