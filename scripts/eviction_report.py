@@ -641,16 +641,21 @@ def svg_pareto(title, pts):
     return "\n".join(out) + "\n"
 
 
-def sweep_cost():
-    """Machine time of the sweep: {kind: (seconds, specs, files)}, the wall time kvx eval reports for each finished
-    spec (baseline included), and the load averages sweep-times.jsonl logged at the end of each run."""
-    out = {}
+def sweep_reports():
+    """(kind, report) of every sweep file that parses: kind "passkey" or "kld"."""
     for path in glob.glob(os.path.join(RESULTS, "passkey_*.json")) + glob.glob(os.path.join(RESULTS, "kld_*.json")):
         try:
             report = json.load(open(path))
         except ValueError:
             continue
-        kind = os.path.basename(path).split("_")[0]
+        yield os.path.basename(path).split("_")[0], report
+
+
+def sweep_cost():
+    """Machine time of the sweep: {kind: (seconds, specs, files)}, the wall time kvx eval reports for each finished
+    spec (baseline included), and the load averages sweep-times.jsonl logged at the end of each run."""
+    out = {}
+    for kind, report in sweep_reports():
         done = [s for s in report.get("results", []) if s.get("done")]
         sec, specs, files = out.get(kind, (0.0, 0, 0))
         out[kind] = (sec + sum(s.get("seconds", 0) for s in done), specs + len(done), files + 1)
@@ -713,12 +718,7 @@ def spec_pace():
     """{kind: median wall seconds of a finished spec (baselines left out)}, from kvx eval's own timings."""
     import statistics
     secs = {}
-    for path in glob.glob(os.path.join(RESULTS, "passkey_*.json")) + glob.glob(os.path.join(RESULTS, "kld_*.json")):
-        try:
-            report = json.load(open(path))
-        except ValueError:
-            continue
-        kind = os.path.basename(path).split("_")[0]
+    for kind, report in sweep_reports():
         secs.setdefault(kind, []).extend(s["seconds"] for s in report.get("results", [])[1:] if s.get("done"))
     return {k: statistics.median(v) for k, v in secs.items() if v}
 
