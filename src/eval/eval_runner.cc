@@ -595,9 +595,12 @@ class Runner {
     const bool values = metric == "values_found";
     std::string so_far;
     const GenItem* current = nullptr;
+    // Stop once more tokens cannot change the score: every value found
+    // (niah*, vt), or the first integer's digits ended (passkey, lines).
+    const bool integer = metric == "first_integer";
     auto stop_when_decided = [&](int32_t, const std::string& piece) {
       so_far += piece;
-      return !ValuesDecided(so_far, current->answers);
+      return integer ? !FirstIntegerDecided(so_far) : !ValuesDecided(so_far, current->answers);
     };
     for (const GenItem& item : plan.items) {
       const double weight = static_cast<double>(item.prompt.size() + item.n_gen);
@@ -632,7 +635,7 @@ class Runner {
       }
       engine::Session& session = *sessions_[r];
       if (status.ok()) {
-        status = engine::Generate(&session, rest, g, values ? engine::TokenCallback(stop_when_decided) : nullptr,
+        status = engine::Generate(&session, rest, g, values || integer ? engine::TokenCallback(stop_when_decided) : nullptr,
                                   &out, &stats);
       }
       if (!status.ok()) {

@@ -72,6 +72,20 @@ TEST(TextScoreTest, FirstInteger) {
   EXPECT_FALSE(FirstInteger("1234567890123456789012").has_value());
 }
 
+TEST(TextScoreTest, FirstIntegerDecidedOnlyWhenItsDigitsEnded) {
+  // Generation stops at a decided answer, so a text cut there must score as
+  // the whole text would.
+  for (const std::string text : {" 12345. Remember", "the key is 7 and 8", "<2416>", "x 9 y"}) {
+    size_t cut = 1;
+    while (!FirstIntegerDecided(text.substr(0, cut))) ++cut;
+    EXPECT_EQ(FirstInteger(text.substr(0, cut)), FirstInteger(text)) << text;
+  }
+  EXPECT_FALSE(FirstIntegerDecided(""));
+  EXPECT_FALSE(FirstIntegerDecided("the key is "));
+  EXPECT_FALSE(FirstIntegerDecided("the key is 123"));  // the next token may add digits
+  EXPECT_TRUE(FirstIntegerDecided("the key is 123."));
+}
+
 TEST(TextScoreTest, Rouge1) {
   const RougeScore same = Rouge1("Eat a sandwich.", "eat a SANDWICH");
   EXPECT_DOUBLE_EQ(same.f1, 1.0);

@@ -23,6 +23,13 @@ std::optional<int64_t> FirstInteger(std::string_view text) {
   return v;
 }
 
+bool FirstIntegerDecided(std::string_view text) {
+  size_t i = 0;
+  while (i < text.size() && !IsDigit(text[i])) ++i;
+  while (i < text.size() && IsDigit(text[i])) ++i;
+  return i < text.size() && i > 0 && IsDigit(text[i - 1]);
+}
+
 std::vector<std::string> Words(std::string_view text) {
   std::vector<std::string> words;
   std::string cur;

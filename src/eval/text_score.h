@@ -34,6 +34,9 @@
 namespace kvx::eval {
 
 std::optional<int64_t> FirstInteger(std::string_view text);
+// Whether more text can no longer change FirstInteger(text): its digit run
+// has ended (a non-digit follows it). Generation stops there.
+bool FirstIntegerDecided(std::string_view text);
 
 // Lowercased words made of ASCII letters and digits; every other byte splits.
 std::vector<std::string> Words(std::string_view text);
