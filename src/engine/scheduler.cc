@@ -8,6 +8,7 @@
 #include "engine/scheduler_request.h"
 #include "engine/session.h"
 #include "kv/sequence_kv.h"
+#include "util/clock.h"
 
 namespace kvx::engine {
 
@@ -72,9 +73,7 @@ Result<std::unique_ptr<Scheduler>> Scheduler::Create(Engine& engine, SchedulerOp
   if (options.max_chunks < 1) return InvalidArgument("max_chunks must be at least 1");
   if (options.max_sessions_total < 0) return InvalidArgument("max_sessions_total must be >= 0");
   if (!options.clock) {
-    options.clock = [] {
-      return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-    };
+    options.clock = util::MonotonicSeconds;
   }
   if (!(options.copy_bytes_per_second >= 0)) return InvalidArgument("copy_bytes_per_second must be >= 0");
   if (options.preempt != PreemptMode::kRecompute && options.copy_bytes_per_second == 0) {

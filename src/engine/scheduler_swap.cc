@@ -10,13 +10,10 @@
 
 #include "engine/scheduler.h"
 #include "engine/scheduler_request.h"
+#include "util/clock.h"
 
 namespace kvx::engine {
 namespace {
-
-double SteadySeconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // The leading pages `image` shares with `anchor` (the same pool pages: a
 // sample forked from its sibling's prompt), whole pages of both only.
@@ -89,7 +86,7 @@ bool Scheduler::SwapOut(Request& r) {
   if (options_.preempt == PreemptMode::kAuto && ChoosePreemption(cost) != PreemptKind::kSwap) return false;
   // Every sample's image first: one that cannot be exported (a codec an
   // image does not carry) leaves the request untouched, to recompute.
-  const double t0 = SteadySeconds();
+  const double t0 = util::MonotonicSeconds();
   std::vector<kv::KVManager::SequenceImage> images;
   for (const Sample& s : r.samples) {
     if (s.session == nullptr) continue;
@@ -106,7 +103,7 @@ bool Scheduler::SwapOut(Request& r) {
     out.push_back(CopyOut(std::move(images[i]), shared[i], page_tokens_));
     bytes += out.back()->bytes;
   }
-  Observe(&copy_bytes_per_second_, bytes, SteadySeconds() - t0);
+  Observe(&copy_bytes_per_second_, bytes, util::MonotonicSeconds() - t0);
   size_t i = 0;
   for (Sample& s : r.samples) {
     if (s.session != nullptr) s.swapped = std::move(out[i++]);
@@ -115,7 +112,7 @@ bool Scheduler::SwapOut(Request& r) {
 }
 
 Result<kv::SeqId> Scheduler::SwapIn(Sample& s, kv::SeqId anchor) {
-  const double t0 = SteadySeconds();
+  const double t0 = util::MonotonicSeconds();
   kv::KVManager& m = engine_.kv_manager();
   const kv::KVManager::SharedPrefix prefix{anchor, s.swapped->shared_tokens};
   Result<kv::SeqId> seq = m.ImportSequence(s.swapped->image, prefix);
@@ -124,7 +121,7 @@ Result<kv::SeqId> Scheduler::SwapIn(Sample& s, kv::SeqId anchor) {
       cache_->Evict(s.swapped->bytes) > 0) {
     seq = m.ImportSequence(s.swapped->image, prefix);
   }
-  if (seq.ok()) Observe(&copy_bytes_per_second_, s.swapped->bytes, SteadySeconds() - t0);
+  if (seq.ok()) Observe(&copy_bytes_per_second_, s.swapped->bytes, util::MonotonicSeconds() - t0);
   return seq;
 }
 

@@ -12,11 +12,10 @@
 #include "eval/stats.h"
 #include "kv/tier/block_format.h"
 #include "model/sampler.h"
+#include "util/clock.h"
 
 namespace kvx::eval {
 namespace {
-
-double Seconds() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 bool Has(const std::vector<Task>& tasks, Task t) { return std::find(tasks.begin(), tasks.end(), t) != tasks.end(); }
 
@@ -177,7 +176,7 @@ std::vector<TextTaskResult> RunTextTasks(const model::Model& model, const EvalOp
         hooks.advance(chunk_len);
         continue;
       }
-      const double t0 = Seconds();
+      const double t0 = util::MonotonicSeconds();
       engine::Session& session = *runs[r].session;
       session.Reset();
       std::optional<StorageTrip> trip;
@@ -213,7 +212,7 @@ std::vector<TextTaskResult> RunTextTasks(const model::Model& model, const EvalOp
         }
       }
       session.Reset();
-      s.seconds += Seconds() - t0;
+      s.seconds += util::MonotonicSeconds() - t0;
       hooks.advance(chunk_len);
     }
   }

@@ -19,12 +19,11 @@
 #include "kv/tier/storage_codec.h"
 #include "model/sampler.h"
 #include "util/mmap_file.h"
+#include "util/clock.h"
 
 namespace kvx::eval {
 
 namespace {
-
-double Seconds() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 std::string UtcNow() {
   const std::time_t t = std::time(nullptr);
@@ -65,7 +64,7 @@ class Runner {
     if (Has(opt_.tasks, Task::kPpl) || Has(opt_.tasks, Task::kKld)) RunTextTasks();
     for (size_t r = 0; r < rts_.size(); ++r) {
       SpecResult& res = report_.specs[r];
-      const double t0 = Seconds();
+      const double t0 = util::MonotonicSeconds();
       if (Has(opt_.tasks, Task::kCopy)) {
         SetLabel(r, "copy");
         res.copy = RunCopy(r);
@@ -91,7 +90,7 @@ class Runner {
         *res.Retrieval(task) = RunRetrieval(r, plan, "values_found");
         Update(r);
       }
-      res.seconds += Seconds() - t0;
+      res.seconds += util::MonotonicSeconds() - t0;
       res.done = true;
       sessions_[r].reset();  // its pages go back to the pool
       Notify();
@@ -488,7 +487,7 @@ class Runner {
     CopyResult res;
     res.span = opt_.copy_span;
     res.skip = opt_.copy_skip;
-    const double t0 = Seconds();
+    const double t0 = util::MonotonicSeconds();
     const model::Tokenizer& tok = model_.tokenizer();
     const bool bos = tok.add_bos() && tok.bos() >= 0;
     const int n_vocab = model_.config().n_vocab;
@@ -535,7 +534,7 @@ class Runner {
       out.first_accuracy = n ? static_cast<double>(fh) / n : 0.0;
       res.sources.push_back(std::move(out));
     }
-    res.seconds = Seconds() - t0;
+    res.seconds = util::MonotonicSeconds() - t0;
     return res;
   }
 
@@ -576,7 +575,7 @@ class Runner {
   RetrievalResult RunRetrieval(size_t r, const ProbePlan& plan, const std::string& metric) {
     RetrievalResult res;
     res.metric = metric;
-    const double t0 = Seconds();
+    const double t0 = util::MonotonicSeconds();
     for (const GridCell& c : plan.cells) {
       CellResult cr;
       cr.cell = c;
@@ -674,7 +673,7 @@ class Runner {
       res.prompts.push_back({static_cast<int>(&item - plan.items.data()), item.cell, hit, score});
       Advance(weight);
     }
-    res.seconds = Seconds() - t0;
+    res.seconds = util::MonotonicSeconds() - t0;
     return res;
   }
 

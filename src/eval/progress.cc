@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include "util/clock.h"
 
 namespace kvx::eval {
 
@@ -69,7 +70,7 @@ ProgressBar::~ProgressBar() { Finish(); }
 
 double ProgressBar::Now() const {
   if (options_.clock) return options_.clock();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  return util::MonotonicSeconds();
 }
 
 void ProgressBar::SetTotal(int64_t items, double weight) {

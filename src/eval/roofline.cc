@@ -16,6 +16,7 @@
 #if defined(__x86_64__) || defined(__i386__)
 #define KVX_ROOFLINE_X86 1
 #include <immintrin.h>
+#include "util/clock.h"
 #else
 #define KVX_ROOFLINE_X86 0
 #endif
@@ -33,10 +34,6 @@ namespace {
 #define KVX_AVX_VNNI "avx2,avxvnni"
 #define KVX_PROBE(features) __attribute__((target(features)))
 [[maybe_unused]] bool Runs(const char* features) { return util::MissingCpuFeatures(features).empty(); }
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 struct AlignedFree {
   void operator()(float* p) const { std::free(p); }
@@ -154,9 +151,9 @@ float SumRange(const float* x, size_t b, size_t e) {
 // One pass of every thread summing its share of x[0, n): GB/s read.
 double ReadPassGbps(ThreadPool* pool, const float* x, size_t n, float* sink) {
   std::vector<float> sums(pool->size(), 0);
-  const double t0 = Now();
+  const double t0 = util::MonotonicSeconds();
   pool->ParallelFor(n, [&](size_t lo, size_t hi, int t) { sums[t] += SumRange(x, lo, hi); });
-  const double secs = Now() - t0;
+  const double secs = util::MonotonicSeconds() - t0;
   for (float v : sums) *sink += v;
   return n * sizeof(float) / secs / 1e9;
 }
@@ -182,11 +179,11 @@ BandwidthResult MeasureBandwidth(ThreadPool* pool, size_t bytes, int passes) {
   for (int p = 0; p < passes; ++p) {
     r.read_gbps = std::max(r.read_gbps, ReadPassGbps(pool, b.get(), n, &sink));
     const float s = 0.5f + sink * 0.0f;
-    const double t1 = Now();
+    const double t1 = util::MonotonicSeconds();
     pool->ParallelFor(n, [&](size_t lo, size_t hi, int) {
       TriadRange(a.get(), b.get(), c.get(), s, lo, hi);
     });
-    const double t2 = Now();
+    const double t2 = util::MonotonicSeconds();
     r.triad_gbps = std::max(r.triad_gbps, 3.0 * bytes / (t2 - t1) / 1e9);
   }
   volatile float keep = a[n / 2] + sink;
@@ -219,11 +216,11 @@ double BestRate(ThreadPool* pool, R (*fn)(long), long iters, double ops_per_call
   std::vector<R> sink(threads);
   double best = 0;
   for (int rep = 0; rep < 3; ++rep) {
-    const double t0 = Now();
+    const double t0 = util::MonotonicSeconds();
     pool->ParallelFor(threads, [&](size_t lo, size_t hi, int) {
       for (size_t t = lo; t < hi; ++t) sink[t] = fn(iters);
     });
-    const double secs = Now() - t0;
+    const double secs = util::MonotonicSeconds() - t0;
     best = std::max(best, ops_per_call * threads / secs);
   }
   volatile R keep = sink[0];
@@ -492,7 +489,7 @@ double MeasureDiskWriteGbps(const std::string& dir, size_t bytes) {
   const int fd = ::mkstemp(path.data());
   if (fd < 0) return 0;
   std::vector<char> block(size_t{1} << 20, 1);
-  const double t0 = Now();
+  const double t0 = util::MonotonicSeconds();
   size_t written = 0;
   while (written < bytes) {
     const ssize_t n = ::write(fd, block.data(), block.size());
@@ -500,7 +497,7 @@ double MeasureDiskWriteGbps(const std::string& dir, size_t bytes) {
     written += static_cast<size_t>(n);
   }
   ::fsync(fd);
-  const double secs = Now() - t0;
+  const double secs = util::MonotonicSeconds() - t0;
   ::close(fd);
   ::unlink(path.c_str());
   return written == 0 ? 0 : written / secs / 1e9;

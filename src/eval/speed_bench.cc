@@ -13,14 +13,11 @@
 #include "kv/sequence_kv.h"
 #include "model/sampler.h"
 #include "ops/simd_target.h"
+#include "util/clock.h"
 
 namespace kvx::eval {
 
 namespace {
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 double Median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -57,12 +54,12 @@ Status FillDepth(engine::Engine* rt, engine::Session* session, int depth, uint64
 // setup between timed steps (fills, session creation) is not counted.
 class ProfileWindow {
  public:
-  ProfileWindow(bool on, double* wall_s) : on_(on), wall_s_(wall_s), t0_(Now()) {
+  ProfileWindow(bool on, double* wall_s) : on_(on), wall_s_(wall_s), t0_(util::MonotonicSeconds()) {
     if (on_) util::EnableStepProfile(true);
   }
   ~ProfileWindow() {
     if (on_) util::EnableStepProfile(false);
-    *wall_s_ += Now() - t0_;
+    *wall_s_ += util::MonotonicSeconds() - t0_;
   }
 
  private:
@@ -193,13 +190,13 @@ Result<SpeedBenchResult> RunSpeedBench(engine::Engine* rt, const SpeedBenchOptio
   for (int rep = 0; rep < o.reps; ++rep) {
     session->Reset();
     const auto tokens = RandomTokens(o.prompt_tokens, c.n_vocab, &rng);
-    const double t0 = Now();
+    const double t0 = util::MonotonicSeconds();
     {
       ProfileWindow window(o.profile, &profiled_s);
       KVX_ASSIGN_OR_RETURN(const float* logits, session->Feed(tokens));
       (void)logits;
     }
-    prefill.push_back(o.prompt_tokens / (Now() - t0));
+    prefill.push_back(o.prompt_tokens / (util::MonotonicSeconds() - t0));
   }
   r.prefill_tok_s = Median(prefill);
   if (o.profile) r.prefill_profile = StepProfileResult::From(util::TakeStepProfile(), o.reps, profiled_s);
@@ -218,9 +215,9 @@ Result<SpeedBenchResult> RunSpeedBench(engine::Engine* rt, const SpeedBenchOptio
       KVX_RETURN_IF_ERROR(FillDepth(rt, session.get(), depth, o.seed + rep, &rng));
       int32_t token = RandomTokens(1, c.n_vocab, &rng)[0];
       for (int i = 0; i < o.gen_tokens; ++i) {
-        const double t0 = Now();
+        const double t0 = util::MonotonicSeconds();
         KVX_ASSIGN_OR_RETURN(const float* logits, session->Feed({token}));
-        per_token.push_back(Now() - t0);
+        per_token.push_back(util::MonotonicSeconds() - t0);
         token = model::ArgMax(logits, c.n_vocab);
       }
       // KV held at the middle of the decode, measured from the pool.
@@ -257,9 +254,9 @@ Result<SpeedBenchResult> RunSpeedBench(engine::Engine* rt, const SpeedBenchOptio
         for (int step = 0; step < o.gen_tokens; ++step) {
           for (int i = 0; i < n_seqs; ++i) in[i] = {ss[i].get(), next[i], -1, &logits[i]};
           ProfileWindow window(o.profile, &profiled_s);
-          const double t0 = Now();
+          const double t0 = util::MonotonicSeconds();
           KVX_RETURN_IF_ERROR(rt->Step(in));
-          per_step.push_back(Now() - t0);
+          per_step.push_back(util::MonotonicSeconds() - t0);
           util::ScopedPhase sampling(util::StepPhase::kSampling);
           for (int i = 0; i < n_seqs; ++i) next[i][0] = model::ArgMax(logits[i].data(), c.n_vocab);
         }

@@ -16,11 +16,10 @@
 #include "kv/policy/policy.h"
 #include "kv/resolved_spec.h"
 #include "kv/sequence_kv.h"
+#include "util/clock.h"
 
 namespace kvx::eval {
 namespace {
-
-double Seconds() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 std::string Human(uint64_t b) {
   char buf[48];
@@ -73,7 +72,7 @@ class Tuner {
       : model_(model), threads_(threads), text_(text), opt_(options), hooks_(hooks), layout_(model.KVLayoutFor(16)) {}
 
   Result<TuneResult> Run() {
-    start_ = Seconds();
+    start_ = util::MonotonicSeconds();
     KVX_RETURN_IF_ERROR(Check());
     KVX_RETURN_IF_ERROR(Filter());
     PlanRungs();
@@ -103,7 +102,7 @@ class Tuner {
     }
     result_.finalists = alive;
     Choose();
-    result_.seconds = Seconds() - start_;
+    result_.seconds = util::MonotonicSeconds() - start_;
     Notify();
     return std::move(result_);
   }
@@ -446,12 +445,12 @@ class Tuner {
     std::vector<std::string> specs;
     for (int i : which) specs.push_back(result_.candidates[i].spec);
     if (hooks_.progress) hooks_.progress->SetLabel("retrieval");
-    const double t0 = Seconds();
+    const double t0 = util::MonotonicSeconds();
     const RetrievalScorer score =
         hooks_.retrieval ? hooks_.retrieval : ModelRetrievalScorer(model_, threads_, opt_.retrieval, hooks_.progress);
     Result<RetrievalScores> scores = score(specs);
     if (!scores.ok()) return scores.status().WithContext("tune retrieval");
-    tr.seconds = Seconds() - t0;
+    tr.seconds = util::MonotonicSeconds() - t0;
     tr.n = static_cast<int>(scores->f16.size());
     for (uint8_t h : scores->f16) tr.hits += h ? 1 : 0;
     tr.interval = WilsonInterval(tr.hits, tr.n);
@@ -469,7 +468,7 @@ class Tuner {
 
   void Notify() {
     result_.pareto = TuneFront(result_);
-    result_.seconds = Seconds() - start_;
+    result_.seconds = util::MonotonicSeconds() - start_;
     if (hooks_.on_update) hooks_.on_update(result_);
   }
 

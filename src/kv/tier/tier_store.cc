@@ -4,13 +4,10 @@
 #include <chrono>
 
 #include "kv/tier/ram_tier.h"
+#include "util/clock.h"
 
 namespace kvx::kv::tier {
 namespace {
-
-double Seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 std::span<const uint8_t> AsBytes(const std::string& s) {
   return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
@@ -150,13 +147,13 @@ void TierStore::RecordLoad(size_t tier, double seconds, bool hit) {
 
 void TierStore::RunLookup(const LookupRequest& q, PendingLoad& load) {
   TierLoad& out = load.result_;
-  const double t0 = Seconds();
+  const double t0 = util::MonotonicSeconds();
   const int B = space_.block_tokens;
   const std::vector<BlockKey> keys = BlockKeys(space_, q.salt, q.tokens);
   const int n = std::min<int>(q.max_blocks, static_cast<int>(keys.size()));
   WriteJob promote;  // blocks found below the first tier, copied up
   for (int i = 0; i < n && !load.cancelled_.load(std::memory_order_relaxed); ++i) {
-    const double elapsed = Seconds() - t0;
+    const double elapsed = util::MonotonicSeconds() - t0;
     if (q.recompute_seconds_per_token > 0 && i > 0 && elapsed > i * B * q.recompute_seconds_per_token) {
       out.abandoned = true;  // slower than recomputing what is loaded: recompute the rest
       break;
@@ -164,14 +161,14 @@ void TierStore::RunLookup(const LookupRequest& q, PendingLoad& load) {
     bool found = false;
     for (size_t t = 0; t < tiers_.size() && !found; ++t) {
       const BlockRequest request{&space_, q.salt, q.tokens, i, keys[i], level(t)};
-      const double ts = Seconds();
+      const double ts = util::MonotonicSeconds();
       std::optional<std::string> bytes = tiers_[t]->Get(keys[i]);
       if (!bytes) {
-        RecordLoad(t, Seconds() - ts, false);
+        RecordLoad(t, util::MonotonicSeconds() - ts, false);
         continue;
       }
       Result<ParsedBlock> block = DecodeBlock(AsBytes(*bytes), request);
-      RecordLoad(t, Seconds() - ts, block.ok());
+      RecordLoad(t, util::MonotonicSeconds() - ts, block.ok());
       if (!block.ok()) {
         // Damaged: never served, never read again. Another block (NotFound)
         // or another version (Unimplemented: an older or newer kvx sharing
@@ -198,7 +195,7 @@ void TierStore::RunLookup(const LookupRequest& q, PendingLoad& load) {
     }
     if (!found) break;
   }
-  out.seconds = Seconds() - t0;
+  out.seconds = util::MonotonicSeconds() - t0;
   std::lock_guard<std::mutex> lock(mu_);
   if (out.abandoned) counters_.abandoned++;
   if (!promote.encoded.empty()) {
