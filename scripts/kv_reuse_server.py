@@ -12,7 +12,7 @@ each request's result to --out as it goes, and with --write splices the table in
 
   nice -n 5 scripts/kv_reuse_server.py --sizes 2048 4096 7168 --questions 5 --write
 """
-import argparse, glob, http.client, json, os, random, re, socket, statistics, subprocess, sys, tempfile, time
+import argparse, glob, http.client, json, os, random, re, statistics, subprocess, sys, tempfile, threading, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from reportlib import ROOT, Output  # noqa: E402
@@ -20,14 +20,6 @@ from reportlib import ROOT, Output  # noqa: E402
 INSTRUCTION = "A pass key is hidden in one of the documents below. Find it and remember it, I will ask you about it.\n"
 QUESTION = "\nWhat is the pass key? The pass key is"
 REPAIRS = ["none", "epic,k=16", "blend,r=0.05,k=16", "blend,r=0.15", "full"]
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def sentences(data):
@@ -100,18 +92,20 @@ def main():
 def measure(args):
     """Runs the server and every request, each result a line of args.out."""
     sents, rng = sentences(args.data), random.Random(args.seed)
-    port = free_port()
     server = subprocess.Popen([args.kvx, "serve", "-m", args.model, "--kv", "codec=f16", "-c", "8192", "-t", "2",
-                               "--port", str(port), "--max-seqs", "2", "--chunk-cache-bytes", "2G"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                               "--port", "0", "--max-seqs", "2", "--chunk-cache-bytes", "2G"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     log = open(args.out, "w")
     try:
-        for _ in range(600):
-            try:
-                http.client.HTTPConnection("127.0.0.1", port, timeout=1).request("GET", "/health")
+        listening = None
+        for line in server.stderr:  # the port it picked (--port 0)
+            listening = re.search(r"listening on http://[0-9.]+:(\d+)", line)
+            if listening:
                 break
-            except OSError:
-                time.sleep(0.2)
+        if not listening:
+            sys.exit("kvx serve did not start")
+        port = int(listening.group(1))
+        threading.Thread(target=server.stderr.read, daemon=True).start()  # drained, so it never blocks
         for size in args.sizes:
             n_docs = max(2, size // 256)
             plain = [document(sents, rng, 190)[0] for _ in range(n_docs - 1)]

@@ -19,13 +19,8 @@ namespace {
 class ChatChunksTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    model::SyntheticModelOptions o;
-    o.shape = "tiny";
-    const std::string path = ::testing::TempDir() + "/chat-chunks-tiny.gguf";
-    ASSERT_TRUE(model::WriteSyntheticModel(o, path).ok());
-    auto m = model::Model::Load(path);
-    ASSERT_TRUE(m.ok()) << m.status().ToString();
-    model_ = std::move(m).value().release();
+    model_ = NewTinyModel("chat-chunks-tiny.gguf");
+    ASSERT_NE(model_, nullptr);
   }
   static void TearDownTestSuite() {
     delete model_;

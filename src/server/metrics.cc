@@ -115,19 +115,30 @@ void TierMetrics(const engine::SchedulerStats& s, Out& o) {
 // Chunk reuse (docs/kv-reuse.md): where the chunk tokens of assembled
 // prompts came from, and the chunk cache.
 void ChunkMetrics(const engine::SchedulerStats& s, Out& o) {
-  o.Counter("kvx_chunk_tokens_total", "Chunk tokens of assembled prompts (\"chunks\", chat content parts)",
-            static_cast<double>(s.chunk_tokens));
-  o.Counter("kvx_chunk_cache_tokens_total", "Chunk tokens whose KV came from the chunk cache",
-            static_cast<double>(s.chunk_cached_tokens));
-  o.Counter("kvx_chunk_computed_tokens_total", "Chunk tokens computed alone on a chunk cache miss (then cached)",
-            static_cast<double>(s.chunk_computed_tokens));
-  o.Counter("kvx_chunk_recomputed_tokens_total",
-            "Chunk tokens recomputed in context through the last layer (the repair; all of them with full)",
-            static_cast<double>(s.chunk_recomputed_tokens));
-  o.Gauge("kvx_chunk_cache_bytes", "Bytes of chunk KV held by the chunk cache", static_cast<double>(s.chunk_cache.bytes));
-  o.Gauge("kvx_chunk_cache_entries", "Chunks held by the chunk cache", static_cast<double>(s.chunk_cache.entries));
-  o.Counter("kvx_chunk_cache_evictions_total", "Chunks evicted from the chunk cache (least recently used)",
-            static_cast<double>(s.chunk_cache.evictions));
+  const struct {
+    const char* name;
+    bool counter;
+    const char* help;
+    double value;
+  } fields[] = {
+      {"kvx_chunk_tokens_total", true, "Chunk tokens of assembled prompts (\"chunks\", chat content parts)",
+       static_cast<double>(s.chunk_tokens)},
+      {"kvx_chunk_cache_tokens_total", true, "Chunk tokens whose KV came from the chunk cache",
+       static_cast<double>(s.chunk_cached_tokens)},
+      {"kvx_chunk_computed_tokens_total", true, "Chunk tokens computed alone on a chunk cache miss (then cached)",
+       static_cast<double>(s.chunk_computed_tokens)},
+      {"kvx_chunk_recomputed_tokens_total", true,
+       "Chunk tokens recomputed in context through the last layer (the repair; all of them with full)",
+       static_cast<double>(s.chunk_recomputed_tokens)},
+      {"kvx_chunk_cache_bytes", false, "Bytes of chunk KV held by the chunk cache", static_cast<double>(s.chunk_cache.bytes)},
+      {"kvx_chunk_cache_entries", false, "Chunks held by the chunk cache", static_cast<double>(s.chunk_cache.entries)},
+      {"kvx_chunk_cache_evictions_total", true, "Chunks evicted from the chunk cache (least recently used)",
+       static_cast<double>(s.chunk_cache.evictions)},
+  };
+  for (const auto& f : fields) {
+    if (f.counter) o.Counter(f.name, f.help, f.value);
+    else o.Gauge(f.name, f.help, f.value);
+  }
 }
 
 }  // namespace
