@@ -21,30 +21,37 @@ Status BadRepair(std::string_view text, const std::string& what) {
 }
 
 // Which rows of the assembly step run through which layers (the plan of one
-// repair) and where every other row's K/V comes from: rows [0, n_chunk) are
-// the chunks' tokens (cached K/V in cached_k/v[layer]), the rest the suffix.
+// repair) and where every other row's K/V comes from (cached_k/v[layer]).
+// Chunk rows are the spans [first, second) of `chunk_spans`; every other row
+// is prompt text in context (the template text between chat parts, the
+// suffix), which runs through every layer like the last row (its logits
+// are the answer's).
 class RepairPlan final : public model::RowRecompute {
  public:
-  RepairPlan(const ChunkRepair& repair, int kv_dim, int n_rows, int n_chunk,
-             const std::vector<int32_t>& chunk_starts, const std::vector<std::vector<float>>* cached_k,
-             const std::vector<std::vector<float>>* cached_v)
+  RepairPlan(const ChunkRepair& repair, int kv_dim, int n_rows,
+             const std::vector<std::pair<int32_t, int32_t>>& chunk_spans,
+             const std::vector<std::vector<float>>* cached_k, const std::vector<std::vector<float>>* cached_v)
       : repair_(repair),
         kv_dim_(kv_dim),
-        n_chunk_(n_chunk),
         use_k_(repair.blend_deviation != ChunkRepair::Deviation::kV),
         use_v_(repair.blend_deviation != ChunkRepair::Deviation::kK),
         cached_k_(cached_k),
-        cached_v_(cached_v) {
+        cached_v_(cached_v),
+        is_chunk_(static_cast<size_t>(n_rows), false) {
     for (int i = 0; i < n_rows; ++i) all_.push_back(i);
-    // The rows that always run: the suffix, or the last token without one.
-    const int first_always = std::min(n_chunk, n_rows - 1);
-    if (repair.mode == ChunkRepairMode::kEpic || repair.mode == ChunkRepairMode::kBlend) {
-      for (size_t c = 0; c + 1 < chunk_starts.size(); ++c) {
-        const int end = std::min(chunk_starts[c + 1], chunk_starts[c] + repair.epic_tokens);
-        for (int i = chunk_starts[c]; i < std::min(end, first_always); ++i) late_.push_back(i);
+    std::vector<bool> always(static_cast<size_t>(n_rows), true);
+    const bool first_k = repair.mode == ChunkRepairMode::kEpic || repair.mode == ChunkRepairMode::kBlend;
+    for (const auto& [first, end] : chunk_spans) {
+      for (int i = first; i < end; ++i) {
+        is_chunk_[i] = true;
+        always[i] = first_k && i < first + repair.epic_tokens;
+        ++n_chunk_;
       }
     }
-    for (int i = first_always; i < n_rows; ++i) late_.push_back(i);
+    always.back() = true;
+    for (int i = 0; i < n_rows; ++i) {
+      if (always[i]) late_.push_back(i);
+    }
   }
 
   std::span<const int32_t> Rows(int layer) override {
@@ -64,7 +71,7 @@ class RepairPlan final : public model::RowRecompute {
       const size_t at = static_cast<size_t>(rows[i]) * kv_dim_;
       const float* fk = k + i * kv_dim_;
       const float* fv = v + i * kv_dim_;
-      if (check && rows[i] < n_chunk_) {
+      if (check && is_chunk_[rows[i]]) {
         double d = 0;
         for (int j = 0; j < kv_dim_; ++j) {
           const double dk = fk[j] - ck[at + j], dv = fv[j] - cv[at + j];
@@ -82,7 +89,7 @@ class RepairPlan final : public model::RowRecompute {
   std::vector<int32_t> RecomputedChunkRows(int last_layer) {
     std::vector<int32_t> out;
     for (int32_t r : Rows(last_layer)) {
-      if (r < n_chunk_) out.push_back(r);
+      if (is_chunk_[r]) out.push_back(r);
     }
     return out;
   }
@@ -106,10 +113,11 @@ class RepairPlan final : public model::RowRecompute {
   }
 
   ChunkRepair repair_;
-  int kv_dim_, n_chunk_;
+  int kv_dim_, n_chunk_ = 0;
   bool use_k_, use_v_;  // what the deviation sums
   const std::vector<std::vector<float>>* cached_k_;
   const std::vector<std::vector<float>>* cached_v_;
+  std::vector<bool> is_chunk_;  // per row
   std::vector<int32_t> all_, late_;
 };
 
@@ -155,7 +163,10 @@ std::string ChunkRepair::ToString() const {
 
 std::vector<int32_t> ChunkPrompt::Tokens() const {
   std::vector<int32_t> out = prefix;
-  for (const std::vector<int32_t>& c : chunks) out.insert(out.end(), c.begin(), c.end());
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    out.insert(out.end(), chunks[c].begin(), chunks[c].end());
+    if (c < gaps.size()) out.insert(out.end(), gaps[c].begin(), gaps[c].end());
+  }
   out.insert(out.end(), suffix.begin(), suffix.end());
   return out;
 }
@@ -305,7 +316,7 @@ Status ChunkAssembler::LoadChunkRows(const kv::KVManager::SequenceImage& image, 
 Result<const float*> ChunkAssembler::Assemble(Session* session, std::span<const int32_t> prefix,
                                               std::span<const std::vector<int32_t>> chunks,
                                               std::span<const int32_t> suffix, const ChunkRepair& repair,
-                                              ChunkUsage* usage) {
+                                              ChunkUsage* usage, std::span<const std::vector<int32_t>> gaps) {
   ChunkUsage local;
   if (usage == nullptr) usage = &local;
   *usage = {};
@@ -316,20 +327,28 @@ Result<const float*> ChunkAssembler::Assemble(Session* session, std::span<const 
     return InvalidArgument("chunk repair blend: check layer " + std::to_string(repair.blend_layer) +
                            " is beyond the model's last layer " + std::to_string(config.n_layers - 1));
   }
-  // Every chunk's rows in one list, then the suffix's.
-  std::vector<int32_t> tokens, chunk_starts;
+  if (gaps.size() > chunks.size()) return InvalidArgument("more gaps than chunks: a gap follows its chunk");
+  // Every chunk's rows and the gap after it in one list, then the suffix's.
+  std::vector<int32_t> tokens;
+  std::vector<std::pair<int32_t, int32_t>> chunk_spans;
+  int n_chunk = 0;
   for (size_t c = 0; c < chunks.size(); ++c) {
     if (static_cast<int64_t>(chunks[c].size()) > n_ctx) {
       return InvalidArgument("chunk " + std::to_string(c) + " holds " + std::to_string(chunks[c].size()) +
                              " tokens, more than the context (" + std::to_string(n_ctx) +
                              "): split it into smaller chunks or raise the context length (-c)");
     }
-    if (chunks[c].empty()) continue;
-    chunk_starts.push_back(static_cast<int32_t>(tokens.size()));
-    tokens.insert(tokens.end(), chunks[c].begin(), chunks[c].end());
+    if (!chunks[c].empty()) {
+      const int32_t first = static_cast<int32_t>(tokens.size());
+      chunk_spans.push_back({first, first + static_cast<int32_t>(chunks[c].size())});
+      tokens.insert(tokens.end(), chunks[c].begin(), chunks[c].end());
+      n_chunk += static_cast<int>(chunks[c].size());
+    }
+    if (c < gaps.size()) {
+      tokens.insert(tokens.end(), gaps[c].begin(), gaps[c].end());
+      usage->gap_tokens += static_cast<int64_t>(gaps[c].size());
+    }
   }
-  const int n_chunk = static_cast<int>(tokens.size());
-  chunk_starts.push_back(n_chunk);
   tokens.insert(tokens.end(), suffix.begin(), suffix.end());
   usage->prefix_tokens = static_cast<int64_t>(prefix.size());
   usage->chunk_tokens = n_chunk;
@@ -357,14 +376,13 @@ Result<const float*> ChunkAssembler::Assemble(Session* session, std::span<const 
     cached_k[l].assign(tokens.size() * static_cast<size_t>(kv_dim), 0.0f);
     cached_v[l].assign(tokens.size() * static_cast<size_t>(kv_dim), 0.0f);
   }
-  for (size_t c = 0; c + 1 < chunk_starts.size(); ++c) {
-    const std::span<const int32_t> chunk(tokens.data() + chunk_starts[c], chunk_starts[c + 1] - chunk_starts[c]);
+  for (const auto& [first, end] : chunk_spans) {
+    const std::span<const int32_t> chunk(tokens.data() + first, static_cast<size_t>(end - first));
     KVX_ASSIGN_OR_RETURN(const kv::KVManager::SequenceImage* image, ChunkImage(salt, chunk, usage));
-    KVX_RETURN_IF_ERROR(LoadChunkRows(*image, p0 + chunk_starts[c], chunk_starts[c], &cached_k, &cached_v));
+    KVX_RETURN_IF_ERROR(LoadChunkRows(*image, p0 + first, first, &cached_k, &cached_v));
   }
   uncached_.clear();
-  RepairPlan plan(repair, kv_dim, static_cast<int>(tokens.size()), n_chunk, chunk_starts, &cached_k,
-                  &cached_v);
+  RepairPlan plan(repair, kv_dim, static_cast<int>(tokens.size()), chunk_spans, &cached_k, &cached_v);
   StepInput in;
   in.session = session;
   in.tokens = tokens;

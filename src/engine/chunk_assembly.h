@@ -23,7 +23,9 @@
 //                 channels), the top r fraction, go on through the later
 //                 layers (CacheBlend);
 //        the suffix's tokens, and the last token when the suffix is empty,
-//        always run through every layer (their logits are the answer's).
+//        always run through every layer (their logits are the answer's), and
+//        so do the gaps: prompt text between chunks that is not a chunk
+//        (a chat template's text between content parts), never cached.
 //
 // Formats: keys re-rotated at new positions are re-encoded into the spec's
 // pages, so assembly accepts what it can store without a second
@@ -88,9 +90,13 @@ Result<std::vector<std::vector<int32_t>>> TokenizeChunks(const model::Tokenizer&
 struct ChunkPrompt {
   std::vector<int32_t> prefix;               // fed normally (BOS, instructions)
   std::vector<std::vector<int32_t>> chunks;  // each tokenized alone (TokenizeChunks)
+  // gaps[c]: prompt text right after chunks[c], computed in context like the
+  // suffix (a chat template's text between two content parts); at most one
+  // per chunk, none for adjacent chunks.
+  std::vector<std::vector<int32_t>> gaps;
   std::vector<int32_t> suffix;               // after the chunks (the question)
   ChunkRepair repair;
-  // prefix + every chunk + suffix: the prompt's tokens.
+  // prefix + every chunk and its gap + suffix: the prompt's tokens.
   std::vector<int32_t> Tokens() const;
 };
 
@@ -107,6 +113,7 @@ struct ChunkUsage {
   int64_t computed_tokens = 0;    // chunk tokens computed alone (cache misses; then cached)
   int64_t recomputed_tokens = 0;  // chunk tokens recomputed in context through the last layer
   int64_t suffix_tokens = 0;
+  int64_t gap_tokens = 0;         // prompt text between chunks (ChunkPrompt::gaps), computed in context
   std::vector<int32_t> recomputed_positions;  // of those chunk tokens, increasing
   double RecomputedFraction() const {
     return chunk_tokens > 0 ? static_cast<double>(recomputed_tokens) / static_cast<double>(chunk_tokens) : 0.0;
@@ -120,15 +127,17 @@ class ChunkAssembler {
   // at new positions (see the header comment).
   static Result<std::unique_ptr<ChunkAssembler>> Create(Engine* engine, uint64_t cache_bytes);
 
-  // Appends prefix, chunks and suffix to `session` (see the header comment)
-  // and returns the logits after the last token (valid until the next
-  // call). Empty chunks are skipped. InvalidArgument for a chunk or a
+  // Appends prefix, chunks (each followed by its gap, if any) and suffix to
+  // `session` (see the header comment) and returns the logits after the
+  // last token (valid until the next call). Empty chunks are skipped (not
+  // their gaps). InvalidArgument for a chunk or a
   // prompt longer than the context, an empty prompt, or a check layer
   // beyond the model's; ResourceExhausted when the pool cannot hold it.
   // `usage` (optional) gets what was taken from where.
   Result<const float*> Assemble(Session* session, std::span<const int32_t> prefix,
                                 std::span<const std::vector<int32_t>> chunks, std::span<const int32_t> suffix,
-                                const ChunkRepair& repair, ChunkUsage* usage = nullptr);
+                                const ChunkRepair& repair, ChunkUsage* usage = nullptr,
+                                std::span<const std::vector<int32_t>> gaps = {});
 
   kv::ChunkCache& cache() { return cache_; }
   // The key a chunk of `tokens` has for tenant `salt`.

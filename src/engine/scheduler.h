@@ -355,10 +355,11 @@ struct SchedulerStats {
   kv::tier::TierStoreCounters tier_counters;
   uint64_t tier_hit_tokens = 0;  // prompt tokens admitted from blocks loaded from a tier
   // Chunk reuse: the chunk cache's counters (its bytes within
-  // chunk_cache_bytes) and the chunk tokens assembled, taken from it and
-  // recomputed in context.
+  // chunk_cache_bytes) and the chunk tokens assembled, taken from it,
+  // computed alone (its misses; `full` does neither) and recomputed in
+  // context.
   kv::ChunkCacheStats chunk_cache;
-  uint64_t chunk_tokens = 0, chunk_cached_tokens = 0, chunk_recomputed_tokens = 0;
+  uint64_t chunk_tokens = 0, chunk_cached_tokens = 0, chunk_computed_tokens = 0, chunk_recomputed_tokens = 0;
   // Tokens of preempted requests loaded back from a tier at readmission
   // (swap-in) instead of recomputed.
   uint64_t swapped_in_tokens = 0;

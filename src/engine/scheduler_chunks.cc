@@ -15,6 +15,7 @@ Status Scheduler::CheckChunks(const GenerationRequest& r, RequestPart* part) con
   *part = RequestPart::kChunks;
   if (chunker_ == nullptr) return chunker_status_;
   const ChunkPrompt& c = *r.chunks;
+  if (c.gaps.size() > c.chunks.size()) return InvalidArgument("a chunked prompt has more gaps than chunks");
   if (static_cast<int>(c.chunks.size()) > options_.max_chunks) {
     return InvalidArgument("the request names " + std::to_string(c.chunks.size()) + " chunks, more than the " +
                            std::to_string(options_.max_chunks) + " allowed: merge neighbouring chunks");
@@ -63,7 +64,7 @@ bool Scheduler::AssembleSample(Request& r, Sample& s) {
   const double t0 = Now();
   for (;;) {
     ChunkUsage usage;
-    Result<const float*> logits = chunker_->Assemble(s.session.get(), c.prefix, c.chunks, c.suffix, c.repair, &usage);
+    Result<const float*> logits = chunker_->Assemble(s.session.get(), c.prefix, c.chunks, c.suffix, c.repair, &usage, c.gaps);
     if (logits.ok()) {
       s.logits.assign(*logits, *logits + n_vocab_);
       s.pending.erase(s.pending.begin(), s.pending.begin() + static_cast<std::ptrdiff_t>(r.base.size()));
@@ -74,9 +75,10 @@ bool Scheduler::AssembleSample(Request& r, Sample& s) {
       }
       work_.chunk_tokens += static_cast<uint64_t>(usage.chunk_tokens);
       work_.chunk_cached_tokens += static_cast<uint64_t>(usage.cached_tokens);
+      work_.chunk_computed_tokens += static_cast<uint64_t>(usage.computed_tokens);
       work_.chunk_recomputed_tokens += static_cast<uint64_t>(usage.recomputed_tokens);
       work_.prompt_tokens_computed += static_cast<uint64_t>(usage.prefix_tokens + usage.computed_tokens +
-                                                            usage.recomputed_tokens + usage.suffix_tokens);
+                                                            usage.recomputed_tokens + usage.suffix_tokens + usage.gap_tokens);
       work_.chunk_cache = chunker_->cache().stats();
       work_.steps++;
       work_.busy_seconds += Now() - t0;

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <random>
 
+#include <nlohmann/json.hpp>
+
 #include "engine/chunk_assembly.h"
 #include "engine/engine.h"
 #include "engine/session.h"
@@ -119,6 +121,25 @@ class RagRunner {
   int n_gen_;
 };
 
+// Each row's McNemar verdict against the `full` row of its size, on the
+// same questions.
+void PairWithFull(std::vector<RagRow>* rows) {
+  const RagRow* full = nullptr;
+  for (const RagRow& r : *rows) {
+    if (r.repair == "full") full = &r;
+  }
+  if (full == nullptr) return;
+  for (RagRow& r : *rows) {
+    r.only_full = r.only_this = 0;
+    for (size_t q = 0; q < r.answered.size() && q < full->answered.size(); ++q) {
+      r.only_full += full->answered[q] && !r.answered[q];
+      r.only_this += r.answered[q] && !full->answered[q];
+    }
+    r.mcnemar_p = McNemarExactP(r.only_full, r.only_this);
+    r.verdict = VerdictName(McNemarVerdict(r.only_full, r.only_this));
+  }
+}
+
 Result<std::vector<RagRow>> RunSize(const model::Model& model, ThreadPool* threads, const RagOptions& o, const Haystack& hay,
                                     int size, const std::vector<engine::ChunkRepair>& repairs, std::mt19937_64& rng) {
   const model::Tokenizer& tok = model.tokenizer();
@@ -189,6 +210,7 @@ Result<std::vector<RagRow>> RunSize(const model::Model& model, ThreadPool* threa
 
   struct Acc {
     int n = 0, hits = 0;
+    std::vector<bool> answered;
     MeanAccumulator kld, recomputed;
     std::vector<double> ttft;
   };
@@ -211,7 +233,8 @@ Result<std::vector<RagRow>> RunSize(const model::Model& model, ThreadPool* threa
       }
       Acc& x = acc[r];
       ++x.n;
-      if (ValuesFound(tok.Decode(a.tokens, false), {values[q]}) >= 1.0) ++x.hits;
+      x.answered.push_back(ValuesFound(tok.Decode(a.tokens, false), {values[q]}) >= 1.0);
+      if (x.answered.back()) ++x.hits;
       for (size_t i = 0; i < reference.logits.size() && i < a.logits.size(); ++i) {
         x.kld.Add(Kld(reference.logits[i].data(), a.logits[i].data(), model.config().n_vocab));
       }
@@ -233,8 +256,10 @@ Result<std::vector<RagRow>> RunSize(const model::Model& model, ThreadPool* threa
     row.ttft_ms_median = Percentile(acc[r].ttft, 0.5);
     row.recomputed_fraction = acc[r].recomputed.Mean();
     row.prompt_tokens = prompt_tokens;
+    row.answered = acc[r].answered;
     rows.push_back(row);
   }
+  PairWithFull(&rows);
   return rows;
 }
 
@@ -269,8 +294,9 @@ Result<std::vector<RagRow>> RunRagEval(const model::Model& model, ThreadPool* th
 
 std::string RagTable(const std::vector<RagRow>& rows) {
   std::string out =
-      "| chunk tokens | repair | accuracy (95% CI) | KLD vs full | TTFT ms (median) | TTFT / full | recomputed |\n"
-      "|---:|---|---|---:|---:|---:|---:|\n";
+      "| chunk tokens | repair | accuracy (95% CI) | vs full (McNemar) | KLD vs full | TTFT ms (median) | TTFT / full | "
+      "recomputed |\n"
+      "|---:|---|---|---|---:|---:|---:|---:|\n";
   char buf[512];
   for (const RagRow& r : rows) {
     double full_ttft = 0;
@@ -278,12 +304,31 @@ std::string RagTable(const std::vector<RagRow>& rows) {
       if (f.size == r.size && f.repair == "full") full_ttft = f.ttft_ms_median;
     }
     const std::string ratio = full_ttft > 0 ? std::to_string(r.ttft_ms_median / full_ttft).substr(0, 4) : "-";
-    std::snprintf(buf, sizeof buf, "| %d | %s | %d/%d = %.2f [%.2f, %.2f] | %.4f | %.0f | %s | %.3f |\n", r.size,
+    // "-" for full itself and without a full row; else the verdict, the
+    // discordant questions (full only / this only) and the p-value.
+    char paired[96] = "-";
+    if (!r.verdict.empty() && r.repair != "full") {
+      std::snprintf(paired, sizeof paired, "%s (%d/%d, p=%.2g)", r.verdict.c_str(), r.only_full, r.only_this,
+                    r.mcnemar_p);
+    }
+    std::snprintf(buf, sizeof buf, "| %d | %s | %d/%d = %.2f [%.2f, %.2f] | %s | %.4f | %.0f | %s | %.3f |\n", r.size,
                   r.repair.c_str(), r.hits, r.n, r.n > 0 ? static_cast<double>(r.hits) / r.n : 0.0, r.acc_lo, r.acc_hi,
-                  r.kld_mean, r.ttft_ms_median, ratio.c_str(), r.recomputed_fraction);
+                  paired, r.kld_mean, r.ttft_ms_median, ratio.c_str(), r.recomputed_fraction);
     out += buf;
   }
   return out;
+}
+
+std::string RagJson(const std::vector<RagRow>& rows) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const RagRow& r : rows) {
+    j.push_back({{"chunk_tokens", r.size}, {"repair", r.repair}, {"n", r.n}, {"hits", r.hits}, {"lo", r.acc_lo},
+                 {"hi", r.acc_hi}, {"answered", r.answered}, {"only_full", r.only_full}, {"only_this", r.only_this},
+                 {"mcnemar_p", r.mcnemar_p}, {"verdict_vs_full", r.verdict}, {"kld", r.kld_mean},
+                 {"ttft_ms_median", r.ttft_ms_median}, {"recomputed_fraction", r.recomputed_fraction},
+                 {"prompt_tokens", r.prompt_tokens}});
+  }
+  return j.dump(1) + "\n";
 }
 
 }  // namespace kvx::eval

@@ -22,7 +22,8 @@
 // inside the needle, "... The pass key is" | " N. Remember it. ...", kept
 // adjacent in every order; N appears once, so answering needs the attention
 // from N's tokens back across the boundary that chunks computed alone lack.
-// Accuracy carries a Wilson 95% interval.
+// Accuracy carries a Wilson 95% interval, and every repair an exact McNemar
+// verdict against `full` on the same questions (eval/stats.h).
 //
 // Thread-safety: one call at a time (uses the given ThreadPool).
 #pragma once
@@ -64,12 +65,21 @@ struct RagRow {
   double ttft_ms_median = 0;
   double recomputed_fraction = 0;  // mean over questions
   int64_t prompt_tokens = 0;       // of the last question (the size column: its chunk tokens)
+  std::vector<bool> answered;      // per question, in order (the same questions for every repair)
+  // Paired against `full` (same size): questions only `full` answered, only
+  // this repair answered, the exact McNemar p-value and verdict ("better",
+  // "worse", "indistinguishable"); empty without a `full` row.
+  int only_full = 0, only_this = 0;
+  double mcnemar_p = 1;
+  std::string verdict;
 };
 
 // InvalidArgument for a bad repair or spec, NotFound without the essays.
 Result<std::vector<RagRow>> RunRagEval(const model::Model& model, ThreadPool* threads, const RagOptions& options);
 
-// The rows as a Markdown table (docs/kv-reuse.md's).
+// The rows as a Markdown table (docs/kv-reuse.md's), and as JSON (every
+// field, per-question answers included: `kvx eval --tasks rag --json FILE`).
 std::string RagTable(const std::vector<RagRow>& rows);
+std::string RagJson(const std::vector<RagRow>& rows);
 
 }  // namespace kvx::eval

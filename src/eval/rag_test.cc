@@ -40,6 +40,21 @@ TEST(RagEvalTest, RowsMeanWhatTheySay) {
   EXPECT_GE(none.size, 256);
   EXPECT_LE(full.acc_lo, static_cast<double>(full.hits) / full.n);
   EXPECT_NE(RagTable(*rows).find("| none |"), std::string::npos);
+  // Paired with full on the same questions: full against itself has no
+  // discordant question; every row's answers are per question.
+  EXPECT_EQ(full.verdict, "indistinguishable");
+  EXPECT_EQ(full.only_full + full.only_this, 0);
+  for (const RagRow& r : *rows) {
+    ASSERT_EQ(r.answered.size(), 2u);
+    int hits = 0, only_full = 0;
+    for (size_t q = 0; q < 2; ++q) {
+      hits += r.answered[q];
+      only_full += full.answered[q] && !r.answered[q];
+    }
+    EXPECT_EQ(hits, r.hits);
+    EXPECT_EQ(only_full, r.only_full);
+  }
+  EXPECT_NE(RagJson(*rows).find("\"verdict_vs_full\""), std::string::npos);
   o.repairs = {"blend,r=2"};
   EXPECT_FALSE(RunRagEval(**model, &threads, o).ok());
 }

@@ -45,6 +45,17 @@ Result<jinja::MarkedText> ChatTemplate::Render(const std::vector<ChatMessage>& m
       ->RenderMarked(ChatContext(messages, add_generation_prompt, bos_, eos_));
 }
 
+bool ChatTemplate::WroteBos(const jinja::MarkedText& rendered) const {
+  return !bos_.empty() && rendered.text.rfind(bos_, 0) == 0 &&
+         (rendered.data.empty() || rendered.data.front().first >= bos_.size());
+}
+
+Result<std::vector<int32_t>> EncodeChatText(const model::Tokenizer& tokenizer, std::string_view text,
+                                            const jinja::Spans& data, bool add_special, bool parse_special) {
+  static const model::Tokenizer::ByteRanges kNone;
+  return tokenizer.Encode(text, add_special, /*parse_special=*/true, parse_special ? kNone : data);
+}
+
 jinja::Value::Object ChatContext(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
                                  const std::string& bos, const std::string& eos) {
   jinja::Value::Array list;

@@ -12,7 +12,9 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "model/tokenizer.h"
@@ -23,7 +25,10 @@ namespace kvx::server {
 
 struct ChatMessage {
   std::string role;     // system, user, assistant, tool, ...
-  std::string content;
+  std::string content;  // content parts joined
+  // Content given as a list of text parts, each part's text (chat parts as
+  // chunks: server/chat_chunks.h); absent for a content string.
+  std::optional<std::vector<std::string>> parts = std::nullopt;  // (initialized: aggregate init may omit it)
 };
 
 // The variables a chat template renders with: `messages` (role, content:
@@ -54,6 +59,10 @@ class ChatTemplate {
   // overflow, a construct it cannot evaluate).
   Result<jinja::MarkedText> Render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const;
 
+  // Whether `rendered` starts with the template's own BOS text (not
+  // content's): the tokenizer then adds none.
+  bool WroteBos(const jinja::MarkedText& rendered) const;
+
   bool is_default() const { return source_.empty(); }
   const std::string& source() const { return source_; }
   // Token texts the rendered prompt may hold at its start (BOS) so the
@@ -69,5 +78,11 @@ class ChatTemplate {
   std::vector<int32_t> stop_tokens_;
   std::shared_ptr<const void> program_;  // the parsed Jinja template (jinja.h), null for the default
 };
+
+// Rendered chat text as tokens: the template's special-token texts are
+// control tokens, the content's (`data`) text unless parse_special (so
+// content cannot open a turn of another role); BOS when add_special.
+Result<std::vector<int32_t>> EncodeChatText(const model::Tokenizer& tokenizer, std::string_view text,
+                                            const jinja::Spans& data, bool add_special, bool parse_special);
 
 }  // namespace kvx::server

@@ -8,6 +8,8 @@
 #include <string>
 
 #include "gguf/gguf_file.h"
+#include "model/model.h"
+#include "model/synthetic_model.h"
 #include "model/tokenizer.h"
 #include "server/chat_template.h"
 #include "support/test_data.h"
@@ -30,6 +32,19 @@ inline void LoadPhi3Chat(std::unique_ptr<model::Tokenizer>* tok, std::unique_ptr
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   *tok = std::move(t).value();
   *chat = std::make_unique<ChatTemplate>(std::move(c).value());
+}
+
+// The tiny synthetic model (a ChatML vocabulary), written to the test's
+// temporary folder as `file` and loaded: a suite's shared model (released
+// into a static by SetUpTestSuite, deleted by TearDownTestSuite).
+inline model::Model* NewTinyModel(const std::string& file) {
+  model::SyntheticModelOptions o;
+  o.shape = "tiny";
+  const std::string path = ::testing::TempDir() + "/" + file;
+  EXPECT_TRUE(model::WriteSyntheticModel(o, path).ok());
+  auto m = model::Model::Load(path);
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
+  return m.ok() ? std::move(m).value().release() : nullptr;
 }
 
 #define KVX_SKIP_WITHOUT_PHI3(tok) \

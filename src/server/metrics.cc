@@ -112,6 +112,35 @@ void TierMetrics(const engine::SchedulerStats& s, Out& o) {
             static_cast<double>(s.swapped_in_tokens));
 }
 
+// Chunk reuse (docs/kv-reuse.md): where the chunk tokens of assembled
+// prompts came from, and the chunk cache.
+void ChunkMetrics(const engine::SchedulerStats& s, Out& o) {
+  const struct {
+    const char* name;
+    bool counter;
+    const char* help;
+    double value;
+  } fields[] = {
+      {"kvx_chunk_tokens_total", true, "Chunk tokens of assembled prompts (\"chunks\", chat content parts)",
+       static_cast<double>(s.chunk_tokens)},
+      {"kvx_chunk_cache_tokens_total", true, "Chunk tokens whose KV came from the chunk cache",
+       static_cast<double>(s.chunk_cached_tokens)},
+      {"kvx_chunk_computed_tokens_total", true, "Chunk tokens computed alone on a chunk cache miss (then cached)",
+       static_cast<double>(s.chunk_computed_tokens)},
+      {"kvx_chunk_recomputed_tokens_total", true,
+       "Chunk tokens recomputed in context through the last layer (the repair; all of them with full)",
+       static_cast<double>(s.chunk_recomputed_tokens)},
+      {"kvx_chunk_cache_bytes", false, "Bytes of chunk KV held by the chunk cache", static_cast<double>(s.chunk_cache.bytes)},
+      {"kvx_chunk_cache_entries", false, "Chunks held by the chunk cache", static_cast<double>(s.chunk_cache.entries)},
+      {"kvx_chunk_cache_evictions_total", true, "Chunks evicted from the chunk cache (least recently used)",
+       static_cast<double>(s.chunk_cache.evictions)},
+  };
+  for (const auto& f : fields) {
+    if (f.counter) o.Counter(f.name, f.help, f.value);
+    else o.Gauge(f.name, f.help, f.value);
+  }
+}
+
 }  // namespace
 
 std::string RenderMetrics(const engine::SchedulerStats& s, const HttpCounters& http) {
@@ -179,6 +208,7 @@ std::string RenderMetrics(const engine::SchedulerStats& s, const HttpCounters& h
   o.Histogram("kvx_inter_token_seconds", "Time between consecutive tokens of a sample", s.inter_token);
   o.Histogram("kvx_queue_seconds", "Time from submission to admission", s.queue_time);
   TierMetrics(s, o);
+  ChunkMetrics(s, o);
   o.Metric("kvx_http_responses_total", "counter", "HTTP responses by status code");
   for (const auto& [code, n] : http.responses_by_status) {
     o.Sample("kvx_http_responses_total", static_cast<double>(n), "code=\"" + std::to_string(code) + "\"");

@@ -5,6 +5,7 @@
 #include <limits>
 #include <random>
 
+#include "server/chat_chunks.h"
 #include "server/text_stream.h"
 
 namespace kvx::server {
@@ -63,20 +64,23 @@ std::optional<ApiError> GetString(const json& j, const char* key, std::string* o
   return std::nullopt;
 }
 
-// Message content: a string, or an array of {"type": "text", "text": ...}.
-std::optional<ApiError> ContentText(const json& c, const std::string& param, std::string* out) {
+// Message content: a string, or an array of {"type": "text", "text": ...}
+// (joined into content, and each kept in parts).
+std::optional<ApiError> ContentText(const json& c, const std::string& param, ChatMessage* out) {
   if (c.is_null()) return std::nullopt;
   if (c.is_string()) {
-    *out = c.get<std::string>();
+    out->content = c.get<std::string>();
     return std::nullopt;
   }
   if (!c.is_array()) return Bad(param, "'" + param + "' must be a string or an array of text parts");
+  out->parts.emplace();
   for (const json& part : c) {
     if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
         !part["text"].is_string()) {
       return Bad(param, "'" + param + "' parts must be {\"type\": \"text\", \"text\": string} (kvx serves text only)");
     }
-    *out += part["text"].get<std::string>();
+    out->parts->push_back(part["text"].get<std::string>());
+    out->content += out->parts->back();
   }
   return std::nullopt;
 }
@@ -160,18 +164,21 @@ std::optional<ApiError> BuildGenerationRequest(const CompletionParams& p, const 
                                                const ChatTemplate& chat, int n_ctx, BuiltRequest* out) {
   *out = BuiltRequest();
   engine::GenerationRequest& g = out->request;
-  if (p.chat) {
+  if (p.chat && p.chat_parts_as_chunks) {
+    Result<engine::ChunkPrompt> c =
+        RenderChatChunks(chat, tok, p.messages, p.parse_special.value_or(false), p.chunk_repair);
+    if (!c.ok()) return FromStatus(c.status(), "messages");
+    g.chunks = std::make_shared<const engine::ChunkPrompt>(std::move(c).value());
+    g.prompt = g.chunks->Tokens();
+    g.stop_tokens = chat.stop_tokens();
+  } else if (p.chat) {
     auto rendered = chat.Render(p.messages, /*add_generation_prompt=*/true);
     if (!rendered.ok()) return FromStatus(rendered.status(), "messages");
-    // The template's own BOS (not content's text) means no second one.
-    const std::string& bos = chat.bos_text();
-    const bool has_bos = !bos.empty() && rendered->text.rfind(bos, 0) == 0 &&
-                         (rendered->data.empty() || rendered->data.front().first >= bos.size());
     // The template's special-token texts are control tokens; the content's
-    // are text unless the request asks otherwise (no role injection).
-    static const model::Tokenizer::ByteRanges kNone;
-    auto ids = tok.Encode(rendered->text, /*add_special=*/!has_bos, /*parse_special=*/true,
-                          p.parse_special.value_or(false) ? kNone : rendered->data);
+    // are text unless the request asks otherwise (no role injection); no
+    // second BOS after the template's own.
+    auto ids = EncodeChatText(tok, rendered->text, rendered->data, /*add_special=*/!chat.WroteBos(*rendered),
+                              p.parse_special.value_or(false));
     if (!ids.ok()) return FromStatus(ids.status(), "messages");
     g.prompt = std::move(ids).value();
     g.stop_tokens = chat.stop_tokens();
@@ -245,7 +252,7 @@ std::optional<ApiError> ParseCompletionRequest(const std::string& body, bool cha
       for (const char* r : kRoles) known |= msg.role == r;
       if (!known) return Bad(p + ".role", "'" + p + ".role' must be one of system, developer, user, assistant, tool");
       if (!m[i].contains("content")) return Bad(p + ".content", "'" + p + ".content' is required");
-      if (auto e = ContentText(m[i]["content"], p + ".content", &msg.content)) return e;
+      if (auto e = ContentText(m[i]["content"], p + ".content", &msg)) return e;
       out->messages.push_back(std::move(msg));
     }
   } else {
@@ -274,6 +281,9 @@ std::optional<ApiError> ParseCompletionRequest(const std::string& body, bool cha
   }
   out->chunk_repair = limits.chunk_repair;
   if (j.contains("chunk_repair") && !j["chunk_repair"].is_null()) {
+    // Chat: naming a repair makes content parts chunks (opt-in: reuse
+    // changes the answer's logits, so the joined prompt stays the default).
+    out->chat_parts_as_chunks = chat;
     if (!j["chunk_repair"].is_string()) return Bad("chunk_repair", "'chunk_repair' must be a string");
     Result<engine::ChunkRepair> repair = engine::ParseChunkRepair(j["chunk_repair"].get<std::string>());
     if (!repair.ok()) return Bad("chunk_repair", repair.status().message());

@@ -13,7 +13,8 @@
 // seed, user (without API keys, the tenant: server/tenants.h), echo
 // (completions). kvx extensions: chunks (completions: a list of texts
 // placed before the prompt, their KV reused from the chunk cache:
-// docs/kv-reuse.md), chunk_repair, top_k, min_p,
+// docs/kv-reuse.md), chunk_repair (chat: also makes every text part of a
+// message's content list a chunk, server/chat_chunks.h), top_k, min_p,
 // repeat_penalty, session (a named session to continue and keep),
 // ignore_eos (llama-server's name: generate past the end-of-generation
 // tokens, e.g. to fill a session to a length), parse_special (below),
@@ -85,6 +86,8 @@ struct CompletionParams {
   // from the chunk cache (engine/chunk_assembly.h) with chunk_repair.
   std::optional<std::vector<std::string>> chunks;
   engine::ChunkRepair chunk_repair;
+  // Chat: content parts as chunks (the request named chunk_repair).
+  bool chat_parts_as_chunks = false;
 };
 
 // What parsing takes from the server: limits and defaults.

@@ -21,13 +21,8 @@ using nlohmann::json;
 class OpenAiTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    model::SyntheticModelOptions o;
-    o.shape = "tiny";
-    const std::string path = ::testing::TempDir() + "/openai-tiny.gguf";
-    ASSERT_TRUE(model::WriteSyntheticModel(o, path).ok());
-    auto m = model::Model::Load(path);
-    ASSERT_TRUE(m.ok()) << m.status().ToString();
-    model_ = std::move(m).value().release();
+    model_ = NewTinyModel("openai-tiny.gguf");
+    ASSERT_NE(model_, nullptr);
   }
   static void TearDownTestSuite() {
     delete model_;

@@ -724,6 +724,78 @@ TEST_F(ChunkServerTest, BadChunksAreClear400s) {
   EXPECT_EQ(j["error"]["code"], "context_length_exceeded") << j;
 }
 
+// Chat content parts as chunks (server/chat_chunks.h): with chunk_repair,
+// each text part of a message's content is a chunk (usage counts them, the
+// parts reordered come from the chunk cache, /metrics counts them); the
+// repairs that recompute everything answer alike; without chunk_repair the
+// parts are joined as before (no chunk in usage).
+TEST_F(ChunkServerTest, ChatContentPartsAreChunks) {
+  auto chat = [&](std::vector<std::string> parts, const char* repair) {
+    json content = json::array();
+    for (const std::string& p : parts) content.push_back({{"type", "text"}, {"text", p}});
+    json body = {{"messages", {{{"role", "system"}, {"content", "Answer from the documents."}},
+                               {{"role", "user"}, {"content", content}}}},
+                 {"max_tokens", 6}, {"temperature", 0}, {"ignore_eos", true}};
+    if (repair != nullptr) body["chunk_repair"] = repair;
+    auto c = Client();
+    auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+    return r ? std::make_pair(r->status, json::parse(r->body, nullptr, false)) : std::make_pair(0, json());
+  };
+  const std::vector<std::string> texts = {a_, b_, c_};
+  const auto tokens = engine::TokenizeChunks(engine_->model().tokenizer(), texts);
+  ASSERT_TRUE(tokens.ok());
+  int chunk_tokens = 0;
+  for (const auto& t : *tokens) chunk_tokens += static_cast<int>(t.size());
+  auto [st, first] = chat({a_, b_, "", c_}, "none");
+  ASSERT_EQ(st, 200) << first;
+  EXPECT_EQ(first["usage"]["prompt_tokens_details"]["chunk_tokens"], chunk_tokens) << first;
+  EXPECT_EQ(first["usage"]["prompt_tokens_details"]["chunk_cache_tokens"], 0);
+  auto [st2, second] = chat({c_, a_, b_}, "none");
+  ASSERT_EQ(st2, 200) << second;
+  EXPECT_EQ(second["usage"]["prompt_tokens_details"]["chunk_cache_tokens"], chunk_tokens) << second;
+  EXPECT_EQ(second["usage"]["prompt_tokens"], first["usage"]["prompt_tokens"]);
+  std::vector<std::string> answers;
+  for (const char* repair : {"full", "blend,r=1,layer=0", "epic,k=1000"}) {
+    auto [s, j] = chat({a_, b_, c_}, repair);
+    ASSERT_EQ(s, 200) << j;
+    EXPECT_EQ(j["usage"]["prompt_tokens_details"]["chunk_recomputed_tokens"], chunk_tokens) << repair;
+    answers.push_back(j["choices"][0]["message"]["content"]);
+  }
+  EXPECT_EQ(answers[1], answers[0]);
+  EXPECT_EQ(answers[2], answers[0]);
+  auto [s, joined] = chat({a_, b_, c_}, nullptr);
+  ASSERT_EQ(s, 200) << joined;
+  EXPECT_FALSE(joined["usage"]["prompt_tokens_details"].contains("chunk_tokens")) << joined;
+  json m = Metrics();
+  EXPECT_EQ(m["kvx_chunk_tokens_total"], 5 * chunk_tokens) << m;
+  // From the cache: the reordered request, blend and epic (full looks up nothing).
+  EXPECT_EQ(m["kvx_chunk_cache_tokens_total"], 3 * chunk_tokens) << m;
+  EXPECT_EQ(m["kvx_chunk_computed_tokens_total"], chunk_tokens) << m;        // the first request's misses
+  EXPECT_EQ(m["kvx_chunk_recomputed_tokens_total"], 3 * chunk_tokens) << m;
+}
+
+TEST_F(ChunkServerTest, BadChatPartsAreClear400s) {
+  auto post = [&](const std::string& body) {
+    auto c = Client();
+    auto r = c.Post("/v1/chat/completions", body, "application/json");
+    return r ? std::make_pair(r->status, json::parse(r->body, nullptr, false)) : std::make_pair(0, json());
+  };
+  json image = {{"messages", {{{"role", "user"},
+                               {"content", {{{"type", "text"}, {"text", "see"}},
+                                            {{"type", "image_url"}, {"image_url", {{"url", "http://x/y.png"}}}}}}}}},
+                {"chunk_repair", "none"}};
+  auto [st, j] = post(image.dump());
+  EXPECT_EQ(st, 400);
+  EXPECT_EQ(j["error"]["param"], "messages[0].content") << j;
+  EXPECT_NE(j["error"]["message"].get<std::string>().find("text only"), std::string::npos) << j;
+  // A part boundary inside a character: JSON can only carry it as the two
+  // halves of a surrogate pair, which is not valid JSON text.
+  std::tie(st, j) = post(R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "\ud83d"},)"
+                         R"( {"type": "text", "text": "\ude00"}]}], "chunk_repair": "none"})");
+  EXPECT_EQ(st, 400);
+  EXPECT_NE(j["error"]["message"].get<std::string>().find("not valid JSON"), std::string::npos) << j;
+}
+
 TEST_F(ServerTest, ChunksWithoutAChunkCacheAreRefused) {
   auto c = Client();
   auto r = c.Post("/v1/completions", json{{"prompt", "q"}, {"chunks", {"a"}}}.dump(), "application/json");

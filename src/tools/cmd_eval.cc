@@ -73,9 +73,11 @@ Status RunRagCommand(EvalFlags& flags) {
   flags.rag.split_needle = flags.rag_needle == "split";
   flags.rag.seed = o.seed;
   flags.rag.n_batch = o.n_batch;
+  if (!flags.json_file.empty()) KVX_RETURN_IF_ERROR(CheckOutputFile(flags.json_file));
   KVX_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> model, model::Model::Load(o.model_path));
   ThreadPool threads(flags.n_threads);
   KVX_ASSIGN_OR_RETURN(std::vector<eval::RagRow> rows, eval::RunRagEval(*model, &threads, flags.rag));
+  if (!flags.json_file.empty()) KVX_RETURN_IF_ERROR(WriteFileAtomically(flags.json_file, eval::RagJson(rows)));
   std::fputs(eval::RagTable(rows).c_str(), stdout);
   std::fflush(stdout);
   return Status::Ok();

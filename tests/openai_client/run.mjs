@@ -146,6 +146,25 @@ await test('chat, not streamed and streamed with usage', async () => {
   assert.equal(usage.completion_tokens, r.usage.completion_tokens);
 });
 
+// Chat content parts as chunks (docs/kv-reuse.md): the client sends kvx's
+// chunk_repair beside the messages; each text part is then a chunk, and the
+// parts reordered come from the chunk cache.
+await test('chat content parts as chunks', async () => {
+  const parts = ['First document about rivers. ', 'Second one: 4 8 15 16 23 42. ', 'Third.'];
+  const ask = (order) => client.chat.completions.create({
+    model: 'tiny', max_tokens: 4, temperature: 0, chunk_repair: 'epic,k=4',
+    messages: [{ role: 'user', content: order.map((i) => ({ type: 'text', text: parts[i] })) }] });
+  const first = await ask([0, 1, 2]);
+  const details = first.usage.prompt_tokens_details;
+  assert.ok(details.chunk_tokens > 10, JSON.stringify(first.usage));
+  const second = await ask([2, 0, 1]);
+  assert.equal(second.usage.prompt_tokens_details.chunk_cache_tokens, details.chunk_tokens);
+  const joined = await client.chat.completions.create({
+    model: 'tiny', max_tokens: 4, temperature: 0,
+    messages: [{ role: 'user', content: parts.map((text) => ({ type: 'text', text })) }] });
+  assert.equal(joined.usage.prompt_tokens_details?.chunk_tokens, undefined);
+});
+
 await test('n samples and seeds', async () => {
   const body = { model: 'tiny', prompt: 'Once', max_tokens: 8, temperature: 1, seed: 42, n: 3 };
   const a = await client.completions.create(body);
