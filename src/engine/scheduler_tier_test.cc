@@ -149,6 +149,40 @@ TEST(SchedulerTierTest, ARestartOnTheSameDirectoryHitsTheDisk) {
   EXPECT_EQ(store->counters().blocks_written, written);
 }
 
+// A prompt whose first blocks the pool holds and the rest only a tier: the
+// lookup starts at the first block the pool lacks (the disk reads only
+// those), the import shares the pool's pages of the rest (ImportSequence
+// over the radix cache's holder), and the request gives what it gives alone.
+TEST(SchedulerTierTest, ALookupReadsOnlyTheBlocksThePoolLacks) {
+  kv::tier::testing::TempDir dir;
+  auto a = MakeEngine(kSpec, 512);
+  const auto alone = Alone(*a, kPrompt, 6, 7);
+  RunOne(*a, DiskStore(*a, dir.path()), FixedLengthRequest(kPrompt, 6, 7));  // blocks 0..3 on disk
+  auto b = MakeEngine(kSpec, 512);
+  auto store = DiskStore(*b, dir.path());
+  SchedulerOptions o;
+  o.tiers = store;
+  o.prefill_tokens_per_second = 1000;
+  auto sched = Scheduler::Create(*b, o);
+  ASSERT_TRUE(sched.ok());
+  Collector c;
+  // Blocks 0 and 1 (and 6 tokens more) into the pool: loaded from disk.
+  const std::vector<int32_t> head(kPrompt.begin(), kPrompt.begin() + 2 * kBlock + 6);
+  ASSERT_TRUE((*sched)->Submit(FixedLengthRequest(head, 2, 1), c.Callback(0)).ok());
+  EXPECT_EQ(FromTier(c.Wait(0), "disk"), 2 * kBlock);
+  EXPECT_EQ(store->Metrics()[0].stats.hits, 2u);
+  // The whole prompt: blocks 2 and 3 come from disk, 0 and 1 from the pool.
+  ASSERT_TRUE((*sched)->Submit(FixedLengthRequest(kPrompt, 6, 7), c.Callback(1)).ok());
+  const Outcome hit = c.Wait(1);
+  EXPECT_EQ(store->Metrics()[0].stats.hits, 4u);  // 2 more read, not 4
+  EXPECT_EQ(store->Metrics()[0].loads, 4u);
+  EXPECT_EQ(FromTier(hit, "disk"), 2 * kBlock);
+  EXPECT_EQ(hit.timing.cached_tokens, 4 * kBlock);
+  EXPECT_EQ(hit.finish.at(0).tokens, alone);
+  ExpectInvariants(**sched);
+  (*sched)->Shutdown(ShutdownMode::kDrain);
+}
+
 // A store over one host-RAM tier of `bytes` (its lines go to `log`).
 std::shared_ptr<TierStore> RamStore(const Engine& engine, uint64_t bytes, kv::tier::TierLog log = [](const std::string&) {}) {
   std::vector<std::unique_ptr<kv::tier::Tier>> t;
