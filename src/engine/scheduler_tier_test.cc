@@ -266,6 +266,32 @@ TEST(SchedulerTierTest, APinnedPromptStaysInTheRamTierUntilItsTenantUnpins) {
   EXPECT_NE(lines[0].find("hold only pinned blocks: gave back"), std::string::npos) << lines[0];
 }
 
+// A pin copies a block up from a lower tier only when the host-RAM tier
+// serves its storage level: a `high` block on disk is not copied into a
+// `lossless` RAM tier (a miss there), it is into a `high` one.
+TEST(SchedulerTierTest, APinCopiesUpOnlyBlocksTheRamTierServes) {
+  using kv::tier::StorageLevel;
+  kv::tier::testing::TempDir dir;
+  auto a = MakeEngine(kSpec, 512);
+  RunOne(*a, DiskStore(*a, dir.path(), StorageLevel::kHigh), FixedLengthRequest(kPrompt, 6, 7));
+  auto ram_blocks_after_pin = [&](StorageLevel ram_level) {
+    std::vector<std::unique_ptr<kv::tier::Tier>> tiers;
+    tiers.push_back(kv::tier::RamTier::Open(64 << 20).value());
+    tiers.push_back(Disk(dir.path()));
+    kv::tier::TierStoreOptions options;
+    options.tier_levels = {ram_level, StorageLevel::kHigh};
+    auto store = Store(*a, std::move(tiers), options);
+    store->Pin(0, kPrompt, true);
+    store->Flush();
+    const kv::tier::TierStats st = store->Metrics()[0].stats;
+    EXPECT_EQ(st.pinned, st.blocks);  // what was copied up is pinned
+    return st.blocks;
+  };
+  EXPECT_EQ(ram_blocks_after_pin(StorageLevel::kLossless), 0u);
+  EXPECT_EQ(ram_blocks_after_pin(StorageLevel::kHigh), 4u);
+  EXPECT_EQ(ram_blocks_after_pin(StorageLevel::kMedium), 4u);  // serves `high` too (more faithful)
+}
+
 // The store's record of written keys follows the tiers: blocks the RAM tier
 // evicted are written again by the next snapshot of their sequence.
 TEST(SchedulerTierTest, EvictedBlocksAreWrittenAgain) {

@@ -299,13 +299,18 @@ void TierStore::RunWrite(WriteJob& job) {
 void TierStore::RunPin(const LookupRequest& what, bool on) {
   auto* ram = dynamic_cast<RamTier*>(tiers_[0].get());
   if (ram == nullptr) return;
-  for (const BlockKey& key : BlockKeys(space_, what.salt, what.tokens)) {
-    ram->Pin(key, on);
-    if (!on || ram->Has(key)) continue;
-    for (size_t t = 1; t < tiers_.size(); ++t) {  // copy it up (it is checked when a lookup reads it)
-      std::optional<std::string> bytes = tiers_[t]->Get(key);
-      if (!bytes) continue;
-      if (ram->Put(key, *bytes).ok()) Mark(key, 1u, 0);
+  const std::vector<BlockKey> keys = BlockKeys(space_, what.salt, what.tokens);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ram->Pin(keys[i], on);
+    if (!on || ram->Has(keys[i])) continue;
+    // Copied up from the first lower tier holding a block the RAM tier would
+    // serve (DecodeBlock, as a lookup reads it: sound, this block, a level
+    // it accepts); a lossier block would be a miss there, wasted RAM.
+    const BlockRequest request{&space_, what.salt, what.tokens, static_cast<int>(i), keys[i], level(0)};
+    for (size_t t = 1; t < tiers_.size(); ++t) {
+      std::optional<std::string> bytes = tiers_[t]->Get(keys[i]);
+      if (!bytes || !DecodeBlock(AsBytes(*bytes), request).ok()) continue;
+      if (ram->Put(keys[i], *bytes).ok()) Mark(keys[i], 1u, 0);
       break;
     }
   }
