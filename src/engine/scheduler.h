@@ -371,6 +371,9 @@ struct SchedulerStats {
   // Idle named sessions whose pages went to host RAM to make room in the pool.
   uint64_t sessions_swapped_out = 0;
   double copy_bytes_per_second = 0;       // the swap cost's bandwidth (measured)
+  // The scheduler thread's time in swaps (export and copy out, import back;
+  // sessions included): what moving them off the thread could save.
+  double swap_seconds = 0;
   // Work.
   uint64_t steps = 0;
   uint64_t prompt_tokens_computed = 0;  // prefill rows run (cache hits excluded)

@@ -108,6 +108,7 @@ bool Scheduler::SwapOut(Request& r) {
     bytes += out.back()->bytes;
   }
   Observe(&copy_bytes_per_second_, bytes, util::MonotonicSeconds() - t0);
+  work_.swap_seconds += util::MonotonicSeconds() - t0;
   size_t i = 0;
   for (Sample& s : r.samples) {
     if (s.session != nullptr) s.swapped = std::move(out[i++]);
@@ -125,6 +126,7 @@ Result<kv::SeqId> Scheduler::SwapIn(const SwappedSequence& swapped, kv::SeqId an
     seq = m.ImportSequence(swapped.image, prefix);
   }
   if (seq.ok()) Observe(&copy_bytes_per_second_, swapped.bytes, util::MonotonicSeconds() - t0);
+  work_.swap_seconds += util::MonotonicSeconds() - t0;
   return seq;
 }
 
@@ -147,6 +149,7 @@ bool Scheduler::SwapOutIdleSession(const SessionKey* keep) {
   if (!image.ok() || SwappedBytes() + KvBytesFor(m.length(e.seq)) > SwapSpace()) return false;
   std::unique_ptr<SwappedSequence> out = CopyOut(std::move(image).value(), 0, page_tokens_);
   Observe(&copy_bytes_per_second_, out->bytes, util::MonotonicSeconds() - t0);
+  work_.swap_seconds += util::MonotonicSeconds() - t0;
   m.ReleaseSequence(e.seq);
   e.seq = -1;
   e.swapped = std::move(out);

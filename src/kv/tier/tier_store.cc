@@ -1,5 +1,7 @@
 #include "kv/tier/tier_store.h"
 
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 
@@ -11,6 +13,12 @@ namespace {
 
 std::span<const uint8_t> AsBytes(const std::string& s) {
   return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
+}
+
+double ThisThreadCpuSeconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
 }  // namespace
@@ -160,6 +168,7 @@ void TierStore::Loop() {
     } else {
       break;  // stopping, and every write is done
     }
+    counters_.io_cpu_seconds = ThisThreadCpuSeconds();
     busy_ = false;
     idle_.notify_all();
   }

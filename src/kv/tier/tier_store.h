@@ -131,6 +131,10 @@ struct TierMetrics {
 struct TierStoreCounters {
   uint64_t lookups = 0, abandoned = 0, corrupt_blocks = 0;
   uint64_t blocks_written = 0, writes_dropped = 0, write_errors = 0;
+  // The I/O thread's CPU time so far (encoding, checksums, file and socket
+  // calls): what the tiers take from decode on a machine with few cores,
+  // a figure load on other cores does not inflate as it does wall time.
+  double io_cpu_seconds = 0;
 };
 
 // The image ImportSequence takes for a load (tokens 0..end of its last
