@@ -54,19 +54,25 @@ std::shared_ptr<TierStore> DiskStore(const Engine& engine, const std::string& di
   return Store(engine, std::move(t), options);
 }
 
-// Runs `request` on a scheduler over `engine` with `store`; its outcome.
-Outcome RunOne(Engine& engine, std::shared_ptr<TierStore> store, GenerationRequest request, double prefill_tps = 1000) {
+// A scheduler over `engine` with `store` (prefill speed given: no start-up measurement).
+std::unique_ptr<Scheduler> TierScheduler(Engine& engine, std::shared_ptr<TierStore> store, double prefill_tps = 1000) {
   SchedulerOptions o;
   o.tiers = std::move(store);
   o.prefill_tokens_per_second = prefill_tps;
   auto sched = Scheduler::Create(engine, o);
-  EXPECT_TRUE(sched.ok());
+  EXPECT_TRUE(sched.ok()) << sched.status().ToString();
+  return sched.ok() ? std::move(sched).value() : nullptr;
+}
+
+// Runs `request` on a scheduler over `engine` with `store`; its outcome.
+Outcome RunOne(Engine& engine, std::shared_ptr<TierStore> store, GenerationRequest request, double prefill_tps = 1000) {
+  auto sched = TierScheduler(engine, store, prefill_tps);
   Collector c;
-  EXPECT_TRUE((*sched)->Submit(std::move(request), c.Callback(0)).ok());
+  EXPECT_TRUE(sched->Submit(std::move(request), c.Callback(0)).ok());
   Outcome out = c.Wait(0);
-  ExpectInvariants(**sched);
-  (*sched)->Shutdown(ShutdownMode::kDrain);
-  if (o.tiers) o.tiers->Flush();  // its writes are done
+  ExpectInvariants(*sched);
+  sched->Shutdown(ShutdownMode::kDrain);
+  if (store) store->Flush();  // its writes are done
   return out;
 }
 
@@ -160,27 +166,23 @@ TEST(SchedulerTierTest, ALookupReadsOnlyTheBlocksThePoolLacks) {
   RunOne(*a, DiskStore(*a, dir.path()), FixedLengthRequest(kPrompt, 6, 7));  // blocks 0..3 on disk
   auto b = MakeEngine(kSpec, 512);
   auto store = DiskStore(*b, dir.path());
-  SchedulerOptions o;
-  o.tiers = store;
-  o.prefill_tokens_per_second = 1000;
-  auto sched = Scheduler::Create(*b, o);
-  ASSERT_TRUE(sched.ok());
+  auto sched = TierScheduler(*b, store);
   Collector c;
   // Blocks 0 and 1 (and 6 tokens more) into the pool: loaded from disk.
   const std::vector<int32_t> head(kPrompt.begin(), kPrompt.begin() + 2 * kBlock + 6);
-  ASSERT_TRUE((*sched)->Submit(FixedLengthRequest(head, 2, 1), c.Callback(0)).ok());
+  ASSERT_TRUE(sched->Submit(FixedLengthRequest(head, 2, 1), c.Callback(0)).ok());
   EXPECT_EQ(FromTier(c.Wait(0), "disk"), 2 * kBlock);
   EXPECT_EQ(store->Metrics()[0].stats.hits, 2u);
   // The whole prompt: blocks 2 and 3 come from disk, 0 and 1 from the pool.
-  ASSERT_TRUE((*sched)->Submit(FixedLengthRequest(kPrompt, 6, 7), c.Callback(1)).ok());
+  ASSERT_TRUE(sched->Submit(FixedLengthRequest(kPrompt, 6, 7), c.Callback(1)).ok());
   const Outcome hit = c.Wait(1);
   EXPECT_EQ(store->Metrics()[0].stats.hits, 4u);  // 2 more read, not 4
   EXPECT_EQ(store->Metrics()[0].loads, 4u);
   EXPECT_EQ(FromTier(hit, "disk"), 2 * kBlock);
   EXPECT_EQ(hit.timing.cached_tokens, 4 * kBlock);
   EXPECT_EQ(hit.finish.at(0).tokens, alone);
-  ExpectInvariants(**sched);
-  (*sched)->Shutdown(ShutdownMode::kDrain);
+  ExpectInvariants(*sched);
+  sched->Shutdown(ShutdownMode::kDrain);
 }
 
 // A store over one host-RAM tier of `bytes` (its lines go to `log`).
@@ -206,12 +208,7 @@ GenerationRequest CacheRequest(const std::vector<int32_t>& prompt, CacheMode mod
 }
 
 Status SubmitError(Engine& engine, std::shared_ptr<TierStore> store, const GenerationRequest& r, RequestPart* part) {
-  SchedulerOptions o;
-  o.tiers = std::move(store);
-  o.prefill_tokens_per_second = 1000;
-  auto sched = Scheduler::Create(engine, o);
-  EXPECT_TRUE(sched.ok());
-  return (*sched)->Submit(r, [](const RequestEvent&) {}, part).status();
+  return TierScheduler(engine, std::move(store))->Submit(r, [](const RequestEvent&) {}, part).status();
 }
 
 // A pin needs a host-RAM tier that can hold its prompt's blocks, and no
@@ -498,21 +495,17 @@ TEST(SchedulerTierTest, WriteBackWritesWhatTheCacheEvictsAndHoldsAtShutdown) {
   kv::tier::TierStoreOptions back;
   back.write_back = true;
   std::shared_ptr<TierStore> store = TierStore::Create(std::move(space).value(), std::move(tiers), back).value();
-  SchedulerOptions o;
-  o.tiers = store;
-  o.prefill_tokens_per_second = 1000;
-  auto sched = Scheduler::Create(*a, o);
-  ASSERT_TRUE(sched.ok());
+  auto sched = TierScheduler(*a, store);
   Collector c;
-  ASSERT_TRUE((*sched)->Submit(FixedLengthRequest(kPrompt, 6, 7), c.Callback(0)).ok());
+  ASSERT_TRUE(sched->Submit(FixedLengthRequest(kPrompt, 6, 7), c.Callback(0)).ok());
   c.Wait(0);
   store->Flush();
   EXPECT_EQ(store->counters().blocks_written, 0u);  // finished, cached in the pool: not written yet
-  ASSERT_TRUE((*sched)->Submit(FixedLengthRequest(Tokens(150, 5), 6, 7), c.Callback(1)).ok());
+  ASSERT_TRUE(sched->Submit(FixedLengthRequest(Tokens(150, 5), 6, 7), c.Callback(1)).ok());
   c.Wait(1);
   store->Flush();
   EXPECT_EQ(store->counters().blocks_written, 4u);  // the first prompt's blocks, evicted for the second
-  sched->reset();  // shutdown: what the cache holds (the second prompt's blocks) is written
+  sched.reset();  // shutdown: what the cache holds (the second prompt's blocks) is written
   store->Flush();
   EXPECT_EQ(store->counters().blocks_written, 8u);
   auto b = MakeEngine(kSpec, 512);
