@@ -111,3 +111,26 @@ def holm(pvalues, alpha=0.05):
             break
         significant[i] = True
     return significant
+
+
+# ---- shared by the scripts that start servers and splice tables into docs ----
+
+def free_port():
+    """A TCP port free on the loopback interface now."""
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def splice_doc(rel_path, marker, table):
+    """Replaces the <!-- MARKER:begin --> .. <!-- MARKER:end --> section of ROOT/rel_path with `table`."""
+    path = os.path.join(ROOT, rel_path)
+    text = open(path).read()
+    if "<!-- %s:begin -->" % marker not in text:
+        sys.exit("kvx: error: %s has no <!-- %s:begin --> section to write" % (rel_path, marker))
+    new = re.sub(r"(<!-- %s:begin -->\n).*?(<!-- %s:end -->)" % (re.escape(marker), re.escape(marker)),
+                 lambda mo: mo.group(1) + table + "\n" + mo.group(2), text, flags=re.S)
+    open(path, "w").write(new)

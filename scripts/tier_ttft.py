@@ -6,18 +6,17 @@ the miss runs once per size unless --miss-reps says more) and, with --write, spl
 between <!-- tier-ttft:begin --> and <!-- tier-ttft:end -->.
 
   scripts/tier_ttft.py --sizes 2048 8192 --write     # needs build/kvx and redis-server
+
+With --ram, the host-RAM tier instead, which lives in one process: one `kvx serve` with a pool that holds
+about one prompt's KV and a host-RAM tier; per size a prompt P is computed (a miss, written through to the
+RAM tier), asked again (a pool hit), then --reps times a filler prompt of the same size (a miss that evicts
+P's blocks from the pool) and P again (a RAM-tier hit: its blocks loaded back from host RAM). TTFT is the
+client's time for a one-token completion; the miss row is the median of P's first run and the fillers.
+Splices into the <!-- tier-ttft-ram:begin --> section.
 """
-import argparse, json, os, re, socket, statistics, subprocess, sys, tempfile, time
+import argparse, json, os, statistics, subprocess, sys, tempfile, time, urllib.request
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+from reportlib import ROOT, free_port, splice_doc
 
 
 def batch(kvx, model, prompt_file, ctx, cache_flags):
@@ -28,6 +27,62 @@ def batch(kvx, model, prompt_file, ctx, cache_flags):
         return json.loads(f.readline())
 
 
+def words(size, tag):
+    return " ".join("%s%d" % (tag, i % 1000) for i in range(int(size / 3.85)))  # ~3.85 tokens per word
+
+
+def complete(port, prompt):
+    """(seconds, usage) of a one-token completion."""
+    body = json.dumps({"prompt": prompt, "max_tokens": 1, "temperature": 0}).encode()
+    req = urllib.request.Request("http://127.0.0.1:%d/v1/completions" % port, body, {"Content-Type": "application/json"})
+    t0 = time.monotonic()
+    with urllib.request.urlopen(req, timeout=3600) as r:
+        usage = json.loads(r.read())["usage"]
+    return time.monotonic() - t0, usage
+
+
+def ram_rows(args, model, tmp):
+    """The host-RAM tier's rows (one kvx serve process per size)."""
+    rows = []
+    for size in args.sizes:
+        port = free_port()
+        kv_bytes = int(size * 1.15) * 23040  # smollm2-135m f16: 23040 KV bytes a token; the pool holds ~1.15 prompts
+        server = subprocess.Popen([args.kvx, "serve", "-m", model, "-c", str(size + 512), "--max-seqs", "1", "--port",
+                                   str(port), "--kv", "codec=f16,page=16;budget=%d" % kv_bytes, "--cache-ram-bytes",
+                                   "1G"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            for _ in range(600):
+                try:
+                    urllib.request.urlopen("http://127.0.0.1:%d/health" % port, timeout=5)
+                    break
+                except OSError:
+                    time.sleep(0.5)
+            prompt = words(size, "w")
+            miss, usage = complete(port, prompt)
+            misses, pool, ram, tokens = [miss], [], [], usage["prompt_tokens"]
+            pool.append(complete(port, prompt))
+            for rep in range(args.reps):
+                misses.append(complete(port, words(size, "abcdefghij"[rep % 10]))[0])  # same shape, other words
+                ram.append(complete(port, prompt))
+                print("size %d rep %d: miss %.2f s, RAM hit %.2f s" % (size, rep, misses[-1], ram[-1][0]), file=sys.stderr,
+                      flush=True)
+        finally:
+            server.terminate()
+            server.wait()
+        m = statistics.median(misses)
+        def by_tier(u, tier):
+            return u.get("prompt_tokens_details", {}).get("cached_tokens_by_tier", {}).get(tier, 0)
+        rows.append("| %d | miss (computed; written through to the RAM tier) | 0 | %.0f | 1× |" % (tokens, 1e3 * m))
+        t = statistics.median(x[0] for x in pool)
+        rows.append("| %d | pool hit (prefix cache, same process) | %d | %.0f | %.3f× |" %
+                    (tokens, pool[0][1].get("prompt_tokens_details", {}).get("cached_tokens", 0), 1e3 * t, t / m))
+        t = statistics.median(x[0] for x in ram)
+        u = sorted(ram)[len(ram) // 2][1]  # the median run's usage
+        rows.append("| %d | RAM-tier hit (same process, evicted from the pool) | %d (+ %d still in the pool) | %.0f | %.3f× |" %
+                    (tokens, by_tier(u, "ram"), by_tier(u, "pool"), 1e3 * t, t / m))
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kvx", default=os.path.join(ROOT, "build", "kvx"))
@@ -36,12 +91,20 @@ def main():
     ap.add_argument("--reps", type=int, default=3, help="hit runs per tier and size")
     ap.add_argument("--miss-reps", type=int, default=1)
     ap.add_argument("--write", action="store_true", help="splice the table into docs/tiers.md")
+    ap.add_argument("--ram", action="store_true", help="the host-RAM tier's rows (one kvx serve process)")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="kvx-tier-ttft-")
     model = args.model or os.path.join(tmp, "smollm2-135m.gguf")
     if not args.model:
         subprocess.run([args.kvx, "gen-model", "--shape", "smollm2-135m", "--type", "q8_0", "-o", model], check=True,
                        stderr=subprocess.DEVNULL)
+    if args.ram:
+        table = "\n".join(["| prompt tokens | run | tokens from the tier (or pool) | TTFT ms (median) | vs miss |",
+                           "|---|---|---|---|---|"] + ram_rows(args, model, tmp))
+        print(table)
+        if args.write:
+            splice_doc(os.path.join("docs", "tiers.md"), "tier-ttft-ram", table)
+        return
     port = free_port()
     redis = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
                               "no", "--dir", tmp], stdout=subprocess.DEVNULL)
@@ -52,7 +115,7 @@ def main():
         for size in args.sizes:
             prompt = os.path.join(tmp, "p%d.jsonl" % size)
             with open(prompt, "w") as f:  # ~3.85 tokens per word with this tokenizer
-                f.write(json.dumps({"prompt": " ".join("w%d" % (i % 1000) for i in range(int(size / 3.85))), "max_tokens": 1}))
+                f.write(json.dumps({"prompt": words(size, "w"), "max_tokens": 1}))
             ctx = size + 512
             miss = []
             for rep in range(args.miss_reps):
@@ -75,11 +138,7 @@ def main():
                        "|---|---|---|---|---|"] + rows)
     print(table)
     if args.write:
-        path = os.path.join(ROOT, "docs", "tiers.md")
-        text = open(path).read()
-        new = re.sub(r"(<!-- tier-ttft:begin -->\n).*?(<!-- tier-ttft:end -->)", lambda mo: mo.group(1) + table + "\n" + mo.group(2),
-                     text, flags=re.S)
-        open(path, "w").write(new)
+        splice_doc(os.path.join("docs", "tiers.md"), "tier-ttft", table)
 
 
 if __name__ == "__main__":

@@ -146,7 +146,7 @@ Scheduler::~Scheduler() {
   // Sequences before the cache's holders, sessions, then the cache.
   queue_.clear();
   running_.clear();
-  for (auto& [name, e] : sessions_) engine_.kv_manager().ReleaseSequence(e.seq);
+  for (auto& [name, e] : sessions_) ReleaseSession(e);
   sessions_.clear();
   compressed_.reset();
   cache_.reset();
@@ -204,10 +204,15 @@ Status NoSession(const std::string& name) { return NotFound("no session named '"
 
 }  // namespace
 
-Result<kv::SeqId> Scheduler::SessionSequence(uint64_t salt, const std::string& name) const {
+Result<kv::SeqId> Scheduler::SessionSequence(uint64_t salt, const std::string& name) {
   auto it = sessions_.find({salt, name});
   if (it == sessions_.end()) return NoSession(name);
-  return it->second.seq;
+  SessionEntry& e = it->second;
+  if (e.swapped) {  // back from host RAM (to be read, e.g. saved to a file)
+    KVX_ASSIGN_OR_RETURN(e.seq, SwapIn(*e.swapped, -1));
+    e.swapped.reset();
+  }
+  return e.seq;
 }
 
 Result<std::vector<int32_t>> Scheduler::SessionPendingTokens(uint64_t salt, const std::string& name) const {
@@ -225,14 +230,14 @@ Status Scheduler::AdoptSession(const std::string& name, kv::SeqId seq, uint64_t 
   for (int32_t t : pending) {
     if (t < 0 || t >= n_vocab_) return InvalidArgument("pending token id " + std::to_string(t) + " is outside the vocabulary");
   }
-  KeepSession({salt, name}, SessionEntry{seq, std::move(pending), 0});
+  KeepSession({salt, name}, SessionEntry{seq, std::move(pending), 0, nullptr});
   return Status::Ok();
 }
 
 Status Scheduler::DropSession(uint64_t salt, const std::string& name) {
   auto it = sessions_.find({salt, name});
   if (it == sessions_.end()) return NoSession(name);
-  engine_.kv_manager().ReleaseSequence(it->second.seq);
+  ReleaseSession(it->second);
   sessions_.erase(it);
   IndexSessions();
   return Status::Ok();
@@ -263,7 +268,7 @@ Status Scheduler::CheckInvariants() const {
 
 void Scheduler::KeepSession(const SessionKey& key, SessionEntry entry) {
   auto it = sessions_.find(key);
-  if (it != sessions_.end()) engine_.kv_manager().ReleaseSequence(it->second.seq);
+  if (it != sessions_.end()) ReleaseSession(it->second);
   entry.last_used = ++session_tick_;
   sessions_[key] = std::move(entry);
   DropLruSessions(key.first);
@@ -278,7 +283,7 @@ void Scheduler::DropLruSessions(uint64_t salt) {
       if (of_tenant && it->first.first != tenant) continue;
       if (oldest == sessions_.end() || it->second.last_used < oldest->second.last_used) oldest = it;
     }
-    engine_.kv_manager().ReleaseSequence(oldest->second.seq);
+    ReleaseSession(oldest->second);
     sessions_.erase(oldest);
   };
   auto tenant_count = [&] {

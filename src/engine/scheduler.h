@@ -114,6 +114,7 @@ namespace kvx::engine {
 
 class CompressedCache;
 class Session;
+struct SwappedSequence;
 
 using RequestId = uint64_t;
 
@@ -367,8 +368,13 @@ struct SchedulerStats {
   // and back, or sequences released and recomputed.
   uint64_t preempt_swaps = 0;
   uint64_t preempt_recomputes = 0;
-  uint64_t swapped_bytes = 0;             // host RAM held by swapped-out sequences now
+  uint64_t swapped_bytes = 0;             // host RAM held by swapped-out sequences now (sessions included)
+  // Idle named sessions whose pages went to host RAM to make room in the pool.
+  uint64_t sessions_swapped_out = 0;
   double copy_bytes_per_second = 0;       // the swap cost's bandwidth (measured)
+  // The scheduler thread's time in swaps (export and copy out, import back;
+  // sessions included): what moving them off the thread could save.
+  double swap_seconds = 0;
   // Work.
   uint64_t steps = 0;
   uint64_t prompt_tokens_computed = 0;  // prefill rows run (cache hits excluded)
@@ -456,7 +462,9 @@ class Scheduler {
   //
   // The manager sequence kept under `name` (NotFound otherwise). The
   // scheduler owns it: read it, fork it, do not release it.
-  Result<kv::SeqId> SessionSequence(uint64_t salt, const std::string& name) const;
+  // A session swapped out to host RAM under pool pressure is imported back
+  // first (ResourceExhausted when the pool has no room for it now).
+  Result<kv::SeqId> SessionSequence(uint64_t salt, const std::string& name);
   Result<std::vector<int32_t>> SessionPendingTokens(uint64_t salt, const std::string& name) const;
   // Takes ownership of manager sequence `seq` (e.g. one restored from a
   // file) as tenant `salt`'s session `name` with `pending` tokens,
@@ -480,9 +488,12 @@ class Scheduler {
   struct Request;
   struct Task;
   struct SessionEntry {
-    kv::SeqId seq = -1;
+    kv::SeqId seq = -1;  // -1 while swapped out
     std::vector<int32_t> pending;
     uint64_t last_used = 0;
+    // Swapped to host RAM to make room in the pool (scheduler_swap.cc):
+    // its next turn starts from this copy; null while in the pool.
+    std::shared_ptr<const SwappedSequence> swapped;
   };
   // A session's name within its tenant.
   using SessionKey = std::pair<uint64_t, std::string>;  // (salt, name)
@@ -561,11 +572,19 @@ class Scheduler {
   // when the preemption mode and the cost say so and they can be exported;
   // false (nothing changed) to recompute instead.
   bool SwapOut(Request& r);
-  // A swapped-out sample's sequence back in the pool, sharing its leading
-  // pages with `anchor` (the request's first sample swapped in) as it did
-  // before (ResourceExhausted: no room yet; the image is kept).
-  Result<kv::SeqId> SwapIn(Sample& s, kv::SeqId anchor);
+  // A swapped-out sequence back in the pool, sharing its leading pages with
+  // `anchor` (the request's first sample swapped in) as it did before
+  // (ResourceExhausted: no room yet; the image is kept).
+  Result<kv::SeqId> SwapIn(const SwappedSequence& swapped, kv::SeqId anchor);
+  // Under pool pressure: the least recently used named session in the pool
+  // (not `keep`) swapped to host RAM, its pages released; false when none
+  // can be (none left, a policy's state, the swap space full).
+  bool SwapOutIdleSession(const SessionKey* keep);
+  // A session's tokens and its release, wherever its sequence is.
+  const std::vector<int32_t>& SessionTokens(const SessionEntry& e) const;
+  void ReleaseSession(const SessionEntry& e);
   uint64_t SwappedBytes() const;
+  uint64_t SwapSpace() const;  // --swap-bytes, or the pool's budget
   void FinishSample(Request& r, Sample& s, FinishReason reason, Status status);
   void FailRequest(Request& r, FinishReason reason, Status status);
   void CancelId(RequestId id);

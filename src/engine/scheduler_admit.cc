@@ -48,7 +48,10 @@ void Scheduler::Admit() {
       continue;
     }
     if (!admitted) {
-      if (compressed_ && compressed_->EvictOne()) {  // kept compressed contexts give way too
+      // Kept compressed contexts give way too, then idle named sessions
+      // (to host RAM; not the one this request resumes).
+      const SessionKey resumed{r.req.tenant_salt, r.req.resume_session};
+      if ((compressed_ && compressed_->EvictOne()) || SwapOutIdleSession(r.req.resume_session.empty() ? nullptr : &resumed)) {
         const uint64_t in_use = m.BytesInUse();
         free_bytes = (budget > in_use ? budget - in_use : 0) + (evictable_added ? cache_->EvictableBytes() : 0);
         continue;
@@ -148,7 +151,7 @@ Status Scheduler::TryAdmit(Request& r, uint64_t* available, bool* admitted) {
     r.base.clear();
     if (!r.req.resume_session.empty()) {
       KVX_RETURN_IF_ERROR(CheckResumeAtAdmission(r.req, &session));
-      r.base = m.tokens(session->seq);
+      r.base = SessionTokens(*session);
       r.base.insert(r.base.end(), session->pending.begin(), session->pending.end());
     }
     r.base.insert(r.base.end(), r.req.prompt.begin(), r.req.prompt.end());
@@ -177,7 +180,7 @@ Status Scheduler::TryAdmit(Request& r, uint64_t* available, bool* admitted) {
       p.match.tokens = static_cast<int>(s.swapped->image.tokens.size());
     } else if (session != nullptr && s.index == 0) {
       p.from_session = true;
-      p.match.tokens = m.length(session->seq);
+      p.match.tokens = session->swapped ? static_cast<int>(session->swapped->image.tokens.size()) : m.length(session->seq);
     } else if (Caches(r)) {
       // With a compression moment at the base's end, at least the base's
       // last token is computed (cached prefixes are never compressed).
@@ -190,7 +193,10 @@ Status Scheduler::TryAdmit(Request& r, uint64_t* available, bool* admitted) {
       }
     }
     if (s.index == 0) cached = p.match.tokens;
-    need += KvBytesFor(n + 1) - KvBytesFor(s.swapped ? s.swapped->shared_tokens : p.match.tokens);
+    // (A swapped sample brings its own pages but those it shares; a swapped
+    // session all of its own.)
+    const int shared = s.swapped ? s.swapped->shared_tokens : p.from_session && session->swapped ? 0 : p.match.tokens;
+    need += KvBytesFor(n + 1) - KvBytesFor(shared);
     plans.push_back(p);
   }
   if (need > *available) return Status::Ok();
@@ -198,8 +204,9 @@ Status Scheduler::TryAdmit(Request& r, uint64_t* available, bool* admitted) {
   kv::SeqId swap_anchor = -1;  // the first sample swapped in: the others share its prompt's pages
   for (size_t i = 0; i < plans.size(); ++i) {
     Plan& p = plans[i];
-    Result<kv::SeqId> seq = p.s->swapped         ? SwapIn(*p.s, swap_anchor)
-                            : p.from_session     ? m.ForkPrefix(session->seq, p.match.tokens)
+    Result<kv::SeqId> seq = p.s->swapped         ? SwapIn(*p.s->swapped, swap_anchor)
+                            : p.from_session     ? (session->swapped ? SwapIn(*session->swapped, -1)
+                                                                     : m.ForkPrefix(session->seq, p.match.tokens))
                             : p.compressed >= 0  ? m.ForkPrefix(p.compressed, p.match.tokens)
                             : p.match.blocks > 0 ? cache_->ForkMatch(p.match)
                                                  : Result<kv::SeqId>(m.AddSequence(r.req.tenant_salt));
@@ -261,6 +268,7 @@ bool Scheduler::MakeRoom(uint64_t bytes, Request** preempted) {
   *preempted = nullptr;
   if (cache_ && cache_->Evict(bytes) > 0) return true;
   if (compressed_ && compressed_->EvictOne()) return true;  // (its pages may live on in forks: retried)
+  if (SwapOutIdleSession(nullptr)) return true;  // idle sessions before running requests
   if (running_.size() <= 1) return false;  // the one request left is the one that needs the room
   *preempted = Youngest();
   Preempt(*preempted);

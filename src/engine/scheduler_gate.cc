@@ -171,7 +171,8 @@ Status Scheduler::CheckPoolHolds(const std::string& what, int64_t tokens) const 
 }
 
 Scheduler::SessionSummary Scheduler::Summary(const SessionEntry& e) const {
-  return {engine_.kv_manager().length(e.seq) + static_cast<int64_t>(e.pending.size()), !e.pending.empty()};
+  const int64_t in_kv = e.swapped ? static_cast<int64_t>(e.swapped->image.tokens.size()) : engine_.kv_manager().length(e.seq);
+  return {in_kv + static_cast<int64_t>(e.pending.size()), !e.pending.empty()};
 }
 
 void Scheduler::IndexSessions() {

@@ -233,7 +233,7 @@ void Scheduler::FinishSample(Request& r, Sample& s, FinishReason reason, Status 
     if (normal && s.index == 0 && !r.req.save_session.empty()) {
       // Not yet in the KV: the last sampled token.
       KeepSession({r.req.tenant_salt, r.req.save_session},
-                  SessionEntry{s.session->Detach(), {s.generated.back()}, 0});
+                  SessionEntry{s.session->Detach(), {s.generated.back()}, 0, nullptr});
     } else if (normal && Caches(r)) {
       CacheSequence(s.session->Detach());
     }

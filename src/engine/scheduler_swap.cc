@@ -66,7 +66,12 @@ uint64_t Scheduler::SwappedBytes() const {
   for (const auto& r : queue_) {
     for (const Sample& s : r->samples) n += s.swapped ? s.swapped->bytes : 0;
   }
+  for (const auto& [key, e] : sessions_) n += e.swapped ? e.swapped->bytes : 0;
   return n;
+}
+
+uint64_t Scheduler::SwapSpace() const {
+  return options_.swap_bytes > 0 ? options_.swap_bytes : engine_.pool().budget_bytes();
 }
 
 bool Scheduler::SwapOut(Request& r) {
@@ -81,8 +86,7 @@ bool Scheduler::SwapOut(Request& r) {
     cost.bytes += KvBytesFor(s.session->n_past());
   }
   if (cost.tokens == 0) return false;
-  const uint64_t space = options_.swap_bytes > 0 ? options_.swap_bytes : engine_.pool().budget_bytes();
-  if (SwappedBytes() + cost.bytes > space) return false;
+  if (SwappedBytes() + cost.bytes > SwapSpace()) return false;
   if (options_.preempt == PreemptMode::kAuto && ChoosePreemption(cost) != PreemptKind::kSwap) return false;
   // Every sample's image first: one that cannot be exported (a codec an
   // image does not carry) leaves the request untouched, to recompute.
@@ -104,6 +108,7 @@ bool Scheduler::SwapOut(Request& r) {
     bytes += out.back()->bytes;
   }
   Observe(&copy_bytes_per_second_, bytes, util::MonotonicSeconds() - t0);
+  work_.swap_seconds += util::MonotonicSeconds() - t0;
   size_t i = 0;
   for (Sample& s : r.samples) {
     if (s.session != nullptr) s.swapped = std::move(out[i++]);
@@ -111,18 +116,53 @@ bool Scheduler::SwapOut(Request& r) {
   return true;
 }
 
-Result<kv::SeqId> Scheduler::SwapIn(Sample& s, kv::SeqId anchor) {
+Result<kv::SeqId> Scheduler::SwapIn(const SwappedSequence& swapped, kv::SeqId anchor) {
   const double t0 = util::MonotonicSeconds();
   kv::KVManager& m = engine_.kv_manager();
-  const kv::KVManager::SharedPrefix prefix{anchor, s.swapped->shared_tokens};
-  Result<kv::SeqId> seq = m.ImportSequence(s.swapped->image, prefix);
+  const kv::KVManager::SharedPrefix prefix{anchor, swapped.shared_tokens};
+  Result<kv::SeqId> seq = m.ImportSequence(swapped.image, prefix);
   // Admission counted the cache's evictable pages as room: make it.
-  if (!seq.ok() && seq.status().code() == StatusCode::kResourceExhausted && cache_ &&
-      cache_->Evict(s.swapped->bytes) > 0) {
-    seq = m.ImportSequence(s.swapped->image, prefix);
+  if (!seq.ok() && seq.status().code() == StatusCode::kResourceExhausted && cache_ && cache_->Evict(swapped.bytes) > 0) {
+    seq = m.ImportSequence(swapped.image, prefix);
   }
-  if (seq.ok()) Observe(&copy_bytes_per_second_, s.swapped->bytes, util::MonotonicSeconds() - t0);
+  if (seq.ok()) Observe(&copy_bytes_per_second_, swapped.bytes, util::MonotonicSeconds() - t0);
+  work_.swap_seconds += util::MonotonicSeconds() - t0;
   return seq;
+}
+
+// Idle named sessions hold pool pages between turns; under pressure they go
+// to host RAM (least recently used first) before any running request is
+// preempted, and a session's next turn imports its copy (TryAdmit), byte
+// for byte: the turn gives what it would have given from the pool.
+bool Scheduler::SwapOutIdleSession(const SessionKey* keep) {
+  kv::KVManager& m = engine_.kv_manager();
+  if (!m.policies().empty()) return false;  // a policy's per-sequence state is not in an image
+  auto oldest = sessions_.end();
+  for (auto it = sessions_.begin(); it != sessions_.end(); ++it) {
+    if (it->second.swapped || (keep != nullptr && it->first == *keep)) continue;
+    if (oldest == sessions_.end() || it->second.last_used < oldest->second.last_used) oldest = it;
+  }
+  if (oldest == sessions_.end()) return false;
+  SessionEntry& e = oldest->second;
+  const double t0 = util::MonotonicSeconds();
+  Result<kv::KVManager::SequenceImage> image = m.ExportSequence(e.seq);
+  if (!image.ok() || SwappedBytes() + KvBytesFor(m.length(e.seq)) > SwapSpace()) return false;
+  std::unique_ptr<SwappedSequence> out = CopyOut(std::move(image).value(), 0, page_tokens_);
+  Observe(&copy_bytes_per_second_, out->bytes, util::MonotonicSeconds() - t0);
+  work_.swap_seconds += util::MonotonicSeconds() - t0;
+  m.ReleaseSequence(e.seq);
+  e.seq = -1;
+  e.swapped = std::move(out);
+  work_.sessions_swapped_out++;
+  return true;
+}
+
+const std::vector<int32_t>& Scheduler::SessionTokens(const SessionEntry& e) const {
+  return e.swapped ? e.swapped->image.tokens : engine_.kv_manager().tokens(e.seq);
+}
+
+void Scheduler::ReleaseSession(const SessionEntry& e) {
+  if (!e.swapped) engine_.kv_manager().ReleaseSequence(e.seq);
 }
 
 }  // namespace kvx::engine

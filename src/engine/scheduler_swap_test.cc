@@ -102,5 +102,56 @@ TEST(SchedulerSwapTest, EachModeAndCostPicksItsKind) {
   }
 }
 
+// Named sessions under pool pressure: three idle sessions fill a pool of
+// ~64 KB; a new request that needs more than the rest is admitted once the
+// least recently used sessions are swapped to host RAM (it gives what it
+// gives alone), and a swapped session's next turn is served from its host
+// copy: the same tokens as one request over the whole history.
+TEST(SchedulerSwapTest, IdleSessionsGiveWayUnderPressureAndComeBackExactly) {
+  auto engine = MakeEngine("codec=f16,page=16,budget=64K", 256, 4);
+  auto alone = MakeEngine("codec=f16,page=16", 256, 1);
+  auto sched = Scheduler::Create(*engine, {});
+  ASSERT_TRUE(sched.ok());
+  Collector c;
+  std::vector<GenerationRequest> turns;
+  std::vector<Outcome> first;
+  for (int i = 0; i < 3; ++i) {
+    GenerationRequest r = FixedLengthRequest(Tokens(58, 30 + i), 6, static_cast<uint64_t>(i));
+    r.save_session = "s" + std::to_string(i);
+    ASSERT_TRUE((*sched)->Submit(r, c.Callback(i)).ok());
+    first.push_back(c.Wait(i));
+    ASSERT_EQ(first.back().finish.at(0).status.ToString(), "OK");
+    turns.push_back(r);
+  }
+  const GenerationRequest big = FixedLengthRequest(Tokens(120, 40), 6, 9);
+  ASSERT_TRUE((*sched)->Submit(big, c.Callback(3)).ok());
+  const Outcome o = c.Wait(3);
+  ASSERT_EQ(o.finish.at(0).status.ToString(), "OK");
+  EXPECT_EQ(o.finish.at(0).tokens, Alone(*alone, big.prompt, 6, 9));
+  SchedulerStats st = (*sched)->Stats();
+  EXPECT_EQ(st.sessions, 3);
+  EXPECT_GT(st.sessions_swapped_out, 0u);
+  // Every session's next turn, swapped or not: the history's continuation.
+  for (int i = 0; i < 3; ++i) {
+    GenerationRequest next = FixedLengthRequest(Tokens(5, 50 + i), 6, 20 + static_cast<uint64_t>(i));
+    next.resume_session = "s" + std::to_string(i);
+    ASSERT_TRUE((*sched)->Submit(next, c.Callback(4 + i)).ok());
+    const Outcome on = c.Wait(4 + i);
+    ASSERT_EQ(on.finish.at(0).status.ToString(), "OK") << "session " << i;
+    const auto history = Concat(Concat(turns[i].prompt, first[i].finish.at(0).tokens), next.prompt);
+    EXPECT_EQ(on.finish.at(0).tokens, Alone(*alone, history, 6, 20 + static_cast<uint64_t>(i))) << "session " << i;
+  }
+  // Asked for its sequence (to save it to a file), a swapped session comes back into the pool.
+  Scheduler* sp = sched->get();
+  ASSERT_TRUE(sp->RunBetweenSteps([sp](Engine& e) -> Status {
+                  for (int i = 0; i < 3; ++i) {
+                    KVX_ASSIGN_OR_RETURN(kv::SeqId seq, sp->SessionSequence(0, "s" + std::to_string(i)));
+                    if (e.kv_manager().length(seq) != 58 + 6 - 1) return Internal("session length");
+                  }
+                  return Status::Ok();
+                }).ok());
+  ExpectInvariants(**sched);
+}
+
 }  // namespace
 }  // namespace kvx::engine::scheduler_test

@@ -54,19 +54,25 @@ std::shared_ptr<TierStore> DiskStore(const Engine& engine, const std::string& di
   return Store(engine, std::move(t), options);
 }
 
-// Runs `request` on a scheduler over `engine` with `store`; its outcome.
-Outcome RunOne(Engine& engine, std::shared_ptr<TierStore> store, GenerationRequest request, double prefill_tps = 1000) {
+// A scheduler over `engine` with `store` (prefill speed given: no start-up measurement).
+std::unique_ptr<Scheduler> TierScheduler(Engine& engine, std::shared_ptr<TierStore> store, double prefill_tps = 1000) {
   SchedulerOptions o;
   o.tiers = std::move(store);
   o.prefill_tokens_per_second = prefill_tps;
   auto sched = Scheduler::Create(engine, o);
-  EXPECT_TRUE(sched.ok());
+  EXPECT_TRUE(sched.ok()) << sched.status().ToString();
+  return sched.ok() ? std::move(sched).value() : nullptr;
+}
+
+// Runs `request` on a scheduler over `engine` with `store`; its outcome.
+Outcome RunOne(Engine& engine, std::shared_ptr<TierStore> store, GenerationRequest request, double prefill_tps = 1000) {
+  auto sched = TierScheduler(engine, store, prefill_tps);
   Collector c;
-  EXPECT_TRUE((*sched)->Submit(std::move(request), c.Callback(0)).ok());
+  EXPECT_TRUE(sched->Submit(std::move(request), c.Callback(0)).ok());
   Outcome out = c.Wait(0);
-  ExpectInvariants(**sched);
-  (*sched)->Shutdown(ShutdownMode::kDrain);
-  if (o.tiers) o.tiers->Flush();  // its writes are done
+  ExpectInvariants(*sched);
+  sched->Shutdown(ShutdownMode::kDrain);
+  if (store) store->Flush();  // its writes are done
   return out;
 }
 
@@ -149,6 +155,36 @@ TEST(SchedulerTierTest, ARestartOnTheSameDirectoryHitsTheDisk) {
   EXPECT_EQ(store->counters().blocks_written, written);
 }
 
+// A prompt whose first blocks the pool holds and the rest only a tier: the
+// lookup starts at the first block the pool lacks (the disk reads only
+// those), the import shares the pool's pages of the rest (ImportSequence
+// over the radix cache's holder), and the request gives what it gives alone.
+TEST(SchedulerTierTest, ALookupReadsOnlyTheBlocksThePoolLacks) {
+  kv::tier::testing::TempDir dir;
+  auto a = MakeEngine(kSpec, 512);
+  const auto alone = Alone(*a, kPrompt, 6, 7);
+  RunOne(*a, DiskStore(*a, dir.path()), FixedLengthRequest(kPrompt, 6, 7));  // blocks 0..3 on disk
+  auto b = MakeEngine(kSpec, 512);
+  auto store = DiskStore(*b, dir.path());
+  auto sched = TierScheduler(*b, store);
+  Collector c;
+  // Blocks 0 and 1 (and 6 tokens more) into the pool: loaded from disk.
+  const std::vector<int32_t> head(kPrompt.begin(), kPrompt.begin() + 2 * kBlock + 6);
+  ASSERT_TRUE(sched->Submit(FixedLengthRequest(head, 2, 1), c.Callback(0)).ok());
+  EXPECT_EQ(FromTier(c.Wait(0), "disk"), 2 * kBlock);
+  EXPECT_EQ(store->Metrics()[0].stats.hits, 2u);
+  // The whole prompt: blocks 2 and 3 come from disk, 0 and 1 from the pool.
+  ASSERT_TRUE(sched->Submit(FixedLengthRequest(kPrompt, 6, 7), c.Callback(1)).ok());
+  const Outcome hit = c.Wait(1);
+  EXPECT_EQ(store->Metrics()[0].stats.hits, 4u);  // 2 more read, not 4
+  EXPECT_EQ(store->Metrics()[0].loads, 4u);
+  EXPECT_EQ(FromTier(hit, "disk"), 2 * kBlock);
+  EXPECT_EQ(hit.timing.cached_tokens, 4 * kBlock);
+  EXPECT_EQ(hit.finish.at(0).tokens, alone);
+  ExpectInvariants(*sched);
+  sched->Shutdown(ShutdownMode::kDrain);
+}
+
 // A store over one host-RAM tier of `bytes` (its lines go to `log`).
 std::shared_ptr<TierStore> RamStore(const Engine& engine, uint64_t bytes, kv::tier::TierLog log = [](const std::string&) {}) {
   std::vector<std::unique_ptr<kv::tier::Tier>> t;
@@ -172,12 +208,7 @@ GenerationRequest CacheRequest(const std::vector<int32_t>& prompt, CacheMode mod
 }
 
 Status SubmitError(Engine& engine, std::shared_ptr<TierStore> store, const GenerationRequest& r, RequestPart* part) {
-  SchedulerOptions o;
-  o.tiers = std::move(store);
-  o.prefill_tokens_per_second = 1000;
-  auto sched = Scheduler::Create(engine, o);
-  EXPECT_TRUE(sched.ok());
-  return (*sched)->Submit(r, [](const RequestEvent&) {}, part).status();
+  return TierScheduler(engine, std::move(store))->Submit(r, [](const RequestEvent&) {}, part).status();
 }
 
 // A pin needs a host-RAM tier that can hold its prompt's blocks, and no
@@ -230,6 +261,32 @@ TEST(SchedulerTierTest, APinnedPromptStaysInTheRamTierUntilItsTenantUnpins) {
   EXPECT_GT(store->Metrics()[0].stats.pins_broken, 0u);
   ASSERT_FALSE(lines.empty());
   EXPECT_NE(lines[0].find("hold only pinned blocks: gave back"), std::string::npos) << lines[0];
+}
+
+// A pin copies a block up from a lower tier only when the host-RAM tier
+// serves its storage level: a `high` block on disk is not copied into a
+// `lossless` RAM tier (a miss there), it is into a `high` one.
+TEST(SchedulerTierTest, APinCopiesUpOnlyBlocksTheRamTierServes) {
+  using kv::tier::StorageLevel;
+  kv::tier::testing::TempDir dir;
+  auto a = MakeEngine(kSpec, 512);
+  RunOne(*a, DiskStore(*a, dir.path(), StorageLevel::kHigh), FixedLengthRequest(kPrompt, 6, 7));
+  auto ram_blocks_after_pin = [&](StorageLevel ram_level) {
+    std::vector<std::unique_ptr<kv::tier::Tier>> tiers;
+    tiers.push_back(kv::tier::RamTier::Open(64 << 20).value());
+    tiers.push_back(Disk(dir.path()));
+    kv::tier::TierStoreOptions options;
+    options.tier_levels = {ram_level, StorageLevel::kHigh};
+    auto store = Store(*a, std::move(tiers), options);
+    store->Pin(0, kPrompt, true);
+    store->Flush();
+    const kv::tier::TierStats st = store->Metrics()[0].stats;
+    EXPECT_EQ(st.pinned, st.blocks);  // what was copied up is pinned
+    return st.blocks;
+  };
+  EXPECT_EQ(ram_blocks_after_pin(StorageLevel::kLossless), 0u);
+  EXPECT_EQ(ram_blocks_after_pin(StorageLevel::kHigh), 4u);
+  EXPECT_EQ(ram_blocks_after_pin(StorageLevel::kMedium), 4u);  // serves `high` too (more faithful)
 }
 
 // The store's record of written keys follows the tiers: blocks the RAM tier
@@ -438,21 +495,17 @@ TEST(SchedulerTierTest, WriteBackWritesWhatTheCacheEvictsAndHoldsAtShutdown) {
   kv::tier::TierStoreOptions back;
   back.write_back = true;
   std::shared_ptr<TierStore> store = TierStore::Create(std::move(space).value(), std::move(tiers), back).value();
-  SchedulerOptions o;
-  o.tiers = store;
-  o.prefill_tokens_per_second = 1000;
-  auto sched = Scheduler::Create(*a, o);
-  ASSERT_TRUE(sched.ok());
+  auto sched = TierScheduler(*a, store);
   Collector c;
-  ASSERT_TRUE((*sched)->Submit(FixedLengthRequest(kPrompt, 6, 7), c.Callback(0)).ok());
+  ASSERT_TRUE(sched->Submit(FixedLengthRequest(kPrompt, 6, 7), c.Callback(0)).ok());
   c.Wait(0);
   store->Flush();
   EXPECT_EQ(store->counters().blocks_written, 0u);  // finished, cached in the pool: not written yet
-  ASSERT_TRUE((*sched)->Submit(FixedLengthRequest(Tokens(150, 5), 6, 7), c.Callback(1)).ok());
+  ASSERT_TRUE(sched->Submit(FixedLengthRequest(Tokens(150, 5), 6, 7), c.Callback(1)).ok());
   c.Wait(1);
   store->Flush();
   EXPECT_EQ(store->counters().blocks_written, 4u);  // the first prompt's blocks, evicted for the second
-  sched->reset();  // shutdown: what the cache holds (the second prompt's blocks) is written
+  sched.reset();  // shutdown: what the cache holds (the second prompt's blocks) is written
   store->Flush();
   EXPECT_EQ(store->counters().blocks_written, 8u);
   auto b = MakeEngine(kSpec, 512);

@@ -44,6 +44,7 @@ bool Scheduler::WaitsForTiers(Request& r) {
   q.salt = r.req.tenant_salt;
   q.tokens.assign(tokens.begin(), tokens.begin() + limit);
   q.after_writes = r.started;  // behind the writes of its own preemption
+  q.first_block = in_pool.tokens / B;  // what the pool holds is not read again
   q.max_blocks = limit / B;
   q.recompute_seconds_per_token = prefill_seconds_per_token_ > 0 ? prefill_seconds_per_token_
                                    : options_.prefill_tokens_per_second > 0 ? 1.0 / options_.prefill_tokens_per_second
@@ -52,30 +53,43 @@ bool Scheduler::WaitsForTiers(Request& r) {
   return true;
 }
 
-// Imports the blocks a lookup found beyond what the pool holds now: one new
-// sequence (ImportSequence, pages copied from the decoded blocks) that the
-// prefix cache takes as the holder of the blocks it lacks. When the pool
-// cannot hold it even after evicting cached pages, the request recomputes.
+// Imports the blocks a lookup found beyond what the pool holds: one new
+// sequence over the radix cache's holder of the blocks the lookup skipped
+// (their pages shared, the loaded blocks' pages copied from the decoded
+// blocks; ImportSequence with a SharedPrefix), which the prefix cache takes
+// as the holder of the blocks it lacks. When the pool gave the skipped
+// blocks up meanwhile, or cannot hold the new ones even after evicting
+// cached pages, the request recomputes.
 void Scheduler::ImportTierLoad(Request& r) {
   kv::tier::TierLoad& load = r.tier_load->result();
   if (load.blocks.empty()) return;
   const int B = tiers_->block_tokens();
-  const int tokens = static_cast<int>(load.blocks.size()) * B;
-  const kv::RadixCache::Match in_pool = cache_->Lookup(r.req.tenant_salt, LookupTokens(r), tokens);
+  const int skipped = load.first_block * B, tokens = skipped + static_cast<int>(load.blocks.size()) * B;
+  const std::vector<int32_t> want = LookupTokens(r);
+  const kv::RadixCache::Match in_pool = cache_->Lookup(r.req.tenant_salt, want, tokens);
   if (in_pool.tokens >= tokens) return;  // another request brought them meanwhile
-  Result<kv::KVManager::SequenceImage> image = kv::tier::PrefixImage(load.blocks, tiers_->space(), r.req.tenant_salt);
+  if (in_pool.tokens < skipped) return;  // the blocks the load skipped left the pool
+  Result<kv::KVManager::SequenceImage> image = kv::tier::LoadImage(load, want, tiers_->space(), r.req.tenant_salt);
   if (!image.ok()) return;
   kv::KVManager& m = engine_.kv_manager();
-  Result<kv::SeqId> seq = m.ImportSequence(*image);
-  if (!seq.ok() && seq.status().code() == StatusCode::kResourceExhausted && cache_->Evict(KvBytesFor(tokens)) > 0) {
-    seq = m.ImportSequence(*image);
+  // (The holder is asked again after an eviction, which may replace it.)
+  auto import = [&] {
+    return m.ImportSequence(*image, {skipped > 0 ? cache_->HolderOf(in_pool) : -1, skipped});
+  };
+  if (skipped > 0) cache_->Lock(in_pool.deepest);  // the shared prefix stays while room is made
+  Result<kv::SeqId> seq = import();
+  if (!seq.ok() && seq.status().code() == StatusCode::kResourceExhausted &&
+      cache_->Evict(KvBytesFor(tokens) - KvBytesFor(skipped)) > 0) {
+    seq = import();
   }
+  if (skipped > 0) cache_->Unlock(in_pool.deepest);
   if (!seq.ok()) return;
   cache_->Insert(*seq);
   r.tier_tokens.assign(tiers_->num_tiers(), 0);
-  for (size_t b = 0; b < load.blocks.size(); ++b) {
-    const int from = std::max(static_cast<int>(b) * B, in_pool.tokens), to = static_cast<int>(b + 1) * B;
-    if (to > from) r.tier_tokens[load.tier_of_block[b]] += to - from;
+  for (size_t i = 0; i < load.blocks.size(); ++i) {
+    const int b = load.first_block + static_cast<int>(i);
+    const int from = std::max(b * B, in_pool.tokens), to = (b + 1) * B;
+    if (to > from) r.tier_tokens[load.tier_of_block[i]] += to - from;
   }
   if (r.started) work_.swapped_in_tokens += static_cast<uint64_t>(tokens - in_pool.tokens);
 }

@@ -108,6 +108,11 @@ Result<SeqId> RadixCache::ForkMatch(const Match& match) {
   return seq;
 }
 
+SeqId RadixCache::HolderOf(const Match& match) const {
+  KVX_CHECK(match.blocks > 0 && match.deepest != kNoNode && nodes_[match.deepest].live);
+  return holders_[nodes_[match.deepest].holder].seq;
+}
+
 void RadixCache::Lock(NodeId node) {
   for (NodeId id = node; id != kNoNode; id = nodes_[id].parent) {
     Node& n = nodes_[id];

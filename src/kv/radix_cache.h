@@ -81,6 +81,12 @@ class RadixCache {
   // Evict in between. ResourceExhausted/FailedPrecondition from
   // KVManager::ForkPrefix (nothing changed).
   Result<SeqId> ForkMatch(const Match& match);
+  // The holder sequence of the match's deepest block: it holds the match's
+  // tokens (and maybe more), owned by the cache — to share from
+  // (KVManager::SharedPrefix), not to change; valid until the next Evict,
+  // which may replace it by a shorter fork even when the node is locked.
+  // REQUIRES: as ForkMatch.
+  SeqId HolderOf(const Match& match) const;
   // Lock refs on root..node (a running sequence uses these pages).
   void Lock(NodeId node);
   void Unlock(NodeId node);

@@ -181,8 +181,10 @@ std::string RenderMetrics(const engine::SchedulerStats& s, const HttpCounters& h
            "Preemptions by kind: swap (pages to host RAM and back), recompute (sequences released, computed again)");
   o.Sample("kvx_preempt_total", static_cast<double>(s.preempt_swaps), "kind=\"swap\"");
   o.Sample("kvx_preempt_total", static_cast<double>(s.preempt_recomputes), "kind=\"recompute\"");
-  o.Gauge("kvx_swapped_bytes", "Host RAM held by sequences swapped out of the pool",
+  o.Gauge("kvx_swapped_bytes", "Host RAM held by sequences swapped out of the pool (idle named sessions included)",
           static_cast<double>(s.swapped_bytes));
+  o.Counter("kvx_sessions_swapped_out_total", "Idle named sessions swapped to host RAM to make room in the pool",
+            static_cast<double>(s.sessions_swapped_out));
   o.Gauge("kvx_swap_copy_bytes_per_second", "The host copy bandwidth swap preemption is costed at (measured)",
           s.copy_bytes_per_second);
   o.Counter("kvx_requests_submitted_total", "Requests submitted", static_cast<double>(s.requests_submitted));

@@ -18,6 +18,8 @@
 // placed in order before the prompt and assembled from the chunk cache
 // (docs/kv-reuse.md); such requests are not grouped by prefix (their KV
 // never enters the prefix cache).
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -33,6 +35,7 @@
 
 #include "engine/prefix_groups.h"
 #include "engine/scheduler.h"
+#include "kv/tier/tier_store.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
 #include "util/output_file.h"
@@ -346,12 +349,31 @@ Status Batch(const BatchFlags& flags) {
                "batch: %zu requests (%d failed) in %.2f s | %zu groups, %d shared prefixes computed, %d requests "
                "started from theirs | prompt %llu tokens, %llu reused (%.1f%%: %llu from the prefix cache, %llu from "
                "%llu compressed-cache hits), %llu computed | %llu compressions | generated %llu tokens, %.1f tok/s | "
-               "%llu steps, %llu preemptions (%llu swapped) | KV pool %.2f / %.2f MiB\n",
+               "%llu steps (%.2f s), %llu preemptions (%llu swapped, %.3f s in swaps) | KV pool %.2f / %.2f MiB\n",
                items.size(), failed, seconds, groups.size(), warmups, reused, u(prompt_tokens), u(cached),
                prompt_tokens ? 100.0 * cached / prompt_tokens : 0.0, u(st.prefix_hit_tokens),
                u(st.compressed_hit_tokens), u(st.compressed_hits), u(st.prompt_tokens_computed), u(st.compressions),
-               u(generated), seconds > 0 ? generated / seconds : 0.0, u(st.steps), u(st.preemptions),
-               u(st.preempt_swaps), st.pool_bytes_used / 1048576.0, st.pool_budget_bytes / 1048576.0);
+               u(generated), seconds > 0 ? generated / seconds : 0.0, u(st.steps), st.busy_seconds, u(st.preemptions),
+               u(st.preempt_swaps), st.swap_seconds, st.pool_bytes_used / 1048576.0, st.pool_budget_bytes / 1048576.0);
+  if (so.tiers) {
+    // CPU seconds, which other work on the machine does not inflate: what
+    // the tiers' I/O thread (encoding, writes, loads) took beside the rest
+    // of the process (the decode threads, mostly). After the scheduler's
+    // last writes (write-back writes what the cache holds at its end).
+    sched.reset();
+    so.tiers->Flush();
+    const kv::tier::TierStoreCounters tc = so.tiers->counters();
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    const double process = static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+                           1e-6 * static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+    const double rest = process - tc.io_cpu_seconds;
+    std::fprintf(stderr,
+                 "batch: tiers: %llu blocks written, %llu tokens from tiers | CPU: tier I/O thread %.3f s, the rest of "
+                 "the process %.3f s (I/O = %.2f%% of the rest)\n",
+                 u(tc.blocks_written), u(st.tier_hit_tokens), tc.io_cpu_seconds, rest,
+                 rest > 0 ? 100.0 * tc.io_cpu_seconds / rest : 0.0);
+  }
   return failed == 0 ? Status::Ok()
                      : ResourceExhausted(std::to_string(failed) + " request(s) failed; see their \"error\" lines");
 }

@@ -1,5 +1,7 @@
 #include "kv/tier/tier_store.h"
 
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 
@@ -13,7 +15,60 @@ std::span<const uint8_t> AsBytes(const std::string& s) {
   return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
 }
 
+double ThisThreadCpuSeconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
 }  // namespace
+
+Result<KVManager::SequenceImage> LoadImage(const TierLoad& load, std::span<const int32_t> tokens,
+                                           const BlockSpace& space, uint64_t salt) {
+  const KVLayout& l = space.layout;
+  const int B = space.block_tokens, pages_per_block = B / l.page_tokens;
+  const size_t n_tables = static_cast<size_t>(l.n_layers) * l.n_kv_heads;
+  const size_t skipped_pages = static_cast<size_t>(load.first_block) * pages_per_block;
+  const size_t end = (static_cast<size_t>(load.first_block) + load.blocks.size()) * B;
+  if (load.first_block < 0 || tokens.size() < end) {
+    return InvalidArgument("a tier load of blocks " + std::to_string(load.first_block) + ".. needs the " +
+                           std::to_string(end) + " tokens they hold, not " + std::to_string(tokens.size()));
+  }
+  KVManager::SequenceImage image;
+  image.salt = salt;
+  image.tokens.assign(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(end));
+  image.positions.assign(static_cast<size_t>(load.first_block) * B, 0);  // the shared prefix's: not read
+  image.tables.resize(n_tables);
+  for (SequenceKV::TableImage& t : image.tables) {
+    t.length = static_cast<int>(end);
+    t.full.assign(skipped_pages, 0);
+    t.pages.assign(skipped_pages, {});
+  }
+  for (size_t i = 0; i < load.blocks.size(); ++i) {
+    const ParsedBlock& b = load.blocks[i];
+    if (b.index != load.first_block + static_cast<int>(i) || b.block_tokens != B ||
+        b.tables != static_cast<int>(n_tables) || b.pages_per_table != pages_per_block ||
+        b.positions.size() != static_cast<size_t>(B)) {
+      return InvalidArgument("tier block " + std::to_string(b.index) + " is not block " +
+                             std::to_string(load.first_block + static_cast<int>(i)) + " of this block space");
+    }
+    image.positions.insert(image.positions.end(), b.positions.begin(), b.positions.end());
+    for (size_t t = 0; t < n_tables; ++t) {
+      const size_t first = t * static_cast<size_t>(pages_per_block);
+      image.tables[t].full.insert(image.tables[t].full.end(), b.full.begin() + first,
+                                  b.full.begin() + first + pages_per_block);
+      image.tables[t].pages.insert(image.tables[t].pages.end(), b.pages.begin() + first,
+                                   b.pages.begin() + first + pages_per_block);
+    }
+  }
+  // The manager's chain of page hashes over the tokens, for the tenant.
+  uint64_t chain = salt;
+  for (size_t start = 0; start + l.page_tokens <= end; start += l.page_tokens) {
+    chain = BlockHash(chain, std::span<const int32_t>(image.tokens.data() + start, l.page_tokens));
+    image.block_hashes.push_back(chain);
+  }
+  return image;
+}
 
 Result<std::unique_ptr<TierStore>> TierStore::Create(BlockSpace space, std::vector<std::unique_ptr<Tier>> tiers,
                                                      TierStoreOptions options) {
@@ -113,6 +168,7 @@ void TierStore::Loop() {
     } else {
       break;  // stopping, and every write is done
     }
+    counters_.io_cpu_seconds = ThisThreadCpuSeconds();
     busy_ = false;
     idle_.notify_all();
   }
@@ -151,10 +207,12 @@ void TierStore::RunLookup(const LookupRequest& q, PendingLoad& load) {
   const int B = space_.block_tokens;
   const std::vector<BlockKey> keys = BlockKeys(space_, q.salt, q.tokens);
   const int n = std::min<int>(q.max_blocks, static_cast<int>(keys.size()));
+  out.first_block = std::max(q.first_block, 0);
   WriteJob promote;  // blocks found below the first tier, copied up
-  for (int i = 0; i < n && !load.cancelled_.load(std::memory_order_relaxed); ++i) {
+  for (int i = out.first_block; i < n && !load.cancelled_.load(std::memory_order_relaxed); ++i) {
     const double elapsed = util::MonotonicSeconds() - t0;
-    if (q.recompute_seconds_per_token > 0 && i > 0 && elapsed > i * B * q.recompute_seconds_per_token) {
+    const int loaded = i - out.first_block;
+    if (q.recompute_seconds_per_token > 0 && loaded > 0 && elapsed > loaded * B * q.recompute_seconds_per_token) {
       out.abandoned = true;  // slower than recomputing what is loaded: recompute the rest
       break;
     }
@@ -250,13 +308,18 @@ void TierStore::RunWrite(WriteJob& job) {
 void TierStore::RunPin(const LookupRequest& what, bool on) {
   auto* ram = dynamic_cast<RamTier*>(tiers_[0].get());
   if (ram == nullptr) return;
-  for (const BlockKey& key : BlockKeys(space_, what.salt, what.tokens)) {
-    ram->Pin(key, on);
-    if (!on || ram->Has(key)) continue;
-    for (size_t t = 1; t < tiers_.size(); ++t) {  // copy it up (it is checked when a lookup reads it)
-      std::optional<std::string> bytes = tiers_[t]->Get(key);
-      if (!bytes) continue;
-      if (ram->Put(key, *bytes).ok()) Mark(key, 1u, 0);
+  const std::vector<BlockKey> keys = BlockKeys(space_, what.salt, what.tokens);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ram->Pin(keys[i], on);
+    if (!on || ram->Has(keys[i])) continue;
+    // Copied up from the first lower tier holding a block the RAM tier would
+    // serve (DecodeBlock, as a lookup reads it: sound, this block, a level
+    // it accepts); a lossier block would be a miss there, wasted RAM.
+    const BlockRequest request{&space_, what.salt, what.tokens, static_cast<int>(i), keys[i], level(0)};
+    for (size_t t = 1; t < tiers_.size(); ++t) {
+      std::optional<std::string> bytes = tiers_[t]->Get(keys[i]);
+      if (!bytes || !DecodeBlock(AsBytes(*bytes), request).ok()) continue;
+      if (ram->Put(keys[i], *bytes).ok()) Mark(keys[i], 1u, 0);
       break;
     }
   }

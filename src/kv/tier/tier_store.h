@@ -3,7 +3,7 @@
 // reads and writes them, so that no scheduler step ever waits on I/O.
 //
 // Lookup (asynchronous): the I/O thread walks a prompt's full blocks from
-// block 0, takes each from the first tier that has it (checked by
+// the first the pool lacks (blocks before it are not read), takes each from the first tier that has it (checked by
 // DecodeBlock: a damaged value is dropped from its tier and the next tier
 // is asked; a value of another model, spec, tenant or prompt is a miss),
 // and stops at the first block no tier has. Blocks found in a lower tier are
@@ -32,6 +32,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -65,8 +66,9 @@ struct TierStoreOptions {
   bool write_back = false;
 };
 
-// What a lookup found: blocks 0..n-1 of the prompt.
+// What a lookup found: blocks first_block..first_block+n-1 of the prompt.
 struct TierLoad {
+  int first_block = 0;  // LookupRequest::first_block
   std::vector<ParsedBlock> blocks;
   std::vector<int> tier_of_block;  // per block: the index of the tier it came from
   bool abandoned = false;          // stopped because loading fell behind recomputing
@@ -91,7 +93,10 @@ class PendingLoad {
 struct LookupRequest {
   uint64_t salt = 0;
   std::vector<int32_t> tokens;  // the prompt (blocks are looked up within it)
-  int max_blocks = 0;           // load at most this many blocks
+  // Blocks first_block..max_blocks-1 are loaded: the caller's pool holds
+  // the blocks before first_block (they are not read).
+  int first_block = 0;
+  int max_blocks = 0;
   // The caller's measured prefill cost; the load is abandoned once it is
   // slower than recomputing what it loaded. 0: no deadline.
   double recompute_seconds_per_token = 0;
@@ -126,7 +131,22 @@ struct TierMetrics {
 struct TierStoreCounters {
   uint64_t lookups = 0, abandoned = 0, corrupt_blocks = 0;
   uint64_t blocks_written = 0, writes_dropped = 0, write_errors = 0;
+  // The I/O thread's CPU time so far (encoding, checksums, file and socket
+  // calls): what the tiers take from decode on a machine with few cores,
+  // a figure load on other cores does not inflate as it does wall time.
+  double io_cpu_seconds = 0;
 };
+
+// The image ImportSequence takes for a load (tokens 0..end of its last
+// block), over a prefix the pool holds: the load's blocks give their pages
+// and positions, the first `load.first_block` blocks are left empty — the
+// import shares them from the pool's sequence holding them
+// (KVManager::SharedPrefix, which reads nothing of the image there).
+// `tokens`: the prompt the lookup asked for (DecodeBlock compared each
+// block's tokens with it). InvalidArgument when the blocks are not
+// consecutive blocks of this space from first_block, or `tokens` is shorter.
+Result<KVManager::SequenceImage> LoadImage(const TierLoad& load, std::span<const int32_t> tokens,
+                                           const BlockSpace& space, uint64_t salt);
 
 class TierStore {
  public:
