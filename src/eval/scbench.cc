@@ -176,15 +176,23 @@ Result<SharedContextResult> RunSharedContextEval(const model::Model& model, Thre
   // by the rest.
   std::vector<std::vector<SharedContext>> by_length;
   int n_ctx = 0;
+  int64_t n_contexts = 0;
+  double tokens = 0;  // the progress bar's weight: every spec runs every context
+  auto context_tokens = [&](const SharedContext& c) {
+    int total = static_cast<int>(c.context.size());
+    for (const auto& q : c.questions) total += static_cast<int>(q.size()) + n_gen;
+    return total;
+  };
   for (int length : o.lengths) {
     KVX_ASSIGN_OR_RETURN(auto contexts, BuildContexts(tok, hay, length, o, n_gen, o.seed + length));
     for (const SharedContext& c : contexts) {
-      int total = static_cast<int>(c.context.size());
-      for (const auto& q : c.questions) total += static_cast<int>(q.size()) + n_gen;
-      n_ctx = std::max(n_ctx, total + 1);
+      n_ctx = std::max(n_ctx, context_tokens(c) + 1);
+      tokens += context_tokens(c);
+      ++n_contexts;
     }
     by_length.push_back(std::move(contexts));
   }
+  if (o.progress != nullptr) o.progress->SetTotal(n_contexts * static_cast<int64_t>(o.specs.size()), tokens * o.specs.size());
   SharedContextResult result;
   result.protocol = o.protocol;
   for (const std::string& spec : o.specs) {
@@ -206,6 +214,7 @@ Result<SharedContextResult> RunSharedContextEval(const model::Model& model, Thre
       std::vector<SharedContextRow> rows(static_cast<size_t>(o.questions));
       for (int q = 0; q < o.questions; ++q) rows[q] = SharedContextRow{spec, o.lengths[l], q, 0, 0, 0, 1};
       int index = 0;
+      if (o.progress != nullptr) o.progress->SetLabel(spec + ": " + o.protocol + " " + std::to_string(o.lengths[l]));
       for (const SharedContext& c : by_length[l]) {
         Result<std::vector<std::vector<int32_t>>> answers = AskContext(*sched, c, o.protocol, n_gen, index++);
         if (!answers.ok()) return answers.status().WithContext(spec + ", length " + std::to_string(o.lengths[l]));
@@ -214,6 +223,7 @@ Result<SharedContextResult> RunSharedContextEval(const model::Model& model, Thre
           rows[q].hits += ValuesFound(Detokenize(tok, (*answers)[q]), {c.answers[q]}) >= 1.0;
         }
         work.contexts++;
+        if (o.progress != nullptr) o.progress->Advance(1, context_tokens(c));
       }
       for (SharedContextRow& r : rows) {
         const Interval ci = WilsonInterval(r.hits, r.n);

@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "eval/progress.h"
 #include "model/model.h"
 #include "util/status.h"
 #include "util/thread_pool.h"
@@ -49,6 +50,7 @@ struct SharedContextOptions {
   std::string data_dir = "../shared/data";
   int n_batch = 512;
   uint64_t seed = 42;
+  ProgressBar* progress = nullptr;  // advanced per context, weighted by its tokens (nullptr: none)
 };
 
 // One (spec, length, question index) cell.

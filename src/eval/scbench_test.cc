@@ -58,9 +58,16 @@ TEST(SharedContextTest, QuestionsShareOneCompressedCache) {
   many.specs = {"codec=f16"};
   many.questions = 2;
   many.contexts = 5;
+  ProgressBar::Options quiet;
+  quiet.enabled = false;
+  ProgressBar progress(quiet);  // counts without drawing
+  many.progress = &progress;
   auto r = RunSharedContextEval(**model, &threads, many);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->rows[0].n, 5);
+  EXPECT_EQ(progress.state().total_items, 5);  // every context of every spec, each advanced once
+  EXPECT_EQ(progress.state().done_items, 5);
+  EXPECT_DOUBLE_EQ(progress.state().done_weight, progress.state().total_weight);
   SharedContextOptions bad = Small("multi-round");
   EXPECT_FALSE(RunSharedContextEval(**model, &threads, bad).ok());
 }

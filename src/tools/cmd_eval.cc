@@ -56,7 +56,13 @@ Status RunProtocolCommand(EvalFlags& flags) {
   if (!flags.json_file.empty()) KVX_RETURN_IF_ERROR(CheckOutputFile(flags.json_file));
   KVX_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> model, model::Model::Load(o.model_path));
   ThreadPool threads(flags.n_threads);
-  KVX_ASSIGN_OR_RETURN(eval::SharedContextResult result, eval::RunSharedContextEval(*model, &threads, p));
+  eval::ProgressBar::Options po;
+  po.enabled = !flags.quiet && isatty(fileno(stderr));
+  eval::ProgressBar progress(po);
+  p.progress = &progress;
+  Result<eval::SharedContextResult> run = eval::RunSharedContextEval(*model, &threads, p);
+  progress.Finish();
+  KVX_ASSIGN_OR_RETURN(eval::SharedContextResult result, std::move(run));
   if (!flags.json_file.empty()) KVX_RETURN_IF_ERROR(WriteFileAtomically(flags.json_file, eval::SharedContextJson(result)));
   std::fputs(eval::SharedContextTable(result).c_str(), stdout);
   std::fflush(stdout);

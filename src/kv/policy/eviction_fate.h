@@ -54,6 +54,8 @@ class EvictionFate {
     (void)layout;
     return 0;
   }
+  // The sequence ended: drop what the fate keeps for it.
+  virtual void Forget(SeqId seq) { (void)seq; }
   // As KVPolicy::Parameters: the fate's keys with the values in use.
   virtual PolicyParams Parameters() const { return {}; }
   // As KVPolicy::CheckSpec (e.g. a fate that needs a quantized codec).

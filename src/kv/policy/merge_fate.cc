@@ -1,5 +1,6 @@
 #include "kv/policy/merge_fate.h"
 
+#include <climits>
 #include <cmath>
 #include <vector>
 
@@ -11,13 +12,40 @@ namespace kvx::kv {
 Result<std::unique_ptr<EvictionFate>> MergeFate::Create(PolicyParamReader& params) {
   auto f = std::make_unique<MergeFate>();
   std::string weight = "cos";
-  params.Choice("merge_weight", &weight, {"cos", "gauss"}).Double("merge_min_sim", &f->min_sim_, -1.0, 1.0);
+  params.Choice("merge_weight", &weight, {"cos", "gauss"}).Double("merge_ema", &f->ema_beta_, 0.0, 0.999);
+  if (f->ema_beta_ > 0) {
+    params.NotApplicable("merge_min_sim", "merge_ema sets the threshold");
+  } else {
+    params.Double("merge_min_sim", &f->min_sim_, -1.0, 1.0);
+  }
   f->gauss_ = weight == "gauss";
   return std::unique_ptr<EvictionFate>(std::move(f));
 }
 
 PolicyParams MergeFate::Parameters() const {
-  return {{"merge_weight", gauss_ ? "gauss" : "cos"}, {"merge_min_sim", std::to_string(min_sim_)}};
+  PolicyParams p = {{"merge_weight", gauss_ ? "gauss" : "cos"}};
+  if (ema_beta_ > 0) {
+    p["merge_ema"] = std::to_string(ema_beta_);
+  } else {
+    p["merge_min_sim"] = std::to_string(min_sim_);
+  }
+  return p;
+}
+
+void MergeFate::Forget(SeqId seq) {
+  for (auto it = ema_.lower_bound({seq, INT_MIN, INT_MIN}); it != ema_.end() && std::get<0>(it->first) == seq;) {
+    it = ema_.erase(it);
+  }
+}
+
+double MergeFate::Threshold(SeqId seq, int layer, int kv_head, const std::vector<double>& best_sims) {
+  if (ema_beta_ <= 0 || best_sims.empty()) return min_sim_;
+  double mean = 0;
+  for (double s : best_sims) mean += s;
+  mean /= static_cast<double>(best_sims.size());
+  auto [it, first] = ema_.try_emplace({seq, layer, kv_head}, mean);
+  if (!first) it->second = ema_beta_ * it->second + (1 - ema_beta_) * mean;
+  return it->second;
 }
 
 Status MergeFate::Apply(KVManager& manager, SeqId seq, int layer, int kv_head, const std::vector<int>& evicted,
@@ -42,24 +70,29 @@ Status MergeFate::Apply(KVManager& manager, SeqId seq, int layer, int kv_head, c
       size_t r;
       double cos, dist2;
     };
-    std::vector<Match> matches;
-    for (int e : evicted) {
+    std::vector<double> best(evicted.size(), -2.0);
+    std::vector<size_t> best_r(evicted.size(), 0);
+    for (size_t j = 0; j < evicted.size(); ++j) {
+      const int e = evicted[j];
       const double ne = norm(key(e));
-      double best = -2;
-      size_t best_r = 0;
       for (size_t i = 0; i < kept.size(); ++i) {
         double dot = 0;
         for (int c = 0; c < D; ++c) dot += static_cast<double>(key(e)[c]) * key(kept[i])[c];
         const double cs = ne > 0 && kept_norm[i] > 0 ? dot / (ne * kept_norm[i]) : 0.0;
-        if (cs > best) best = cs, best_r = i;
+        if (cs > best[j]) best[j] = cs, best_r[j] = i;
       }
-      if (best < min_sim_) continue;  // dropped
+    }
+    const double threshold = Threshold(seq, layer, kv_head, best);
+    std::vector<Match> matches;
+    for (size_t j = 0; j < evicted.size(); ++j) {
+      if (best[j] < threshold) continue;  // dropped
+      const int e = evicted[j];
       double d2 = 0;
       for (int c = 0; c < D; ++c) {
-        const double d = static_cast<double>(key(e)[c]) - key(kept[best_r])[c];
+        const double d = static_cast<double>(key(e)[c]) - key(kept[best_r[j]])[c];
         d2 += d * d;
       }
-      matches.push_back({e, best_r, best, d2});
+      matches.push_back({e, best_r[j], best[j], d2});
     }
     double sigma2 = 0;
     for (const Match& m : matches) sigma2 += m.dist2;

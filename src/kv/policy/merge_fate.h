@@ -11,9 +11,14 @@
 //                         the mean squared distance of the head's evicted
 //                         entries to their pivots (the paper's sigma is not
 //                         given: an assumption)
-// and then e is removed. An evicted entry whose best cosine is below
-// merge_min_sim (D2O's similarity threshold, fixed here: D2O's EMA of it is
-// not implemented) is dropped without merging. The merged entry keeps r's
+// and then e is removed. An evicted entry whose best cosine is below the
+// threshold is dropped without merging: merge_min_sim, fixed (kvx's
+// default, -1: every evicted entry merges), or with merge_ema=beta D2O's
+// exponential moving average of the evictions' best similarities,
+//     tau_t = beta tau_{t-1} + (1 - beta) mean_e maxcos(e)   (tau_1 = mean),
+// one per (sequence, layer, kv head) since kvx evicts per head (D2O keeps
+// one per layer); beta is not given by METHODS.md's sources (an assumption,
+// like sigma below). The merged entry keeps r's
 // position. Keys are merged as stored: with prerope=1 that is pre-RoPE (what
 // METHODS.md recommends); otherwise roped keys of different positions are
 // averaged (the phase error METHODS.md warns about). The merged entry counts
@@ -24,8 +29,11 @@
 // attention picks the evicted and the pivots, fate=merge).
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "kv/policy/eviction_fate.h"
 #include "kv/policy/policy.h"
@@ -40,12 +48,19 @@ class MergeFate : public EvictionFate {
                const std::vector<int>& kept) override;
 
   PolicyParams Parameters() const override;
+  void Forget(SeqId seq) override;
   // Entries merged (not dropped) so far, for tests and reports.
   int64_t merged() const { return merged_; }
 
  private:
+  // The threshold an eviction of these similarities merges above (updates
+  // the EMA when on).
+  double Threshold(SeqId seq, int layer, int kv_head, const std::vector<double>& best_sims);
+
   bool gauss_ = false;
   double min_sim_ = -1.0;
+  double ema_beta_ = 0.0;  // 0: the fixed min_sim_
+  std::map<std::tuple<SeqId, int, int>, double> ema_;
   int64_t merged_ = 0;
 };
 

@@ -78,6 +78,40 @@ TEST(MergeFateTest, EvictedEntryFoldsIntoItsMostSimilarKeptNeighbour) {
   EXPECT_TRUE(m->CheckInvariants().ok()) << m->CheckInvariants().ToString();
 }
 
+// D2O's EMA threshold (merge_ema=beta): the first eviction merges what is
+// at least as similar as its evictions' mean best cosine; later ones
+// compare with beta x the old threshold + (1 - beta) x their own mean, not
+// with their mean alone; a released sequence starts over.
+TEST(MergeFateTest, TheEmaThresholdFollowsTheEvictionsSimilarities) {
+  const std::vector<std::vector<float>> k = {
+      {1, 0, 0, 0}, {0, 1, 0, 0}, {0, 0, 1, 0}, {0.1f, 0.9f, 0, 0.1f}, {0, 0, 0, -1}};
+  const std::vector<std::vector<float>> v(5, std::vector<float>(4, 1.0f));
+  SeqId a;
+  auto m = Manager("codec=f32,page=4", &a, k, v);
+  auto fate = MakeFate({{"merge_ema", "0.5"}});
+  auto* merge = static_cast<MergeFate*>(fate.get());
+  // Best cosines 0.99 (slot 3) and 0 (slot 4): threshold 0.49, slot 3 merges.
+  ASSERT_TRUE(fate->Apply(*m, a, 0, 0, {3, 4}, {0, 1, 2}).ok());
+  EXPECT_EQ(merge->merged(), 1);
+  // Slot 2 (best cosine 0): its own mean would merge it (0 >= 0); the EMA,
+  // 0.5 x 0.49 + 0.5 x 0, does not.
+  ASSERT_TRUE(fate->Apply(*m, a, 0, 0, {2}, {0, 1}).ok());
+  EXPECT_EQ(merge->merged(), 1);
+  m->MarkEntriesRemoved(a);
+  EXPECT_TRUE(m->CheckInvariants().ok()) << m->CheckInvariants().ToString();
+
+  SeqId b;
+  auto m2 = Manager("codec=f32,page=4", &b, k, v);
+  fate->Forget(a);
+  ASSERT_TRUE(fate->Apply(*m2, b, 0, 0, {2}, {0, 1}).ok());  // a fresh threshold: its own mean, 0
+  EXPECT_EQ(merge->merged(), 2);
+  // merge_min_sim is the fixed threshold's key: with merge_ema it is refused.
+  const PolicyParams both = {{"merge_ema", "0.9"}, {"merge_min_sim", "0.5"}};
+  PolicyParamReader r("test", both);
+  ASSERT_TRUE(MergeFate::Create(r).ok());
+  EXPECT_NE(r.Finish().message().find("merge_ema sets the threshold"), std::string::npos) << r.Finish().message();
+}
+
 TEST(MergeFateTest, GaussianWeightsFavourTheCloserEntry) {
   // Two evicted entries merge into slot 0: the closer one weighs more.
   const std::vector<std::vector<float>> k = {{1, 0, 0, 0}, {0, 0, 1, 0}, {1, 0.1f, 0, 0}, {1, 0.8f, 0, 0}};

@@ -10,12 +10,41 @@ void Grow(std::vector<float>* v, size_t n) {
   if (v->size() < n) v->resize(n, 0.0f);
 }
 
-// dst = dst * keep + src, elementwise over the longer of the two.
-void Blend(std::vector<float>* dst, const std::vector<float>& src, float keep) {
+// dst = dst * keep + sign * src, elementwise over the longer of the two.
+void Blend(std::vector<float>* dst, const std::vector<float>& src, float keep, float sign = 1.0f) {
   Grow(dst, src.size());
-  for (float& x : *dst) x *= keep;
-  for (size_t i = 0; i < src.size(); ++i) (*dst)[i] += src[i];
+  if (keep != 1.0f) {
+    for (float& x : *dst) x *= keep;
+  }
+  for (size_t i = 0; i < src.size(); ++i) (*dst)[i] += sign * src[i];
 }
+
+void BlendStats(HeadStats* d, const HeadStats& s, const ObservationNeeds& needs, float keep, float sign = 1.0f) {
+  Blend(&d->sum, s.sum, keep, sign);
+  if (needs.squares) Blend(&d->sq, s.sq, keep, sign);
+  if (needs.low_hits) Blend(&d->low, s.low, keep, sign);
+  d->entropy = d->entropy * keep + sign * s.entropy;
+  d->queries = d->queries * keep + sign * s.queries;
+}
+
+// The exact window: `ring` holds the newest steps whose queries cover the
+// window (a step of at least that many alone) and `d` their sum; the oldest
+// step leaves once the others cover the window without it. Low hits are
+// whole counts, so adding and subtracting them stays exact.
+void FoldIntoRing(std::deque<HeadStats>* ring, HeadStats* d, const HeadStats& s, const ObservationNeeds& needs) {
+  if (s.queries >= needs.fold_window) {
+    ring->clear();
+    *d = HeadStats{};
+  }
+  ring->push_back(s);
+  BlendStats(d, s, needs, 1.0f);
+  while (ring->size() > 1 && d->queries - ring->front().queries >= needs.fold_window) {
+    BlendStats(d, ring->front(), needs, 1.0f, -1.0f);
+    ring->pop_front();
+  }
+}
+
+size_t StatsBytes(const HeadStats& h) { return (h.sum.size() + h.sq.size() + h.low.size()) * sizeof(float) + sizeof(HeadStats); }
 
 }  // namespace
 
@@ -28,15 +57,15 @@ void SequenceObservations::Fold(const SequenceObservations& step, const Observat
   n_heads_ = std::max(n_heads_, step.n_heads_);
   for (const auto& [key, s] : step.heads_) {
     HeadStats& d = heads_[key];
+    if (needs.fold_window > 0 && needs.exact_window) {
+      FoldIntoRing(&rings_[key], &d, s, needs);
+      continue;
+    }
     float keep = 1.0f;  // accumulate
     if (needs.fold_window > 0) {
       keep = s.queries >= needs.fold_window ? 0.0f : 1.0f - static_cast<float>(s.queries / needs.fold_window);
     }
-    Blend(&d.sum, s.sum, keep);
-    if (needs.squares) Blend(&d.sq, s.sq, keep);
-    if (needs.low_hits) Blend(&d.low, s.low, keep);
-    d.entropy = d.entropy * keep + s.entropy;
-    d.queries = d.queries * keep + s.queries;
+    BlendStats(&d, s, needs, keep);
   }
 }
 
@@ -121,7 +150,10 @@ const SequenceObservations* ProbabilityRecorder::Find(SeqId seq) const {
 
 size_t SequenceObservations::Bytes() const {
   size_t n = 0;
-  for (const auto& [key, h] : heads_) n += (h.sum.size() + h.sq.size() + h.low.size()) * sizeof(float) + sizeof(HeadStats);
+  for (const auto& [key, h] : heads_) n += StatsBytes(h);
+  for (const auto& [key, ring] : rings_) {
+    for (const HeadStats& h : ring) n += StatsBytes(h);
+  }
   return n;
 }
 

@@ -12,7 +12,9 @@
 // history): a step with at least that many queries replaces the statistics;
 // a shorter one (a decode step) blends in, old * (1 - q/w) + new, an
 // exponential stand-in for a ring of the last w query rows (which would cost
-// w * n floats per head).
+// w * n floats per head). With `exact_window` the ring itself is kept
+// (Scissorhands' history window as its paper defines it, ring=1): the
+// newest steps whose queries cover w, their statistics summed.
 //
 // Per query head, not per kv head, so a scorer can reduce the GQA group as
 // its paper does (mean, max) and CAKE can take variances per head.
@@ -25,6 +27,7 @@
 
 #include <array>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -44,6 +47,10 @@ struct ObservationNeeds {
   bool squares = false;        // sum of p^2 per entry (variance over the window)
   bool low_hits = false;       // queries that gave the entry less than 1/visible
   bool entropy = false;        // per head: sum over queries of -sum_j p log p
+  // fold_window > 0: keep the last steps covering fold_window queries
+  // exactly (a ring of step statistics, ~w * n floats per head) instead of
+  // the exponential blend.
+  bool exact_window = false;
   // false: a call's single query of a sequence (a decode step) is not
   // observed. Once-mode policies compress after a prompt, so decode queries
   // would only cost them the fast attention kernels; continuous ones need
@@ -81,6 +88,8 @@ class SequenceObservations {
 
  private:
   std::map<std::pair<int, int>, HeadStats> heads_;
+  // needs.exact_window: per head, the steps heads_ sums (oldest first).
+  std::map<std::pair<int, int>, std::deque<HeadStats>> rings_;
   int n_heads_ = 0;
 };
 

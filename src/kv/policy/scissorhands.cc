@@ -6,7 +6,11 @@
 // minimum count (an entry stays if any head of the group needs it: the
 // safe choice, METHODS.md), ties broken by the attention received;
 // continuous by default (the paper holds a fixed budget during decode; it
-// drops every m steps, kvx at every step).
+// drops every m steps, kvx at every step). ring=1 keeps the paper's exact
+// history window (the last `history` queries' statistics, ~history * n
+// floats per head) instead of the recorder's exponential blend; the two
+// differ only after steps shorter than the history (decode steps, a
+// question), so only in continuous mode.
 #include "kv/policy/eviction_policies.h"
 
 namespace kvx::kv {
@@ -14,7 +18,7 @@ namespace {
 
 class ScissorhandsScorer : public Scorer {
  public:
-  explicit ScissorhandsScorer(int history) : history_(history) {}
+  ScissorhandsScorer(int history, bool ring) : history_(history), ring_(ring) {}
   std::string_view name() const override { return "scissorhands"; }
   ObservationNeeds needs() const override {
     ObservationNeeds n;
@@ -22,6 +26,7 @@ class ScissorhandsScorer : public Scorer {
     n.query_window = history_;
     n.fold_window = history_;
     n.low_hits = true;
+    n.exact_window = ring_;
     return n;
   }
   void Score(const ScoringInput& in, std::vector<float>* scores) const override {
@@ -31,10 +36,13 @@ class ScissorhandsScorer : public Scorer {
     // The attention over the history is < history + 1: it only breaks ties of whole counts.
     for (size_t i = 0; i < scores->size(); ++i) (*scores)[i] = -(*scores)[i] + attention[i] / (history_ + 1.0f);
   }
-  PolicyParams Parameters() const override { return {{"history", std::to_string(history_)}}; }
+  PolicyParams Parameters() const override {
+    return {{"history", std::to_string(history_)}, {"ring", ring_ ? "1" : "0"}};
+  }
 
  private:
   int history_;
+  bool ring_;
 };
 
 }  // namespace
@@ -47,8 +55,9 @@ static ScorerMethod ScissorhandsMethod() {
   return {"scissorhands",
           [](PolicyParamReader& r) -> Result<std::unique_ptr<Scorer>> {
             int history = 32;
-            r.Int("history", &history, 1, 4096);
-            return std::unique_ptr<Scorer>(new ScissorhandsScorer(history));
+            bool ring = false;
+            r.Int("history", &history, 1, 4096).Bool("ring", &ring);
+            return std::unique_ptr<Scorer>(new ScissorhandsScorer(history, ring));
           },
           d};
 }

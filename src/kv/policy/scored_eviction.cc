@@ -146,6 +146,7 @@ Status ScoredEvictionPolicy::Compress(KVManager& manager, SeqId seq) { return Ev
 
 void ScoredEvictionPolicy::OnSequenceReleased(SeqId seq) {
   if (recorder_ != nullptr) recorder_->Forget(seq);
+  fate_->Forget(seq);
 }
 
 std::vector<double> ScoredEvictionPolicy::CakePreferences(const SequenceObservations* obs, int n_layers) const {

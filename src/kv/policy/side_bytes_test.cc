@@ -44,6 +44,22 @@ TEST(SideBytesTest, AScorersAttentionStatisticsAreCounted) {
   }
 }
 
+// Scissorhands' exact history window (ring=1) keeps a row per recent step
+// beside the summed statistics: after decode steps it holds more than the
+// blend, at least the ring's rows.
+TEST(SideBytesTest, TheHistoryRingIsCounted) {
+  auto pattern = [](int, int, int32_t, int32_t p) { return 1.0 + p % 3; };
+  uint64_t bytes[2];
+  for (int ring = 0; ring < 2; ++ring) {
+    EvictionRig rig("codec=f16,page=8;policy=scissorhands,budget=48,history=8,ring=" + std::to_string(ring), kLayout, 4);
+    ASSERT_TRUE(rig.Step(40, pattern, 40).ok());
+    for (int i = 0; i < 6; ++i) ASSERT_TRUE(rig.Step(1, pattern, 1).ok());
+    bytes[ring] = rig.manager().SideBytes(rig.seq());
+  }
+  // Six one-query steps in the ring, each a sum and a low-hit row of ~46 positions per layer and query head.
+  EXPECT_GE(bytes[1], bytes[0] + 6u * 2 * 40 * sizeof(float) * kLayout.n_layers * 4);
+}
+
 TEST(SideBytesTest, KeyNormKeepsNothingBesideThePool) {
   EvictionRig rig("codec=f16,page=8;policy=knorm,budget=16", kLayout, 4);
   ASSERT_TRUE(rig.Step(64, nullptr, 0).ok());
