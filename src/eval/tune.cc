@@ -447,9 +447,12 @@ class Tuner {
     if (hooks_.progress) hooks_.progress->SetLabel("retrieval");
     const double t0 = util::MonotonicSeconds();
     const RetrievalScorer score =
-        hooks_.retrieval ? hooks_.retrieval : ModelRetrievalScorer(model_, threads_, opt_.retrieval, hooks_.progress);
+        hooks_.retrieval ? hooks_.retrieval
+                         : ModelRetrievalScorer(model_, threads_, opt_.retrieval, hooks_.progress, [this] { return Stopped(); });
     Result<RetrievalScores> scores = score(specs);
     if (!scores.ok()) return scores.status().WithContext("tune retrieval");
+    // Stopped during the prompts: nothing judged, the choice on KLD stands.
+    if (scores->stopped) return Status::Ok();
     tr.seconds = util::MonotonicSeconds() - t0;
     tr.n = static_cast<int>(scores->f16.size());
     for (uint8_t h : scores->f16) tr.hits += h ? 1 : 0;

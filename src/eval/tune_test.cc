@@ -225,6 +225,41 @@ TEST_F(TuneTest, StopKeepsTheBestSpecSoFar) {
   EXPECT_LT(measured, static_cast<int>(r->candidates.size()));
 }
 
+// Ctrl-C during the retrieval check (the real scorer, kvx eval's passkey
+// prompts): the prompts stop at the next one, nothing is judged, and the
+// spec chosen on KLD is kept, as a search without retrieval chooses it.
+TEST_F(TuneTest, StopDuringRetrievalKeepsTheBestSpecSoFar) {
+  TuneOptions o = Options(F16Bytes() / 3);
+  const std::vector<int32_t> text = Text(o);
+  Result<TuneResult> kld_only = RunTune(*model_, threads_, text, o, {});
+  ASSERT_TRUE(kld_only.ok()) << kld_only.status().ToString();
+  o.retrieval.tasks = {Task::kPasskey};
+  o.retrieval.trials = 2;
+  ProgressBar::Options po;
+  po.enabled = false;
+  ProgressBar progress(po);
+  int polls_in_retrieval = 0;
+  std::optional<TuneResult> last_written;
+  TuneHooks hooks;
+  hooks.progress = &progress;
+  hooks.on_update = [&](const TuneResult& r) { last_written = r; };
+  hooks.stop = [&]() -> std::string {
+    if (progress.state().label != "retrieval" && polls_in_retrieval == 0) return "";
+    return ++polls_in_retrieval > 3 ? "test stop" : "";  // a few prompts in
+  };
+  Result<TuneResult> r = RunTune(*model_, threads_, text, o, hooks);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_GT(polls_in_retrieval, 3) << "stopped inside the retrieval prompts";
+  EXPECT_TRUE(r->stopped);
+  EXPECT_EQ(r->stop_reason, "test stop");
+  EXPECT_FALSE(r->retrieval.has_value()) << "no verdict from a partial run";
+  ASSERT_GE(r->chosen, 0);
+  EXPECT_EQ(r->candidates[r->chosen].spec, kld_only->candidates[kld_only->chosen].spec);
+  ASSERT_TRUE(last_written.has_value());
+  EXPECT_EQ(last_written->candidates[last_written->chosen].spec, r->candidates[r->chosen].spec);
+  EXPECT_NE(TuneResultJson(*r, o, "{}").find("\"stopped\": true"), std::string::npos);
+}
+
 TEST_F(TuneTest, QualityFloorPicksTheSmallestSpecMeetingIt) {
   TuneOptions o = Options(F16Bytes());
   o.max_kld = 0.001;
