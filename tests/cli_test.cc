@@ -254,9 +254,13 @@ TEST(CliTest, TunedSpecLoadsWithKvAtFileInRunEvalAndServe) {
   std::string words;
   for (int i = 0; words.size() < 12000; ++i) words += "word" + std::to_string(i * 7919 % 1000) + " and more text. ";
   WriteFile(text, words);
-  const CommandResult tune = RunKvx("tune -m " + TinyModel() + " --mem 40K --ctx 256 -f " + text +
-                                    " --first-chunk 64 --max-chunk 128 -t 2 -q -o " + out + " --svg " + dir +
-                                    "/tuned.svg");
+  // Head typing's duo table is calibrated on other text than the KLD text (the same file is refused).
+  const std::string heads_text = dir + "/heads_text.txt";
+  WriteFile(heads_text, "other " + words);
+  const std::string tune_args = "tune -m " + TinyModel() + " --mem 40K --ctx 256 -f " + text +
+                                " --first-chunk 64 --max-chunk 128 -t 2 -q -o " + out + " --svg " + dir + "/tuned.svg";
+  ExpectError(tune_args + " --heads-text " + text, "would leak");
+  const CommandResult tune = RunKvx(tune_args + " --heads-text " + heads_text);
   ASSERT_EQ(tune.exit_code, 0) << tune.output;
   EXPECT_NE(tune.output.find("chosen: --kv '"), std::string::npos) << tune.output;
   std::ifstream in(out);

@@ -342,6 +342,10 @@ struct EvalReport {
 struct EvalHooks {
   std::function<void(const EvalReport&)> on_update;  // after every finished task
   ProgressBar* progress = nullptr;
+  // Polled before every spec and every retrieval prompt: true ends the run
+  // there, and the report comes back with complete == false (kvx tune's
+  // Ctrl-C during its retrieval check).
+  std::function<bool()> cancelled;
 };
 
 // Validates the options (every spec parses, the grids fit in the context,

@@ -62,7 +62,7 @@ class Runner {
       hooks_.progress->SetTotal(st.done_items + total_items_, st.done_weight + total_weight_);
     }
     if (Has(opt_.tasks, Task::kPpl) || Has(opt_.tasks, Task::kKld)) RunTextTasks();
-    for (size_t r = 0; r < rts_.size(); ++r) {
+    for (size_t r = 0; r < rts_.size() && !Cancelled(); ++r) {
       SpecResult& res = report_.specs[r];
       const double t0 = util::MonotonicSeconds();
       if (Has(opt_.tasks, Task::kCopy)) {
@@ -96,12 +96,17 @@ class Runner {
       Notify();
       if (hooks_.progress) hooks_.progress->Message(SummaryLine(res));
     }
-    report_.complete = true;
+    report_.complete = !Cancelled();
     Notify();
     return std::move(report_);
   }
 
  private:
+  bool Cancelled() {
+    if (!cancelled_ && hooks_.cancelled) cancelled_ = hooks_.cancelled();
+    return cancelled_;
+  }
+
   // ---- setup ----
 
   Status Resolve() {
@@ -603,6 +608,7 @@ class Runner {
     };
     for (const GenItem& item : plan.items) {
       const double weight = static_cast<double>(item.prompt.size() + item.n_gen);
+      if (res.ok && Cancelled()) res.ok = false, res.error = "cancelled";
       if (!res.ok) {
         Advance(weight);
         continue;
@@ -681,6 +687,7 @@ class Runner {
   ThreadPool* threads_;
   EvalOptions opt_;
   EvalHooks hooks_;
+  bool cancelled_ = false;
   EvalReport report_;
   std::vector<std::unique_ptr<engine::Engine>> rts_;
   std::vector<std::unique_ptr<engine::Session>> sessions_;

@@ -143,7 +143,7 @@ class Tuner {
   // Every spec of the space that resolves for this model, sized; the ones
   // that fit become candidates. None fits: the error names the smallest.
   Status Filter() {
-    const std::vector<std::string> space = opt_.space.empty() ? DefaultTuneSpace() : opt_.space;
+    const std::vector<std::string> space = opt_.space.empty() ? DefaultTuneSpace(opt_.heads) : opt_.space;
     const Result<uint64_t> f16 = SteadyStateBytes(kv::KVSpec{}, layout_, opt_.ctx, opt_.sessions);
     result_.f16_bytes = f16.ok() ? *f16 : 0;
     std::string smallest;
@@ -447,9 +447,12 @@ class Tuner {
     if (hooks_.progress) hooks_.progress->SetLabel("retrieval");
     const double t0 = util::MonotonicSeconds();
     const RetrievalScorer score =
-        hooks_.retrieval ? hooks_.retrieval : ModelRetrievalScorer(model_, threads_, opt_.retrieval, hooks_.progress);
+        hooks_.retrieval ? hooks_.retrieval
+                         : ModelRetrievalScorer(model_, threads_, opt_.retrieval, hooks_.progress, [this] { return Stopped(); });
     Result<RetrievalScores> scores = score(specs);
     if (!scores.ok()) return scores.status().WithContext("tune retrieval");
+    // Stopped during the prompts: nothing judged, the choice on KLD stands.
+    if (scores->stopped) return Status::Ok();
     tr.seconds = util::MonotonicSeconds() - t0;
     tr.n = static_cast<int>(scores->f16.size());
     for (uint8_t h : scores->f16) tr.hits += h ? 1 : 0;
@@ -485,7 +488,7 @@ class Tuner {
 
 }  // namespace
 
-std::vector<std::string> DefaultTuneSpace() {
+std::vector<std::string> DefaultTuneSpace(const TuneHeadTables& heads) {
   std::vector<std::string> s = {"codec=f16",         "codec=int8",          "codec=int8,sym=1",
                                 "codec=int4",        "codec=int4,sym=1",    "codec=int4,group=64",
                                 "codec=int4,rotate=hadamard", "codec=int2", "codec=int2,rotate=hadamard"};
@@ -514,6 +517,28 @@ std::vector<std::string> DefaultTuneSpace() {
   for (const char* codec : {"codec=f16", "codec=int8"}) {
     for (const char* lambda : {"0.25", "0.5"}) s.push_back(std::string(codec) + ";policy=think,lambda=" + lambda);
     s.push_back(std::string(codec) + ";policy=snapkv,pool=max,ratio=0.5;policy=think,lambda=0.25");
+  }
+  // Head typing: the retrieval heads keep every token, the streaming ones
+  // sinks + a recent window (continuous, so no prefill peak). Fractions from
+  // one head in 16 up; duo's own window (128 + 256) and one half as long.
+  const char* head_codecs[] = {"codec=f16", "codec=int8", "codec=int4",
+                               "codec=kivi4,page=128,group=64,prerope=1,residual=0",
+                               "codec=kivi2,page=128,group=64,residual=0,rotate=hadamard"};
+  if (!heads.duo.empty()) {
+    for (const char* codec : head_codecs) {
+      for (const char* retrieval : {"0.0625", "0.125", "0.25"}) {
+        for (const char* window : {"", ",sinks=64,window=128"}) {
+          s.push_back(std::string(codec) + ";policy=duo,heads=" + heads.duo + ",retrieval=" + retrieval + window);
+        }
+      }
+    }
+  }
+  if (!heads.razor.empty()) {  // RazorAttention's window grows with the context (n/5)
+    for (const char* codec : {head_codecs[0], head_codecs[3]}) {
+      for (const char* retrieval : {"0.0625", "0.15"}) {
+        s.push_back(std::string(codec) + ";policy=razor,heads=" + heads.razor + ",retrieval=" + retrieval);
+      }
+    }
   }
   return s;
 }

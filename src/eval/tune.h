@@ -5,7 +5,9 @@
 // The search:
 //   1. the space (DefaultTuneSpace: codecs with their group, page, residual,
 //      pre-RoPE and rotation settings; SnapKV with max pooling, Ada-KV, CAKE
-//      and ThinK at several ratios, alone and on codecs) is filtered by
+//      and ThinK at several ratios, alone and on codecs; with head tables
+//      (tune_heads.h), DuoAttention and RazorAttention head typing at several
+//      retrieval fractions and windows, alone and on codecs) is filtered by
 //      bytes (SteadyStateBytes: every session's steady state, one at its
 //      prefill peak); what does not fit is never run;
 //   2. successive halving on teacher-forced KLD against an f32 cache (the
@@ -54,6 +56,12 @@
 
 namespace kvx::eval {
 
+// The head tables the head-typing specs of the space name (file paths; ""
+// leaves that method out): tune_heads.h loads or calibrates them.
+struct TuneHeadTables {
+  std::string duo, razor;
+};
+
 struct TuneOptions {
   uint64_t mem_bytes = 0;  // KV bytes for all sessions (the pool, not the weights)
   int ctx = 0;             // tokens per session
@@ -64,7 +72,8 @@ struct TuneOptions {
   int finalists = 3;
   int eta = 3;   // each rung keeps the best 1/eta
   int batch = 6; // candidates measured per pass (the stop hook is polled between passes)
-  std::vector<std::string> space;  // the candidate specs; empty: DefaultTuneSpace()
+  std::vector<std::string> space;  // the candidate specs; empty: DefaultTuneSpace(heads)
+  TuneHeadTables heads;            // head typing in the default space (none: left out)
   // Retrieval tasks (none: KLD only); length 0: --ctx, at most the model's
   // trained context.
   RetrievalSettings retrieval;
@@ -130,8 +139,9 @@ struct TuneHooks {
   RetrievalScorer retrieval;  // null: ModelRetrievalScorer (kvx eval's tasks on the model)
 };
 
-// Codecs, their settings, policies and their combinations (docs/tune.md).
-std::vector<std::string> DefaultTuneSpace();
+// Codecs, their settings, policies and their combinations (docs/tune.md);
+// with head tables, head typing (duo, razor) alone and on the codecs.
+std::vector<std::string> DefaultTuneSpace(const TuneHeadTables& heads = {});
 
 // The bytes of `sessions` sessions of ctx tokens: each session's pages in
 // every (layer, kv head), residual and sink pages included

@@ -36,8 +36,8 @@ RetrievalVerdict JudgeRetrieval(std::span<const uint8_t> f16, std::span<const ui
 }
 
 RetrievalScorer ModelRetrievalScorer(const model::Model& model, ThreadPool* threads, RetrievalSettings settings,
-                                     ProgressBar* progress) {
-  return [&model, threads, settings, progress](const std::vector<std::string>& specs) -> Result<RetrievalScores> {
+                                     ProgressBar* progress, std::function<bool()> stop) {
+  return [&model, threads, settings, progress, stop](const std::vector<std::string>& specs) -> Result<RetrievalScores> {
     EvalOptions eo;
     eo.tasks = settings.tasks;
     eo.baseline = "codec=f16";  // the full cache the verdict compares with
@@ -50,8 +50,11 @@ RetrievalScorer ModelRetrievalScorer(const model::Model& model, ThreadPool* thre
     eo.seed = settings.seed;
     EvalHooks hooks;
     hooks.progress = progress;
+    hooks.cancelled = stop;
     KVX_ASSIGN_OR_RETURN(EvalReport report, RunEval(model, threads, eo, hooks));
     RetrievalScores out;
+    out.stopped = !report.complete;
+    if (out.stopped) return out;
     for (size_t s = 0; s < report.specs.size(); ++s) {
       std::vector<uint8_t> hits;
       std::string error = report.specs[s].error;

@@ -47,6 +47,7 @@ struct RetrievalScores {
   std::vector<uint8_t> f16;                // the f16 cache's hit per prompt
   std::vector<std::vector<uint8_t>> specs; // per spec asked, the same prompts
   std::vector<std::string> errors;         // per spec: "" or why it failed
+  bool stopped = false;                    // the stop hook ended the run: nothing to judge
 };
 
 // Scores specs on retrieval prompts (f16 is always scored first).
@@ -64,8 +65,9 @@ struct RetrievalSettings {
 
 // The scorer that runs kvx eval's tasks (RunEval, baseline codec=f16,
 // question excluded from compression) on `model`; `progress` (may be null)
-// gets the work added to its totals.
+// gets the work added to its totals; `stop` (may be null), polled before
+// every prompt, ends the run early (RetrievalScores::stopped).
 RetrievalScorer ModelRetrievalScorer(const model::Model& model, ThreadPool* threads, RetrievalSettings settings,
-                                     ProgressBar* progress);
+                                     ProgressBar* progress, std::function<bool()> stop = nullptr);
 
 }  // namespace kvx::eval

@@ -15,6 +15,7 @@
 #include "engine/session.h"
 #include "eval/svg.h"
 #include "kv/block_pool.h"
+#include "kv/policy/head_typing.h"
 #include "model/synthetic_model.h"
 #include "support/test_data.h"
 
@@ -138,6 +139,51 @@ TEST_F(TuneTest, OneSessionCountsThePrefillPeak) {
   EXPECT_LT(snapkv4, 4 * codec);
 }
 
+// Head typing in the space: below every other spec's bytes (one session,
+// 1024 tokens), a duo or razor spec still fits (its streaming heads keep
+// sinks + window), is found, and a real engine filled with it holds no more
+// than the bytes the search counted for it.
+TEST_F(TuneTest, HeadTypingFitsABudgetNothingElseFits) {
+  TuneOptions o = Options(0);
+  o.ctx = 1024;
+  for (const char* method : {"duo", "razor"}) {
+    kv::HeadTable table;
+    table.method = method;
+    table.n_layers = model_->config().n_layers;
+    table.n_kv_heads = model_->config().n_kv_heads;
+    table.scores.assign(static_cast<size_t>(table.n_layers * table.n_kv_heads), 0.01);
+    table.scores.back() = 0.9;  // the last layer's last head retrieves
+    const std::string path = testing::TempDir() + "/tune_heads_" + method + ".json";
+    ASSERT_TRUE(table.Save(path).ok());
+    (table.method == "duo" ? o.heads.duo : o.heads.razor) = path;
+  }
+  const kv::KVLayout layout = model_->KVLayoutFor(16);
+  uint64_t smallest_other = std::numeric_limits<uint64_t>::max();
+  for (const std::string& s : DefaultTuneSpace()) {
+    const Result<uint64_t> b = SteadyStateBytes(kv::ParseKVSpec(s).value(), layout, o.ctx, 1);
+    if (b.ok()) smallest_other = std::min(smallest_other, *b);
+  }
+  o.mem_bytes = smallest_other - 1;
+  const std::vector<int32_t> text = Text(o);
+  Result<TuneResult> r = RunTune(*model_, threads_, text, o, {});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_GE(r->chosen, 0);
+  const TuneCandidate& chosen = r->candidates[r->chosen];
+  EXPECT_TRUE(chosen.spec.find("policy=duo") != std::string::npos ||
+              chosen.spec.find("policy=razor") != std::string::npos) << chosen.spec;
+  EXPECT_LE(chosen.bytes, o.mem_bytes) << chosen.spec;
+  engine::EngineOptions eo;
+  eo.kv_spec = kv::ParseKVSpec(chosen.spec).value();
+  eo.n_ctx = o.ctx;
+  auto engine = engine::Engine::Create(model_, threads_, eo).value();
+  auto session = engine->NewSession().value();
+  std::vector<int32_t> fill;
+  while (fill.size() < static_cast<size_t>(o.ctx)) fill.insert(fill.end(), text.begin(), text.end());
+  fill.resize(static_cast<size_t>(o.ctx));
+  ASSERT_TRUE(session->Feed(fill).ok());
+  EXPECT_LE(engine->pool().bytes_in_use(), chosen.bytes) << chosen.spec;
+}
+
 TEST_F(TuneTest, ImpossibleBudgetNamesTheSmallestSpec) {
   const TuneOptions o = Options(1024);
   uint64_t smallest = std::numeric_limits<uint64_t>::max();
@@ -177,6 +223,41 @@ TEST_F(TuneTest, StopKeepsTheBestSpecSoFar) {
   }
   EXPECT_EQ(measured, o.batch) << "one pass measured";
   EXPECT_LT(measured, static_cast<int>(r->candidates.size()));
+}
+
+// Ctrl-C during the retrieval check (the real scorer, kvx eval's passkey
+// prompts): the prompts stop at the next one, nothing is judged, and the
+// spec chosen on KLD is kept, as a search without retrieval chooses it.
+TEST_F(TuneTest, StopDuringRetrievalKeepsTheBestSpecSoFar) {
+  TuneOptions o = Options(F16Bytes() / 3);
+  const std::vector<int32_t> text = Text(o);
+  Result<TuneResult> kld_only = RunTune(*model_, threads_, text, o, {});
+  ASSERT_TRUE(kld_only.ok()) << kld_only.status().ToString();
+  o.retrieval.tasks = {Task::kPasskey};
+  o.retrieval.trials = 2;
+  ProgressBar::Options po;
+  po.enabled = false;
+  ProgressBar progress(po);
+  int polls_in_retrieval = 0;
+  std::optional<TuneResult> last_written;
+  TuneHooks hooks;
+  hooks.progress = &progress;
+  hooks.on_update = [&](const TuneResult& r) { last_written = r; };
+  hooks.stop = [&]() -> std::string {
+    if (progress.state().label != "retrieval" && polls_in_retrieval == 0) return "";
+    return ++polls_in_retrieval > 3 ? "test stop" : "";  // a few prompts in
+  };
+  Result<TuneResult> r = RunTune(*model_, threads_, text, o, hooks);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_GT(polls_in_retrieval, 3) << "stopped inside the retrieval prompts";
+  EXPECT_TRUE(r->stopped);
+  EXPECT_EQ(r->stop_reason, "test stop");
+  EXPECT_FALSE(r->retrieval.has_value()) << "no verdict from a partial run";
+  ASSERT_GE(r->chosen, 0);
+  EXPECT_EQ(r->candidates[r->chosen].spec, kld_only->candidates[kld_only->chosen].spec);
+  ASSERT_TRUE(last_written.has_value());
+  EXPECT_EQ(last_written->candidates[last_written->chosen].spec, r->candidates[r->chosen].spec);
+  EXPECT_NE(TuneResultJson(*r, o, "{}").find("\"stopped\": true"), std::string::npos);
 }
 
 TEST_F(TuneTest, QualityFloorPicksTheSmallestSpecMeetingIt) {

@@ -11,6 +11,7 @@
 #include <csignal>
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
 #include <iomanip>
 #include <memory>
 #include <sstream>
@@ -21,6 +22,7 @@
 #include "eval/ruler.h"
 #include "eval/tune.h"
 #include "eval/tune_cache.h"
+#include "eval/tune_heads.h"
 #include "model/fingerprint.h"
 #include "model/model.h"
 #include "tools/commands.h"
@@ -28,6 +30,7 @@
 #include "util/byte_size.h"
 #include "util/mmap_file.h"
 #include "util/output_file.h"
+#include "util/clock.h"
 #include "util/thread_pool.h"
 
 namespace kvx::tools {
@@ -44,6 +47,9 @@ struct TuneFlags {
   std::string tasks;
   std::string out_file;
   std::string svg_file;
+  // Head typing's tables (default: calibrated once into the tune cache).
+  std::string duo_heads, razor_heads, heads_text;
+  bool no_head_typing = false;
   double time_budget = 0;
   int n_threads = 0;
   bool quiet = false;
@@ -81,6 +87,47 @@ std::string UtcNow() {
   return s.str();
 }
 
+// The duo and razor tables the space's head-typing specs name: the given
+// files, else the tune cache's for this model; each calibrated once when
+// missing (duo on the copy task over --heads-text, which must not be the
+// text tune scores KLD on).
+Result<eval::TuneHeadTables> HeadTables(const TuneFlags& flags, const model::Model& model, ThreadPool* threads) {
+  eval::TuneHeadTables tables;
+  const std::string dir = eval::TuneCacheDir();
+  for (const char* method : {"duo", "razor"}) {
+    eval::HeadCalibrationOptions co;
+    co.method = method;
+    std::string path = co.method == "duo" ? flags.duo_heads : flags.razor_heads;
+    if (path.empty()) {
+      if (dir.empty()) {
+        return InvalidArgument("no tune cache directory for the head tables (set $KVX_TUNE_CACHE or $HOME), "
+                               "or name them with --duo-heads/--razor-heads, or give --no-head-typing");
+      }
+      path = dir + "/" + eval::TuneHeadTableName(model::ModelFingerprint(model.file()), co);
+    }
+    std::error_code ec;
+    if (co.method == "duo" && !std::filesystem::exists(path, ec)) {
+      const std::string text = flags.heads_text.empty() ? flags.data_dir + "/prose/jargon-4.4.7.txt" : flags.heads_text;
+      if (!flags.text_file.empty() && std::filesystem::equivalent(text, flags.text_file, ec)) {
+        return InvalidArgument("--heads-text " + text + " is the text tune scores KLD on (-f): calibrating the " +
+                               "head table on it would leak; give another --heads-text");
+      }
+      KVX_ASSIGN_OR_RETURN(co.text, ReadNonEmptyTextFile(text));
+    }
+    bool calibrated = false;
+    const double t0 = util::MonotonicSeconds();
+    KVX_ASSIGN_OR_RETURN(std::string table, eval::EnsureHeadTable(model, threads, path, co, &calibrated));
+    if (!flags.quiet) {
+      std::fprintf(stderr, "kvx: head table (%s): %s %s\n", method, table.c_str(),
+                   calibrated ? ("calibrated in " + std::to_string(static_cast<int>(util::MonotonicSeconds() - t0)) +
+                                 " s").c_str()
+                              : "(cached)");
+    }
+    (co.method == "duo" ? tables.duo : tables.razor) = table;
+  }
+  return tables;
+}
+
 Status RunTuneCommand(TuneFlags flags) {
   eval::TuneOptions& o = flags.options;
   KVX_ASSIGN_OR_RETURN(o.mem_bytes, ParseByteSize(flags.mem));
@@ -107,6 +154,9 @@ Status RunTuneCommand(TuneFlags flags) {
   // Only the tokens the search and the validation read are kept.
   tokens.resize(std::min<size_t>(tokens.size(), static_cast<size_t>(eval::TuneTextTokens(o))));
   ThreadPool threads(flags.n_threads);
+  if (!flags.no_head_typing) {
+    KVX_ASSIGN_OR_RETURN(o.heads, HeadTables(flags, *model, &threads));
+  }
 
   const std::string about = nlohmann::json{{"model", flags.model_path},
                                            {"model_name", model->config().name},
@@ -205,6 +255,14 @@ void RegisterTune(CLI::App& app, int* exit_code) {
       ->check(IntIn(1, kMaxCount));
   cmd->add_option("-o,--output", flags->out_file, "Write the result here (JSON; --kv @FILE reads it)");
   cmd->add_option("--svg", flags->svg_file, "Write the Pareto chart (bytes vs KLD) here");
+  cmd->add_option("--duo-heads", flags->duo_heads,
+                  "DuoAttention head table for the space's policy=duo specs (default: calibrated once into the tune "
+                  "cache; a missing file is calibrated and written)");
+  cmd->add_option("--razor-heads", flags->razor_heads,
+                  "RazorAttention head table for the space's policy=razor specs (default: as --duo-heads)");
+  cmd->add_option("--heads-text", flags->heads_text,
+                  "Natural text duo's copy calibration reads (default: DATA/prose/jargon-4.4.7.txt; not the -f text)");
+  cmd->add_flag("--no-head-typing", flags->no_head_typing, "Leave head typing (duo, razor) out of the space");
   cmd->add_option("--time-budget", flags->time_budget,
                   "Seconds; past them no new pass starts and the best spec so far is kept (0: none)")
       ->capture_default_str()

@@ -137,11 +137,17 @@ Status HeadTypingPolicy::CheckSpec(const ResolvedKVSpec& resolved) const {
 }
 
 double HeadTypingPolicy::KeptBytesPerToken(const ResolvedKVSpec& resolved, int tokens, double bytes_per_token) const {
-  (void)resolved;
   if (retrieval_.empty()) return bytes_per_token;
   const double retrieval =
       static_cast<double>(std::count(retrieval_.begin(), retrieval_.end(), 1)) / static_cast<double>(retrieval_.size());
-  const double streaming_kept = std::min(1.0, static_cast<double>(StreamingKeep(tokens)) / tokens);
+  // A streaming head holds whole pages: its sinks' from the start, and its
+  // window's, which spans one page more when it does not start on a page
+  // boundary (the entries removed between leave the window's first page
+  // partly live).
+  const int page = std::max(1, resolved.layout.page_tokens);
+  const int window = StreamingKeep(tokens) - sinks_;
+  const int64_t held = static_cast<int64_t>(page) * ((sinks_ + page - 1) / page + (window + page - 1) / page + 1);
+  const double streaming_kept = std::min(1.0, static_cast<double>(held) / tokens);
   return bytes_per_token * (retrieval + (1.0 - retrieval) * streaming_kept);
 }
 
