@@ -74,25 +74,27 @@ def kvx_bench_cmd(kvx, model, args, out):
 
 
 def measure_ab(args):
-    """Alternates the two binaries for --rounds rounds; one kvx bench run per binary and round."""
+    """Alternates the two binaries for --rounds rounds; one kvx bench run per binary and round. ab.json is
+    rewritten after every round, so an interrupted run keeps its complete rounds."""
     os.makedirs(DATA, exist_ok=True)
     runs = {"before": [], "after": []}
     tmp = os.path.join(DATA, "ab_run.json")
+    cmd = " ".join(kvx_bench_cmd("kvx", os.path.basename(args.model), args, "OUT"))
+    script = "scripts/batched_report.py --model %s --before OLD_KVX --after NEW_KVX --rounds %d --ab-seqs %s " \
+             "--ab-depths %s --ab-reps %d --ab-gen %d" % (os.path.basename(args.model), args.rounds, args.ab_seqs,
+                                                          args.ab_depths, args.ab_reps, args.ab_gen)
     for rnd in range(args.rounds):
         for side in ("before", "after"):
             run(kvx_bench_cmd(getattr(args, side), args.model, args, tmp))
             r = json.load(open(tmp))
             r["loadavg"] = os.getloadavg()[0]
             runs[side].append(r)
+        with open(os.path.join(DATA, "ab.json"), "w") as f:
+            json.dump({"model": os.path.basename(args.model), "threads": args.threads, "command": cmd,
+                       "script": script, "cpu": runs["after"][0].get("cpu", {}).get("brand", ""), "runs": runs},
+                      f, indent=1)
+            f.write("\n")
     os.remove(tmp)
-    cmd = " ".join(kvx_bench_cmd("kvx", os.path.basename(args.model), args, "OUT"))
-    with open(os.path.join(DATA, "ab.json"), "w") as f:
-        script = "scripts/batched_report.py --model %s --before OLD_KVX --after NEW_KVX --rounds %d --ab-seqs %s " \
-                 "--ab-depths %s --ab-reps %d --ab-gen %d" % (os.path.basename(args.model), args.rounds, args.ab_seqs,
-                                                              args.ab_depths, args.ab_reps, args.ab_gen)
-        json.dump({"model": os.path.basename(args.model), "threads": args.threads, "command": cmd, "script": script,
-                   "cpu": runs["after"][0].get("cpu", {}).get("brand", ""), "runs": runs}, f, indent=1)
-        f.write("\n")
 
 
 def render_ab():

@@ -198,6 +198,49 @@ void SequenceKV::ExtendRopeTable(int32_t max_pos) {
 
 Status SequenceKV::Append(int layer, int n, const int32_t* pos, const float* k, const float* v,
                           ThreadPool* threads) {
+  const AppendRows rows{this, n, pos, k, v};
+  return AppendBatch(layer, {&rows, 1}, threads);
+}
+
+Status SequenceKV::AppendBatch(int layer, std::span<const AppendRows> items, ThreadPool* threads) {
+  // 1. Checks, pages and rotation, item by item on this thread (the pool is
+  //    not thread-safe).
+  // Reused across calls; the references let the workers below see the
+  // caller's vectors (a thread_local named in a lambda is each thread's own).
+  thread_local std::vector<AppendRows> tls_ready;
+  thread_local std::vector<size_t> tls_first_task;
+  std::vector<AppendRows>& ready = tls_ready;  // the rows to store, rotated
+  std::vector<size_t>& first_task = tls_first_task;  // [items + 1]: each item's first (item, head) task
+  ready.assign(items.begin(), items.end());
+  first_task.assign(1, 0);
+  for (AppendRows& r : ready) {
+    KVX_RETURN_IF_ERROR(r.kv->PrepareAppend(layer, r.n, r.pos, &r.k, &r.v));
+    first_task.push_back(first_task.back() + (r.n > 0 ? static_cast<size_t>(r.kv->layout_.n_kv_heads) : 0));
+  }
+  // 2. Every (item, head) write, in one parallel loop: a prompt's append was
+  //    4% of prefill on the caller alone while the other threads waited.
+  auto write = [&](size_t b, size_t e, int) {
+    size_t i = static_cast<size_t>(std::upper_bound(first_task.begin(), first_task.end(), b) - first_task.begin()) - 1;
+    for (size_t task = b; task < e; ++task) {
+      while (task >= first_task[i + 1]) ++i;
+      const AppendRows& r = ready[i];
+      r.kv->WriteAppendHead(layer, static_cast<int>(task - first_task[i]), r.n, r.pos, r.k, r.v);
+    }
+  };
+  const size_t n_tasks = first_task.back();
+  if (threads != nullptr && threads->size() > 1 && n_tasks > 1) {
+    threads->ParallelFor(n_tasks, write);
+  } else {
+    write(0, n_tasks, 0);
+  }
+  // 3. The replaced pages back to the pool.
+  for (const AppendRows& r : ready) {
+    if (r.n > 0) r.kv->FinishAppend(layer, r.n, r.pos);
+  }
+  return Status::Ok();
+}
+
+Status SequenceKV::PrepareAppend(int layer, int n, const int32_t* pos, const float** k, const float** v) {
   KVX_CHECK(layer >= 0 && layer < layout_.n_layers && n >= 0);
   if (n == 0) return Status::Ok();
   KVX_RETURN_IF_ERROR(EnsureSizeClasses());
@@ -214,53 +257,50 @@ Status SequenceKV::Append(int layer, int n, const int32_t* pos, const float* k, 
     }
   }
 
-  // 1. Every page this call needs (new pages, packed pages for staging
-  //    pages that get sealed, copies of shared partially filled last pages)
-  //    was allocated by Reserve() before the step, or is allocated now, before
-  //    anything is written, so exhaustion leaves the sequence unchanged.
-  //    WriteHead consumes them in the same order.
+  // Every page this call needs (new pages, packed pages for staging pages
+  // that get sealed, copies of shared partially filled last pages) was
+  // allocated by Reserve() before the step, or is allocated now, before
+  // anything is written, so exhaustion leaves the sequence unchanged.
+  // WriteHead consumes them in the same order.
   Reservation& r = reserved_[layer];
   if (r.n != n) {
     CancelReservation(layer);
     KVX_RETURN_IF_ERROR(PlanLayer(layer, n, &r));
   }
 
-  // 2. Rotate (the whole chain lives in the rotated basis), then write.
+  // Rotate (the whole chain lives in the rotated basis).
   if (rotation_ != nullptr) {
     const size_t count = static_cast<size_t>(n) * H * D;
-    rot_k_.assign(k, k + (keys_rotated() ? count : 0));
-    rot_v_.assign(v, v + count);
-    for (size_t r = 0; r < static_cast<size_t>(n) * H; ++r) {
-      if (keys_rotated()) rotation_->Forward(&rot_k_[r * D]);
-      rotation_->Forward(&rot_v_[r * D]);
+    rot_k_.assign(*k, *k + (keys_rotated() ? count : 0));
+    rot_v_.assign(*v, *v + count);
+    for (size_t row = 0; row < static_cast<size_t>(n) * H; ++row) {
+      if (keys_rotated()) rotation_->Forward(&rot_k_[row * D]);
+      rotation_->Forward(&rot_v_[row * D]);
     }
-    if (keys_rotated()) k = rot_k_.data();
-    v = rot_v_.data();
+    if (keys_rotated()) *k = rot_k_.data();
+    *v = rot_v_.data();
   }
   released_.resize(H);
-  auto write_heads = [&](size_t h0, size_t h1, int) {
-    for (size_t h = h0; h < h1; ++h) {
-      size_t next_new = r.head_first[h];
-      released_[h].clear();
-      WriteHead(layer, static_cast<int>(h), n, pos, k, v, r, &next_new, &released_[h]);
-      KVX_CHECK(next_new == r.head_first[h + 1]);
-    }
-  };
-  if (threads != nullptr && threads->size() > 1 && H > 1) {
-    threads->ParallelFor(static_cast<size_t>(H), write_heads);
-  } else {
-    write_heads(0, static_cast<size_t>(H), 0);
-  }
+  return Status::Ok();
+}
+
+void SequenceKV::WriteAppendHead(int layer, int h, int n, const int32_t* pos, const float* k, const float* v) {
+  const Reservation& r = reserved_[layer];
+  size_t next_new = r.head_first[h];
+  released_[h].clear();
+  WriteHead(layer, h, n, pos, k, v, r, &next_new, &released_[h]);
+  KVX_CHECK(next_new == r.head_first[h + 1]);
+}
+
+void SequenceKV::FinishAppend(int layer, int n, const int32_t* pos) {
   for (const std::vector<PageId>& ids : released_) {
     for (PageId id : ids) pool_->Unref(id);
   }
-  r = Reservation{};
-
+  reserved_[layer] = Reservation{};
   if (codec_.pre_rope) {
     for (int i = 0; i < n; ++i) max_pos_ = std::max(max_pos_, pos[i]);
     ExtendRopeTable(max_pos_);
   }
-  return Status::Ok();
 }
 
 Status SequenceKV::PlanLayer(int layer, int n, Reservation* r) {

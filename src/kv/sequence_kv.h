@@ -117,6 +117,24 @@ class SequenceKV {
   // REQUIRES: 0 <= layer < n_layers, n >= 0.
   Status Append(int layer, int n, const int32_t* pos, const float* k, const float* v, ThreadPool* threads = nullptr);
 
+  // One sequence's rows of AppendBatch: as Append's arguments.
+  struct AppendRows {
+    SequenceKV* kv;
+    int n;
+    const int32_t* pos;
+    const float* k;
+    const float* v;
+  };
+  // Append(layer, ...) for several sequences of one pool (a batched step's
+  // rows): every item is checked and its pages are taken first, on the
+  // caller, then the (sequence, kv head) writes of all items run in one
+  // parallel loop on `threads`. A batched step of 32 one-token sequences made
+  // 32 serial calls per layer (8.8% of the step on 2 threads). On error (a
+  // bad position, the pool exhausted) no item's rows were written; the pages
+  // already taken stay reserved for the items (CancelReservation).
+  // REQUIRES: distinct sequences sharing one pool; as Append for each.
+  static Status AppendBatch(int layer, std::span<const AppendRows> items, ThreadPool* threads = nullptr);
+
   // Pre-RoPE keys (KVQuant): the caller does not rope K; Attention applies
   // `rope` at each entry's stored position. Call before Attention (cheap when
   // unchanged). `rope.freq_factors` must outlive this object.
@@ -422,10 +440,18 @@ class SequenceKV {
   };
   // Allocates (all or nothing) the pages of layer's Append of n tokens.
   Status PlanLayer(int layer, int n, Reservation* r);
+  // AppendBatch's phases for one sequence: checks the rows, takes their
+  // pages and rotates them (*k, *v then point at the rows to store); writes
+  // head h (any thread, once per head); returns the replaced pages to the
+  // pool (the caller's thread, after every head).
+  Status PrepareAppend(int layer, int n, const int32_t* pos, const float** k, const float** v);
+  void WriteAppendHead(int layer, int h, int n, const int32_t* pos, const float* k, const float* v);
+  void FinishAppend(int layer, int n, const int32_t* pos);
   // Writes the new rows of one head: takes the pages the plan allocated for
   // it from r.pages[*next_new...], and adds the pages it replaces to
-  // *released (Append unrefs them after all heads, since the pool is not
-  // thread-safe). Touches nothing another head's call does.
+  // *released (FinishAppend unrefs them after all heads, since the pool is
+  // not thread-safe). Touches nothing another head's call does, nor any
+  // other sequence's.
   void WriteHead(int layer, int h, int n, const int32_t* pos, const float* k, const float* v, const Reservation& r,
                  size_t* next_new, std::vector<PageId>* released);
 

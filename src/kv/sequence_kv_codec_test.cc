@@ -168,6 +168,93 @@ TEST_P(SealingTest, ThreadedAppendWritesTheSameBytes) {
   EXPECT_INVARIANTS(*pool_b);
 }
 
+// A batched append (every sequence's rows, the (sequence, head) writes in one
+// parallel loop) stores what one Append per sequence does: the same page
+// formats and sizes, the same entries read back, for sequences of different
+// lengths, some with no rows, growing, sealing, copy-on-write after a fork.
+// (Page ids differ, and so do the unused bytes of recycled pages: one append
+// per sequence frees a sealed sequence's staging pages before the next plans.)
+TEST_P(SealingTest, BatchedAppendWritesWhatOneAppendPerSequenceDoes) {
+  const char* spec = GetParam();
+  const CodecConfig cc = Codec(spec);
+  const KVLayout layout{1, 3, 16, PageOf(spec)};
+  constexpr int kSeqs = 4;
+  const int n_ctx = 90;
+  auto pool_a = PoolFor(layout, cc, 2 * kSeqs * n_ctx), pool_b = PoolFor(layout, cc, 2 * kSeqs * n_ctx);
+  ASSERT_NE(pool_a, nullptr);
+  ASSERT_NE(pool_b, nullptr);
+  std::vector<std::unique_ptr<SequenceKV>> a, b;
+  for (int q = 0; q < kSeqs; ++q) {
+    a.push_back(std::make_unique<SequenceKV>(pool_a.get(), layout, cc));
+    b.push_back(std::make_unique<SequenceKV>(pool_b.get(), layout, cc));
+  }
+  ThreadPool threads(2);
+  std::mt19937 rng(11);
+  std::vector<int> len(kSeqs, 0);
+  std::vector<float> ka(16), va(16), kb(16), vb(16);
+  int32_t pos_a = 0, pos_b = 0;
+  for (int round = 0; round < 24; ++round) {
+    std::vector<Tokens> rows(kSeqs);
+    std::vector<SequenceKV::AppendRows> batch;
+    for (int q = 0; q < kSeqs; ++q) {
+      const int n = std::min(n_ctx - len[q], static_cast<int>(rng() % 9));  // 0..8 rows (decode, short chunks)
+      rows[q] = MakeTokens(len[q], n, 3, 16);
+      batch.push_back({a[q].get(), n, rows[q].pos.data(), rows[q].k.data(), rows[q].v.data()});
+      ASSERT_TRUE(b[q]->Append(0, n, rows[q].pos.data(), rows[q].k.data(), rows[q].v.data()).ok());
+      len[q] += n;
+    }
+    ASSERT_TRUE(SequenceKV::AppendBatch(0, batch, &threads).ok());
+    for (int q = 0; q < kSeqs; ++q) {
+      for (int h = 0; h < 3; ++h) {
+        const PageTable &ta = a[q]->table(0, h), &tb = b[q]->table(0, h);
+        ASSERT_EQ(ta.length(), len[q]);
+        ASSERT_EQ(ta.length(), tb.length());
+        ASSERT_EQ(ta.num_pages(), tb.num_pages());
+        for (int p = 0; p < ta.num_pages(); ++p) {
+          ASSERT_EQ(ta.is_full(p), tb.is_full(p));
+          ASSERT_EQ(pool_a->PageBytesOf(ta.pages()[p]), pool_b->PageBytesOf(tb.pages()[p]));
+        }
+        for (int e = 0; e < ta.length(); ++e) {
+          a[q]->ReadEntry(0, h, e, ka.data(), va.data(), &pos_a);
+          b[q]->ReadEntry(0, h, e, kb.data(), vb.data(), &pos_b);
+          ASSERT_EQ(pos_a, pos_b);
+          ASSERT_EQ(ka, kb) << "round " << round << " seq " << q << " head " << h << " entry " << e;
+          ASSERT_EQ(va, vb) << "round " << round << " seq " << q << " head " << h << " entry " << e;
+        }
+      }
+    }
+    ASSERT_EQ(pool_a->bytes_in_use(), pool_b->bytes_in_use());
+    if (round == 10) {  // sequence 3 continues a fork of sequence 0: later appends copy the shared last pages
+      a[3] = a[0]->Fork();
+      b[3] = b[0]->Fork();
+      len[3] = len[0];
+    }
+  }
+  EXPECT_INVARIANTS(*pool_a);
+  EXPECT_INVARIANTS(*pool_b);
+}
+
+TEST(BatchedAppendTest, ABadItemWritesNoItem) {
+  const KVLayout layout{1, 2, 16, 16};
+  const CodecConfig cc = Codec("codec=f16");
+  auto pool = PoolFor(layout, cc, 64);
+  ASSERT_NE(pool, nullptr);
+  SequenceKV x(pool.get(), layout, cc), y(pool.get(), layout, cc);
+  Tokens good = MakeTokens(0, 3, 2, 16), bad = MakeTokens(0, 2, 2, 16);
+  bad.pos[1] = kDeadPosition;
+  const SequenceKV::AppendRows batch[] = {{&x, 3, good.pos.data(), good.k.data(), good.v.data()},
+                                          {&y, 2, bad.pos.data(), bad.k.data(), bad.v.data()}};
+  ThreadPool threads(2);
+  const Status s = SequenceKV::AppendBatch(0, batch, &threads);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("marks dead slots"), std::string::npos) << s.message();
+  EXPECT_EQ(x.Length(0, 0), 0);
+  EXPECT_EQ(y.Length(0, 1), 0);
+  x.CancelReservation();
+  EXPECT_EQ(pool->pages_in_use(), 0);
+  EXPECT_INVARIANTS(*pool);
+}
+
 INSTANTIATE_TEST_SUITE_P(Specs, SealingTest,
                          ::testing::Values("codec=f16", "codec=int4", "codec=int8,sinks=5", "codec=int4,residual=9",
                                            "codec=kivi2,page=8", "codec=kivi4,page=4,residual=13,sinks=6",

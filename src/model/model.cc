@@ -204,6 +204,13 @@ Status Model::Forward(const ForwardBatch& batch, std::span<kv::SequenceKV* const
     if ((*starts)[q + 1] <= (*starts)[q]) return InvalidArgument("batch sequence " + std::to_string(q) + " has no rows");
     if (kvs[q] == nullptr) return InvalidArgument("batch sequence " + std::to_string(q) + " has no cache");
   }
+  {  // one cache per sequence (their appends run in one parallel loop)
+    std::vector<kv::SequenceKV*> sorted(kvs.begin(), kvs.end());
+    std::sort(sorted.begin(), sorted.end());
+    if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+      return InvalidArgument("two sequences of one batch share a cache");
+    }
+  }
   if (batch.recompute != nullptr && n_seqs != 1) return InvalidArgument("a selective recomputation runs one sequence");
   for (int32_t t : batch.tokens) {
     if (t < 0 || t >= c.n_vocab) {
@@ -261,6 +268,7 @@ Status Model::Forward(const ForwardBatch& batch, std::span<kv::SequenceKV* const
     if (kv->keys_pre_rope() != pre_rope_keys) return InvalidArgument("batch mixes pre-RoPE and roped caches");
   }
   std::vector<kv::AttentionSeq> attn_seqs(n_seqs);
+  std::vector<kv::SequenceKV::AppendRows> append_rows;
   // RoPE cos/sin depend only on the position: computed once per token here
   // (by batch row), shared by every layer (ops::Rope would recompute them
   // per layer).
@@ -355,13 +363,17 @@ Status Model::Forward(const ForwardBatch& batch, std::span<kv::SequenceKV* const
                                          n >= kParallelTokens ? pool : nullptr));
       attn_seqs[0] = {kvs[0], s->q.data(), row_positions.data(), m, s->attn.data()};
     } else {
+      // Every sequence's rows in one batched append (one parallel loop over
+      // the (sequence, kv head) writes).
+      append_rows.resize(static_cast<size_t>(n_seqs));
       for (int q = 0; q < n_seqs; ++q) {
         const int r0 = (*starts)[q], nq = (*starts)[q + 1] - r0;
-        KVX_RETURN_IF_ERROR(kvs[q]->Append(l, nq, &batch.positions[r0], &s->k[static_cast<size_t>(r0) * kv_dim],
-                                           &s->v[static_cast<size_t>(r0) * kv_dim], nq >= kParallelTokens ? pool : nullptr));
+        append_rows[q] = {kvs[q], nq, &batch.positions[r0], &s->k[static_cast<size_t>(r0) * kv_dim],
+                          &s->v[static_cast<size_t>(r0) * kv_dim]};
         attn_seqs[q] = {kvs[q], &s->q[static_cast<size_t>(r0) * q_dim], &batch.positions[r0], nq,
                         &s->attn[static_cast<size_t>(r0) * q_dim]};
       }
+      KVX_RETURN_IF_ERROR(kv::SequenceKV::AppendBatch(l, append_rows, n >= kParallelTokens ? pool : nullptr));
     }
     if (m == 0) continue;  // nothing recomputed from here on
     {

@@ -393,17 +393,10 @@ KVX_ATTR void IntRowsTyped(const WeightView& w, const QuantizedActs& a, float* y
 // tokens fits its sums, accumulators, weights and constants in the 16 ymm
 // registers.
 // What both 16-row tiles below share (KVX_INLINE, so that they inline into
-// the AVX-VNNI tile too, whose target is a superset): the unit 4 KiB ahead
-// (decode, as the AVX3_DL kernel); block b's exact int32 sums of kT tokens
-// (isum[t][half of 8 rows]) times weight scale x activation scale, added to
-// the accumulators; the stores.
-KVX_INLINE void PrefetchUnitAhead(const uint8_t* unit) {
-  constexpr int kPrefetchBytes = 4096;
-  KVX_UNROLL for (int l = 0; l < Interleaved16::kUnitBytes / 64; ++l) {
-    _mm_prefetch(reinterpret_cast<const char*>(unit + kPrefetchBytes + 64 * l), _MM_HINT_T0);
-  }
-}
-
+// the AVX-VNNI tile too, whose target is a superset): block b's exact int32
+// sums of kT tokens (isum[t][half of 8 rows]) times weight scale x activation
+// scale, added to the accumulators; the stores. Both tiles request pf's
+// lines at each chunk (Prefetch in matmul_simd.cc).
 template <int kT>
 KVX_INLINE void ScaleBlockInto(const uint8_t* unit, int h, const float* const* ds, int64_t b,
                                const __m256i (*isum)[2], V16* acc) {
@@ -425,10 +418,9 @@ KVX_INLINE void StoreTile(const V16* acc, float* y, int64_t ldy) {
   }
 }
 
-// kPrefetch: decode (PrefetchUnitAhead).
-template <int kT, bool kPrefetch>
+template <int kT>
 KVX_ATTR void InterleavedTile2(const Interleaved16& g, int64_t group, const QuantizedActs& a, int64_t t0, float* y,
-                               int64_t ldy) {
+                               int64_t ldy, Prefetch pf) {
   V16 acc[kT];
   KVX_UNROLL for (int t = 0; t < kT; ++t) acc[t] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   const int8_t* q[kT];
@@ -440,7 +432,7 @@ KVX_ATTR void InterleavedTile2(const Interleaved16& g, int64_t group, const Quan
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80)), ones = _mm256_set1_epi16(1);
   for (int64_t c = 0; c < g.n_chunks; ++c) {
     const uint8_t* unit = g.Unit(group, c);
-    if constexpr (kPrefetch) PrefetchUnitAhead(unit);
+    pf.Chunk(c);
     KVX_UNROLL for (int h = 0; h < 2; ++h) {
       const int64_t b = 2 * c + h;
       __m256i isum[kT][2];
@@ -476,9 +468,9 @@ KVX_ATTR void InterleavedTile2(const Interleaved16& g, int64_t group, const Quan
 // broadcast activation of 3 tokens fit the 16 ymm registers.
 // One target attribute naming both: clang does not merge two of them.
 #define KVX_ATTR_VNNI __attribute__((target(HWY_TARGET_STR "," KVX_AVX2_VNNI_FEATURES)))
-template <int kT, bool kPrefetch>
+template <int kT>
 KVX_ATTR_VNNI void InterleavedTileVnni(const Interleaved16& g, int64_t group, const QuantizedActs& a, int64_t t0,
-                                       float* y, int64_t ldy) {
+                                       float* y, int64_t ldy, Prefetch pf) {
   V16 acc[kT];
   KVX_UNROLL for (int t = 0; t < kT; ++t) acc[t] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   const int8_t* q[kT];
@@ -491,7 +483,7 @@ KVX_ATTR_VNNI void InterleavedTileVnni(const Interleaved16& g, int64_t group, co
   }
   for (int64_t c = 0; c < g.n_chunks; ++c) {
     const uint8_t* unit = g.Unit(group, c);
-    if constexpr (kPrefetch) PrefetchUnitAhead(unit);
+    pf.Chunk(c);
     KVX_UNROLL for (int h = 0; h < 2; ++h) {
       const int64_t b = 2 * c + h;
       __m256i isum[kT][2];
@@ -513,9 +505,11 @@ KVX_ATTR_VNNI void InterleavedTileVnni(const Interleaved16& g, int64_t group, co
   StoreTile<kT>(acc, y, ldy);
 }
 
-// Rows [r0, r1) of a repacked matrix with either tile (Tile::Run<kT,
-// kPrefetch>): decode one group and token at a time with prefetch; prompts in
-// token tiles that stay in L2 (quants and block scales), kT tokens per call.
+// Rows [r0, r1) of a repacked matrix with either tile (Tile::Run<kT>):
+// decode and steps of up to kT rows one group at a time, each streaming its
+// own weights (StreamAhead); longer steps and prompts in token tiles that stay
+// in L2 (quants and block scales), kT tokens per call, prefetching the next
+// group while they compute (SpreadOverTiles).
 template <class Tile, int kT>
 KVX_INLINE void InterleavedRowsWith(const WeightView& w, const QuantizedActs& a, float* y, int64_t r0, int64_t r1) {
   constexpr int kRows = Interleaved16::kRows;
@@ -526,12 +520,13 @@ KVX_INLINE void InterleavedRowsWith(const WeightView& w, const QuantizedActs& a,
     static_assert(kT <= 3);
     for (int64_t gr = g0; gr < g1; ++gr) {
       float* yg = y + kRows * gr;
-      if (n_tok == 1) Tile::template Run<1, true>(g, gr, a, 0, yg, ldy);
+      const Prefetch pf = StreamAhead(g, gr);
+      if (n_tok == 1) Tile::template Run<1>(g, gr, a, 0, yg, ldy, pf);
       if constexpr (kT >= 2) {
-        if (n_tok == 2) Tile::template Run<2, true>(g, gr, a, 0, yg, ldy);
+        if (n_tok == 2) Tile::template Run<2>(g, gr, a, 0, yg, ldy, pf);
       }
       if constexpr (kT >= 3) {
-        if (n_tok == 3) Tile::template Run<3, true>(g, gr, a, 0, yg, ldy);
+        if (n_tok == 3) Tile::template Run<3>(g, gr, a, 0, yg, ldy, pf);
       }
     }
     return;
@@ -541,25 +536,28 @@ KVX_INLINE void InterleavedRowsWith(const WeightView& w, const QuantizedActs& a,
     const int64_t t1 = std::min(n_tok, t0 + tt);
     for (int64_t gr = g0; gr < g1; ++gr) {
       float* yg = y + kRows * gr;
+      Prefetch pf = SpreadOverTiles(g, gr, 1, (t1 - t0) / kT + (t1 - t0) % kT);
       int64_t t = t0;
-      for (; t + kT <= t1; t += kT) Tile::template Run<kT, false>(g, gr, a, t, yg + t * ldy, ldy);
-      for (; t < t1; ++t) Tile::template Run<1, false>(g, gr, a, t, yg + t * ldy, ldy);
+      for (; t + kT <= t1; t += kT, pf = pf.NextTile(g.n_chunks)) {
+        Tile::template Run<kT>(g, gr, a, t, yg + t * ldy, ldy, pf);
+      }
+      for (; t < t1; ++t, pf = pf.NextTile(g.n_chunks)) Tile::template Run<1>(g, gr, a, t, yg + t * ldy, ldy, pf);
     }
   }
 }
 
 struct SignTrickTile {
-  template <int kT, bool kPrefetch>
+  template <int kT>
   static KVX_INLINE void Run(const Interleaved16& g, int64_t gr, const QuantizedActs& a, int64_t t0, float* y,
-                             int64_t ldy) {
-    InterleavedTile2<kT, kPrefetch>(g, gr, a, t0, y, ldy);
+                             int64_t ldy, Prefetch pf) {
+    InterleavedTile2<kT>(g, gr, a, t0, y, ldy, pf);
   }
 };
 struct VnniTile {
-  template <int kT, bool kPrefetch>
+  template <int kT>
   static KVX_INLINE void Run(const Interleaved16& g, int64_t gr, const QuantizedActs& a, int64_t t0, float* y,
-                             int64_t ldy) {
-    InterleavedTileVnni<kT, kPrefetch>(g, gr, a, t0, y, ldy);
+                             int64_t ldy, Prefetch pf) {
+    InterleavedTileVnni<kT>(g, gr, a, t0, y, ldy, pf);
   }
 };
 

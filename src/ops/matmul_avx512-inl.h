@@ -565,13 +565,13 @@ KVX_ATTR void IntRowsTyped(const WeightView& w, const QuantizedActs& a, float* y
 // vpdpbusd (weights from the unit, 4 activation quants broadcast), then one
 // conversion, multiply and fma per (group, token). No lane reductions, and a
 // group's 16 outputs are one store.
-// kPrefetch (decode): the matrix is one sequential stream of units; each
-// line is requested 4 KiB ahead (the hardware prefetcher alone left ~30% of
-// the read bandwidth unused on Zen 5). Prefetches past the end are ignored.
-template <int kR, int kT, bool kPrefetch>
+// pf: the lines requested ahead at each chunk (Prefetch in matmul_simd.cc);
+// kStream: decode's plan (StreamAhead) with the addresses known at compile
+// time, which steps of 2-4 rows ran ~6% faster with than with the same plan in
+// pf (ops_bench StepGemm, 1 thread).
+template <int kR, int kT, bool kStream = false>
 KVX_ATTR void InterleavedTile(const Interleaved16& g, int64_t group, const QuantizedActs& a, int64_t t0, float* y,
-                              int64_t ldy) {
-  constexpr int kPrefetchBytes = 4096;
+                              int64_t ldy, Prefetch pf = {}) {
   __m512 acc[kR][kT];
   KVX_UNROLL for (int r = 0; r < kR; ++r) {
     KVX_UNROLL for (int t = 0; t < kT; ++t) acc[r][t] = _mm512_setzero_ps();
@@ -586,13 +586,12 @@ KVX_ATTR void InterleavedTile(const Interleaved16& g, int64_t group, const Quant
   }
   for (int64_t c = 0; c < g.n_chunks; ++c) {
     const uint8_t* unit[kR];
-    KVX_UNROLL for (int r = 0; r < kR; ++r) {
-      unit[r] = g.Unit(group + r, c);
-      if constexpr (kPrefetch) {
-        KVX_UNROLL for (int l = 0; l < Interleaved16::kUnitBytes / 64; ++l) {
-          _mm_prefetch(reinterpret_cast<const char*>(unit[r] + kPrefetchBytes + 64 * l), _MM_HINT_T0);
-        }
-      }
+    KVX_UNROLL for (int r = 0; r < kR; ++r) unit[r] = g.Unit(group + r, c);
+    if constexpr (kStream) {
+      static_assert(kR == 1);
+      StreamAhead(g, group).Chunk(c);
+    } else {
+      pf.Chunk(c);
     }
     KVX_UNROLL for (int h = 0; h < 2; ++h) {
       const int64_t b = 2 * c + h;
@@ -633,25 +632,35 @@ KVX_ATTR void InterleavedTile(const Interleaved16& g, int64_t group, const Quant
 // int32 sums and R*T float accumulators: 3 x 4 = 24 of the 32 zmm
 // registers, 7 loads per 12 vpdpbusd. (ops_bench PrefillGemm/q8_0_repacked,
 // 1 thread, alternated: 3x4 ~2.9k tok/s, 2x6 ~2.9k, 4x3 ~2.9k, 1x12 ~2.3k.)
+// The same tile serves a batched step of 9..64 rows, now that it prefetches
+// the next groups while it computes (StepGemm, 1 thread, CPU time, against
+// 1 x 8 and 1 x 12 tiles with the same prefetch: 3 x 4 fastest at 16-64
+// rows and for prompts; 2 x 6 within 2%).
 constexpr int kInterleavedGroups = 3, kInterleavedTokens = 4;
+
+// Tokens [t0, t1) of kR groups: tiles of kT tokens, the 1..kT-1 left in one
+// more tile (one pass over the groups' weights, not one per token), all
+// prefetching the next kR groups (SpreadOverTiles).
+template <int kR, int kT, int kLeft = kT - 1>
+KVX_INLINE void InterleavedLeftover(const Interleaved16& g, int64_t gr, const QuantizedActs& a, int64_t t, int64_t n,
+                                    float* yg, int64_t ldy, Prefetch pf) {
+  if constexpr (kLeft >= 1) {
+    if (n != kLeft) return InterleavedLeftover<kR, kT, kLeft - 1>(g, gr, a, t, n, yg, ldy, pf);
+    InterleavedTile<kR, kLeft>(g, gr, a, t, yg + t * ldy, ldy, pf);
+  }
+}
 
 template <int kR>
 KVX_ATTR void InterleavedTokens(const Interleaved16& g, int64_t gr, const QuantizedActs& a, int64_t t0, int64_t t1,
                                 float* y, int64_t ldy) {
+  constexpr int kT = kInterleavedTokens;
   float* yg = y + Interleaved16::kRows * gr;
+  Prefetch pf = SpreadOverTiles(g, gr, kR, (t1 - t0 + kT - 1) / kT);
   int64_t t = t0;
-  for (; t + kInterleavedTokens <= t1; t += kInterleavedTokens) {
-    InterleavedTile<kR, kInterleavedTokens, false>(g, gr, a, t, yg + t * ldy, ldy);
+  for (; t + kT <= t1; t += kT, pf = pf.NextTile(g.n_chunks)) {
+    InterleavedTile<kR, kT>(g, gr, a, t, yg + t * ldy, ldy, pf);
   }
-  // The 1-3 tokens left share one pass over the groups' weights (one token
-  // at a time read them up to three times, one vpdpbusd per weight load).
-  static_assert(kInterleavedTokens == 4);
-  switch (t1 - t) {
-    case 3: InterleavedTile<kR, 3, false>(g, gr, a, t, yg + t * ldy, ldy); break;
-    case 2: InterleavedTile<kR, 2, false>(g, gr, a, t, yg + t * ldy, ldy); break;
-    case 1: InterleavedTile<kR, 1, false>(g, gr, a, t, yg + t * ldy, ldy); break;
-    default: break;
-  }
+  InterleavedLeftover<kR, kT>(g, gr, a, t, t1 - t, yg, ldy, pf);
 }
 
 // A step of at most 8 rows (decode, a batched step of few sequences): the
@@ -663,7 +672,9 @@ KVX_ATTR void InterleavedTokens(const Interleaved16& g, int64_t gr, const Quanti
 template <int kT>
 KVX_ATTR void InterleavedStream(const Interleaved16& g, int64_t g0, int64_t g1, const QuantizedActs& a, float* y,
                                 int64_t ldy) {
-  for (int64_t gr = g0; gr < g1; ++gr) InterleavedTile<1, kT, true>(g, gr, a, 0, y + Interleaved16::kRows * gr, ldy);
+  for (int64_t gr = g0; gr < g1; ++gr) {
+    InterleavedTile<1, kT, true>(g, gr, a, 0, y + Interleaved16::kRows * gr, ldy);
+  }
 }
 
 KVX_ATTR void InterleavedRows(const WeightView& w, const QuantizedActs& a, float* y, int64_t r0, int64_t r1) {

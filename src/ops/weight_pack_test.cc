@@ -130,9 +130,9 @@ TEST(WeightPackTest, MatMulIdenticalForEveryTargetThreadCountAndBatch) {
     WeightView packed = m.view;
     const PackedWeights p = PackViews({&packed});
     ASSERT_EQ(packed.layout, WeightLayout::kInterleaved16);
-    // 29 tokens: seven 4-token tiles and a single token; 80 rows: a tile of 3
+    // 67 tokens: sixteen 4-token tiles and 3 left; 80 rows: a tile of 3
     // groups and two single groups (threads take 48-row ranges).
-    const int64_t n_tok = 29;
+    const int64_t n_tok = 67;
     const auto x = Gaussian(n_tok * n_in, 4);
     // The reference: each token alone, on the scalar baseline.
     std::vector<float> want(n_tok * n_out);
@@ -153,9 +153,11 @@ TEST(WeightPackTest, MatMulIdenticalForEveryTargetThreadCountAndBatch) {
       ASSERT_TRUE(ForceSimdTarget(target));
       for (ThreadPool* tp : {static_cast<ThreadPool*>(nullptr), &pool}) {
         // Steps of 1-8 rows stream the weights once on AVX-512 (1-3 on
-        // AVX2); longer ones tile 4 tokens and leave 1-3.
+        // AVX2); longer ones (a batched step of 9..64 rows, a prompt) tile
+        // 4 tokens (2-3 on AVX2) and leave 1-3, prefetching the next groups.
         for (const int64_t batch : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5}, int64_t{6},
-                                    int64_t{7}, int64_t{8}, int64_t{9}, int64_t{11}, n_tok}) {
+                                    int64_t{7}, int64_t{8}, int64_t{9}, int64_t{11}, int64_t{14}, int64_t{16},
+                                    int64_t{29}, int64_t{33}, int64_t{64}, n_tok}) {
           std::vector<float> got(n_tok * n_out);
           for (int64_t t = 0; t < n_tok; t += batch) {
             MatMul(packed, x.data() + t * n_in, std::min(batch, n_tok - t), got.data() + t * n_out, tp);
