@@ -20,6 +20,7 @@ from reportlib import ROOT, Output  # noqa: E402
 INSTRUCTION = "A pass key is hidden in one of the documents below. Find it and remember it, I will ask you about it.\n"
 QUESTION = "\nWhat is the pass key? The pass key is"
 REPAIRS = ["none", "epic,k=16", "blend,r=0.05,k=16", "blend,r=0.15", "full"]
+WORDS = 160  # per document: about 256 tokens of the recall model (1.6 tokens per word of these essays)
 
 
 def sentences(data):
@@ -29,7 +30,7 @@ def sentences(data):
 
 
 def document(sents, rng, words, value=None, split=False):
-    """Whole sentences from a random start, about `words` words (~256 tokens of the recall model); with `value` the
+    """Whole sentences from a random start, at most `words` words (at least one sentence); with `value` the
     needle at a random sentence: one text, or with `split` two cut inside the needle ("... The pass key is" |
     " N. Remember it. ...")."""
     at, out = rng.randrange(len(sents)), []
@@ -108,10 +109,10 @@ def measure(args):
         threading.Thread(target=server.stderr.read, daemon=True).start()  # drained, so it never blocks
         for size in args.sizes:
             n_docs = max(2, size // 256)
-            plain = [document(sents, rng, 190)[0] for _ in range(n_docs - 1)]
+            plain = [document(sents, rng, WORDS)[0] for _ in range(n_docs - 1)]
             for q in range(args.questions):
                 value = str(1 + rng.randrange(50000))
-                docs = [[d] for d in plain] + [document(sents, rng, 190, value, args.needle == "split")]
+                docs = [[d] for d in plain] + [document(sents, rng, WORDS, value, args.needle == "split")]
                 rng.shuffle(docs)
                 chunks = [INSTRUCTION] + [part for d in docs for part in d]
                 if q == 0:
