@@ -186,6 +186,15 @@ void TierStore::ServeLookup(const LookupRequest& request, const std::shared_ptr<
   if (on_load_) on_load_();
 }
 
+void TierStore::ServeQueuedLookups() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!lookups_.empty()) {
+    auto [request, load] = std::move(lookups_.front());
+    lookups_.pop_front();
+    ServeLookup(request, load, lock);
+  }
+}
+
 void TierStore::Flush() {
   std::unique_lock<std::mutex> lock(mu_);
   idle_.wait(lock, [&] { return lookups_.empty() && writes_.empty() && !busy_; });
@@ -267,6 +276,7 @@ void TierStore::RunWrite(WriteJob& job) {
   if (job.snapshot) {  // each block once per storage level its tiers write
     const BlockSnapshot& s = *job.snapshot;
     for (size_t i = 0; i < s.blocks.size(); ++i) {
+      ServeQueuedLookups();
       const size_t before = job.encoded.size();
       uint32_t encoded_levels = 0;
       for (size_t t = 0; t < tiers_.size(); ++t) {
@@ -288,6 +298,7 @@ void TierStore::RunWrite(WriteJob& job) {
   }
   // Consecutive encodings of one key are one block: held by the tiers that took one.
   for (size_t i = 0; i < job.encoded.size();) {
+    ServeQueuedLookups();
     const BlockKey key = job.encoded[i].key;
     uint32_t held = 0;
     for (; i < job.encoded.size() && job.encoded[i].key == key; ++i) {

@@ -16,7 +16,9 @@
 // Write-through (asynchronous): Snapshot copies the pages of the full,
 // final blocks of a sequence that no tier is known to hold (the copy is the
 // only work on the caller's thread); the I/O thread encodes them and puts
-// them in every tier. Writes wait behind loads, and a queue already holding
+// them in every tier. Writes wait behind loads — a lookup queued while a
+// snapshot is being written is served at the next block, not after the
+// snapshot's last (a long sequence is many blocks) —, and a queue already holding
 // `max_pending_write_bytes` drops the snapshot (counted): memory stays
 // bounded and the caller never waits.
 //
@@ -214,6 +216,8 @@ class TierStore {
   void ServeLookup(const LookupRequest& request, const std::shared_ptr<PendingLoad>& load,
                    std::unique_lock<std::mutex>& lock);
   void RunWrite(WriteJob& job);
+  // Serves the lookups queued now (between the blocks of a write).
+  void ServeQueuedLookups();
   void RunPin(const LookupRequest& what, bool on);
   // The record of which tiers hold a key: bit t for tier t, kWriting while
   // a write of it is queued; a key with no bit left is forgotten.

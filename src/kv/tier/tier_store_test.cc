@@ -58,7 +58,8 @@ TEST(LoadImageTest, OverThePoolsPrefixItIsTheSequence) {
   auto pool = MakeManager(kSpec, {3, 2, 64, 16}, 512);
   // The pool holds block 0 (loaded earlier); the load brings blocks 1 and 2.
   const SeqId head = pool->ImportSequence(LoadImage(Load(s, 0, 1), s.tokens, s.space, 7).value()).value();
-  const KVManager::SequenceImage image = LoadImage(Load(s, 1, 2), s.tokens, s.space, 7).value();
+  const TierLoad load = Load(s, 1, 2);  // the image's pages point into its blocks
+  const KVManager::SequenceImage image = LoadImage(load, s.tokens, s.space, 7).value();
   EXPECT_TRUE(image.tables[0].pages[0].empty());  // the pool's pages: not in the image
   const SeqId seq = pool->ImportSequence(image, {head, kBlock}).value();
   const KVManager::SequenceImage got = pool->ExportSequence(seq).value();

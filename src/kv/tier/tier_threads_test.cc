@@ -6,11 +6,13 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <thread>
 #include <vector>
 
 #include "kv/tier/disk_tier.h"
 #include "kv/tier/redis_tier.h"
+#include "kv/tier/tier_store.h"
 #include "kv/tier/tier_test_util.h"
 
 namespace kvx::kv::tier {
@@ -65,6 +67,34 @@ TEST(TierThreadsTest, RedisTierUnderConcurrentCalls) {
   const TierStats s = (*t)->stats();
   EXPECT_EQ(s.hits + s.misses, static_cast<uint64_t>(kThreads * kRounds / 3));
   EXPECT_EQ(s.errors, 0u);
+}
+
+// The store's I/O thread serves a lookup queued while it writes a long
+// sequence's blocks at the next block, not after the last: the lookup is
+// done while most of the 128 blocks (each a synced file) are still to be written.
+TEST(TierThreadsTest, ALookupDoesNotWaitForAWholeSnapshot) {
+  constexpr int kBlock = 32, kBlocks = 128;
+  auto m = testing::MakeManager("codec=f16,page=16", {3, 2, 64, 16}, kBlocks * kBlock + 16);
+  ASSERT_NE(m, nullptr);
+  const std::vector<int32_t> tokens = testing::Tokens(kBlocks * kBlock + 1);
+  const SeqId seq = testing::FillSequence(*m, 0, tokens, 1).value();
+  testing::TempDir dir;
+  std::vector<std::unique_ptr<Tier>> tiers;
+  tiers.push_back(DiskTier::Open({.dir = dir.path(), .max_bytes = 1ull << 30, .log = [](const std::string&) {}}).value());
+  auto store = TierStore::Create(MakeBlockSpace(m->spec(), 1, kBlock).value(), std::move(tiers)).value();
+  std::optional<BlockSnapshot> snapshot = store->Snapshot(*m, seq);
+  ASSERT_TRUE(snapshot.has_value());
+  ASSERT_EQ(snapshot->blocks.size(), static_cast<size_t>(kBlocks));
+  store->Write(std::move(*snapshot));
+  while (store->counters().blocks_written == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  LookupRequest q;
+  q.tokens = testing::Tokens(2 * kBlock + 1, 7);  // another prompt: a miss, answered at once
+  q.max_blocks = 2;
+  auto load = store->Lookup(q);
+  while (!load->done()) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  EXPECT_LT(store->counters().blocks_written, static_cast<uint64_t>(kBlocks) / 2);
+  store->Flush();
+  EXPECT_EQ(store->counters().blocks_written, static_cast<uint64_t>(kBlocks));
 }
 
 }  // namespace
