@@ -2,13 +2,15 @@
 """Runs kvx tune on the recall model at three KV budgets (4x, 6x and 10x smaller than f16 for 8 sessions of
 4096 tokens) and renders the comparison table of docs/tune.md from the results it keeps in docs/results/tune/.
 
-  scripts/tune_report.py --run [4x ...]  # run kvx tune (build/kvx) at every budget (or those named), then render
+  scripts/tune_report.py --run [4x ...]  # run kvx tune (build/kvx) at every budget (or those named, in parallel), then render
+  scripts/tune_report.py --bench         # decode speed at 8k of every budget's compared specs (kvx bench), then render
   scripts/tune_report.py           # render docs/tune.md from docs/results/tune/*.json
   scripts/tune_report.py --check   # fail if docs/tune.md differs from a fresh render
 """
-import json, os, subprocess, sys
+import json, os, subprocess, sys, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KVX = os.environ.get("KVX_BIN", os.path.join(ROOT, "build/kvx"))  # a copy keeps a long run safe from rebuilds
 DOC = os.path.join(ROOT, "docs/tune.md")
 RESULTS = os.path.join(ROOT, "docs/results/tune")
 SHARED = os.environ.get("KVX_SHARED", os.path.join(ROOT, "..", "shared"))
@@ -18,23 +20,65 @@ CTX = 4096
 SESSIONS = 8  # a server's case: one session prefills at its peak beside the others' steady state
 F16_BYTES = 4096 * CTX * SESSIONS  # recall: 4 KiB of f16 K+V per token
 RETRIEVAL = ["--tasks", "passkey", "--retrieval-length", "2048", "--retrieval-trials", "4"]  # n = 5 depths x 4 (cost: docs/tune.md)
+# The committed head tables (docs/kv-head-typing.md): duo on the copy task over the Jargon File, razor on random tokens.
+HEADS = ["--duo-heads", "docs/results/head_typing/recall-duo.json", "--razor-heads", "docs/results/head_typing/recall-razor.json"]
+BENCH_DEPTH = 8192
 BUDGETS = [("4x", F16_BYTES // 4), ("6x", F16_BYTES // 6), ("10x", F16_BYTES // 10)]
 BEGIN, END = "<!-- tune:begin -->", "<!-- tune:end -->"
 
 
-def run(name, mem):
+def start(name, mem):
+    """One budget's kvx tune, one thread (the budgets run side by side); its output goes to recall_NAME.log."""
     out = os.path.join(RESULTS, "recall_%s.json" % name)
-    cmd = [os.path.join(ROOT, "build/kvx"), "tune", "-m", MODEL, "--mem", str(mem), "--ctx", str(CTX), "--sessions", str(SESSIONS), "-f", TEXT,
-           "-o", out, "--svg", os.path.join(RESULTS, "recall_%s.svg" % name), "-t", "2", "-q", "--time-budget", "1800"] + RETRIEVAL
+    cmd = [KVX, "tune", "-m", MODEL, "--mem", str(mem), "--ctx", str(CTX), "--sessions", str(SESSIONS), "-f", TEXT,
+           "-o", out, "--svg", os.path.join(RESULTS, "recall_%s.svg" % name), "-t", "1", "-q", "--time-budget", "3600"] + RETRIEVAL + HEADS
     print("$", " ".join(cmd), flush=True)
-    p = subprocess.run(cmd, capture_output=True, text=True)
     stale = os.path.join(RESULTS, "recall_%s.error" % name)
     if os.path.exists(stale):  # a previous run's error must not outlive this run's result
         os.remove(stale)
-    if p.returncode != 0:  # an impossible budget: keep its error, which names the smallest spec
+    log = open(os.path.join(RESULTS, "recall_%s.log" % name), "w")
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT), time.time()
+
+
+def finish(name, proc, t0):
+    """Waits for one budget's run; keeps its wall and CPU time, and its error when nothing fits."""
+    _, status, usage = os.wait4(proc.pid, 0)
+    json.dump({"wall_s": time.time() - t0, "cpu_s": usage.ru_utime + usage.ru_stime},
+              open(os.path.join(RESULTS, "recall_%s.time.json" % name), "w"))
+    if status != 0:  # an impossible budget: keep its error, which names the smallest spec
+        lines = open(os.path.join(RESULTS, "recall_%s.log" % name)).read().strip().splitlines()
         with open(os.path.join(RESULTS, "recall_%s.error" % name), "w") as f:
-            f.write(p.stderr.strip().splitlines()[-1] + "\n")
-    sys.stdout.write(p.stdout)
+            f.write(lines[-1] + "\n")
+
+
+def compared_specs(d):
+    """The chosen spec and the single-family specs tune compared it with, by role."""
+    out = [("tuned", d["chosen"])]
+    out += [(role, c) for role, c in (d.get("retrieval") or {}).get("compared", {}).items()]
+    return out
+
+
+def bench():
+    """Decode tok/s at BENCH_DEPTH of f16 and every budget's compared specs, one kvx bench each, in one run."""
+    specs = ["codec=f16"]
+    for name, _ in BUDGETS:
+        path = os.path.join(RESULTS, "recall_%s.json" % name)
+        if os.path.exists(path):
+            specs += [c["spec"] for _, c in compared_specs(json.load(open(path))) if c and c["spec"] not in specs]
+    out_path = os.path.join(RESULTS, "bench_8k.json")
+    results = json.load(open(out_path)) if os.path.exists(out_path) else {}
+    for spec in specs:
+        if spec in results:
+            continue
+        tmp = os.path.join(RESULTS, "bench_tmp.json")
+        cmd = [KVX, "bench", "-m", MODEL, "--kv", spec, "--depths", str(BENCH_DEPTH), "-t", "2",
+               "-r", "3", "--force", "--json", tmp]
+        print("$", " ".join(cmd), flush=True)
+        subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+        d = json.load(open(tmp))
+        os.remove(tmp)
+        results[spec] = next(x["tok_s"] for x in d["decode"] if x["depth"] == BENCH_DEPTH)
+        json.dump(results, open(out_path, "w"), indent=1)  # kept as it goes
 
 
 def kld(m):
@@ -53,18 +97,28 @@ def retrieval(c):
     return "%d/%d [%.2f, %.2f] %s" % (r["hits"], r["n"], r["lo95"], r["hi95"], r["verdict"])
 
 
-def compared_rows(d):
+def cpu_time(name):
+    path = os.path.join(RESULTS, "recall_%s.time.json" % name)
+    return " (%.0f s CPU)" % json.load(open(path))["cpu_s"] if os.path.exists(path) else ""
+
+
+def speed(spec, speeds):
+    if spec not in speeds or "codec=f16" not in speeds:
+        return "–"
+    return "%.1f (%.2f×)" % (speeds[spec], speeds[spec] / speeds["codec=f16"])
+
+
+def compared_rows(d, speeds):
     """The chosen spec and the best single-family specs it is compared with (tune's retrieval check)."""
-    rows = [("tuned", d["chosen"])]
-    for role, c in (d.get("retrieval") or {}).get("compared", {}).items():
-        rows.append((role, c))
     out = []
-    for role, c in rows:
+    for role, c in compared_specs(d):
         if not c:
-            out.append("| | %s | none fits | | | | |" % role)
+            out.append("| | %s | none fits | | | | | | |" % role)
             continue
-        out.append("| | %s | `%s` | %d (%.2f×) | %s | %s | %s |" % (
-            role, c["spec"], c["bytes"], c["vs_f16"], kld(c["search"][0]), kld(c.get("unseen")), retrieval(c)))
+        last = c["search"][-1]
+        out.append("| | %s | `%s` | %d (%.2f×) | %s | %s (%d×%d) | %s | %s | %s |" % (
+            role, c["spec"], c["bytes"], c["vs_f16"], kld(c["search"][0]), kld(last), last["n_chunks"], last["chunk"],
+            kld(c.get("unseen")), retrieval(c), speed(c["spec"], speeds)))
     return out
 
 
@@ -90,23 +144,26 @@ def render():
         rows.append("| %s (%d B) | %d / %d | `%s`%s | %d (%.2f×) | %s (%d×%d) | %s | %s | %s | %s | %.0f s%s |" % (
             name, mem, d["fitting"], d["space_size"], c["spec"], " (per-layer descent)" if c["origin"] != "space" else "",
             c["bytes"], c["vs_f16"], kld(last), last["n_chunks"], last["chunk"], kld(c["unseen"]), fmt(codec),
-            fmt(policy), kld(c["search"][0]), d["seconds"], ", stopped: " + d["stop_reason"] if d["stopped"] else ""))
+            fmt(policy), kld(c["search"][0]), d["seconds"], cpu_time(name) + (", stopped: " + d["stop_reason"] if d["stopped"] else "")))
     text = "\n".join(rows) + "\n"
-    cmp = ["| budget | role | `--kv` | bytes (vs f16) | KLD, rung 0 (1×512) | KLD, unseen text | retrieval vs f16 (passkey) |",
-           "|---|---|---|---:|---|---|---|"]
+    speeds_path = os.path.join(RESULTS, "bench_8k.json")
+    speeds = json.load(open(speeds_path)) if os.path.exists(speeds_path) else {}
+    cmp = ["| budget | role | `--kv` | bytes (vs f16) | KLD, rung 0 (1×512) | KLD, deepest rung reached | KLD, unseen text "
+           "| retrieval vs f16 (passkey) | decode tok/s at %d (vs f16) |" % BENCH_DEPTH,
+           "|---|---|---|---:|---|---|---|---|---:|"]
     for name, mem in BUDGETS:
         path = os.path.join(RESULTS, "recall_%s.json" % name)
         if not os.path.exists(path):
             continue
         d = json.load(open(path))
         if not d.get("retrieval"):
-            cmp.append("| %s | | not measured with retrieval | | | | |" % name)
+            cmp.append("| %s | | not measured with retrieval | | | | | | |" % name)
             continue
         r = d["retrieval"]
         f = r["f16"]
-        cmp.append("| %s | f16 | `codec=f16` (%d tokens, %s) | | | | %d/%d [%.2f, %.2f] |" % (
-            name, r["length"], ",".join(r["tasks"]), f["hits"], f["n"], f["lo95"], f["hi95"]))
-        cmp += compared_rows(d)
+        cmp.append("| %s | f16 | `codec=f16` (%d tokens, %s) | | | | | %d/%d [%.2f, %.2f] | %s |" % (
+            name, r["length"], ",".join(r["tasks"]), f["hits"], f["n"], f["lo95"], f["hi95"], speed("codec=f16", speeds)))
+        cmp += compared_rows(d, speeds)
     text += "\n" + "\n".join(cmp) + "\n"
     if notes:
         text += "\n" + "\n\n".join(notes) + "\n"
@@ -122,9 +179,11 @@ def main():
     if "--run" in sys.argv:
         os.makedirs(RESULTS, exist_ok=True)
         only = [a for a in sys.argv[1:] if not a.startswith("--")]
-        for name, mem in BUDGETS:
-            if not only or name in only:
-                run(name, mem)
+        runs = [(name,) + start(name, mem) for name, mem in BUDGETS if not only or name in only]
+        for name, proc, t0 in runs:
+            finish(name, proc, t0)
+    if "--bench" in sys.argv:
+        bench()
     doc = open(DOC).read()
     new = splice(doc, render())
     if "--check" in sys.argv:

@@ -162,6 +162,13 @@ class Tuner {
       c.family = Family(*spec);
       c.defaults = text.find_first_of(",;") == std::string::npos;
       c.bytes = *bytes;
+      // A bare codec=X may be a setting the space also names in full.
+      auto same = std::find_if(result_.candidates.begin(), result_.candidates.end(),
+                               [&](const TuneCandidate& o) { return o.spec == c.spec; });
+      if (same != result_.candidates.end()) {
+        same->defaults = same->defaults || c.defaults;
+        continue;
+      }
       result_.candidates.push_back(std::move(c));
     }
     if (result_.space_size == 0) return InvalidArgument("tune: no spec of the space resolves for this model");
@@ -491,7 +498,8 @@ class Tuner {
 std::vector<std::string> DefaultTuneSpace(const TuneHeadTables& heads) {
   std::vector<std::string> s = {"codec=f16",         "codec=int8",          "codec=int8,sym=1",
                                 "codec=int4",        "codec=int4,sym=1",    "codec=int4,group=64",
-                                "codec=int4,rotate=hadamard", "codec=int2", "codec=int2,rotate=hadamard"};
+                                "codec=int4,rotate=hadamard", "codec=int2", "codec=int2,rotate=hadamard",
+                                "codec=kivi4",       "codec=kivi2"};
   for (const char* codec : {"kivi4", "kivi2"}) {
     for (int page : {32, 128}) {
       for (int group : {32, 64}) {

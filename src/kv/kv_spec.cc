@@ -137,6 +137,31 @@ bool ParseBool(std::string_view s, bool* out) {
 
 }  // namespace
 
+namespace {
+
+// A codec's setting when the spec names none of page, group, residual,
+// rotate and prerope (kv_spec.h: the page key).
+struct CodecDefaults {
+  int page_tokens = 16;
+  int group = 0;      // 0: CodecConfig::kDefaultGroup
+  int residual = -1;  // -1: CodecConfig::EffectiveResidual's
+  Rotation rotation = Rotation::kNone;
+  bool pre_rope = false;
+};
+
+CodecDefaults DefaultsOf(CodecId id) {
+  // KIVI's keys are quantized per channel over a page: long pages and wide
+  // value groups make it 6x smaller than f16 (kivi2) with no f16 residual
+  // (docs/kv-quantization.md, "Codec defaults": the KLD evidence at 4096).
+  // Keys before RoPE lose less to per-channel quantization (KVQuant), and
+  // at 2 bits the Hadamard rotation spreads their outlier channels.
+  if (id == CodecId::kKivi2) return CodecDefaults{128, 64, 0, Rotation::kHadamard, true};
+  if (id == CodecId::kKivi4) return CodecDefaults{128, 64, 0, Rotation::kNone, true};
+  return CodecDefaults{};
+}
+
+}  // namespace
+
 std::string KVSpec::ToString() const {
   // codec=X first, then page, then the codec's options, then the budget.
   std::string c = codec.ToString();
@@ -283,6 +308,19 @@ Result<KVSpec> ParseKVSpec(std::string_view text) {
         if (!ParseBool(value, &cc.pre_rope)) return BadValue(item, "prerope must be 0 or 1");
       }
     }
+  }
+  // A codec named without page, group and residual takes its default
+  // setting of the three together (CodecDefaults); a spec that names any of
+  // them keeps the per-key defaults for the others, so a string naming one
+  // (every canonical form names page) means what it meant when written.
+  if (!seen.count("page") && !seen.count("group") && !seen.count("residual") && !seen.count("rotate") &&
+      !seen.count("prerope")) {
+    const CodecDefaults d = DefaultsOf(cc.id);
+    spec.page_tokens = d.page_tokens;
+    if (d.group != 0) cc.group = d.group;
+    if (d.residual >= 0) cc.residual = d.residual;
+    cc.rotation = d.rotation;
+    cc.pre_rope = d.pre_rope;
   }
   if (!quant_key.empty() && !IsQuantized(cc.id)) {
     return InvalidArgument("--kv key '" + quant_key + "' needs a quantized codec (int8, int4, int2, kivi4, kivi2); "

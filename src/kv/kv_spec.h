@@ -14,6 +14,13 @@
 //             of llama.cpp's q8_0/q4_0. kivi4/kivi2: KIVI — keys per channel
 //             over each page's tokens, values per token (use page=32..128).
 //   page      tokens per page, a power of two in 1..256              default 16
+//             A codec named alone (none of page, group, residual, rotate,
+//             prerope given) takes its own setting of the five: kivi2
+//             page=128,group=64,residual=0,rotate=hadamard,prerope=1, kivi4
+//             the same without rotate (docs/kv-quantization.md, "Codec
+//             defaults"); naming any of them keeps these per-key defaults for
+//             the others, and every canonical form names page, so a string
+//             means what it meant when it was written.
 //   budget    pool bytes: integer with optional suffix K, M, G (binary, also
 //             KiB, MiB, GiB; case-insensitive; B = bytes: ParseByteSize,
 //             util/byte_size.h, as every size kvx reads). 0 = size the pool

@@ -4,6 +4,8 @@
 
 #include <fstream>
 
+#include "kv/resolved_spec.h"
+#include "kv/sequence_kv.h"
 #include "support/test_data.h"
 
 namespace kvx::kv {
@@ -37,6 +39,38 @@ TEST(KVSpecTest, EmptyIsDefaults) {
   EXPECT_EQ(KVSpec{}.page_tokens, 16);
   EXPECT_EQ(KVSpec{}.budget_bytes, 0u);
   EXPECT_EQ(KVSpec{}.ToString(), "codec=f16,page=16");
+}
+
+// A codec named alone takes its setting (DefaultsOf); a spec naming any of
+// page, group, residual, rotate or prerope keeps the per-key defaults, so
+// every canonical form (it names page) means what it meant when written.
+TEST(KVSpecTest, CodecDefaultsApplyToACodecNamedAlone) {
+  EXPECT_EQ(MustParse("codec=kivi2").ToString(), "codec=kivi2,page=128,group=64,residual=0,rotate=hadamard,prerope=1");
+  EXPECT_EQ(MustParse("codec=kivi4;policy=snapkv,ratio=0.5").ToString(),
+            "codec=kivi4,page=128,group=64,residual=0,prerope=1;policy=snapkv,ratio=0.5");
+  for (const char* named : {"codec=kivi2,page=16", "codec=kivi2,rotate=none", "codec=kivi2,prerope=0",
+                            "codec=kivi2,residual=32", "codec=kivi2,group=32"}) {
+    const KVSpec s = MustParse(named);
+    EXPECT_EQ(s.page_tokens, 16) << named;
+    EXPECT_EQ(s.codec.EffectiveGroup(), 32) << named;
+    EXPECT_EQ(s.codec.EffectiveResidual(), 32) << named;
+    EXPECT_EQ(s.codec.rotation, Rotation::kNone) << named;
+    EXPECT_FALSE(s.codec.pre_rope) << named;
+  }
+  for (const char* other : {"codec=int4", "codec=int8", "codec=int2", "codec=f16"}) {
+    EXPECT_EQ(MustParse(other).ToString(), std::string(other) + ",page=16") << other;
+  }
+  for (const char* s : {"codec=kivi2", "codec=kivi4", "codec=kivi2,page=16", "codec=kivi2,rotate=none"}) {
+    EXPECT_EQ(MustParse(MustParse(s).ToString()), MustParse(s)) << s;
+  }
+  // Issue 41: kivi2 at its defaults is at least 6x smaller than f16 (the
+  // recall model's shape, 4096 tokens).
+  const KVLayout recall{.n_layers = 8, .n_kv_heads = 2, .head_dim = 64, .page_tokens = 16};
+  auto bytes = [&](const char* spec) {
+    const ResolvedKVSpec r = ResolveKVSpec(MustParse(spec), recall, 4096, 1).value();
+    return static_cast<double>(BytesForContext(r.layout, r.layers, 4096));
+  };
+  EXPECT_GE(bytes("codec=f16") / bytes("codec=kivi2"), 6.0);
 }
 
 TEST(KVSpecTest, FullSpecWithGroupsAndWhitespace) {
@@ -98,11 +132,11 @@ TEST(KVSpecTest, QuantizationKeys) {
   // Any codec may rotate or cache pre-RoPE keys; defaults print nothing.
   EXPECT_EQ(MustParse("codec=f16,rotate=none,prerope=0").ToString(), "codec=f16,page=16");
   EXPECT_TRUE(MustParse("codec=f32,prerope=true").codec.pre_rope);
-  for (std::string_view c : {"int8", "int4", "int2", "kivi4", "kivi2"}) {
+  for (std::string_view c : {"int8", "int4", "int2"}) {  // kivi*: CodecDefaultsApplyToACodecNamedAlone
     EXPECT_EQ(MustParse("codec=" + std::string(c)).ToString(), "codec=" + std::string(c) + ",page=16");
   }
   EXPECT_EQ(KVSpec{}.codec, CodecId::kF16);  // a CodecId is a complete config
-  EXPECT_EQ(MustParse("codec=kivi4").codec.EffectiveResidual(), CodecConfig::kDefaultKiviResidual);
+  EXPECT_EQ(MustParse("codec=kivi4,page=32").codec.EffectiveResidual(), CodecConfig::kDefaultKiviResidual);
   EXPECT_EQ(MustParse("codec=int4").codec.EffectiveResidual(), 0);
   EXPECT_EQ(MustParse("codec=int4,outliers=0.005").codec.ToString(), "codec=int4,outliers=0.005");
   EXPECT_EQ(MustParse("codec=int4,sym=1,group=64").ToString(), "codec=int4,page=16,group=64,sym=1");

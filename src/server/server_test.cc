@@ -806,7 +806,7 @@ TEST_F(ServerTest, ChunksWithoutAChunkCacheAreRefused) {
 
 class KiviChunkServerTest : public ChunkServerTest {
  protected:
-  KiviChunkServerTest() { kv_spec_ = "codec=kivi4"; }
+  KiviChunkServerTest() { kv_spec_ = "codec=kivi4,page=16"; }
 };
 
 TEST_F(KiviChunkServerTest, ASpecThatCannotTakeChunksIsA400NamingTheFix) {
