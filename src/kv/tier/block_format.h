@@ -56,8 +56,8 @@
 
 namespace kvx::kv::tier {
 
-inline constexpr uint32_t kBlockFormatVersion = 2;
-inline constexpr size_t kBlockHeaderBytes = 104;
+inline constexpr uint32_t kBlockFormatVersion = 3;
+inline constexpr size_t kBlockHeaderBytes = 112;
 // The largest payload a block may announce (bounds what a damaged or hostile
 // value can make a decoder allocate).
 inline constexpr uint64_t kMaxBlockPayloadBytes = 1ull << 30;
@@ -93,6 +93,10 @@ struct BlockHeader {
   uint64_t model_fingerprint = 0, spec_fingerprint = 0, salt_digest = 0;
   int index = 0, block_tokens = 0;
   StorageLevel level = StorageLevel::kLossless;
+  // The digest of the storage transform that coded the block (compact; 0
+  // at the other levels): a reader with another transform takes it as a
+  // miss.
+  uint64_t transform_digest = 0;
 };
 
 // The header (sizes, checksums) and the payload (compressed when asked):
