@@ -159,7 +159,7 @@ float BestStep(const std::vector<float>& z, size_t d, size_t c, int tokens, int 
 
 }  // namespace
 
-CompactRates DefaultCompactRates() { return {.k_early = 0.5, .v_early = 0.75, .k_late = 1.75, .v_late = 2.0}; }
+CompactRates DefaultCompactRates() { return {.k_early = 0.25, .v_early = 0.75, .k_late = 1.75, .v_late = 2.5}; }
 
 float GridStep(int bits, float sigma) { return kGaussStep[bits] * sigma; }
 
