@@ -157,6 +157,20 @@ float BestStep(const std::vector<float>& z, size_t d, size_t c, int tokens, int 
   return best;
 }
 
+// Calls fn(component, bits, centre, step) for each coded component of t (bits
+// > 0) with its grid, in order (`grid`: f16 centre and step of each); false
+// as soon as fn is.
+template <class Fn>
+bool ForEachGrid(const TensorTransform& t, const std::vector<uint16_t>& grid, Fn fn) {
+  size_t g = 0;
+  for (size_t c = 0; c < t.bits.size(); ++c) {
+    if (t.bits[c] == 0) continue;
+    if (!fn(c, t.bits[c], Fp16ToFloat(grid[g]), Fp16ToFloat(grid[g + 1]))) return false;
+    g += 2;
+  }
+  return true;
+}
+
 }  // namespace
 
 CompactRates DefaultCompactRates() { return {.k_early = 0.25, .v_early = 0.75, .k_late = 1.75, .v_late = 2.5}; }
@@ -282,19 +296,15 @@ bool EncodeTransformed(const TensorTransform& t, const float* x, int tokens, Byt
   }
   out->Bytes(grid.data(), grid.size() * sizeof(uint16_t));
   BitWriter w;
-  size_t g = 0;
-  for (size_t c = 0; c < d; ++c) {
-    const int bits = t.bits[c];
-    if (bits == 0) continue;
-    const float centre = Fp16ToFloat(grid[g]), step = Fp16ToFloat(grid[g + 1]);
-    g += 2;
+  ForEachGrid(t, grid, [&](size_t c, int bits, float centre, float step) {
     const int levels = 1 << bits;
     for (int j = 0; j < tokens; ++j) {
       const float u = step > 0 ? (z[j * d + c] - centre) / step : 0.0f;
       const int q = std::clamp(static_cast<int>(std::floor(u + 0.5f * static_cast<float>(levels))), 0, levels - 1);
       w.Put(static_cast<uint32_t>(q), bits);
     }
-  }
+    return true;
+  });
   const std::vector<uint8_t>& symbols = w.Finish();
   out->Bytes(symbols.data(), symbols.size());
   return true;
@@ -313,18 +323,13 @@ Status DecodeTransformed(const TensorTransform& t, ByteReader& in, int tokens, f
   if (!in.ok()) return in.Error();
   std::vector<float> z(static_cast<size_t>(tokens) * d, 0.0f);
   BitReader r(symbols);
-  size_t g = 0;
-  for (size_t c = 0; c < d; ++c) {
-    const int bits = t.bits[c];
-    if (bits == 0) continue;
-    const float centre = Fp16ToFloat(grid[g]), step = Fp16ToFloat(grid[g + 1]);
-    g += 2;
-    if (!std::isfinite(centre) || !std::isfinite(step) || step < 0) {
-      return DataLoss("tier block's storage transform grid is damaged");
-    }
+  const bool sound = ForEachGrid(t, grid, [&](size_t c, int bits, float centre, float step) {
+    if (!std::isfinite(centre) || !std::isfinite(step) || step < 0) return false;
     const float mid = 0.5f * static_cast<float>((1 << bits) - 1);
     for (int j = 0; j < tokens; ++j) z[j * d + c] = centre + (static_cast<float>(r.Get(bits)) - mid) * step;
-  }
+    return true;
+  });
+  if (!sound) return DataLoss("tier block's storage transform grid is damaged");
   if (!r.PaddingIsZero()) return DataLoss("tier block's storage transform symbols have bits past their end");
   for (int j = 0; j < tokens; ++j) {
     float* row = x + j * d;
