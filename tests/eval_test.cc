@@ -277,19 +277,26 @@ TEST(EvalTest, KldContextInTokensWithScoredCount) {
 // format and back. Lossless gives KLD exactly 0 (the pages byte for byte);
 // a lossy level a KLD above 0 from blocks several times smaller; the KV
 // bytes are the stored block's, over its 256 tokens.
-TEST(EvalTest, StorageCodecSendsTheContextThroughTheTierFormat) {
-  auto model = model::Model::Load(SyntheticModel());
-  ASSERT_TRUE(model.ok()) << model.status().ToString();
-  ThreadPool threads(2);
+// The options of the --storage-codec tests: kld of f16 against f16 on one
+// 400-token chunk (context 300: one block of 256, 44 tokens fed again).
+eval::EvalOptions StorageCodecOptions() {
   eval::EvalOptions o;
   o.tasks = {eval::Task::kKld};
   o.baseline = "codec=f16";
   o.specs = {"codec=f16"};
   o.n_ctx = 512;
-  o.chunk = 400;  // context 300: one block of 256, 44 tokens fed again
+  o.chunk = 400;
   o.max_chunks = 1;
   o.text = SomeText();
   o.text_name = "synthetic";
+  return o;
+}
+
+TEST(EvalTest, StorageCodecSendsTheContextThroughTheTierFormat) {
+  auto model = model::Model::Load(SyntheticModel());
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  ThreadPool threads(2);
+  eval::EvalOptions o = StorageCodecOptions();
   auto kld_at = [&](const char* level) {
     o.storage_codec = level;
     auto report = eval::RunEval(**model, &threads, o, {});
@@ -318,15 +325,7 @@ TEST(EvalTest, CompactCalibratesThenSendsTheContextThroughItsTransform) {
   auto model = model::Model::Load(SyntheticModel());
   ASSERT_TRUE(model.ok()) << model.status().ToString();
   ThreadPool threads(2);
-  eval::EvalOptions o;
-  o.tasks = {eval::Task::kKld};
-  o.baseline = "codec=f16";
-  o.specs = {"codec=f16"};
-  o.n_ctx = 512;
-  o.chunk = 400;
-  o.max_chunks = 1;
-  o.text = SomeText();
-  o.text_name = "synthetic";
+  eval::EvalOptions o = StorageCodecOptions();
   o.storage_calib = TempDir() + "/eval_calib.txt";
   std::string calib;
   for (int i = 0; i < 300; ++i) calib += "other" + std::to_string(i * 104729 % 89) + " words, in another order. ";
