@@ -6,7 +6,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libfmt-dev
-  libhwy-dev libxxhash-dev libpcre2-dev libzstd-dev
+  libhwy-dev libxxhash-dev libpcre2-dev libzstd-dev liblapack-dev
   libcpp-httplib-dev
   libhiredis-dev redis-server
   clang libclang-rt-14-dev

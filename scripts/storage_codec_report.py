@@ -7,12 +7,18 @@ and, with --write, splices it into docs/tiers.md between <!-- storage-codec:begi
 <!-- storage-codec:end -->.
 
   scripts/storage_codec_report.py --chunks 2 --write     # needs build/kvx and ../shared
+  scripts/storage_codec_report.py --chunks 2 --levels compact   # one level, printed only
 """
 import argparse, os, re, subprocess, sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.environ.get("KVX_SHARED", os.path.join(ROOT, "..", "shared"))
 F16_BYTES_PER_TOKEN = 4096  # recall: 8 layers x 2 kv heads x 64 x (K, V) x 2 bytes
+LEVELS = ["lossless", "high", "medium", "low", "compact"]
+# compact codes pre-RoPE keys (docs/tiers.md#the-compact-level), against the same f16 baseline.
+LEVEL_SPEC = {level: "codec=f16" for level in LEVELS} | {"compact": "codec=f16,prerope=1"}
+LEVEL_ROW = {level: "f16 pool, tier block `--cache-codec %s`" % level for level in LEVELS} | {
+    "compact": "f16 pool `prerope=1`, tier block at `compact` (eval only)"}
 
 
 def eval_rows(kvx, model, text, chunks, specs, storage=None):
@@ -41,13 +47,15 @@ def main():
     ap.add_argument("--model", default=os.path.join(SHARED, "models", "recall", "recall-llama-8L-d512-f16.gguf"))
     ap.add_argument("--text", default=os.path.join(SHARED, "golden", "recall_val.txt"))
     ap.add_argument("--chunks", type=int, default=2, help="2048-token chunks (1536 context + 511 scored each)")
+    ap.add_argument("--levels", nargs="+", default=LEVELS, choices=LEVELS, help="storage levels to measure")
     ap.add_argument("--write", action="store_true", help="splice the table into docs/tiers.md")
     args = ap.parse_args()
     table = ["| KV as stored | bytes / token | vs f16 | KLD mean | KLD p99 | top-1 |", "|---|---:|---:|---:|---:|---:|"]
-    for level in ["lossless", "high", "medium", "low"]:
-        (_, ratio, mean, p99, top1), = eval_rows(args.kvx, args.model, args.text, args.chunks, ["codec=f16"], level)
-        table.append("| f16 pool, tier block `--cache-codec %s` | %.0f | %.2f× | %s | %s | %s |" %
-                     (level, F16_BYTES_PER_TOKEN / ratio, ratio, mean, p99, top1))
+    for level in args.levels:
+        (_, ratio, mean, p99, top1), = eval_rows(args.kvx, args.model, args.text, args.chunks, [LEVEL_SPEC[level]],
+                                                 level)
+        table.append("| %s | %.0f | %.2f× | %s | %s | %s |" %
+                     (LEVEL_ROW[level], F16_BYTES_PER_TOKEN / ratio, ratio, mean, p99, top1))
     for spec, ratio, mean, p99, top1 in eval_rows(args.kvx, args.model, args.text, args.chunks,
                                                    ["codec=kivi4,page=16", "codec=int4"]):
         table.append("| pool pages `%s` (no tier) | %.0f | %.2f× | %s | %s | %s |" %

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -276,19 +277,26 @@ TEST(EvalTest, KldContextInTokensWithScoredCount) {
 // format and back. Lossless gives KLD exactly 0 (the pages byte for byte);
 // a lossy level a KLD above 0 from blocks several times smaller; the KV
 // bytes are the stored block's, over its 256 tokens.
-TEST(EvalTest, StorageCodecSendsTheContextThroughTheTierFormat) {
-  auto model = model::Model::Load(SyntheticModel());
-  ASSERT_TRUE(model.ok()) << model.status().ToString();
-  ThreadPool threads(2);
+// The options of the --storage-codec tests: kld of f16 against f16 on one
+// 400-token chunk (context 300: one block of 256, 44 tokens fed again).
+eval::EvalOptions StorageCodecOptions() {
   eval::EvalOptions o;
   o.tasks = {eval::Task::kKld};
   o.baseline = "codec=f16";
   o.specs = {"codec=f16"};
   o.n_ctx = 512;
-  o.chunk = 400;  // context 300: one block of 256, 44 tokens fed again
+  o.chunk = 400;
   o.max_chunks = 1;
   o.text = SomeText();
   o.text_name = "synthetic";
+  return o;
+}
+
+TEST(EvalTest, StorageCodecSendsTheContextThroughTheTierFormat) {
+  auto model = model::Model::Load(SyntheticModel());
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  ThreadPool threads(2);
+  eval::EvalOptions o = StorageCodecOptions();
   auto kld_at = [&](const char* level) {
     o.storage_codec = level;
     auto report = eval::RunEval(**model, &threads, o, {});
@@ -304,6 +312,40 @@ TEST(EvalTest, StorageCodecSendsTheContextThroughTheTierFormat) {
   EXPECT_LT(lossy.kv.peak_bytes * 3, exact.kv.peak_bytes);
   o.tasks = {eval::Task::kKld, eval::Task::kPasskey};
   EXPECT_EQ(eval::RunEval(**model, &threads, o, {}).status().code(), StatusCode::kInvalidArgument);
+}
+
+// --storage-codec compact: each spec's transform is calibrated on
+// --storage-calib first (another text than the eval's), then the context's
+// blocks go through it: smaller than at `low`, a finite KLD above 0 (not a
+// small one: this random model's KV has no correlated channels for the PCA
+// to find, so the default rates drop most of it; the KLD is measured on
+// the recall model, docs/tiers.md); a calibration text that cannot be read
+// is that spec's error, not a crash.
+TEST(EvalTest, CompactCalibratesThenSendsTheContextThroughItsTransform) {
+  auto model = model::Model::Load(SyntheticModel());
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  ThreadPool threads(2);
+  eval::EvalOptions o = StorageCodecOptions();
+  o.storage_calib = TempDir() + "/eval_calib.txt";
+  std::string calib;
+  for (int i = 0; i < 300; ++i) calib += "other" + std::to_string(i * 104729 % 89) + " words, in another order. ";
+  std::ofstream(o.storage_calib) << calib;
+  o.storage_calib_tokens = 1200;
+  auto kld_at = [&](const char* level) {
+    o.storage_codec = level;
+    auto report = eval::RunEval(**model, &threads, o, {});
+    EXPECT_TRUE(report.ok()) << report.status().ToString();
+    return report.ok() ? report->specs[1].kld.value_or(eval::KldResult{}) : eval::KldResult{};
+  };
+  const eval::KldResult low = kld_at("low"), compact = kld_at("compact");
+  ASSERT_TRUE(compact.ok) << compact.error;
+  EXPECT_GT(compact.mean, 0.0);
+  EXPECT_TRUE(std::isfinite(compact.mean));
+  EXPECT_LT(compact.kv.peak_bytes, low.kv.peak_bytes);
+  o.storage_calib = TempDir() + "/no_such_calibration.txt";
+  const eval::KldResult missing = kld_at("compact");
+  EXPECT_FALSE(missing.ok);
+  EXPECT_NE(missing.error.find("--storage-codec compact"), std::string::npos) << missing.error;
 }
 
 // A policy that acts between steps (a StreamingLLM window) changes no logit

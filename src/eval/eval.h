@@ -159,6 +159,12 @@ struct EvalOptions {
   // this level and back, as a tier hit would load them, before the rest is
   // scored. Its KV bytes are then the stored blocks' bytes.
   std::string storage_codec;
+  // The `compact` level's calibration (kv/tier/storage_transform.h): the
+  // PCA of each spec's KV over this text's first storage_calib_tokens
+  // tokens, in chunks of --chunk. The default, the Jargon File, is no eval
+  // task's text (kvx calibrate-heads uses it too).
+  std::string storage_calib = "../shared/data/prose/jargon-4.4.7.txt";
+  int storage_calib_tokens = 8192;
   // Retrieval prompts: specs of the same codec and page size take the
   // prompt's prefill from the first of them that ran it (a copy of its
   // pages), and run only the prompt's last calls themselves, when their

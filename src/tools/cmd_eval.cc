@@ -252,9 +252,17 @@ void RegisterEval(CLI::App& app, int* exit_code) {
       ->check(IntIn(0, kMaxContext));
   cmd->add_option("--storage-codec", o.storage_codec,
                   "ppl/kld through the KV tiers' storage codec: every spec but the baseline sends its context's "
-                  "256-token blocks through the tier block format at this level (lossless, high, medium, low) and "
-                  "back before the rest is scored; its KV bytes are the stored blocks'")
-      ->check(CLI::IsMember({"lossless", "high", "medium", "low"}));
+                  "256-token blocks through the tier block format at this level (lossless, high, medium, low, "
+                  "compact) and back before the rest is scored; its KV bytes are the stored blocks'")
+      ->check(CLI::IsMember({"lossless", "high", "medium", "low", "compact"}));
+  cmd->add_option("--storage-calib", o.storage_calib,
+                  "--storage-codec compact: the text whose KV calibrates the storage transform (PCA per layer, kv "
+                  "head, K and V; disjoint from the eval text)")
+      ->capture_default_str();
+  cmd->add_option("--storage-calib-tokens", o.storage_calib_tokens,
+                  "--storage-codec compact: tokens of --storage-calib used (in chunks of --chunk)")
+      ->capture_default_str()
+      ->check(IntIn(128, kMaxContext));
   cmd->add_option("--compress", o.compress,
                   "When KV policies compress once (Session::Compress): excluded = after the context, before the "
                   "question (the cache could serve any question); included = after the whole prompt (query-aware); "

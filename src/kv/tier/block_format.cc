@@ -8,6 +8,7 @@
 #include <xxhash.h>
 #include <zstd.h>
 
+#include "kv/tier/storage_transform.h"
 #include "util/byte_io.h"
 
 namespace kvx::kv::tier {
@@ -16,7 +17,9 @@ namespace {
 constexpr char kMagic[8] = {'K', 'V', 'X', 'B', 'L', 'O', 'C', 'K'};
 constexpr uint32_t kNoCompression = 0, kZstd = 1;
 constexpr const char* kDocument = "tier block";
-constexpr size_t kVersion1HeaderBytes = 96;
+// The header sizes of the versions before this one: a sound header of one of
+// them (its own checksum in its last 8 bytes) is another version, a miss.
+constexpr std::pair<uint32_t, size_t> kOlderHeaders[] = {{1, 96}, {2, 104}};
 
 template <class T>
 T Load(const uint8_t* p) {
@@ -62,6 +65,12 @@ Result<EncodedBlock> EncodeBlock(const BlockSpace& space, uint64_t salt, const K
     }
   }
   const bool lossy = options.level != StorageLevel::kLossless;
+  const bool compact = options.level == StorageLevel::kCompact;
+  const StorageTransform* transform = compact ? space.transform.get() : nullptr;
+  if (compact && (transform == nullptr || transform->tables() != static_cast<int>(layout.n_layers * layout.n_kv_heads) ||
+                  transform->head_dim() != layout.head_dim)) {
+    return InvalidArgument("the compact storage level needs the storage transform calibrated for this model and layout");
+  }
   ByteWriter w;
   w.out().reserve(16 + (end + B) * sizeof(int32_t) + n_tables + (lossy ? page_bytes / 2 : page_bytes));
   w.U32(static_cast<uint32_t>(end));
@@ -89,9 +98,15 @@ Result<EncodedBlock> EncodeBlock(const BlockSpace& space, uint64_t salt, const K
     const std::span<const std::span<const uint8_t>> pages(ti.pages.data() + first_page, ppb);
     const std::span<const uint8_t> full(ti.full.data() + first_page, ppb);
     coded.out().clear();
-    const bool code = lossy && HoldsFloatPages(lc) &&
-                      EncodeTablePages(lc, pages, full, LayerBits(options.level, layer, layout.n_layers),
-                                       options.anchor_tokens, &coded);
+    TableCoding coding;
+    if (transform != nullptr) {
+      coding.transforms[0] = &transform->tensor(static_cast<int>(t), 0);
+      coding.transforms[1] = &transform->tensor(static_cast<int>(t), 1);
+    } else if (lossy) {
+      coding.bits = LayerBits(options.level, layer, layout.n_layers);
+      coding.anchor_tokens = options.anchor_tokens;
+    }
+    const bool code = lossy && HoldsFloatPages(lc) && EncodeTablePages(lc, pages, full, coding, &coded);
     w.U8(code ? 1 : 0);
     for (int p = 0; p < ppb; ++p) {
       w.U8(full[p]);
@@ -111,7 +126,9 @@ Result<EncodedBlock> EncodeBlock(const BlockSpace& space, uint64_t salt, const K
   // The level the bytes have: a block none of whose tables could be coded
   // (quantized pools) is lossless whatever was asked.
   const StorageLevel level = coded_any ? options.level : StorageLevel::kLossless;
-  const BlockHeader header{out.key, space.model_fingerprint, space.spec_fingerprint, SaltDigest(salt), index, B, level};
+  const uint64_t transform_digest = level == StorageLevel::kCompact ? transform->digest() : 0;
+  const BlockHeader header{out.key, space.model_fingerprint, space.spec_fingerprint, SaltDigest(salt), index, B, level,
+                           transform_digest};
   BlockEncodeOptions frame = options;
   if (lossy) {
     frame.compress = true;
@@ -146,6 +163,7 @@ Result<std::string> FrameBlock(const BlockHeader& header, std::string_view paylo
   h.U32(static_cast<uint32_t>(header.block_tokens));
   h.U32(static_cast<uint32_t>(header.level));
   h.U32(0);
+  h.U64(header.transform_digest);
   h.U64(payload.size());
   h.U64(body.size());
   h.U64(XXH3_64bits(body.data(), body.size()));
@@ -160,12 +178,15 @@ Result<ParsedBlock> ParseBlock(std::span<const uint8_t> bytes) {
   if (bytes.size() < sizeof kMagic || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0) {
     return DataLoss("not a kvx tier block (no KVXBLOCK magic)");
   }
-  // A sound version-1 block (96-byte header, its checksum in the last 8) is
-  // another version, a miss; anything else that fails the header checksum
-  // below is damaged.
-  if (bytes.size() >= kVersion1HeaderBytes && Load<uint32_t>(bytes.data() + 8) == 1 &&
-      XXH3_64bits(bytes.data(), kVersion1HeaderBytes - 8) == Load<uint64_t>(bytes.data() + kVersion1HeaderBytes - 8)) {
-    return Unimplemented("tier block version 1; this kvx reads version " + std::to_string(kBlockFormatVersion));
+  // A sound block of an older version (its own header size, its checksum
+  // in the last 8 bytes) is another version, a miss; anything else that
+  // fails the header checksum below is damaged.
+  for (const auto& [version, header_bytes] : kOlderHeaders) {
+    if (bytes.size() >= header_bytes && Load<uint32_t>(bytes.data() + 8) == version &&
+        XXH3_64bits(bytes.data(), header_bytes - 8) == Load<uint64_t>(bytes.data() + header_bytes - 8)) {
+      return Unimplemented("tier block version " + std::to_string(version) + "; this kvx reads version " +
+                           std::to_string(kBlockFormatVersion));
+    }
   }
   if (bytes.size() < kBlockHeaderBytes) {
     return DataLoss("tier block is truncated: " + std::to_string(bytes.size()) + " bytes, its header alone has " +
@@ -189,6 +210,7 @@ Result<ParsedBlock> ParseBlock(std::span<const uint8_t> bytes) {
   b.block_tokens = static_cast<int>(hr.U32("block tokens"));
   const uint32_t level = hr.U32("storage level");
   hr.U32("reserved");
+  b.transform_digest = hr.U64("transform digest");
   const uint64_t payload_bytes = hr.U64("payload size");
   const uint64_t stored_bytes = hr.U64("stored size");
   const uint64_t stored_hash = hr.U64("payload checksum");
@@ -197,7 +219,10 @@ Result<ParsedBlock> ParseBlock(std::span<const uint8_t> bytes) {
                          std::to_string(kBlockFormatVersion));
   }
   if (compression != kNoCompression && compression != kZstd) return DataLoss("tier block names an unknown compression");
-  if (level > static_cast<uint32_t>(StorageLevel::kLow)) return DataLoss("tier block names an unknown storage level");
+  if (level > static_cast<uint32_t>(StorageLevel::kCompact)) return DataLoss("tier block names an unknown storage level");
+  if ((level == static_cast<uint32_t>(StorageLevel::kCompact)) != (b.transform_digest != 0)) {
+    return DataLoss("tier block's storage transform does not match its level");
+  }
   b.level = static_cast<StorageLevel>(level);
   const std::span<const uint8_t> stored = bytes.subspan(kBlockHeaderBytes);
   if (stored.size() != stored_bytes) {
@@ -275,6 +300,11 @@ Status DecodeCodedTables(const BlockSpace& s, ParsedBlock& b) {
   }
   b.decoded.assign(bytes, 0);
   size_t at = 0;
+  const StorageTransform* transform = b.level == StorageLevel::kCompact ? s.transform.get() : nullptr;
+  if (b.level == StorageLevel::kCompact && (transform == nullptr || transform->digest() != b.transform_digest ||
+                                            transform->tables() != b.tables || transform->head_dim() != l.head_dim)) {
+    return NotFound("tier block was coded with another storage transform");
+  }
   std::vector<std::span<uint8_t>> out(ppb);
   for (int t = 0; t < b.tables; ++t) {
     if (b.coded[t].empty()) continue;
@@ -285,7 +315,9 @@ Status DecodeCodedTables(const BlockSpace& s, ParsedBlock& b) {
       b.pages[static_cast<size_t>(t) * ppb + p] = out[p];
       at += out[p].size();
     }
-    KVX_RETURN_IF_ERROR(DecodeTablePages(lc, b.coded[t], full, b.positions, out));
+    TableCoding coding;
+    if (transform != nullptr) coding.transforms[0] = &transform->tensor(t, 0), coding.transforms[1] = &transform->tensor(t, 1);
+    KVX_RETURN_IF_ERROR(DecodeTablePages(lc, b.coded[t], full, b.positions, out, coding));
   }
   return Status::Ok();
 }

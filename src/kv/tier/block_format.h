@@ -5,15 +5,17 @@
 // lossy level, coded by the storage codec (storage_codec.h, CacheGen-style)
 // and encoded into the pool's codec again on load.
 //
-// Layout (little-endian), version kBlockFormatVersion (2):
-//   header, kBlockHeaderBytes = 104: magic "KVXBLOCK", u32 version,
+// Layout (little-endian), version kBlockFormatVersion (3):
+//   header, kBlockHeaderBytes = 112: magic "KVXBLOCK", u32 version,
 //     u32 compression (0 none, 1 zstd), u64 key lo, u64 key hi, u64 model
 //     fingerprint, u64 spec fingerprint, u64 salt digest (SaltDigest),
 //     u32 block index, u32 block tokens, u32 storage level (StorageLevel:
 //     what the bytes mean; a reader that accepts only more faithful blocks
-//     treats the block as a miss), u32 zero, u64 payload bytes, u64 stored
-//     bytes, u64 XXH3-64 of the stored payload, u64 XXH3-64 of the 96 bytes
-//     before;
+//     treats the block as a miss), u32 zero, u64 storage transform digest
+//     (compact: the StorageTransform that coded it, a reader with another
+//     treats the block as a miss; 0 at the other levels), u64 payload bytes,
+//     u64 stored bytes, u64 XXH3-64 of the stored payload, u64 XXH3-64 of
+//     the 104 bytes before;
 //   payload (zstd-compressed when compression is 1; always at lossy levels):
 //     u32 n, i32[n] token ids 0..end of the block (n = (index + 1) * block
 //     tokens: a hit compares them all, so neither a key collision nor a
@@ -24,8 +26,10 @@
 //       form 0 (pages): per page u8 f16 (1) / packed (0), u32 bytes, the
 //         page's bytes as the pool holds them (its position array included);
 //       form 1 (coded): per page u8 f16/packed, then u32 bytes and the
-//         table's K and V as storage_codec.h writes them.
-//   Version 1 (no storage level, no form byte) is read as a miss.
+//         table's K and V as storage_codec.h writes them (at compact, as
+//         storage_transform.h writes them).
+//   Versions 1 (no storage level, no form byte) and 2 (no transform
+//   digest) are read as a miss.
 //
 // A block holds pages in their final form only: a page of a sealed layer
 // (kivi*, residual=) still in the f16 staging window is refused by
@@ -56,8 +60,8 @@
 
 namespace kvx::kv::tier {
 
-inline constexpr uint32_t kBlockFormatVersion = 2;
-inline constexpr size_t kBlockHeaderBytes = 104;
+inline constexpr uint32_t kBlockFormatVersion = 3;
+inline constexpr size_t kBlockHeaderBytes = 112;
 // The largest payload a block may announce (bounds what a damaged or hostile
 // value can make a decoder allocate).
 inline constexpr uint64_t kMaxBlockPayloadBytes = 1ull << 30;
@@ -93,6 +97,10 @@ struct BlockHeader {
   uint64_t model_fingerprint = 0, spec_fingerprint = 0, salt_digest = 0;
   int index = 0, block_tokens = 0;
   StorageLevel level = StorageLevel::kLossless;
+  // The digest of the storage transform that coded the block (compact; 0
+  // at the other levels): a reader with another transform takes it as a
+  // miss.
+  uint64_t transform_digest = 0;
 };
 
 // The header (sizes, checksums) and the payload (compressed when asked):

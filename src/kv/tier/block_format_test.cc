@@ -11,6 +11,7 @@
 #include <xxhash.h>
 
 #include "kv/codec/codecs.h"
+#include "kv/tier/storage_transform.h"
 #include "kv/tier/tier_test_util.h"
 
 namespace kvx::kv::tier {
@@ -19,7 +20,6 @@ namespace {
 using testing::FillSequence;
 using testing::MakeManager;
 using testing::Tokens;
-using testing::VersionOneBlock;
 
 std::span<const uint8_t> Bytes(const std::string& s) {
   return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
@@ -193,22 +193,6 @@ TEST(BlockFormatTest, PrefixImageNeedsConsecutiveBlocks) {
 }
 
 
-// One table's block of pages as floats: K then V, [tokens][dim] each.
-std::vector<float> TableFloats(const LayerCodec& lc, std::span<const std::span<const uint8_t>> pages,
-                               std::span<const uint8_t> full) {
-  const CodecParams& p = lc.params;
-  const size_t T = p.page_tokens, d = p.head_dim, n = pages.size() * T;
-  std::vector<float> out(2 * n * d);
-  for (size_t i = 0; i < pages.size(); ++i) {
-    DispatchCodec(full[i] ? CodecId::kF16 : lc.id, [&](auto codec) {
-      const uint8_t* data = pages[i].data() + PageDataOffset(p.page_tokens);
-      decltype(codec)::DecodeKeys(p, data, p.page_tokens, &out[i * T * d]);
-      decltype(codec)::DecodeValues(p, data, p.page_tokens, &out[(n + i * T) * d]);
-    });
-  }
-  return out;
-}
-
 // Block `index` of a's sequence (tenant 0) encoded at `level` and decoded
 // by a reader that accepts any level; its size and bytes when asked.
 Result<ParsedBlock> RoundTrip(const Filled& a, const KVManager::SequenceImage& image, int index, StorageLevel level,
@@ -352,16 +336,84 @@ TEST(BlockFormatTest, ADamagedLossyBlockIsDataLoss) {
 
 // A sound block of format version 1 (96-byte header, no storage level) is
 // another version: Unimplemented, which the store takes as a miss.
-TEST(BlockFormatTest, AVersion1BlockIsAnotherVersion) {
+// A sound block of format version 1 (96-byte header, no storage level) or
+// 2 (104 bytes, no transform digest) is another version: Unimplemented,
+// which the store takes as a miss.
+TEST(BlockFormatTest, OlderVersionBlocksAreAnotherVersion) {
   Filled a = Make("codec=f16", 64, 32, 0);
   size_t unused = 0;
-  std::string v1;
-  ASSERT_TRUE(RoundTrip(a, *a.m->ExportSequence(a.seq), 1, StorageLevel::kLossless, &unused, &v1).ok());
-  v1 = VersionOneBlock(v1);
-  auto d = DecodeBlock(Bytes(v1), Request(a, 0, 1));
-  EXPECT_EQ(d.status().code(), StatusCode::kUnimplemented) << d.status().ToString();
-  v1[20] ^= 1;  // a version-1 header that fails its checksum is damaged
-  EXPECT_EQ(DecodeBlock(Bytes(v1), Request(a, 0, 1)).status().code(), StatusCode::kDataLoss);
+  std::string block;
+  ASSERT_TRUE(RoundTrip(a, *a.m->ExportSequence(a.seq), 1, StorageLevel::kLossless, &unused, &block).ok());
+  for (uint32_t version : {1u, 2u}) {
+    std::string old = testing::OlderVersionBlock(block, version);
+    auto d = DecodeBlock(Bytes(old), Request(a, 0, 1));
+    EXPECT_EQ(d.status().code(), StatusCode::kUnimplemented) << version << ": " << d.status().ToString();
+    old[20] ^= 1;  // an older header that fails its checksum is damaged
+    EXPECT_EQ(DecodeBlock(Bytes(old), Request(a, 0, 1)).status().code(), StatusCode::kDataLoss) << version;
+  }
+}
+
+// The compact level's transform, calibrated on s's sequence.
+std::shared_ptr<const StorageTransform> TransformOf(const Filled& s) {
+  TransformCalibration calibration(s.space.layout, s.space.layers);
+  auto image = s.m->ExportSequence(s.seq);
+  EXPECT_TRUE(image.ok() && calibration.Add(*image).ok());
+  auto t = calibration.Finish();
+  EXPECT_TRUE(t.ok()) << t.status().ToString();
+  return std::make_shared<const StorageTransform>(std::move(*t));
+}
+
+// A compact block decodes only with the transform that coded it: another
+// transform (another calibration, model or layout) or none is a miss
+// (NotFound), never a decoding with the wrong basis; writing one needs a
+// transform. The block is smaller than at `low`.
+TEST(BlockFormatTest, ACompactBlockDecodesOnlyWithItsTransform) {
+  Filled a = Make("codec=f16", 128, 64, 0);
+  Filled other = Make("codec=f16", 192, 64, 0);  // more tokens: another calibration
+  auto image = a.m->ExportSequence(a.seq);
+  ASSERT_TRUE(image.ok());
+  EXPECT_EQ(EncodeBlock(a.space, 0, *image, 0, {.level = StorageLevel::kCompact}).status().code(),
+            StatusCode::kInvalidArgument);
+  a.space.transform = TransformOf(a);
+  auto compact = EncodeBlock(a.space, 0, *image, 0, {.level = StorageLevel::kCompact});
+  ASSERT_TRUE(compact.ok()) << compact.status().ToString();
+  auto low = EncodeBlock(a.space, 0, *image, 0, {.level = StorageLevel::kLow});
+  ASSERT_TRUE(low.ok());
+  EXPECT_LT(compact->bytes.size(), low->bytes.size());
+  BlockRequest q = Request(a, 0, 0);
+  q.accepts = StorageLevel::kCompact;
+  auto b = DecodeBlock(Bytes(compact->bytes), q);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ(b->level, StorageLevel::kCompact);
+  q.accepts = StorageLevel::kLow;
+  EXPECT_EQ(DecodeBlock(Bytes(compact->bytes), q).status().code(), StatusCode::kNotFound) << "a lossier level";
+  q.accepts = StorageLevel::kCompact;
+  Filled& reader = other;
+  reader.space.transform = TransformOf(other);
+  BlockRequest other_q = q;
+  other_q.space = &reader.space;
+  auto mismatch = DecodeBlock(Bytes(compact->bytes), other_q);
+  EXPECT_EQ(mismatch.status().code(), StatusCode::kNotFound) << mismatch.status().ToString();
+  reader.space.transform = nullptr;
+  EXPECT_EQ(DecodeBlock(Bytes(compact->bytes), other_q).status().code(), StatusCode::kNotFound);
+}
+
+// A damaged compact block is DataLoss wherever the bit flips.
+TEST(BlockFormatTest, ADamagedCompactBlockIsDataLoss) {
+  Filled a = Make("codec=f16", 64, 16, 0, KVLayout{2, 1, 32, 8});
+  a.space.transform = TransformOf(a);
+  auto image = a.m->ExportSequence(a.seq);
+  ASSERT_TRUE(image.ok());
+  auto e = EncodeBlock(a.space, 0, *image, 1, {.level = StorageLevel::kCompact});
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  BlockRequest q = Request(a, 0, 1);
+  q.accepts = StorageLevel::kCompact;
+  ASSERT_TRUE(DecodeBlock(Bytes(e->bytes), q).ok());
+  for (size_t i = 0; i < e->bytes.size(); ++i) {
+    std::string bad = e->bytes;
+    bad[i] = static_cast<char>(bad[i] ^ 0x10);
+    ASSERT_EQ(DecodeBlock(Bytes(bad), q).status().code(), StatusCode::kDataLoss) << "byte " << i;
+  }
 }
 
 }  // namespace

@@ -76,7 +76,7 @@ Result<BlockSpace> MakeBlockSpace(const ResolvedKVSpec& spec, uint64_t model_fin
                            " is not a positive multiple of the page size " + std::to_string(page) + " (at most " +
                            std::to_string(kMaxBlockTokens) + ")");
   }
-  return BlockSpace{model_fingerprint, SpecFingerprint(spec), block_tokens, spec.layout, spec.layers};
+  return BlockSpace{model_fingerprint, SpecFingerprint(spec), block_tokens, spec.layout, spec.layers, nullptr};
 }
 
 namespace {

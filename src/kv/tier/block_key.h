@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -35,6 +36,8 @@
 #include "util/status.h"
 
 namespace kvx::kv::tier {
+
+class StorageTransform;
 
 struct BlockKey {
   uint64_t lo = 0, hi = 0;
@@ -68,6 +71,10 @@ struct BlockSpace {
   int block_tokens = 0;
   KVLayout layout;                 // the spec's
   std::vector<LayerCodec> layers;  // the spec's, one per layer
+  // The compact level's calibrated transform (storage_transform.h), or null
+  // (then compact blocks can be neither written nor read). Not in the key:
+  // the block header records its digest, like the storage level.
+  std::shared_ptr<const StorageTransform> transform;
 };
 
 // The most tokens a block may hold (large blocks make partial hits rare and

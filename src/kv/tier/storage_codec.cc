@@ -59,6 +59,7 @@ std::string_view StorageLevelName(StorageLevel level) {
     case StorageLevel::kHigh: return "high";
     case StorageLevel::kMedium: return "medium";
     case StorageLevel::kLow: return "low";
+    case StorageLevel::kCompact: return "compact";
   }
   return "?";
 }
@@ -96,6 +97,10 @@ Result<StorageLevels> ParseStorageLevels(std::string_view text) {
                              ") or TIER=LEVEL with TIER ram, disk or redis, each named once; e.g. "
                              "--cache-codec medium or --cache-codec disk=high,redis=medium");
     }
+    if (*level == StorageLevel::kCompact) {
+      return InvalidArgument("--cache-codec compact needs a calibrated storage transform, which the tiers do not load "
+                             "yet: use lossless, high, medium or low (kvx eval --storage-codec compact measures it)");
+    }
     if (kind.empty()) {
       out.fallback = *level;
       bare = true;
@@ -115,7 +120,8 @@ StorageBits LayerBits(StorageLevel level, int layer, int n_layers) {
     case StorageLevel::kHigh: early = 4, late = 5; break;
     case StorageLevel::kMedium: early = 3, late = 4; break;
     case StorageLevel::kLow: early = 2, late = 3; break;
-    case StorageLevel::kLossless: break;
+    case StorageLevel::kLossless:
+    case StorageLevel::kCompact: break;
   }
   const int bits = 3 * layer < n_layers ? early : late;
   return {bits, bits};
@@ -192,31 +198,42 @@ Status DecodeTensor(ByteReader& in, int tokens, int dim, float* x) {
   return Status::Ok();
 }
 
-bool EncodeTablePages(const LayerCodec& lc, std::span<const std::span<const uint8_t>> pages,
-                      std::span<const uint8_t> full, StorageBits bits, int anchor_tokens, ByteWriter* out) {
+std::vector<float> TableFloats(const LayerCodec& lc, std::span<const std::span<const uint8_t>> pages,
+                               std::span<const uint8_t> full) {
   const CodecParams& p = lc.params;
   const size_t T = static_cast<size_t>(p.page_tokens), d = static_cast<size_t>(p.head_dim);
   const size_t n = pages.size() * T;
-  std::vector<float> k(n * d), v(n * d);
+  std::vector<float> out(2 * n * d);
   for (size_t i = 0; i < pages.size(); ++i) {
     const uint8_t* data = pages[i].data() + PageDataOffset(p.page_tokens);
     DispatchCodec(PageCodecId(lc, full[i]), [&](auto codec) {
       using C = decltype(codec);
-      C::DecodeKeys(p, data, p.page_tokens, &k[i * T * d]);
-      C::DecodeValues(p, data, p.page_tokens, &v[i * T * d]);
+      C::DecodeKeys(p, data, p.page_tokens, &out[i * T * d]);
+      C::DecodeValues(p, data, p.page_tokens, &out[(n + i * T) * d]);
     });
   }
+  return out;
+}
+
+bool EncodeTablePages(const LayerCodec& lc, std::span<const std::span<const uint8_t>> pages,
+                      std::span<const uint8_t> full, const TableCoding& coding, ByteWriter* out) {
+  const int n = static_cast<int>(pages.size()) * lc.params.page_tokens, d = lc.params.head_dim;
+  const std::vector<float> kv = TableFloats(lc, pages, full);
   ByteWriter w;
-  if (!EncodeTensor(k.data(), static_cast<int>(n), p.head_dim, bits.k, anchor_tokens, &w) ||
-      !EncodeTensor(v.data(), static_cast<int>(n), p.head_dim, bits.v, anchor_tokens, &w)) {
-    return false;
+  for (int i = 0; i < 2; ++i) {
+    const float* x = kv.data() + static_cast<size_t>(i) * n * d;
+    const bool ok = coding.transforms[i] != nullptr
+                        ? EncodeTransformed(*coding.transforms[i], x, n, &w)
+                        : EncodeTensor(x, n, d, i == 0 ? coding.bits.k : coding.bits.v, coding.anchor_tokens, &w);
+    if (!ok) return false;
   }
   out->Bytes(w.out().data(), w.out().size());
   return true;
 }
 
 Status DecodeTablePages(const LayerCodec& lc, std::span<const uint8_t> coded, std::span<const uint8_t> full,
-                        std::span<const int32_t> positions, std::span<const std::span<uint8_t>> out) {
+                        std::span<const int32_t> positions, std::span<const std::span<uint8_t>> out,
+                        const TableCoding& coding) {
   const CodecParams& p = lc.params;
   const size_t T = static_cast<size_t>(p.page_tokens), d = static_cast<size_t>(p.head_dim);
   const size_t n = out.size() * T;
@@ -225,8 +242,12 @@ Status DecodeTablePages(const LayerCodec& lc, std::span<const uint8_t> coded, st
   }
   std::vector<float> k(n * d), v(n * d);
   ByteReader in(coded, "tier block");
-  KVX_RETURN_IF_ERROR(DecodeTensor(in, static_cast<int>(n), p.head_dim, k.data()));
-  KVX_RETURN_IF_ERROR(DecodeTensor(in, static_cast<int>(n), p.head_dim, v.data()));
+  for (int i = 0; i < 2; ++i) {
+    float* x = i == 0 ? k.data() : v.data();
+    KVX_RETURN_IF_ERROR(coding.transforms[i] != nullptr
+                            ? DecodeTransformed(*coding.transforms[i], in, static_cast<int>(n), x)
+                            : DecodeTensor(in, static_cast<int>(n), p.head_dim, x));
+  }
   if (!in.at_end()) return DataLoss("tier block has bytes after a coded table");
   for (size_t i = 0; i < out.size(); ++i) {
     const std::span<uint8_t> page = out[i];

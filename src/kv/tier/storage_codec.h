@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "kv/codec/codec_config.h"
+#include "kv/tier/storage_transform.h"
 #include "util/byte_io.h"
 #include "util/status.h"
 
@@ -51,11 +52,13 @@ namespace kvx::kv::tier {
 
 // Ordered from the most faithful to the least: a block at level s may serve
 // a reader that accepts level a iff s <= a (AcceptsLevel).
-enum class StorageLevel : uint8_t { kLossless = 0, kHigh = 1, kMedium = 2, kLow = 3 };
+// kCompact codes through a calibrated storage transform (storage_transform.h).
+enum class StorageLevel : uint8_t { kLossless = 0, kHigh = 1, kMedium = 2, kLow = 3, kCompact = 4 };
 
 inline constexpr StorageLevel kAllStorageLevels[] = {StorageLevel::kLossless, StorageLevel::kHigh,
-                                                     StorageLevel::kMedium, StorageLevel::kLow};
-inline constexpr std::string_view kStorageLevelChoices = "lossless, high, medium, low";
+                                                     StorageLevel::kMedium, StorageLevel::kLow,
+                                                     StorageLevel::kCompact};
+inline constexpr std::string_view kStorageLevelChoices = "lossless, high, medium, low, compact";
 
 std::string_view StorageLevelName(StorageLevel level);
 std::optional<StorageLevel> ParseStorageLevel(std::string_view name);
@@ -77,7 +80,8 @@ Result<StorageLevels> ParseStorageLevels(std::string_view text);
 // The K and V bit widths of `layer` (of n_layers) at a lossy level: the
 // first third of the layers one bit fewer than the rest (measured on the
 // recall model: 2 bits instead of 3 in layers 0-2 left KLD unchanged, in
-// layers 3-7 it multiplied it by 7). REQUIRES: level != kLossless.
+// layers 3-7 it multiplied it by 7). REQUIRES: level is high, medium or low
+// (compact's widths are per component: storage_transform.h).
 struct StorageBits {
   int k = 0, v = 0;
 };
@@ -91,6 +95,11 @@ inline constexpr int kDefaultAnchorTokens = 0;
 // pages, its f16 sink pages included), i.e. whether the lossy levels apply.
 bool HoldsFloatPages(const LayerCodec& lc);
 
+// One table's pages (`full[p]`: staging/sink f16 page, else the layer's
+// codec) as floats: K then V, [pages * page_tokens][head_dim] each.
+std::vector<float> TableFloats(const LayerCodec& lc, std::span<const std::span<const uint8_t>> pages,
+                               std::span<const uint8_t> full);
+
 // Writes one tensor ([tokens][dim] floats, row-major) at `bits` (1..8) with
 // anchor groups of `anchor_tokens` (0..255). False (nothing written) when it
 // holds a value the grid cannot represent (not finite, or beyond f16's
@@ -101,15 +110,26 @@ bool EncodeTensor(const float* x, int tokens, int dim, int bits, int anchor_toke
 // of the grid).
 Status DecodeTensor(ByteReader& in, int tokens, int dim, float* x);
 
+// How a table's K and V are coded: per-channel grids of `bits` with anchor
+// groups (high, medium, low), or, where transforms[0] (K) / [1] (V) is set,
+// through that tensor's storage transform (compact).
+struct TableCoding {
+  StorageBits bits;
+  int anchor_tokens = kDefaultAnchorTokens;
+  const TensorTransform* transforms[2] = {nullptr, nullptr};
+};
+
 // One table's pages of a block (`full[p]`: staging/sink f16 page, else the
-// layer's codec) coded at `bits` (K and V); false as EncodeTensor.
+// layer's codec) coded as `coding` says; false as EncodeTensor.
 // REQUIRES: HoldsFloatPages(lc); every page holds page_tokens entries.
 bool EncodeTablePages(const LayerCodec& lc, std::span<const std::span<const uint8_t>> pages,
-                      std::span<const uint8_t> full, StorageBits bits, int anchor_tokens, ByteWriter* out);
+                      std::span<const uint8_t> full, const TableCoding& coding, ByteWriter* out);
 // The pages back: page p is written to out[p] (lc.PageBytes(full[p]) bytes
-// each), its position header from `positions` (page_tokens per page).
+// each), its position header from `positions` (page_tokens per page);
+// `coding`'s transforms as at encoding (its bits are read from the bytes).
 // DataLoss for coded bytes that do not decode to exactly these pages.
 Status DecodeTablePages(const LayerCodec& lc, std::span<const uint8_t> coded, std::span<const uint8_t> full,
-                        std::span<const int32_t> positions, std::span<const std::span<uint8_t>> out);
+                        std::span<const int32_t> positions, std::span<const std::span<uint8_t>> out,
+                        const TableCoding& coding = {});
 
 }  // namespace kvx::kv::tier

@@ -143,6 +143,13 @@ TEST(StorageCodecTest, LevelsParseAndOrder) {
 }
 
 TEST(StorageCodecTest, CacheCodecFlagsParse) {
+  // The tiers load no storage transform: compact is a clear error, not a
+  // write that fails on every block.
+  for (const char* text : {"compact", "disk=compact", "high,redis=compact"}) {
+    auto compact = ParseStorageLevels(text);
+    EXPECT_EQ(compact.status().code(), StatusCode::kInvalidArgument) << text;
+    EXPECT_NE(compact.status().message().find("calibrated storage transform"), std::string::npos) << text;
+  }
   auto all = ParseStorageLevels("medium");
   ASSERT_TRUE(all.ok());
   for (const char* kind : {"ram", "disk", "redis"}) EXPECT_EQ(all->For(kind), StorageLevel::kMedium);

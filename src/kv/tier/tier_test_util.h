@@ -76,15 +76,18 @@ inline Result<SeqId> FillSequence(KVManager& m, uint64_t salt, std::span<const i
 // `block` (the current format) with the header of format version 1 (96
 // bytes: no storage level; checksummed as version 1 wrote it) before its
 // payload: what a kvx of version 1 left in a tier.
-inline std::string VersionOneBlock(const std::string& block) {
-  std::string v1 = block.substr(0, 64);  // magic .. block tokens, where both versions agree
-  const uint32_t one = 1;
-  std::memcpy(v1.data() + 8, &one, 4);
-  v1 += block.substr(72, 24);  // payload bytes, stored bytes, payload checksum
-  const uint64_t header = XXH3_64bits(v1.data(), v1.size());
-  v1.append(reinterpret_cast<const char*>(&header), 8);
-  return v1 + block.substr(kBlockHeaderBytes);
+// `block` (this version's) with the header of format version 1 (96 bytes,
+// no storage level) or 2 (104 bytes, no transform digest), checksummed as
+// that version did.
+inline std::string OlderVersionBlock(const std::string& block, uint32_t version) {
+  std::string old = block.substr(0, version == 1 ? 64 : 72);  // magic .. block tokens (.. level, zero)
+  std::memcpy(old.data() + 8, &version, 4);
+  old += block.substr(80, 24);  // payload bytes, stored bytes, payload checksum
+  const uint64_t header = XXH3_64bits(old.data(), old.size());
+  old.append(reinterpret_cast<const char*>(&header), 8);
+  return old + block.substr(kBlockHeaderBytes);
 }
+inline std::string VersionOneBlock(const std::string& block) { return OlderVersionBlock(block, 1); }
 
 inline std::vector<int32_t> Tokens(int n, int offset = 0) {
   std::vector<int32_t> t(n);
