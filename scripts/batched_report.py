@@ -74,7 +74,8 @@ def kvx_bench_cmd(kvx, model, args, out):
 
 
 def measure_ab(args):
-    """Alternates the two binaries for --rounds rounds; one kvx bench run per binary and round. ab.json is
+    """Alternates the two binaries for --rounds rounds (before first in even rounds, after first in odd ones);
+    one kvx bench run per binary and round. ab.json is
     rewritten after every round, so an interrupted run keeps its complete rounds."""
     os.makedirs(DATA, exist_ok=True)
     runs = {"before": [], "after": []}
@@ -84,7 +85,8 @@ def measure_ab(args):
              "--ab-depths %s --ab-reps %d --ab-gen %d" % (os.path.basename(args.model), args.rounds, args.ab_seqs,
                                                           args.ab_depths, args.ab_reps, args.ab_gen)
     for rnd in range(args.rounds):
-        for side in ("before", "after"):
+        # ABBA order: a load that drifts during a round favours neither binary.
+        for side in ("before", "after") if rnd % 2 == 0 else ("after", "before"):
             run(kvx_bench_cmd(getattr(args, side), args.model, args, tmp))
             r = json.load(open(tmp))
             r["loadavg"] = os.getloadavg()[0]
@@ -107,7 +109,7 @@ def render_ab():
     loads = [r["loadavg"] for r in before + after]
     script = ab.get("script", "scripts/batched_report.py --before OLD --after NEW")
     md = ["Measured by `%s` (raw runs in `docs/results/batched/ab.json`). " % script +
-          "Before/after on %s, %d threads, CPU %s: `%s`, the two binaries alternating for %d rounds "
+          "Before/after on %s, %d threads, CPU %s: `%s`, the two binaries alternating for %d rounds, in ABBA order "
           "(1-minute load average %.1f–%.1f on 2 vCPUs: other engineers' builds ran; read the ratios, "
           "not the absolute figures). Medians of the rounds; after / before is the median of the per-round "
           "ratios; %% of bound is the after binary's (one bound per run)." % (

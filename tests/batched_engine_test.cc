@@ -118,6 +118,25 @@ TEST(BatchedEngineTest, BatchedSessionsMatchEachAlone) {
 
 // A sequence fed the wrong sequence's tokens would differ at order 1: the
 // comparison above can fail.
+// One cache cannot be two sequences of a batch: the sequences' K/V appends
+// run in one parallel loop (SequenceKV::AppendBatch), one per cache.
+TEST(BatchedEngineTest, ForwardRefusesTwoSequencesSharingACache) {
+  auto e = LoadEngine(WriteModel(gguf::TensorType::kF32, "batched.gguf"), "codec=f16");
+  ASSERT_TRUE(e);
+  kv::KVManager& kvm = e->kv_manager();
+  kv::SequenceKV* shared = &kvm.kv(kvm.AddSequence());
+  model::ForwardBatch batch;
+  batch.tokens = {1, 2};
+  batch.positions = {0, 0};
+  batch.seq_start = {0, 1, 2};
+  const std::vector<kv::SequenceKV*> kvs = {shared, shared};
+  model::ForwardScratch scratch;
+  const Status s = e->model().Forward(batch, kvs, &scratch, nullptr, nullptr);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("share a cache"), std::string::npos) << s.message();
+  EXPECT_EQ(shared->Length(0, 0), 0);
+}
+
 TEST(BatchedEngineTest, DifferentSequencesDiffer) {
   const std::string path = WriteModel(gguf::TensorType::kF32, "differ.gguf");
   auto e = LoadEngine(path, "codec=f16");
