@@ -16,6 +16,7 @@ rendered from those files alone.
 """
 import argparse, glob, json, os, re, subprocess, sys, tempfile, time
 
+import eviction_report
 from reportlib import ROOT, Output, rel, sub_command_paths
 
 RESULTS = os.path.join(ROOT, "docs/results/scbench")
@@ -31,6 +32,10 @@ METHODS = {
     "h2o (continuous)": lambda r, n: "codec=f16;policy=h2o,ratio=%g" % r,
     "adakv": lambda r, n: "codec=f16;policy=adakv,base=snapkv,ratio=%g" % r,
     "pyramidkv": lambda r, n: "codec=f16;policy=pyramidkv,ratio=%g" % r,
+    # the leaders of the passkey sweep (docs/kv-eviction.md), with the sweep's own specs
+    "duo": lambda r, n: eviction_report.METHODS["duo"][0](r, n),
+    "quest": lambda r, n: eviction_report.METHODS["quest"][0](r, n),
+    "think": lambda r, n: eviction_report.METHODS["think"][0](r, n),
 }
 
 
@@ -43,14 +48,14 @@ def run(args):
     for protocol in args.protocols:
         for length in args.lengths:
             base = os.path.join(RESULTS, "%s-%d" % (protocol, length))
-            cmd = [os.path.join(ROOT, "build/kvx"), "eval", "-m", shared(MODEL), "--baseline", "codec=f16",
+            cmd = [args.kvx, "eval", "-m", shared(MODEL), "--baseline", "codec=f16",
                    "--protocol", protocol, "--lengths", str(length), "--contexts", str(args.contexts),
                    "--questions", "4", "--data", shared("data"), "-t", str(args.threads), "--json", base + ".json"]
             for name in METHODS:
                 cmd += ["--kv", METHODS[name](RATIO, length)]
             t0 = time.time()
             print(" ".join(cmd), flush=True)
-            subprocess.run(cmd, check=True)
+            subprocess.run(cmd, check=True, cwd=ROOT)  # head tables are named relative to the repository
             meta = {"command": sub_command_paths(" ".join(cmd)), "seconds": round(time.time() - t0, 1),
                     "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
             with open(base + ".meta.json", "w") as f:
@@ -191,6 +196,7 @@ def render(out):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kvx", default=os.path.join(ROOT, "build/kvx"), help="--run: the kvx binary")
     ap.add_argument("--run", action="store_true")
     ap.add_argument("--batch", action="store_true")
     ap.add_argument("--render-only", action="store_true")
