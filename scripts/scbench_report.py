@@ -139,7 +139,9 @@ def render(out):
         length = rows[0]["length"] if rows else 0
         nq = max(r["question"] for r in rows) + 1 if rows else 0
         label = "turn" if data["protocol"] == "multi-turn" else "question"
-        lines += ["## %s, %d tokens" % (data["protocol"], length), ""]
+        # a second run of one protocol and length (more methods on the same contexts) is named by its file's suffix
+        suffix = os.path.basename(path)[:-5].split("-%d" % length, 1)[-1].lstrip("-")
+        lines += ["## %s, %d tokens%s" % (data["protocol"], length, ", " + suffix if suffix else ""), ""]
         if meta:
             command = re.sub(r"\S*/shared/data\b", "../shared/data", meta["command"])
             lines += ["`%s` (%s s wall, %s; the machine shared with other builds, load average above 20)" % (
@@ -182,9 +184,11 @@ def render(out):
         commands = [re.sub(r"/tmp/\S+/out\.jsonl", "OUT.jsonl", r["command"]) for r in b["rows"]]
         lines += ["", "Commands (`scripts/scbench_report.py --batch`): " + "; ".join("`%s`" % c for c in commands), ""]
     lines += ["## Not measured yet", "",
-              "- 4096 tokens beyond what the committed files hold, ratio 0.25, DuoAttention's head typing, and more "
-              "contexts: `nohup nice scripts/scbench_report.py --run --contexts 36 > /tmp/scbench.log 2>&1 &` (each "
-              "cell's interval shrinks as 1/sqrt(n)).",
+              "- multi-turn at 4096 tokens, ratio 0.25, and more contexts: `nohup nice scripts/scbench_report.py "
+              "--run --contexts 36 > /tmp/scbench.log 2>&1 &` (each cell's interval shrinks as 1/sqrt(n)). The sweep's "
+              "leaders (duo, quest, think) ran at 4096 multi-query only, on the same 6 contexts as the other methods "
+              "(442 s at load ~22); every method x both protocols x both lengths at 12 contexts is about 2 h on the "
+              "loaded 2-core machine.",
               "- SCBench's query-aware variant (compress with the first question included, then ask the others "
               "against that cache), where the literature sees later questions fail: kvx compresses with the question "
               "excluded, so every question faces the same cache.",
