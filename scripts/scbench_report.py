@@ -16,6 +16,7 @@ rendered from those files alone.
 """
 import argparse, glob, json, os, re, subprocess, sys, tempfile, time
 
+import eviction_report
 from reportlib import ROOT, Output, rel, sub_command_paths
 
 RESULTS = os.path.join(ROOT, "docs/results/scbench")
@@ -31,6 +32,10 @@ METHODS = {
     "h2o (continuous)": lambda r, n: "codec=f16;policy=h2o,ratio=%g" % r,
     "adakv": lambda r, n: "codec=f16;policy=adakv,base=snapkv,ratio=%g" % r,
     "pyramidkv": lambda r, n: "codec=f16;policy=pyramidkv,ratio=%g" % r,
+    # the leaders of the passkey sweep (docs/kv-eviction.md), with the sweep's own specs
+    "duo": lambda r, n: eviction_report.METHODS["duo"][0](r, n),
+    "quest": lambda r, n: eviction_report.METHODS["quest"][0](r, n),
+    "think": lambda r, n: eviction_report.METHODS["think"][0](r, n),
 }
 
 
@@ -43,14 +48,14 @@ def run(args):
     for protocol in args.protocols:
         for length in args.lengths:
             base = os.path.join(RESULTS, "%s-%d" % (protocol, length))
-            cmd = [os.path.join(ROOT, "build/kvx"), "eval", "-m", shared(MODEL), "--baseline", "codec=f16",
+            cmd = [args.kvx, "eval", "-m", shared(MODEL), "--baseline", "codec=f16",
                    "--protocol", protocol, "--lengths", str(length), "--contexts", str(args.contexts),
                    "--questions", "4", "--data", shared("data"), "-t", str(args.threads), "--json", base + ".json"]
             for name in METHODS:
                 cmd += ["--kv", METHODS[name](RATIO, length)]
             t0 = time.time()
             print(" ".join(cmd), flush=True)
-            subprocess.run(cmd, check=True)
+            subprocess.run(cmd, check=True, cwd=ROOT)  # head tables are named relative to the repository
             meta = {"command": sub_command_paths(" ".join(cmd)), "seconds": round(time.time() - t0, 1),
                     "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
             with open(base + ".meta.json", "w") as f:
@@ -134,7 +139,9 @@ def render(out):
         length = rows[0]["length"] if rows else 0
         nq = max(r["question"] for r in rows) + 1 if rows else 0
         label = "turn" if data["protocol"] == "multi-turn" else "question"
-        lines += ["## %s, %d tokens" % (data["protocol"], length), ""]
+        # a second run of one protocol and length (more methods on the same contexts) is named by its file's suffix
+        suffix = os.path.basename(path)[:-5].split("-%d" % length, 1)[-1].lstrip("-")
+        lines += ["## %s, %d tokens%s" % (data["protocol"], length, ", " + suffix if suffix else ""), ""]
         if meta:
             command = re.sub(r"\S*/shared/data\b", "../shared/data", meta["command"])
             lines += ["`%s` (%s s wall, %s; the machine shared with other builds, load average above 20)" % (
@@ -177,9 +184,11 @@ def render(out):
         commands = [re.sub(r"/tmp/\S+/out\.jsonl", "OUT.jsonl", r["command"]) for r in b["rows"]]
         lines += ["", "Commands (`scripts/scbench_report.py --batch`): " + "; ".join("`%s`" % c for c in commands), ""]
     lines += ["## Not measured yet", "",
-              "- 4096 tokens beyond what the committed files hold, ratio 0.25, DuoAttention's head typing, and more "
-              "contexts: `nohup nice scripts/scbench_report.py --run --contexts 36 > /tmp/scbench.log 2>&1 &` (each "
-              "cell's interval shrinks as 1/sqrt(n)).",
+              "- multi-turn at 4096 tokens, ratio 0.25, and more contexts: `nohup nice scripts/scbench_report.py "
+              "--run --contexts 36 > /tmp/scbench.log 2>&1 &` (each cell's interval shrinks as 1/sqrt(n)). The sweep's "
+              "leaders (duo, quest, think) ran at 4096 multi-query only, on the same 6 contexts as the other methods "
+              "(442 s at load ~22); every method x both protocols x both lengths at 12 contexts is about 2 h on the "
+              "loaded 2-core machine.",
               "- SCBench's query-aware variant (compress with the first question included, then ask the others "
               "against that cache), where the literature sees later questions fail: kvx compresses with the question "
               "excluded, so every question faces the same cache.",
@@ -191,6 +200,7 @@ def render(out):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kvx", default=os.path.join(ROOT, "build/kvx"), help="--run: the kvx binary")
     ap.add_argument("--run", action="store_true")
     ap.add_argument("--batch", action="store_true")
     ap.add_argument("--render-only", action="store_true")
