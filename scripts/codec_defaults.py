@@ -9,13 +9,11 @@ model's training), several chunks, for candidate settings of every quantized cod
 import json, os, subprocess, sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DOC = os.path.join(ROOT, "docs/kv-quantization.md")
 RESULTS = os.path.join(ROOT, "docs/results/codec_defaults")
 SHARED = os.environ.get("KVX_SHARED", os.path.join(ROOT, "..", "shared"))
 MODEL = os.path.join(SHARED, "models/recall/recall-llama-8L-d512-f16.gguf")
 TEXT = os.path.join(SHARED, "data/wikitext-2-raw/wiki.test.raw")
 CHUNK, CHUNKS = 4096, 4
-BEGIN, END = "<!-- codec-defaults:begin -->", "<!-- codec-defaults:end -->"
 
 # Explicit settings only (never a bare codec=X), so every row keeps its meaning whatever the defaults become.
 KIVI = ["page=16,group=32,residual=32", "page=32,group=32,residual=32,prerope=1", "page=128,group=32,residual=0",
@@ -42,7 +40,8 @@ DEFAULTS = {"kivi2": "codec=kivi2,page=128,group=64,residual=0,rotate=hadamard,p
             "kivi4": "codec=kivi4,page=128,group=64,residual=0,prerope=1"}
 
 
-def render():
+def table():
+    """The evidence table (kv_quant_report.py renders it into docs/kv-quantization.md)."""
     rows = ["| codec | `--kv` (explicit) | KV bytes at 4096 (vs f16) | KLD mean ± stderr | top-1 | |",
             "|---|---|---:|---|---:|---|"]
     for codec in CANDIDATES:
@@ -58,10 +57,12 @@ def render():
             rows.append("| %s | `%s` | %d (%.2f×) | %.4f ± %.4f | %.1f%% | %s |" % (
                 codec, r["canonical"], r["kv"]["peak_bytes"], r["kv"]["compression_vs_f16"], k["mean"], k["mean_stderr"],
                 100 * k["top1"], mark))
-    table = "\n".join(rows) + "\n"
-    doc = open(DOC).read()
-    a, b = doc.index(BEGIN) + len(BEGIN), doc.index(END)
-    open(DOC, "w").write(doc[:a] + "\n" + table + doc[b:])
+    return "\n".join(rows) + "\n"
+
+
+def render():
+    """docs/kv-quantization.md is rendered as a whole by kv_quant_report.py, which takes table() from here."""
+    subprocess.run([sys.executable, os.path.join(ROOT, "scripts/kv_quant_report.py"), "--render-only"], check=True)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ committed documents differ from that render.
 import argparse, json, os, re, statistics, subprocess, sys, time
 
 from reportlib import ROOT, Output, rel, sub_command_paths
+import codec_defaults
 
 RESULTS = os.path.join(ROOT, "docs/results/kv_quant")
 
@@ -441,6 +442,7 @@ def render(out):
     doc = doc.replace("@SPEED_SUMMARY@", speed_summary())
     doc = doc.replace("@SPEED_DATE@", speed.get("generated", "(unknown)") if isinstance(speed, dict) else "(unknown)")
     doc = doc.replace("@DATE@", eval_date(models))
+    doc = doc.replace("@CODEC_DEFAULTS@", codec_defaults.table())
     left = re.findall(r"@[A-Z_]+@", doc)
     if left:
         sys.exit("kv_quant_doc.md.in: unknown placeholders %s" % ", ".join(sorted(set(left))))
