@@ -38,12 +38,12 @@ def document(sents, rng, words, value=None, split=False):
         out.append(sents[at])
         at = (at + 1) % len(sents)
     if value is None:
-        return [" ".join(out)]
+        return ["".join(" " + s for s in out)]  # a document starts with the space that separates it
     cut = "\x01"
     needle = ("The pass key is%s %s. Remember it." % (cut, value) if split
               else "The pass key is %s. Remember it. %s is the pass key." % (value, value))
     out.insert(rng.randrange(len(out) + 1), needle)
-    return " ".join(out).split(cut)
+    return "".join(" " + s for s in out).split(cut)
 
 
 def post(port, body):
