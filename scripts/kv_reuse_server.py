@@ -17,7 +17,7 @@ import argparse, glob, http.client, json, os, random, re, statistics, subprocess
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from reportlib import ROOT, Output  # noqa: E402
 
-INSTRUCTION = "A pass key is hidden in one of the documents below. Find it and remember it, I will ask you about it.\n"
+INSTRUCTION = " A pass key is hidden in one of the documents below. Find it and remember it, I will ask you about it.\n"
 QUESTION = "\nWhat is the pass key? The pass key is"
 REPAIRS = ["none", "epic,k=16", "blend,r=0.05,k=16", "blend,r=0.15", "full"]
 WORDS = 160  # per document: about 256 tokens of the recall model (1.6 tokens per word of these essays)
@@ -120,7 +120,7 @@ def measure(args):
                         post(port, {"chunks": [INSTRUCTION, d], "prompt": QUESTION, "chunk_repair": "none"})
                 post(port, {"chunks": chunks, "prompt": QUESTION, "chunk_repair": "none"})  # this question's document
                 for repair in ["miss"] + args.repairs:
-                    body = ({"prompt": "".join(chunks) + QUESTION, "cache": "none"} if repair == "miss"
+                    body = ({"prompt": "".join(chunks)[1:] + QUESTION, "cache": "none"} if repair == "miss"
                             else {"chunks": chunks, "prompt": QUESTION, "chunk_repair": repair})
                     ttft, text, usage = post(port, body)
                     details = usage.get("prompt_tokens_details", {})

@@ -175,7 +175,10 @@ Result<ChunkPrompt> MakeChunkPrompt(const model::Tokenizer& tokenizer, std::span
                                     const std::string& suffix, bool parse_special, const ChunkRepair& repair) {
   ChunkPrompt c;
   KVX_ASSIGN_OR_RETURN(c.prefix, tokenizer.Encode("", /*add_special=*/true, /*parse_special=*/false));  // BOS
-  KVX_ASSIGN_OR_RETURN(c.chunks, TokenizeChunks(tokenizer, chunks, /*after_text=*/false));
+  // Every chunk as running text, the first too, so a chunk has one key
+  // wherever it is placed: the prompt's SentencePiece leading space is the
+  // first chunk's own (a document that starts with its space), not added.
+  KVX_ASSIGN_OR_RETURN(c.chunks, TokenizeChunks(tokenizer, chunks, /*after_text=*/true));
   const bool after_text = std::any_of(chunks.begin(), chunks.end(), [](const std::string& t) { return !t.empty(); });
   if (!suffix.empty()) {
     KVX_ASSIGN_OR_RETURN(c.suffix, after_text ? tokenizer.EncodeContinuation(suffix, parse_special)

@@ -119,20 +119,21 @@ TEST_P(ChunkAssemblyTest, EveryTokenRecomputedGivesTheFullPrefill) {
 
 // A chunk is tokenized as it reads inside the running prompt: chunks whose
 // texts concatenate to a plain prompt's text give its tokens (no
-// SentencePiece space prefix at a chunk's start; only the prompt's first
-// text gets one), so `full` repair gives the plain prefill's logits. The
+// SentencePiece space prefix at a chunk's start, the first's included: its
+// own leading space stands for it), so `full` repair gives the plain
+// prefill's logits, and a chunk's tokens do not depend on its place. The
 // split needle's seam, "The pass key is" | " 4321", is one of them. Where a
 // merge crosses the seam (inside a word: "Th" | "e cat") the tokens cannot
 // be the plain prompt's. Seen failing with the space prefix on every chunk.
 TEST_P(ChunkAssemblyTest, ChunksTokenizeAsTheRunningText) {
   const model::Tokenizer& tok = f_.engine->model().tokenizer();
-  const std::vector<std::string> texts = {"Read the texts below.\n", "The cat sat on the mat.",
+  const std::vector<std::string> texts = {" Read the texts below.\n", "The cat sat on the mat.",
                                           " It is a truth universally acknowledged.", " The pass key is",
                                           " 4321. Remember it.", ""};
   const std::string question = "\nWhat is the pass key? The pass key is";
   std::string plain;
   for (const std::string& t : texts) plain += t;
-  plain += question;
+  plain = plain.substr(1) + question;  // the first chunk's space is the plain prompt's added one
   auto chunked = MakeChunkPrompt(tok, texts, question, /*parse_special=*/false, *ParseChunkRepair("full"));
   ASSERT_TRUE(chunked.ok()) << chunked.status().ToString();
   const std::vector<int32_t> plain_tokens = Tokens(*f_.engine, plain, /*bos=*/true);
@@ -146,7 +147,14 @@ TEST_P(ChunkAssemblyTest, ChunksTokenizeAsTheRunningText) {
   const std::vector<float> got = Assembled(f_, chunked->prefix, chunked->chunks, chunked->suffix, "full");
   EXPECT_LT(MaxAbsDiff(got, plain_logits), kRoundingTolerance);
 
-  const std::vector<std::string> in_word = {"Th", "e cat sat on the mat."};
+  // A chunk's tokens (its key) do not depend on where it is placed.
+  const std::vector<std::string> reordered = {texts[2], texts[0]};
+  auto moved = MakeChunkPrompt(tok, reordered, question, false, {});
+  ASSERT_TRUE(moved.ok());
+  EXPECT_EQ(moved->chunks[1], chunked->chunks[0]);
+  EXPECT_EQ(moved->chunks[0], chunked->chunks[2]);
+
+  const std::vector<std::string> in_word = {" Th", "e cat sat on the mat."};
   auto cut = MakeChunkPrompt(tok, in_word, "", false, {});
   ASSERT_TRUE(cut.ok());
   EXPECT_NE(cut->Tokens(), Tokens(*f_.engine, "The cat sat on the mat.", /*bos=*/true));
