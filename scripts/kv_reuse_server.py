@@ -17,7 +17,7 @@ import argparse, glob, http.client, json, os, random, re, statistics, subprocess
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from reportlib import ROOT, Output  # noqa: E402
 
-INSTRUCTION = "A pass key is hidden in one of the documents below. Find it and remember it, I will ask you about it.\n"
+INSTRUCTION = " A pass key is hidden in one of the documents below. Find it and remember it, I will ask you about it.\n"
 QUESTION = "\nWhat is the pass key? The pass key is"
 REPAIRS = ["none", "epic,k=16", "blend,r=0.05,k=16", "blend,r=0.15", "full"]
 WORDS = 160  # per document: about 256 tokens of the recall model (1.6 tokens per word of these essays)
@@ -38,12 +38,12 @@ def document(sents, rng, words, value=None, split=False):
         out.append(sents[at])
         at = (at + 1) % len(sents)
     if value is None:
-        return [" ".join(out)]
+        return ["".join(" " + s for s in out)]  # a document starts with the space that separates it
     cut = "\x01"
     needle = ("The pass key is%s %s. Remember it." % (cut, value) if split
               else "The pass key is %s. Remember it. %s is the pass key." % (value, value))
     out.insert(rng.randrange(len(out) + 1), needle)
-    return " ".join(out).split(cut)
+    return "".join(" " + s for s in out).split(cut)
 
 
 def post(port, body):
@@ -120,7 +120,7 @@ def measure(args):
                         post(port, {"chunks": [INSTRUCTION, d], "prompt": QUESTION, "chunk_repair": "none"})
                 post(port, {"chunks": chunks, "prompt": QUESTION, "chunk_repair": "none"})  # this question's document
                 for repair in ["miss"] + args.repairs:
-                    body = ({"prompt": "".join(chunks) + QUESTION, "cache": "none"} if repair == "miss"
+                    body = ({"prompt": "".join(chunks)[1:] + QUESTION, "cache": "none"} if repair == "miss"
                             else {"chunks": chunks, "prompt": QUESTION, "chunk_repair": repair})
                     ttft, text, usage = post(port, body)
                     details = usage.get("prompt_tokens_details", {})

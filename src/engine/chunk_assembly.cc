@@ -175,9 +175,14 @@ Result<ChunkPrompt> MakeChunkPrompt(const model::Tokenizer& tokenizer, std::span
                                     const std::string& suffix, bool parse_special, const ChunkRepair& repair) {
   ChunkPrompt c;
   KVX_ASSIGN_OR_RETURN(c.prefix, tokenizer.Encode("", /*add_special=*/true, /*parse_special=*/false));  // BOS
-  KVX_ASSIGN_OR_RETURN(c.chunks, TokenizeChunks(tokenizer, chunks));
+  // Every chunk as running text, the first too, so a chunk has one key
+  // wherever it is placed: the prompt's SentencePiece leading space is the
+  // first chunk's own (a document that starts with its space), not added.
+  KVX_ASSIGN_OR_RETURN(c.chunks, TokenizeChunks(tokenizer, chunks, /*after_text=*/true));
+  const bool after_text = std::any_of(chunks.begin(), chunks.end(), [](const std::string& t) { return !t.empty(); });
   if (!suffix.empty()) {
-    KVX_ASSIGN_OR_RETURN(c.suffix, tokenizer.Encode(suffix, /*add_special=*/false, parse_special));
+    KVX_ASSIGN_OR_RETURN(c.suffix, after_text ? tokenizer.EncodeContinuation(suffix, parse_special)
+                                              : tokenizer.Encode(suffix, /*add_special=*/false, parse_special));
   }
   c.repair = repair;
   return c;
@@ -236,11 +241,14 @@ Result<ChunkRepair> ParseChunkRepair(std::string_view text) {
 }
 
 Result<std::vector<std::vector<int32_t>>> TokenizeChunks(const model::Tokenizer& tokenizer,
-                                                         std::span<const std::string> texts) {
+                                                         std::span<const std::string> texts, bool after_text) {
   std::vector<std::vector<int32_t>> chunks;
   for (size_t c = 0; c < texts.size(); ++c) {
-    Result<std::vector<int32_t>> tokens = tokenizer.Encode(texts[c], /*add_special=*/false, /*parse_special=*/false);
+    Result<std::vector<int32_t>> tokens =
+        after_text ? tokenizer.EncodeContinuation(texts[c], /*parse_special=*/false)
+                   : tokenizer.Encode(texts[c], /*add_special=*/false, /*parse_special=*/false);
     if (!tokens.ok()) return tokens.status().WithContext("chunk " + std::to_string(c));
+    after_text = after_text || !texts[c].empty();
     chunks.push_back(std::move(tokens).value());
   }
   return chunks;

@@ -79,10 +79,16 @@ Result<ChunkRepair> ParseChunkRepair(std::string_view text);
 
 // Each chunk's text tokenized on its own, without BOS, so a chunk's tokens
 // (and its cache key) do not depend on its neighbours: chunk boundaries are
-// token boundaries. InvalidArgument naming the chunk when its text is not
-// valid UTF-8 (e.g. a chunk cut inside a multi-byte character).
+// token boundaries. A chunk is tokenized as it reads inside the running
+// prompt (Tokenizer::EncodeContinuation: no SentencePiece space prefix), so
+// chunks whose texts concatenate to a prompt's text get that prompt's
+// tokens wherever no merge crosses a seam; only when no text precedes the
+// chunks (`after_text` false) does the first non-empty one, the prompt's
+// first text, get the prefix, as in a plain prompt. InvalidArgument naming
+// the chunk when its text is not valid UTF-8 (e.g. a chunk cut inside a
+// multi-byte character).
 Result<std::vector<std::vector<int32_t>>> TokenizeChunks(const model::Tokenizer& tokenizer,
-                                                         std::span<const std::string> texts);
+                                                         std::span<const std::string> texts, bool after_text);
 
 // A prompt made of chunks (the scheduler's GenerationRequest::chunks, the
 // server's "chunks"): prefix, then each chunk, then the suffix, assembled
@@ -101,7 +107,8 @@ struct ChunkPrompt {
 };
 
 // A chunked prompt from texts: BOS (if the model adds one), each chunk
-// tokenized alone (TokenizeChunks), then `suffix` without BOS.
+// tokenized alone (TokenizeChunks), then `suffix` without BOS, each as it
+// reads in the text of the chunks and suffix concatenated.
 Result<ChunkPrompt> MakeChunkPrompt(const model::Tokenizer& tokenizer, std::span<const std::string> chunks,
                                     const std::string& suffix, bool parse_special, const ChunkRepair& repair);
 

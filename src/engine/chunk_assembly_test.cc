@@ -117,6 +117,49 @@ TEST_P(ChunkAssemblyTest, EveryTokenRecomputedGivesTheFullPrefill) {
   }
 }
 
+// A chunk is tokenized as it reads inside the running prompt: chunks whose
+// texts concatenate to a plain prompt's text give its tokens (no
+// SentencePiece space prefix at a chunk's start, the first's included: its
+// own leading space stands for it), so `full` repair gives the plain
+// prefill's logits, and a chunk's tokens do not depend on its place. The
+// split needle's seam, "The pass key is" | " 4321", is one of them. Where a
+// merge crosses the seam (inside a word: "Th" | "e cat") the tokens cannot
+// be the plain prompt's. Seen failing with the space prefix on every chunk.
+TEST_P(ChunkAssemblyTest, ChunksTokenizeAsTheRunningText) {
+  const model::Tokenizer& tok = f_.engine->model().tokenizer();
+  const std::vector<std::string> texts = {" Read the texts below.\n", "The cat sat on the mat.",
+                                          " It is a truth universally acknowledged.", " The pass key is",
+                                          " 4321. Remember it.", ""};
+  const std::string question = "\nWhat is the pass key? The pass key is";
+  std::string plain;
+  for (const std::string& t : texts) plain += t;
+  plain = plain.substr(1) + question;  // the first chunk's space is the plain prompt's added one
+  auto chunked = MakeChunkPrompt(tok, texts, question, /*parse_special=*/false, *ParseChunkRepair("full"));
+  ASSERT_TRUE(chunked.ok()) << chunked.status().ToString();
+  const std::vector<int32_t> plain_tokens = Tokens(*f_.engine, plain, /*bos=*/true);
+  ASSERT_EQ(chunked->Tokens(), plain_tokens);
+
+  auto s = f_.engine->NewSession();
+  ASSERT_TRUE(s.ok());
+  auto logits = (*s)->Feed(plain_tokens);
+  ASSERT_TRUE(logits.ok()) << logits.status().ToString();
+  const std::vector<float> plain_logits(*logits, *logits + f_.engine->model().config().n_vocab);
+  const std::vector<float> got = Assembled(f_, chunked->prefix, chunked->chunks, chunked->suffix, "full");
+  EXPECT_LT(MaxAbsDiff(got, plain_logits), kRoundingTolerance);
+
+  // A chunk's tokens (its key) do not depend on where it is placed.
+  const std::vector<std::string> reordered = {texts[2], texts[0]};
+  auto moved = MakeChunkPrompt(tok, reordered, question, false, {});
+  ASSERT_TRUE(moved.ok());
+  EXPECT_EQ(moved->chunks[1], chunked->chunks[0]);
+  EXPECT_EQ(moved->chunks[0], chunked->chunks[2]);
+
+  const std::vector<std::string> in_word = {" Th", "e cat sat on the mat."};
+  auto cut = MakeChunkPrompt(tok, in_word, "", false, {});
+  ASSERT_TRUE(cut.ok());
+  EXPECT_NE(cut->Tokens(), Tokens(*f_.engine, "The cat sat on the mat.", /*bos=*/true));
+}
+
 // Prompt text between chunks (a chat template's text between content parts,
 // ChunkPrompt::gaps) is computed in context through every layer, never
 // taken from the cache nor counted as chunk tokens: with every chunk token
@@ -376,9 +419,9 @@ TEST(ChunkAssemblyErrorsTest, ChunkCutInsideACharacterIsRefused) {
   Fixture f = Make("codec=f32", 64);
   const std::string text = "caf\xc3\xa9 au lait";
   const std::vector<std::string> whole = {text.substr(0, 5), text.substr(5)};
-  EXPECT_TRUE(TokenizeChunks(f.engine->model().tokenizer(), whole).ok());
+  EXPECT_TRUE(TokenizeChunks(f.engine->model().tokenizer(), whole, true).ok());
   const std::vector<std::string> cut = {text.substr(0, 4), text.substr(4)};
-  auto r = TokenizeChunks(f.engine->model().tokenizer(), cut);
+  auto r = TokenizeChunks(f.engine->model().tokenizer(), cut, true);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("chunk 0"), std::string::npos) << r.status().ToString();
   EXPECT_NE(r.status().message().find("UTF-8"), std::string::npos) << r.status().ToString();

@@ -46,8 +46,8 @@ Result<std::vector<std::string>> MakeDocument(const model::Tokenizer& tok, const
                      split ? "The pass key is" + std::string(kCut) + " " + value + ". Remember it."
                            : "The pass key is " + value + ". Remember it. " + value + " is the pass key.");
   }
-  std::string text;
-  for (const std::string& s : sentences) text += (text.empty() ? "" : " ") + s;
+  std::string text;  // a document starts with the space that separates it from what precedes it
+  for (const std::string& s : sentences) text += " " + s;
   const size_t cut = text.find(kCut);
   if (cut == std::string::npos) return std::vector<std::string>{text};
   return std::vector<std::string>{text.substr(0, cut), text.substr(cut + kCut.size())};
@@ -166,14 +166,15 @@ Result<std::vector<RagRow>> RunSize(const model::Model& model, ThreadPool* threa
                          MakeDocument(tok, hay, o.chunk_tokens, values.back(), o.split_needle, rng));
     add(parts);
   }
-  KVX_ASSIGN_OR_RETURN(std::vector<std::vector<int32_t>> chunks, engine::TokenizeChunks(tok, texts));
+  // Every chunk follows the instructions: tokenized as in the running text.
+  KVX_ASSIGN_OR_RETURN(std::vector<std::vector<int32_t>> chunks, engine::TokenizeChunks(tok, texts, /*after_text=*/true));
   auto doc_tokens = [&](int d) {
     size_t n = 0;
     for (int c : doc_chunks[d]) n += chunks[c].size();
     return n;
   };
   KVX_ASSIGN_OR_RETURN(std::vector<int32_t> prefix, tok.Encode(std::string(kInstruction) + "\n", true, false));
-  KVX_ASSIGN_OR_RETURN(std::vector<int32_t> suffix, tok.Encode(kQuestion, false, false));
+  KVX_ASSIGN_OR_RETURN(std::vector<int32_t> suffix, tok.EncodeContinuation(kQuestion, false));
   // The longest prompt: the plain documents and the longest needle document.
   size_t longest_needle = 0;
   for (int q = 0; q < o.questions; ++q) longest_needle = std::max(longest_needle, doc_tokens(n_docs - 1 + q));

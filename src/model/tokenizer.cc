@@ -338,6 +338,16 @@ Result<std::vector<int32_t>> Tokenizer::Encode(std::string_view text, bool add_s
 
 Result<std::vector<int32_t>> Tokenizer::Encode(std::string_view text, bool add_special, bool parse_special,
                                                const ByteRanges& text_only) const {
+  return EncodeText(text, add_special, parse_special, text_only, /*continues=*/false);
+}
+
+Result<std::vector<int32_t>> Tokenizer::EncodeContinuation(std::string_view text, bool parse_special,
+                                                           const ByteRanges& text_only) const {
+  return EncodeText(text, /*add_special=*/false, parse_special, text_only, /*continues=*/true);
+}
+
+Result<std::vector<int32_t>> Tokenizer::EncodeText(std::string_view text, bool add_special, bool parse_special,
+                                                   const ByteRanges& text_only, bool continues) const {
   const TokenizerImpl& v = *impl_;
   // Whether [at, at + n) touches a byte of text_only.
   auto in_text_only = [&](size_t at, size_t n) {
@@ -411,7 +421,7 @@ Result<std::vector<int32_t>> Tokenizer::Encode(std::string_view text, bool add_s
   out.reserve(text.size() / 3 + 4);
   if (add_special && v.add_bos && v.bos >= 0) out.push_back(v.bos);
   if (v.kind == VocabKind::kSpm) {
-    bool prev_special = true;  // the first fragment gets the space prefix
+    bool prev_special = !continues;  // the text's first fragment gets the space prefix
     std::string escaped;
     for (const Fragment& fr : frags) {
       if (fr.token >= 0) {

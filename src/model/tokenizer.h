@@ -119,6 +119,15 @@ class Tokenizer {
   // ids are Encode's.
   Result<std::vector<int32_t>> Encode(std::string_view text, bool add_special, bool parse_special,
                                       const ByteRanges& text_only) const;
+  // As Encode(text, /*add_special=*/false, parse_special, text_only), for
+  // text that continues a prompt after other text (a chunk after the
+  // instructions or another chunk, the question after the chunks): no
+  // add_space_prefix space at its start. SPM adds that space only at the
+  // start of a text or right after a special token, so these are the ids the
+  // text gets inside the running prompt, wherever no merge crosses the seam
+  // (one does when the seam is inside a word, e.g. "pass" | "key").
+  Result<std::vector<int32_t>> EncodeContinuation(std::string_view text, bool parse_special,
+                                                  const ByteRanges& text_only = {}) const;
 
   // llama_token_to_piece(id, lstrip=0, special): the bytes this token stands
   // for. Control and unknown tokens render as their text when `special`,
@@ -160,6 +169,9 @@ class Tokenizer {
 
  private:
   explicit Tokenizer(std::unique_ptr<TokenizerImpl> impl);
+  // Encode's body; `continues`: the text follows other text (no space prefix).
+  Result<std::vector<int32_t>> EncodeText(std::string_view text, bool add_special, bool parse_special,
+                                          const ByteRanges& text_only, bool continues) const;
   std::unique_ptr<TokenizerImpl> impl_;
 };
 

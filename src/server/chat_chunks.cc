@@ -97,7 +97,7 @@ Result<engine::ChunkPrompt> RenderChatChunksWithNonce(const ChatTemplate& chat, 
     texts.push_back(std::move(parts[at[k].second]));
     from = to + sentinel_bytes + std::to_string(at[k].second).size();
   }
-  Result<std::vector<std::vector<int32_t>>> chunks = engine::TokenizeChunks(tokenizer, texts);
+  Result<std::vector<std::vector<int32_t>>> chunks = engine::TokenizeChunks(tokenizer, texts, /*after_text=*/at.front().first > 0);
   if (!chunks.ok()) return InvalidArgument("content part: " + chunks.status().message());
   c.chunks = std::move(chunks).value();
   return c;

@@ -35,7 +35,7 @@ class ChatChunksTest : public ::testing::Test {
   }
   std::string Text(const std::vector<int32_t>& ids) const { return tok().Detokenize(ids, false, true); }
   std::vector<std::vector<int32_t>> Chunks(const std::vector<std::string>& texts) const {
-    auto c = engine::TokenizeChunks(tok(), texts);
+    auto c = engine::TokenizeChunks(tok(), texts, /*after_text=*/true);
     EXPECT_TRUE(c.ok()) << c.status().ToString();
     return c.ok() ? *c : std::vector<std::vector<int32_t>>{};
   }
@@ -129,7 +129,7 @@ TEST_F(ChatChunksTest, Phi3Template) {
   EXPECT_EQ(std::count(ids.begin(), ids.end(), phi->bos()), 1);
   EXPECT_EQ(ids.front(), phi->bos());
   const std::vector<std::string> texts = {"One document. ", "Another one."};
-  EXPECT_EQ(p->chunks, *engine::TokenizeChunks(*phi, texts));
+  EXPECT_EQ(p->chunks, *engine::TokenizeChunks(*phi, texts, /*after_text=*/true));
   EXPECT_EQ(p->suffix.back(), phi->TextToToken("<|assistant|>"));
   EXPECT_EQ(std::count(p->prefix.begin(), p->prefix.end(), phi->TextToToken("<|user|>")), 1);
 }

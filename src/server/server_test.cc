@@ -742,7 +742,7 @@ TEST_F(ChunkServerTest, ChatContentPartsAreChunks) {
     return r ? std::make_pair(r->status, json::parse(r->body, nullptr, false)) : std::make_pair(0, json());
   };
   const std::vector<std::string> texts = {a_, b_, c_};
-  const auto tokens = engine::TokenizeChunks(engine_->model().tokenizer(), texts);
+  const auto tokens = engine::TokenizeChunks(engine_->model().tokenizer(), texts, /*after_text=*/true);
   ASSERT_TRUE(tokens.ok());
   int chunk_tokens = 0;
   for (const auto& t : *tokens) chunk_tokens += static_cast<int>(t.size());
