@@ -140,7 +140,7 @@ inline void ChooseGroup(const float* x, int n, int stride, const uint8_t* skip, 
   };
   double best = sse(*s, *m);
   for (size_t k = 1; k < sizeof(kClipFactors) / sizeof(kClipFactors[0]); ++k) {
-    uint16_t cand[2];
+    uint16_t cand[2] = {0, 0};  // cand[1] is unset for symmetric grids; gcc cannot see sym guards its read
     float sf, mf;
     choose(kClipFactors[k], cand, &sf, &mf);
     const double e = sse(sf, mf);
