@@ -5,6 +5,7 @@
                                                     #   in the background: nohup nice scripts/scbench_report.py
                                                     #   --run > /tmp/scbench.log 2>&1 &)
     scripts/scbench_report.py --run --protocols multi-turn --lengths 2048 --contexts 12   # one slice
+    scripts/scbench_report.py --run --protocols multi-turn --lengths 4096 --contexts 6 --methods duo,quest,think
     scripts/scbench_report.py --batch               # kvx batch: N questions on one context, compress-once
                                                     #   policy, with and without the compressed cache
     scripts/scbench_report.py --render-only         # docs/scbench.md from docs/results/scbench/*.json
@@ -51,7 +52,7 @@ def run(args):
             cmd = [args.kvx, "eval", "-m", shared(MODEL), "--baseline", "codec=f16",
                    "--protocol", protocol, "--lengths", str(length), "--contexts", str(args.contexts),
                    "--questions", "4", "--data", shared("data"), "-t", str(args.threads), "--json", base + ".json"]
-            for name in METHODS:
+            for name in args.methods.split(",") if args.methods else METHODS:
                 cmd += ["--kv", METHODS[name](RATIO, length)]
             t0 = time.time()
             print(" ".join(cmd), flush=True)
@@ -208,6 +209,7 @@ def main():
     ap.add_argument("--protocols", nargs="+", default=PROTOCOLS)
     ap.add_argument("--lengths", nargs="+", type=int, default=LENGTHS)
     ap.add_argument("--contexts", type=int, default=24)
+    ap.add_argument("--methods", default="", help="--run: comma-separated methods (default: all of %s)" % ", ".join(METHODS))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch-questions", type=int, default=8)
     ap.add_argument("--batch-context", type=int, default=3000)
