@@ -147,6 +147,53 @@ def best_groups(data):
     return out
 
 
+def pairwise(data, ratio, n):
+    """[(method, cell, [methods indistinguishable from it])] at one ratio and length, by rate: exact McNemar on
+    the same prompts for every pair, Holm's correction over all pairs (the family is the whole matrix)."""
+    cells = {m: c for (m, r, nn), c in data["passkey"].items() if r == ratio and nn == n}
+    order = sorted(cells, key=lambda m: (-cells[m]["hits"] / cells[m]["n"], m))
+    pairs = [(a, b) for i, a in enumerate(order) for b in order[i + 1:]]
+    ps = [mcnemar_p(*paired(cells[a]["prompts"], cells[b]["prompts"])[:2]) for a, b in pairs]
+    same = {m: [] for m in order}
+    for (a, b), sig in zip(pairs, holm(ps)):
+        if not sig:
+            same[a].append(b)
+            same[b].append(a)
+    return [(m, cells[m], sorted(same[m], key=order.index)) for m in order]
+
+
+def pairwise_section(data, n):
+    """The between-methods matrix at length n, one table per ratio. Methods that no test separates from each
+    other and that share the same further partners form one row (a clique of the matrix), listed by rate."""
+    lines = ["## Between methods at %d tokens" % n, "",
+             "Every pair of methods at one ratio, compared prompt by prompt: exact McNemar test, Holm's correction "
+             "over all pairs of that ratio (the family is the whole matrix, so this is stricter than the ★ above, "
+             "which tests each method against the best only). A row is a group of methods no test tells apart and "
+             "which are indistinguishable from the same others (last column); every pair not listed so differs, in "
+             "the direction of the rates (on the same prompts, a higher rate is more prompts only that method "
+             "retrieves). Cells: passkey rate [Wilson 95%] (bytes vs f16).", ""]
+    for ratio in RATIOS:
+        rows = pairwise(data, ratio, n)
+        if not rows:
+            continue
+        groups = []  # [[closed set, [(method, cell)]]], consecutive by rate
+        for m, c, same in rows:
+            closed = frozenset(same) | {m}
+            if groups and groups[-1][0] == closed:
+                groups[-1][1].append((m, c))
+            else:
+                groups.append([closed, [(m, c)]])
+        lines += ["### Ratio %g" % ratio, "", "| methods | indistinguishable also from |", "|---|---|"]
+        for closed, members in groups:
+            names = {m for m, _ in members}
+            lines.append("| %s | %s |" % ("; ".join("%s %s (%s)" % (m, fmt_rate(c).rsplit(" n=", 1)[0],
+                                                                   fmt(bytes_fraction(data, c, n)))
+                                                   for m, c in members),
+                                         ", ".join(m for m, _, _ in rows if m in closed - names) or "none"))
+        lines.append("")
+    return lines
+
+
 def fmt(x, pct=True):
     if x is None:
         return "–"
@@ -257,20 +304,22 @@ def svg_pareto(title, pts):
 
 
 def sweep_reports():
-    """(kind, report) of every sweep file that parses: kind "passkey" or "kld"."""
+    """(kind, length, group, report) of every sweep file that parses: kind "passkey" or "kld", the run's group
+    ("shared", "full", a codec, "g1".., "codecs", "paper") from its name (sweep_path)."""
     for path in glob.glob(os.path.join(RESULTS, "passkey_*.json")) + glob.glob(os.path.join(RESULTS, "kld_*.json")):
         try:
             report = json.load(open(path))
         except ValueError:
             continue
-        yield os.path.basename(path).split("_")[0], report
+        kind, length, _, group = os.path.basename(path)[:-5].split("_")
+        yield kind, int(length), group, report
 
 
 def sweep_cost():
     """Machine time of the sweep: {kind: (seconds, specs, files)}, the wall time kvx eval reports for each finished
     spec (baseline included), and the load averages sweep-times.jsonl logged at the end of each run."""
     out = {}
-    for kind, report in sweep_reports():
+    for kind, _, _, report in sweep_reports():
         done = [s for s in report.get("results", []) if s.get("done")]
         sec, specs, files = out.get(kind, (0.0, 0, 0))
         out[kind] = (sec + sum(s.get("seconds", 0) for s in done), specs + len(done), files + 1)
@@ -330,35 +379,59 @@ def kld_table(data, ctx):
     return lines + [""]
 
 
+def pace_class(kind, group):
+    """Runs whose specs cost alike: the KLD batches g1.. mix the same methods, so they are one class."""
+    return (kind, "g" if kind == "kld" and group.startswith("g") else group)
+
+
 def spec_pace():
-    """{kind: median wall seconds of a finished spec (baselines left out)}, from kvx eval's own timings."""
+    """{(kind, group class): (median wall seconds of a finished spec per 1000 tokens of length, specs timed)},
+    from kvx eval's own timings (baselines included: an unfinished run re-runs its baseline too)."""
     secs = {}
-    for kind, report in sweep_reports():
-        secs.setdefault(kind, []).extend(s["seconds"] for s in report.get("results", [])[1:] if s.get("done"))
-    return {k: statistics.median(v) for k, v in secs.items() if v}
+    for kind, length, group, report in sweep_reports():
+        secs.setdefault(pace_class(kind, group), []).extend(
+            1000.0 * s["seconds"] / length for s in report.get("results", []) if s.get("done") and s.get("seconds"))
+    return {k: (statistics.median(v), len(v)) for k, v in secs.items()}
+
+
+def run_cost(pace, kind, length, group, specs):
+    """Seconds a run would take at the measured pace: its specs and its baseline, each at the median of its
+    class (scaled linearly by length), else of its kind; None when nothing of its kind was timed."""
+    rates = [rate for (k, _), (rate, _) in pace.items() if k == kind]
+    if not rates:
+        return None
+    rate = pace[pace_class(kind, group)][0] if pace_class(kind, group) in pace else statistics.median(rates)
+    return (specs + 1) * rate * length / 1000.0
 
 
 def remaining_section():
     """The planned runs not finished yet (what an interrupted sweep leaves), and what the statistics part of
     issue 37 still lacks."""
     plan = argparse.Namespace(only="", lengths="")
-    missing = []
+    pace, missing, total = spec_pace(), [], 0.0
     for kind, length, ratios, group, _, specs in sweep_runs(plan) + kld_runs(plan):
         left = {s for _, _, s in specs} - finished_specs(kind, length)
         if left:
-            missing.append("| %s | %d | %s | %s | %d of %d |" % (kind, length, "all" if ratios is None else ", ".join(
-                "%g" % r for r in ratios), group, len(left), len(specs)))
+            cost = run_cost(pace, kind, length, group, len(specs))
+            total += cost or 0
+            missing.append("| %s | %d | %s | %s | %d of %d | %s |" % (
+                kind, length, "all" if ratios is None else ", ".join("%g" % r for r in ratios), group, len(left),
+                len(specs), "–" if cost is None else "%.0f min" % (cost / 60)))
     lines = ["## Not measured yet, and what remains", ""]
-    pace = spec_pace()
-    if missing and pace:
-        left = sum(int(row.split("|")[5].split()[0]) * pace.get(row.split("|")[1].strip(), 0) for row in missing)
-        missing.append("| | | | at the measured pace (median seconds per finished spec: %s) | ≈ %.1f h or more (4k prompts and full prefills cost more than the median spec) |" % (
-            ", ".join("%s %.0f s" % kv for kv in sorted(pace.items())), left / 3600))
     if missing:
-        lines += ["The sweep was cut by its deadline; these planned runs have specs without results in a complete run (a run cut mid-way shows the specs it finished and is re-run whole). "
-                  "`nohup nice -n 5 scripts/eviction_report.py --sweep --kld > /tmp/eviction.log 2>&1 &` runs "
-                  "them (finished runs are skipped), then `--render-only` and commit `docs/results/eviction/`.", "",
-                  "| kind | length / context | ratios | group | specs missing |", "|---|---:|---|---|---:|"] + missing + [""]
+        _, loads = sweep_cost()
+        lines += ["These planned runs have specs without results in a complete run (a run cut mid-way shows the "
+                  "specs it finished and is re-run whole, baseline included). `nohup nice -n 5 "
+                  "scripts/eviction_report.py --sweep --kld > /tmp/eviction.log 2>&1 &` runs them (finished runs are "
+                  "skipped; `--lengths`, `--ratios` and `--only` pick a slice), then `--render-only` and commit "
+                  "`docs/results/eviction/`. Cost: the run's specs and its baseline at the median seconds per spec "
+                  "of the finished runs of its group (per 1000 tokens of length, so a 4096 run costs twice a 2048 "
+                  "one; the KLD batches are one group; a group never run takes its kind's median), measured on the "
+                  "shared 2-vCPU VM at load averages %s: a ratio of wall times on that machine, not a "
+                  "prediction for an idle one." % ("%.0f–%.0f" % (min(loads), max(loads)) if loads else "unknown"),
+                  "", "| kind | length / context | ratios | group | specs missing | cost at the measured pace |",
+                  "|---|---:|---|---|---:|---:|"] + missing + [
+                  "| | | | | total | ≈ %.1f h |" % (total / 3600), ""]
     dropped = sorted(floors())
     if dropped:
         lines += ["Left out as floors (FLOOR_RATE: at most %.0f%% passkey at that ratio at a shorter length; on this model "
@@ -370,10 +443,10 @@ def remaining_section():
               "the 50-prompt sweep (the former doubles its cost, the latter are floors or weak on this model); "
               "the passkey haystack is llama.cpp's repeated filler only (one filler, 50 keys and depths): a "
               "natural-text passkey (the model's training format) would test methods on text where every token "
-              "is new; the between-methods comparisons are against the best method per ratio (a full pairwise "
-              "matrix is in reach of `reportlib.paired` but not rendered); KLD's interval is the standard error "
+              "is new; the full between-methods matrix is rendered at %d tokens only (at longer lengths floors are "
+              "not run, so it would be partial); KLD's interval is the standard error "
               "over scored tokens, which are correlated within a chunk (more chunks, not more tokens, would "
-              "tighten it honestly).", ""]
+              "tighten it honestly)." % SWEEP_LENGTHS[0], ""]
     return lines
 
 
@@ -409,6 +482,8 @@ def render(out):
         lines += [cost, ""]
     for n in lengths:
         lines += ["## Passkey at %d tokens, every method" % n, ""] + passkey_table(data, n, verdict, best) + [""]
+    if SWEEP_LENGTHS[0] in lengths:  # the length where every method is measured (longer ones drop floors)
+        lines += pairwise_section(data, SWEEP_LENGTHS[0])
     plots = []
     for n in lengths:
         series = {}
