@@ -15,6 +15,9 @@ DOC = "docs/kv-eviction.md"
 # Hand-written text per method (its deviations from the paper, investigations), spliced into its section
 # after the paper/kvx lines: docs/kv-eviction-notes/<method>.md.
 NOTES = os.path.join(ROOT, "docs/kv-eviction-notes")
+# "Equal quality" to the full cache: mean KLD within the serving capacity goal's bound (serving_report.GOAL_KLD)
+# and retrieval not worse (issue 37).
+EQUAL_KLD = 0.01
 
 
 def median(xs):
@@ -384,6 +387,34 @@ def pace_class(kind, group):
     return (kind, "g" if kind == "kld" and group.startswith("g") else group)
 
 
+def equal_quality_section(data, verdict):
+    """Per ratio, the specs whose KLD at the first long context is within EQUAL_KLD and whose passkey is not worse
+    than the full cache at any length measured, and those the KLD bound alone would have called equal."""
+    ctx = KLD_CONTEXTS[0]
+    equal, kld_only = {}, {}
+    for (m, r, c), cell in data["kld"].items():
+        tests = [v for (mm, rr, _), (_, v) in verdict.items() if mm == m and rr == r]
+        if c != ctx or cell["mean"] > EQUAL_KLD or not tests:
+            continue
+        entry = "%s (%s, KLD %.4f, passkey %s)" % (m, fmt(bytes_fraction(data, cell, ("kld", ctx))), cell["mean"],
+                                                   ", ".join("%s at %d" % (fmt_rate(data["passkey"][(m, r, n)]).rsplit(
+                                                       " n=", 1)[0], n) for n in SWEEP_LENGTHS
+                                                       if (m, r, n) in data["passkey"]))
+        (kld_only if "worse" in tests else equal).setdefault(r, []).append(
+            (bytes_fraction(data, cell, ("kld", ctx)) or 9, entry))
+    lines = ["## Equal quality: KLD and retrieval together", "",
+             "A spec is of equal quality to the full f16 cache only when both hold (issue 37; the serving capacity "
+             "goal's bound): mean KLD at %d tokens of context ≤ %g, and passkey not worse than the full cache at "
+             "any length measured (exact McNemar, Holm, the tables above). Sorted by bytes held vs f16 (the KLD "
+             "run's). The last column lists the specs the KLD bound alone would have called equal." % (
+                 ctx, EQUAL_KLD), "",
+             "| ratio | equal quality | KLD within the bound, retrieval worse |", "|---:|---|---|"]
+    for r in sorted(set(equal) | set(kld_only)):
+        lines.append("| %g | %s | %s |" % (r, "; ".join(e for _, e in sorted(equal.get(r, []))) or "none",
+                                           "; ".join(e for _, e in sorted(kld_only.get(r, []))) or "none"))
+    return lines + [""]
+
+
 def spec_pace():
     """{(kind, group class): (median wall seconds of a finished spec per 1000 tokens of length, specs timed)},
     from kvx eval's own timings (baselines included: an unfinished run re-runs its baseline too)."""
@@ -520,6 +551,7 @@ def render(out):
             lines += [cost, ""]
         for ctx in contexts:
             lines += kld_table(data, ctx)
+        lines += equal_quality_section(data, verdict)
     lines += ["## The methods", ""]
     for m, (spec_fn, paper, kvx) in METHODS.items():
         lines += ["### %s" % m, "", "**Paper.** " + paper, "", "**kvx.** " + kvx, ""]

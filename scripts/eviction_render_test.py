@@ -38,6 +38,24 @@ class Pairwise(unittest.TestCase):
         self.assertIn("b", rows["a"])
 
 
+class EqualQuality(unittest.TestCase):
+    def test_equal_needs_the_kld_bound_and_retrieval_not_worse(self):
+        ctx = eviction_render.KLD_CONTEXTS[0]
+        kld = lambda mean: {"mean": mean, "peak": 100}
+        d = data({"both": cell(range(50)), "kld only": cell(()), "retrieval only": cell(range(50))})
+        d["kld"] = {("both", RATIO, ctx): kld(0.001), ("kld only", RATIO, ctx): kld(0.001),
+                    ("retrieval only", RATIO, ctx): kld(0.05)}
+        d["f16_bytes"][("kld", ctx)] = 200
+        verdict = {("both", RATIO, N): (1.0, "indistinguishable"), ("kld only", RATIO, N): (1e-15, "worse"),
+                   ("retrieval only", RATIO, N): (1.0, "indistinguishable")}
+        row = [line for line in eviction_render.equal_quality_section(d, verdict) if line.startswith("| %g |" % RATIO)]
+        self.assertEqual(len(row), 1)
+        equal, kld_only = row[0].split(" | ")[1:3]
+        self.assertTrue(equal.startswith("both (50%, KLD 0.0010, passkey 100% [93–100] at 2048)"), equal)
+        self.assertTrue(kld_only.startswith("kld only "), kld_only)
+        self.assertNotIn("retrieval only", row[0])
+
+
 class Cost(unittest.TestCase):
     PACE = {("passkey", "shared"): (20.0, 10), ("passkey", "full"): (100.0, 4), ("kld", "g"): (5.0, 7)}
 
