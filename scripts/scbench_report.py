@@ -5,6 +5,7 @@
                                                     #   in the background: nohup nice scripts/scbench_report.py
                                                     #   --run > /tmp/scbench.log 2>&1 &)
     scripts/scbench_report.py --run --protocols multi-turn --lengths 2048 --contexts 12   # one slice
+    scripts/scbench_report.py --run --protocols multi-turn --lengths 4096 --contexts 6 --methods duo,quest,think
     scripts/scbench_report.py --batch               # kvx batch: N questions on one context, compress-once
                                                     #   policy, with and without the compressed cache
     scripts/scbench_report.py --render-only         # docs/scbench.md from docs/results/scbench/*.json
@@ -14,7 +15,7 @@ Each run is one `kvx eval --protocol P --lengths L` over every method (the full 
 docs/results/scbench/P-L.json (kvx eval --json) plus P-L.meta.json (the command and its wall time); the document is
 rendered from those files alone.
 """
-import argparse, glob, json, os, re, subprocess, sys, tempfile, time
+import argparse, glob, json, os, re, statistics, subprocess, sys, tempfile, time
 
 import eviction_report
 from reportlib import ROOT, Output, rel, sub_command_paths
@@ -47,17 +48,17 @@ def run(args):
     os.makedirs(RESULTS, exist_ok=True)
     for protocol in args.protocols:
         for length in args.lengths:
-            base = os.path.join(RESULTS, "%s-%d" % (protocol, length))
+            base = os.path.join(RESULTS, "%s-%d%s" % (protocol, length, "-" + args.suffix if args.suffix else ""))
             cmd = [args.kvx, "eval", "-m", shared(MODEL), "--baseline", "codec=f16",
                    "--protocol", protocol, "--lengths", str(length), "--contexts", str(args.contexts),
                    "--questions", "4", "--data", shared("data"), "-t", str(args.threads), "--json", base + ".json"]
-            for name in METHODS:
+            for name in args.methods.split(",") if args.methods else METHODS:
                 cmd += ["--kv", METHODS[name](RATIO, length)]
             t0 = time.time()
             print(" ".join(cmd), flush=True)
             subprocess.run(cmd, check=True, cwd=ROOT)  # head tables are named relative to the repository
             meta = {"command": sub_command_paths(" ".join(cmd)), "seconds": round(time.time() - t0, 1),
-                    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+                    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "loadavg": os.getloadavg()[0]}
             with open(base + ".meta.json", "w") as f:
                 json.dump(meta, f, indent=1)
                 f.write("\n")
@@ -110,6 +111,50 @@ def method_name(spec, length):
     return spec
 
 
+def runs():
+    """(path, kvx eval report) of every protocol run, by name."""
+    for path in sorted(glob.glob(os.path.join(RESULTS, "*.json"))):
+        if not path.endswith(".meta.json") and os.path.basename(path) != "batch.json":
+            yield path, json.load(open(path))
+
+
+def not_measured():
+    """Per protocol and length: the methods no run measured yet and what running them costs (with the full cache
+    beside them, on as many contexts as the cell's runs used) at the measured seconds per context and spec."""
+    cells, pace = {}, {}
+    for _, data in runs():
+        length = data["rows"][0]["length"]
+        cell = cells.setdefault((data["protocol"], length), {"methods": set(), "contexts": 0})
+        for w in data["work"]:
+            cell["methods"].add(method_name(w["spec"], length))
+            cell["contexts"] = max(cell["contexts"], w["contexts"])
+            pace.setdefault(data["protocol"], []).append(1000.0 * w["seconds"] / w["contexts"] / length)
+    rows, total = [], 0.0
+    for protocol in PROTOCOLS:
+        for length in LENGTHS:
+            cell = cells.get((protocol, length), {"methods": set(), "contexts": 0})
+            missing = [m for m in METHODS if m not in cell["methods"]]
+            if not missing:
+                continue
+            contexts = cell["contexts"] or max([c["contexts"] for (_, n), c in cells.items() if n == length] or [12])
+            seconds = (len(missing) + 1) * contexts * statistics.median(pace.get(protocol) or [0]) * length / 1000
+            total += seconds
+            subset = " --methods '%s' --suffix more" % ",".join(missing) if cell["methods"] else ""
+            rows.append("| %s | %d | %d | %s | `scripts/scbench_report.py --run --protocols %s --lengths %d "
+                        "--contexts %d%s` | %.0f min |" % (protocol, length, contexts, ", ".join(missing), protocol,
+                                                          length, contexts, subset, seconds / 60))
+    lines = ["## Not measured yet", ""]
+    if rows:
+        lines += ["Methods no run measured yet, per protocol and length, on as many contexts as that cell's runs "
+                  "(cost: the methods and the full cache beside them at the median seconds per context and spec of "
+                  "the finished runs of the protocol, per 1000 tokens of length; the loaded shared VM's pace):", "",
+                  "| protocol | length | contexts | methods missing | command | cost |", "|---|---:|---:|---|---|---:|"]
+        lines += rows + ["| | | | | total | ≈ %.1f h |" % (total / 3600), ""]
+    return lines + ["- More contexts: every cell has %s contexts (each interval shrinks as 1/sqrt(n)); "
+                    "`--contexts 24` doubles to quadruples each run's cost." % "–".join(
+                        str(n) for n in sorted({c["contexts"] for c in cells.values()}))]
+
+
 def render(out):
     lines = ["# SCBench's shared-context protocols on the recall model", "",
              "Rendered by `scripts/scbench_report.py` from `docs/results/scbench/*.json` (never typed). What the "
@@ -129,10 +174,7 @@ def render(out):
              "and the order is shuffled), so a method's columns differ by noise only; a method that loses the "
              "needles loses them for every question. In multi-turn the context grows by each answer, and continuous "
              "policies keep evicting as it grows.", ""]
-    for path in sorted(glob.glob(os.path.join(RESULTS, "*.json"))):
-        if path.endswith(".meta.json") or os.path.basename(path) == "batch.json":
-            continue
-        data = json.load(open(path))
+    for path, data in runs():
         meta_path = path[:-5] + ".meta.json"
         meta = json.load(open(meta_path)) if os.path.exists(meta_path) else {}
         rows = data["rows"]
@@ -144,8 +186,9 @@ def render(out):
         lines += ["## %s, %d tokens%s" % (data["protocol"], length, ", " + suffix if suffix else ""), ""]
         if meta:
             command = re.sub(r"\S*/shared/data\b", "../shared/data", meta["command"])
-            lines += ["`%s` (%s s wall, %s; the machine shared with other builds, load average above 20)" % (
-                command, meta["seconds"], meta["date"]), ""]
+            lines += ["`%s` (%s s wall, %s; the machine shared with other builds, load average %s)" % (
+                command, meta["seconds"], meta["date"],
+                "%.0f at the end" % meta["loadavg"] if "loadavg" in meta else "above 20"), ""]
         lines += ["| method | " + " | ".join("%s %d" % (label, q + 1) for q in range(nq)) + " |",
                   "|---|" + "---:|" * nq]
         by_spec = {}
@@ -183,13 +226,8 @@ def render(out):
                 r["runs"], r["summary"].replace("|", "/")))
         commands = [re.sub(r"/tmp/\S+/out\.jsonl", "OUT.jsonl", r["command"]) for r in b["rows"]]
         lines += ["", "Commands (`scripts/scbench_report.py --batch`): " + "; ".join("`%s`" % c for c in commands), ""]
-    lines += ["## Not measured yet", "",
-              "- multi-turn at 4096 tokens, ratio 0.25, and more contexts: `nohup nice scripts/scbench_report.py "
-              "--run --contexts 36 > /tmp/scbench.log 2>&1 &` (each cell's interval shrinks as 1/sqrt(n)). The sweep's "
-              "leaders (duo, quest, think) ran at 4096 multi-query only, on the same 6 contexts as the other methods "
-              "(442 s at load ~22); every method x both protocols x both lengths at 12 contexts is about 2 h on the "
-              "loaded 2-core machine.",
-              "- SCBench's query-aware variant (compress with the first question included, then ask the others "
+    lines += not_measured()
+    lines += ["- SCBench's query-aware variant (compress with the first question included, then ask the others "
               "against that cache), where the literature sees later questions fail: kvx compresses with the question "
               "excluded, so every question faces the same cache.",
               "- A model that solves multi-key retrieval with the full cache: the recall model's floor hides "
@@ -208,6 +246,9 @@ def main():
     ap.add_argument("--protocols", nargs="+", default=PROTOCOLS)
     ap.add_argument("--lengths", nargs="+", type=int, default=LENGTHS)
     ap.add_argument("--contexts", type=int, default=24)
+    ap.add_argument("--methods", default="", help="--run: comma-separated methods (default: all of %s)" % ", ".join(METHODS))
+    ap.add_argument("--suffix", default="", help="--run: name the results P-L-SUFFIX.json (a second run of a protocol "
+                    "and length, e.g. the methods missing from the first)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch-questions", type=int, default=8)
     ap.add_argument("--batch-context", type=int, default=3000)
