@@ -46,11 +46,17 @@ Result<KVManager::SequenceImage> LoadImage(const TierLoad& load, std::span<const
   }
   for (size_t i = 0; i < load.blocks.size(); ++i) {
     const ParsedBlock& b = load.blocks[i];
+    const size_t first_token = static_cast<size_t>(b.index) * B;
     if (b.index != load.first_block + static_cast<int>(i) || b.block_tokens != B ||
         b.tables != static_cast<int>(n_tables) || b.pages_per_table != pages_per_block ||
-        b.positions.size() != static_cast<size_t>(B)) {
+        b.positions.size() != static_cast<size_t>(B) || b.model_fingerprint != space.model_fingerprint ||
+        b.spec_fingerprint != space.spec_fingerprint || b.salt_digest != SaltDigest(salt) ||
+        b.tokens.size() != first_token + B ||
+        !std::equal(b.tokens.begin() + static_cast<std::ptrdiff_t>(first_token), b.tokens.end(),
+                    tokens.begin() + static_cast<std::ptrdiff_t>(first_token))) {
       return InvalidArgument("tier block " + std::to_string(b.index) + " is not block " +
-                             std::to_string(load.first_block + static_cast<int>(i)) + " of this block space");
+                             std::to_string(load.first_block + static_cast<int>(i)) +
+                             " of these tokens for this tenant, model and block space");
     }
     image.positions.insert(image.positions.end(), b.positions.begin(), b.positions.end());
     for (size_t t = 0; t < n_tables; ++t) {
@@ -273,30 +279,33 @@ void TierStore::RunLookup(const LookupRequest& q, PendingLoad& load) {
 }
 
 void TierStore::RunWrite(WriteJob& job) {
-  if (job.snapshot) {  // each block once per storage level its tiers write
+  if (job.snapshot) {  // each block encoded once per storage level its tiers write, and put at once
     const BlockSnapshot& s = *job.snapshot;
     for (size_t i = 0; i < s.blocks.size(); ++i) {
       ServeQueuedLookups();
-      const size_t before = job.encoded.size();
-      uint32_t encoded_levels = 0;
+      uint32_t levels_done = 0, held = 0;
+      bool encoded = false;
       for (size_t t = 0; t < tiers_.size(); ++t) {
         const StorageLevel l = level(t);
-        if (encoded_levels & (1u << static_cast<int>(l))) continue;
-        encoded_levels |= 1u << static_cast<int>(l);
+        if (levels_done & (1u << static_cast<int>(l))) continue;
+        levels_done |= 1u << static_cast<int>(l);
         BlockEncodeOptions options = options_.encode;
         options.level = l;
-        Result<EncodedBlock> b = EncodeBlock(space_, s.salt, s.image, s.blocks[i], options);
-        if (!b.ok()) break;  // not storable after all (e.g. a staging page): keep the rest
-        uint32_t put_in = 0;
-        for (size_t u = 0; u < tiers_.size(); ++u) put_in |= level(u) == l ? 1u << u : 0;
-        job.encoded.push_back(std::move(b).value());
-        job.put_in.push_back(put_in);
+        if (!encoder_.Encode(space_, s.salt, s.image, s.blocks[i], options).ok()) break;  // not storable after all
+        encoded = true;
+        for (size_t u = 0; u < tiers_.size(); ++u) {
+          if (level(u) == l) held |= tiers_[u]->Put(s.keys[i], encoder_.bytes()).ok() ? 1u << u : 0;
+        }
       }
-      if (job.encoded.size() == before) Mark(s.keys[i], 0, kWriting);  // not storable: forgotten
+      if (encoded) {
+        Stored(s.keys[i], held);
+      } else {
+        Mark(s.keys[i], 0, kWriting);  // not storable (e.g. a staging page): forgotten
+      }
     }
-    job.snapshot.reset();  // the pages' copies go as soon as they are encoded
+    job.snapshot.reset();  // the pages' copies go as soon as they are written
   }
-  // Consecutive encodings of one key are one block: held by the tiers that took one.
+  // Promotions: consecutive encodings of one key are one block, held by the tiers that took one.
   for (size_t i = 0; i < job.encoded.size();) {
     ServeQueuedLookups();
     const BlockKey key = job.encoded[i].key;
@@ -306,13 +315,17 @@ void TierStore::RunWrite(WriteJob& job) {
         if (job.put_in[i] & (1u << t)) held |= tiers_[t]->Put(key, job.encoded[i].bytes).ok() ? 1u << t : 0;
       }
     }
-    Mark(key, held, kWriting);  // no tier has it: forgotten, a later sequence may write it
-    std::lock_guard<std::mutex> lock(mu_);
-    if (held != 0) {
-      counters_.blocks_written++;
-    } else {
-      counters_.write_errors++;
-    }
+    Stored(key, held);
+  }
+}
+
+void TierStore::Stored(const BlockKey& key, uint32_t held) {
+  Mark(key, held, kWriting);  // no tier has it: forgotten, a later sequence may write it
+  std::lock_guard<std::mutex> lock(mu_);
+  if (held != 0) {
+    counters_.blocks_written++;
+  } else {
+    counters_.write_errors++;
   }
 }
 

@@ -144,9 +144,11 @@ struct TierStoreCounters {
 // and positions, the first `load.first_block` blocks are left empty — the
 // import shares them from the pool's sequence holding them
 // (KVManager::SharedPrefix, which reads nothing of the image there).
-// `tokens`: the prompt the lookup asked for (DecodeBlock compared each
-// block's tokens with it). InvalidArgument when the blocks are not
-// consecutive blocks of this space from first_block, or `tokens` is shorter.
+// `tokens`: the prompt the lookup asked for. The one block-level import:
+// tools that decoded blocks 0..n-1 themselves pass them as a load from
+// block 0. InvalidArgument when the blocks are not consecutive blocks from
+// first_block of these tokens (each block's own tokens are compared), of
+// this space's model and spec, for this tenant, or `tokens` is shorter.
 Result<KVManager::SequenceImage> LoadImage(const TierLoad& load, std::span<const int32_t> tokens,
                                            const BlockSpace& space, uint64_t salt);
 
@@ -202,7 +204,7 @@ class TierStore {
  private:
   struct WriteJob {
     std::optional<BlockSnapshot> snapshot;  // encode, then put in every tier
-    std::vector<EncodedBlock> encoded;      // encoded[i] is put in the tiers of bit mask put_in[i]
+    std::vector<EncodedBlock> encoded;      // promotions: encoded[i] is put in the tiers of bit mask put_in[i]
     std::vector<uint32_t> put_in;
     uint64_t bytes = 0;
     std::shared_ptr<PendingLoad> load;      // or a lookup behind the writes (`lookup`)
@@ -216,6 +218,8 @@ class TierStore {
   void ServeLookup(const LookupRequest& request, const std::shared_ptr<PendingLoad>& load,
                    std::unique_lock<std::mutex>& lock);
   void RunWrite(WriteJob& job);
+  // A write of `key` is over: the tiers of bit mask `held` took it.
+  void Stored(const BlockKey& key, uint32_t held);
   // Serves the lookups queued now (between the blocks of a write).
   void ServeQueuedLookups();
   void RunPin(const LookupRequest& what, bool on);
@@ -231,6 +235,7 @@ class TierStore {
   std::vector<std::string> kinds_;
   const TierStoreOptions options_;
   std::vector<StorageLevel> levels_;  // per tier
+  BlockEncoder encoder_;              // the I/O thread's: its memory is reused block after block
 
   mutable std::mutex mu_;  // the queues, the counters, the metrics
   std::condition_variable wake_, idle_;

@@ -77,11 +77,28 @@ TEST(LoadImageTest, OverThePoolsPrefixItIsTheSequence) {
   EXPECT_TRUE(pool->CheckInvariants().ok());
 }
 
+// The one block-level import (block_format.h's PrefixImage was folded into
+// it) keeps that function's checks: consecutive blocks of one prompt, the
+// tenant, the block space.
 TEST(LoadImageTest, ABadLoadIsInvalidArgument) {
   const Source s = MakeSource();
   TierLoad gap = Load(s, 2, 1);
   gap.first_block = 1;  // block 2 where block 1 belongs
   EXPECT_EQ(LoadImage(gap, s.tokens, s.space, 7).status().code(), StatusCode::kInvalidArgument);
+  TierLoad swapped = Load(s, 0, 2);
+  std::swap(swapped.blocks[0], swapped.blocks[1]);
+  EXPECT_EQ(LoadImage(swapped, s.tokens, s.space, 7).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(LoadImage(Load(s, 1, 1), s.tokens, s.space, 7).status().code(), StatusCode::kOk);  // from block 1: fine
+  EXPECT_EQ(LoadImage(Load(s, 0, 2), s.tokens, s.space, 8).status().code(), StatusCode::kInvalidArgument);  // tenant
+  BlockSpace other = s.space;
+  other.model_fingerprint ^= 1;
+  EXPECT_EQ(LoadImage(Load(s, 0, 2), s.tokens, other, 7).status().code(), StatusCode::kInvalidArgument);
+  other = s.space;
+  other.spec_fingerprint ^= 1;
+  EXPECT_EQ(LoadImage(Load(s, 0, 2), s.tokens, other, 7).status().code(), StatusCode::kInvalidArgument);
+  std::vector<int32_t> other_tokens = s.tokens;
+  other_tokens[kBlock + 3] += 1;  // block 1's tokens differ from the prompt's
+  EXPECT_EQ(LoadImage(Load(s, 0, 2), other_tokens, s.space, 7).status().code(), StatusCode::kInvalidArgument);
   const std::vector<int32_t> short_prompt(s.tokens.begin(), s.tokens.begin() + 2 * kBlock);
   Result<KVManager::SequenceImage> r = LoadImage(Load(s, 1, 2), short_prompt, s.space, 7);
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
