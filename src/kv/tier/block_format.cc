@@ -34,8 +34,8 @@ std::string Hex64(uint64_t v) {
   return buf;
 }
 
-// The pages of one table a block spans.
-int PagesPerBlock(const BlockSpace& s) { return s.block_tokens / s.layout.page_tokens; }
+// The pages of one table a block spans (a chunk's last one partial).
+int PagesPerBlock(const BlockSpace& s) { return (s.block_tokens + s.layout.page_tokens - 1) / s.layout.page_tokens; }
 
 }  // namespace
 
@@ -172,6 +172,9 @@ Status BlockEncoder::Encode(const BlockSpace& space, uint64_t salt, const KVMana
   if (image.tables.size() != n_tables || image.positions.size() != image.tokens.size() ||
       space.layers.size() != static_cast<size_t>(layout.n_layers)) {
     return InvalidArgument("the sequence image does not match the block space's layout " + layout.ToString());
+  }
+  if (space.chunk && options.level != StorageLevel::kLossless) {
+    return InvalidArgument("a chunk is stored at the lossless level (its last page is partial)");
   }
   const bool compact = options.level == StorageLevel::kCompact;
   const StorageTransform* transform = compact ? space.transform.get() : nullptr;

@@ -26,7 +26,7 @@ double ThisThreadCpuSeconds() {
 Result<KVManager::SequenceImage> LoadImage(const TierLoad& load, std::span<const int32_t> tokens,
                                            const BlockSpace& space, uint64_t salt) {
   const KVLayout& l = space.layout;
-  const int B = space.block_tokens, pages_per_block = B / l.page_tokens;
+  const int B = space.block_tokens, pages_per_block = (B + l.page_tokens - 1) / l.page_tokens;  // a chunk's last partial
   const size_t n_tables = static_cast<size_t>(l.n_layers) * l.n_kv_heads;
   const size_t skipped_pages = static_cast<size_t>(load.first_block) * pages_per_block;
   const size_t end = (static_cast<size_t>(load.first_block) + load.blocks.size()) * B;
@@ -216,7 +216,51 @@ void TierStore::RecordLoad(size_t tier, double seconds, bool hit) {
   m.loads++;
 }
 
+std::optional<ParsedBlock> TierStore::GetBlock(size_t t, const BlockRequest& request, std::string* bytes) {
+  const double ts = util::MonotonicSeconds();
+  std::optional<std::string> got = tiers_[t]->Get(request.key);
+  if (!got) {
+    RecordLoad(t, util::MonotonicSeconds() - ts, false);
+    return std::nullopt;
+  }
+  Result<ParsedBlock> block = DecodeBlock(AsBytes(*got), request);
+  RecordLoad(t, util::MonotonicSeconds() - ts, block.ok());
+  if (!block.ok()) {
+    // Damaged: never served, never read again. Another block (NotFound) or
+    // another version (Unimplemented: an older or newer kvx sharing the
+    // tier) is a miss and stays for its readers.
+    const StatusCode code = block.status().code();
+    if (code != StatusCode::kNotFound && code != StatusCode::kUnimplemented) {
+      tiers_[t]->DropCorrupt(request.key);
+      std::lock_guard<std::mutex> lock(mu_);
+      counters_.corrupt_blocks++;
+    }
+    return std::nullopt;
+  }
+  *bytes = std::move(*got);
+  return std::move(block).value();
+}
+
+void TierStore::RunChunkLookup(const LookupRequest& q, PendingLoad& load) {
+  TierLoad& out = load.result_;
+  const double t0 = util::MonotonicSeconds();
+  out.chunks.resize(q.chunks.size());
+  out.tier_of_chunk.assign(q.chunks.size(), -1);
+  for (size_t c = 0; c < q.chunks.size() && !load.cancelled_.load(std::memory_order_relaxed); ++c) {
+    const Result<BlockSpace> space = ChunkSpace(space_, static_cast<int>(q.chunks[c].size()));
+    if (!space.ok()) continue;
+    const BlockKey key = ChunkKey(*space, q.salt, q.chunks[c]);
+    for (size_t t = 0; t < tiers_.size() && !out.chunks[c]; ++t) {
+      std::string bytes;
+      out.chunks[c] = GetBlock(t, {&*space, q.salt, q.chunks[c], 0, key, level(t)}, &bytes);
+      if (out.chunks[c]) out.tier_of_chunk[c] = static_cast<int>(t);
+    }
+  }
+  out.seconds = util::MonotonicSeconds() - t0;
+}
+
 void TierStore::RunLookup(const LookupRequest& q, PendingLoad& load) {
+  if (!q.chunks.empty()) return RunChunkLookup(q, load);
   TierLoad& out = load.result_;
   const double t0 = util::MonotonicSeconds();
   const int B = space_.block_tokens;
@@ -233,36 +277,18 @@ void TierStore::RunLookup(const LookupRequest& q, PendingLoad& load) {
     }
     bool found = false;
     for (size_t t = 0; t < tiers_.size() && !found; ++t) {
-      const BlockRequest request{&space_, q.salt, q.tokens, i, keys[i], level(t)};
-      const double ts = util::MonotonicSeconds();
-      std::optional<std::string> bytes = tiers_[t]->Get(keys[i]);
-      if (!bytes) {
-        RecordLoad(t, util::MonotonicSeconds() - ts, false);
-        continue;
-      }
-      Result<ParsedBlock> block = DecodeBlock(AsBytes(*bytes), request);
-      RecordLoad(t, util::MonotonicSeconds() - ts, block.ok());
-      if (!block.ok()) {
-        // Damaged: never served, never read again. Another block (NotFound)
-        // or another version (Unimplemented: an older or newer kvx sharing
-        // the tier) is a miss and stays for its readers.
-        const StatusCode code = block.status().code();
-        if (code != StatusCode::kNotFound && code != StatusCode::kUnimplemented) {
-          tiers_[t]->DropCorrupt(keys[i]);
-          std::lock_guard<std::mutex> lock(mu_);
-          counters_.corrupt_blocks++;
-        }
-        continue;
-      }
+      std::string bytes;
+      std::optional<ParsedBlock> block = GetBlock(t, {&space_, q.salt, q.tokens, i, keys[i], level(t)}, &bytes);
+      if (!block) continue;
       found = true;
       const StorageLevel stored = block->level;
-      out.blocks.push_back(std::move(block).value());
+      out.blocks.push_back(std::move(*block));
       out.tier_of_block.push_back(static_cast<int>(t));
       Mark(keys[i], 1u << t, 0);
       uint32_t above = 0;  // the tiers above that serve the block's level get a copy
       for (size_t u = 0; u < t; ++u) above |= AcceptsLevel(level(u), stored) ? 1u << u : 0;
       if (above != 0) {
-        promote.encoded.push_back(EncodedBlock{keys[i], std::move(*bytes), stored});
+        promote.encoded.push_back(EncodedBlock{keys[i], std::move(bytes), stored});
         promote.put_in.push_back(above);
       }
     }
@@ -278,7 +304,20 @@ void TierStore::RunLookup(const LookupRequest& q, PendingLoad& load) {
   }
 }
 
+void TierStore::RunChunkWrite(const WriteJob& job) {
+  const KVManager::SequenceImage& image = job.chunk->image;
+  const Result<BlockSpace> space = ChunkSpace(space_, static_cast<int>(image.tokens.size()));
+  if (!space.ok()) return;
+  BlockEncodeOptions options = options_.encode;
+  options.level = StorageLevel::kLossless;
+  if (!encoder_.Encode(*space, job.lookup.salt, image, 0, options).ok()) return;
+  uint32_t held = 0;
+  for (size_t t = 0; t < tiers_.size(); ++t) held |= tiers_[t]->Put(encoder_.key(), encoder_.bytes()).ok() ? 1u << t : 0;
+  Stored(encoder_.key(), held);
+}
+
 void TierStore::RunWrite(WriteJob& job) {
+  if (job.chunk) return RunChunkWrite(job);
   if (job.snapshot) {  // each block encoded once per storage level its tiers write, and put at once
     const BlockSnapshot& s = *job.snapshot;
     for (size_t i = 0; i < s.blocks.size(); ++i) {
@@ -449,6 +488,22 @@ void TierStore::Write(BlockSnapshot snapshot) {
   WriteJob job;
   job.bytes = snapshot.bytes;
   job.snapshot = std::move(snapshot);
+  pending_write_bytes_ += job.bytes;
+  writes_.push_back(std::move(job));
+  wake_.notify_all();
+}
+
+void TierStore::WriteChunk(uint64_t salt, const KVManager::SequenceImage& image) {
+  if (image.tokens.empty() || image.tokens.size() > static_cast<size_t>(kMaxBlockTokens) || image.entries_removed) return;
+  WriteJob job;
+  job.lookup.salt = salt;
+  job.chunk = CopySequenceImage(image);
+  job.bytes = job.chunk->page_bytes;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (pending_write_bytes_ + job.bytes > options_.max_pending_write_bytes) {
+    counters_.writes_dropped++;
+    return;
+  }
   pending_write_bytes_ += job.bytes;
   writes_.push_back(std::move(job));
   wake_.notify_all();
