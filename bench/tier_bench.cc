@@ -2,7 +2,7 @@
 // smollm2-135m KV shape (30 layers, 3 kv heads, head dim 64) in f16:
 // 5.9 MB per block. BM_TierEncode / BM_TierDecode: the format alone
 // (bytes_per_second = the block's bytes), without and with zstd;
-// BM_TierImport: decode + PrefixImage + KVManager::ImportSequence (what a
+// BM_TierImport: decode + LoadImage + KVManager::ImportSequence (what a
 // hit costs before the pages are usable). BM_DiskTierPut / Get: a block
 // file written (temp file + rename) and read back, page cache warm.
 // BM_RedisTierPut / Get: against a redis-server of our own on loopback
@@ -16,6 +16,7 @@
 #include "kv/tier/block_format.h"
 #include "kv/tier/disk_tier.h"
 #include "kv/tier/redis_tier.h"
+#include "kv/tier/tier_store.h"
 #include "kv/tier/tier_test_util.h"
 
 namespace kvx::kv::tier {
@@ -80,8 +81,9 @@ void BM_TierImport(benchmark::State& state) {
   Fixture& f = Shared();
   const std::string bytes = EncodeBlock(f.space, 0, f.image, 0)->bytes;
   for (auto _ : state) {
-    auto d = DecodeBlock(Bytes(bytes), f.Request());
-    auto image = PrefixImage(std::span<const ParsedBlock>(&*d, 1), f.space, 0);
+    TierLoad load;
+    load.blocks.push_back(*DecodeBlock(Bytes(bytes), f.Request()));
+    auto image = LoadImage(load, load.blocks[0].tokens, f.space, 0);
     auto seq = f.m->ImportSequence(*image);
     if (!seq.ok()) state.SkipWithError(seq.status().ToString().c_str());
     f.m->ReleaseSequence(*seq);

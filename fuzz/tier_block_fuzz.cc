@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "kv/tier/block_format.h"
+#include "kv/tier/tier_store.h"
 #include "kv/tier/tier_test_util.h"
 
 namespace {
@@ -58,7 +59,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const kvx::Status decoded = DecodeCodedTables(f.space, *parsed);
   Check(decoded.ok(), decoded.code(), {kvx::StatusCode::kDataLoss});
   if (!decoded.ok()) return 0;
-  auto image = PrefixImage(std::span<const ParsedBlock>(&*parsed, 1), f.space, 0);
+  TierLoad load;
+  load.blocks.push_back(std::move(parsed).value());
+  auto image = LoadImage(load, load.blocks[0].tokens, f.space, 0);
   Check(image.ok(), image.status().code(), {kvx::StatusCode::kInvalidArgument});
   if (!image.ok()) return 0;
   auto seq = f.m->ImportSequence(*image);

@@ -164,6 +164,44 @@ TEST(TierCliTest, TwoProcessesShareARedis) {
   EXPECT_EQ(second[1]["text"], first[1]["text"]);
 }
 
+// Chunks in the tiers: lines with "chunks" computed by one process are
+// chunk-cache hits in a second process on the same --cache-dir (a restart)
+// or on the same Redis (another server), with the first process's texts.
+TEST(TierCliTest, ChunksSurviveARestartAndAreSharedThroughRedis) {
+  std::string doc_a, doc_b;
+  for (int i = 0; i < 40; ++i) doc_a += "alpha" + std::to_string(i) + " ", doc_b += "beta" + std::to_string(i) + " ";
+  const std::string in = TempDir() + "/tier_chunks.jsonl";
+  {
+    std::ofstream f(in);
+    f << nlohmann::json{{"chunks", {doc_a, doc_b}}, {"prompt", "Q1?"}, {"max_tokens", 4}, {"seed", 1}}.dump() << "\n";
+  }
+  auto run = [&](const std::vector<std::string>& cache, const std::string& out) {
+    std::vector<std::string> argv = {BinaryDir() + "/kvx", "batch", in, "-m", TinyModel(), "--kv", "codec=f16,page=16",
+                                     "-c", "1024", "--temp", "0", "--cache-block", "32", "-o", out};
+    argv.insert(argv.end(), cache.begin(), cache.end());
+    const auto r = RunCommand(argv);
+    EXPECT_TRUE(r.exited && r.exit_code == 0) << r.Describe() << "\n" << r.output;
+    const auto lines = testing::ReadJsonLines(out);
+    return lines.empty() ? nlohmann::json() : lines[0];
+  };
+  kv::tier::testing::TempDir dir;
+  const nlohmann::json first = run({"--cache-dir", dir.path()}, TempDir() + "/tier_chunks1.jsonl");
+  const nlohmann::json second = run({"--cache-dir", dir.path()}, TempDir() + "/tier_chunks2.jsonl");
+  ASSERT_FALSE(first.is_null());
+  ASSERT_FALSE(second.is_null());
+  EXPECT_EQ(first["chunk_cache_tokens"].get<int>(), 0) << first.dump();
+  EXPECT_EQ(second["chunk_cache_tokens"].get<int>(), first["chunk_tokens"].get<int>()) << second.dump();
+  EXPECT_EQ(second["text"], first["text"]);
+  if (kv::tier::testing::FindRedisServer().empty()) GTEST_SKIP() << "redis-server is not installed";
+  kv::tier::testing::RedisServer redis;
+  ASSERT_TRUE(redis.Start());
+  run({"--cache-redis", redis.url()}, TempDir() + "/tier_chunks3.jsonl");
+  const nlohmann::json shared = run({"--cache-redis", redis.url()}, TempDir() + "/tier_chunks4.jsonl");
+  ASSERT_FALSE(shared.is_null());
+  EXPECT_EQ(shared["chunk_cache_tokens"].get<int>(), first["chunk_tokens"].get<int>()) << shared.dump();
+  EXPECT_EQ(shared["text"], first["text"]);
+}
+
 TEST(TierCliTest, BadCacheFlagsAndFieldsAreClearErrors) {
   const std::string pin = TempDir() + "/tier_pin.jsonl";
   std::ofstream(pin) << R"({"prompt": "x", "cache": "pin"})" << "\n";

@@ -279,6 +279,7 @@ Result<const kv::KVManager::SequenceImage*> ChunkAssembler::ChunkImage(uint64_t 
   }
   KVX_ASSIGN_OR_RETURN(kv::KVManager::SequenceImage image, engine_->kv_manager().ExportSequence(alone->id()));
   usage->computed_tokens += static_cast<int64_t>(tokens.size());
+  if (on_computed_) on_computed_(salt, image);
   const kv::KVManager::SequenceImage* kept = cache_.Insert(key, image);
   if (kept != nullptr) return kept;
   uncached_.push_back(kv::CopySequenceImage(image));  // larger than the whole cache: kept for this call only

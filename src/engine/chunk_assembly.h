@@ -37,6 +37,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <span>
@@ -147,6 +148,11 @@ class ChunkAssembler {
                                 std::span<const std::vector<int32_t>> gaps = {});
 
   kv::ChunkCache& cache() { return cache_; }
+  // Called with every chunk computed alone (a cache miss), after it is
+  // cached: the scheduler writes it to the KV tiers (docs/kv-reuse.md).
+  void SetOnComputed(std::function<void(uint64_t salt, const kv::KVManager::SequenceImage& image)> on_computed) {
+    on_computed_ = std::move(on_computed);
+  }
   // The key a chunk of `tokens` has for tenant `salt`.
   kv::tier::BlockKey Key(uint64_t salt, std::span<const int32_t> tokens) const {
     return kv::tier::ChunkKey(space_, salt, tokens);
@@ -167,6 +173,7 @@ class ChunkAssembler {
   kv::tier::BlockSpace space_;
   kv::ChunkCache cache_;
   std::list<kv::OwnedSequenceImage> uncached_;  // chunks larger than the whole cache, for one call
+  std::function<void(uint64_t, const kv::KVManager::SequenceImage&)> on_computed_;
   std::vector<float> logits_;
 };
 

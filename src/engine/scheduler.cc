@@ -126,6 +126,13 @@ Scheduler::Scheduler(Engine& engine, SchedulerOptions options) : engine_(engine)
     Result<std::unique_ptr<ChunkAssembler>> chunker = ChunkAssembler::Create(&engine_, options_.chunk_cache_bytes);
     if (chunker.ok()) chunker_ = std::move(chunker).value();
     chunker_status_ = chunker.status();
+    // Chunks computed alone go to the tiers too (not for "cache": "none"
+    // requests: AssembleSample says which request is assembling).
+    if (chunker_ && tiers_) {
+      chunker_->SetOnComputed([this](uint64_t salt, const kv::KVManager::SequenceImage& image) {
+        if (chunks_to_tiers_) tiers_->WriteChunk(salt, image);
+      });
+    }
   } else {
     chunker_status_ = InvalidArgument("chunk reuse is off (a chunk cache of 0 bytes): start the server with "
                                       "--chunk-cache-bytes above 0, or send one prompt");

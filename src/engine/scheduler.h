@@ -533,6 +533,11 @@ class Scheduler {
   bool WaitsForTiers(Request& r);
   std::vector<int32_t> LookupTokens(const Request& r) const;
   void ImportTierLoad(Request& r);
+  // Chunks in the tiers (chunk reuse, docs/kv-reuse.md): a chunked request
+  // waits while the chunks the chunk cache lacks are looked up in the
+  // tiers; those found go into the chunk cache, so assembly takes them.
+  bool WaitsForChunks(Request& r);
+  void ImportChunkLoad(Request& r);
   // Write-through of a sequence leaving a request (finished or preempted);
   // nothing in write-back mode.
   void WriteThrough(const Request& r, kv::SeqId seq);
@@ -610,6 +615,7 @@ class Scheduler {
   double copy_bytes_per_second_ = 0;             // measured (moving average over swaps), for the swap cost
   bool CompressesAtBase(const Request& r) const;
   std::unique_ptr<ChunkAssembler> chunker_;  // null: chunk reuse off (chunker_status_ says why)
+  bool chunks_to_tiers_ = false;  // whether the chunks the request being assembled computes go to the tiers
   Status chunker_status_;
   // The compressed cache's part (scheduler_compressed.cc): the base token
   // after which r compresses; the entry a sample of r may start from; a

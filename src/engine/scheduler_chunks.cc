@@ -64,6 +64,7 @@ bool Scheduler::AssembleSample(Request& r, Sample& s) {
   const double t0 = Now();
   for (;;) {
     ChunkUsage usage;
+    chunks_to_tiers_ = r.req.cache != CacheMode::kNone;
     Result<const float*> logits = chunker_->Assemble(s.session.get(), c.prefix, c.chunks, c.suffix, c.repair, &usage, c.gaps);
     if (logits.ok()) {
       s.logits.assign(*logits, *logits + n_vocab_);

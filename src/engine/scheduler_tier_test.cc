@@ -86,7 +86,7 @@ int FromTier(const Outcome& o, const std::string& kind) {
 const std::vector<int32_t> kPrompt = Tokens(150, 3);  // 4 full blocks of 32 in its first 149 tokens
 
 // The logits after kPrompt on `engine` whose KV of kPrompt's 4 full blocks
-// is loaded from `store` (as the scheduler loads it: lookup, PrefixImage,
+// is loaded from `store` (as the scheduler loads it: lookup, LoadImage,
 // ImportSequence), the rest fed; empty when the load finds fewer blocks.
 std::vector<float> LogitsAfterLoad(Engine& engine, TierStore& store) {
   kv::tier::LookupRequest q;
@@ -97,7 +97,7 @@ std::vector<float> LogitsAfterLoad(Engine& engine, TierStore& store) {
   EXPECT_TRUE(load->done());
   if (load->result().blocks.size() != 4u) return {};
   EXPECT_EQ(load->result().tier_of_block, std::vector<int>(4, 0));
-  auto image = kv::tier::PrefixImage(load->result().blocks, store.space(), 0);
+  auto image = kv::tier::LoadImage(load->result(), kPrompt, store.space(), 0);
   EXPECT_TRUE(image.ok()) << image.status().ToString();
   auto seq = engine.kv_manager().ImportSequence(*image);
   EXPECT_TRUE(seq.ok()) << seq.status().ToString();

@@ -10,6 +10,20 @@
 #include "engine/scheduler_request.h"
 
 namespace kvx::engine {
+namespace {
+
+// Whether a request still waits for its lookup in flight (`load`); once it
+// is done, `import` takes it and it is dropped.
+template <class Import>
+bool AwaitsLoad(std::shared_ptr<kv::tier::PendingLoad>& load, Import import) {
+  if (!load) return false;
+  if (!load->done()) return true;
+  import();
+  load.reset();
+  return false;
+}
+
+}  // namespace
 
 bool Scheduler::Caches(const Request& r) const {
   return cache_ != nullptr && r.req.cache != CacheMode::kNone && r.req.chunks == nullptr;
@@ -22,16 +36,12 @@ std::vector<int32_t> Scheduler::LookupTokens(const Request& r) const {
 }
 
 bool Scheduler::WaitsForTiers(Request& r) {
+  if (r.req.chunks != nullptr) return WaitsForChunks(r);
   if (!tiers_ || !Caches(r) || !r.req.resume_session.empty()) return false;
   // A request preempted by recompute looks its sequence up again (n = 1;
   // with samples it recomputes); one preempted by swap has it in host RAM.
   if (r.started && (r.req.n != 1 || r.samples[0].swapped)) return false;
-  if (r.tier_load) {
-    if (!r.tier_load->done()) return true;
-    ImportTierLoad(r);
-    r.tier_load.reset();
-    return false;
-  }
+  if (AwaitsLoad(r.tier_load, [&] { ImportTierLoad(r); })) return true;
   if (r.tiers_asked) return false;
   r.tiers_asked = true;
   // What admission's lookup may match: all but the last token.
@@ -92,6 +102,39 @@ void Scheduler::ImportTierLoad(Request& r) {
     if (to > from) r.tier_tokens[load.tier_of_block[i]] += to - from;
   }
   if (r.started) work_.swapped_in_tokens += static_cast<uint64_t>(tokens - in_pool.tokens);
+}
+
+bool Scheduler::WaitsForChunks(Request& r) {
+  if (!tiers_ || chunker_ == nullptr || r.req.cache == CacheMode::kNone) return false;
+  if (AwaitsLoad(r.tier_load, [&] { ImportChunkLoad(r); })) return true;
+  if (r.tiers_asked) return false;
+  r.tiers_asked = true;
+  kv::tier::LookupRequest q;
+  q.salt = r.req.tenant_salt;
+  for (const std::vector<int32_t>& chunk : r.req.chunks->chunks) {
+    if (chunk.empty() || chunk.size() > static_cast<size_t>(kv::tier::kMaxBlockTokens)) continue;
+    if (!chunker_->cache().Holds(chunker_->Key(q.salt, chunk), chunk)) q.chunks.push_back(chunk);
+  }
+  if (q.chunks.empty()) return false;
+  r.tier_load = tiers_->Lookup(std::move(q));
+  return true;
+}
+
+// Each chunk found goes into the chunk cache as the image ImportSequence
+// takes (LoadImage of block 0 of its ChunkSpace), which copies its pages.
+void Scheduler::ImportChunkLoad(Request& r) {
+  kv::tier::TierLoad& load = r.tier_load->result();
+  const uint64_t salt = r.req.tenant_salt;
+  for (std::optional<kv::tier::ParsedBlock>& chunk : load.chunks) {
+    if (!chunk) continue;
+    kv::tier::TierLoad one;
+    one.blocks.push_back(std::move(*chunk));
+    const std::vector<int32_t>& tokens = one.blocks[0].tokens;
+    Result<kv::tier::BlockSpace> space = kv::tier::ChunkSpace(tiers_->space(), static_cast<int>(tokens.size()));
+    if (!space.ok()) continue;
+    Result<kv::KVManager::SequenceImage> image = kv::tier::LoadImage(one, tokens, *space, salt);
+    if (image.ok()) chunker_->cache().Insert(chunker_->Key(salt, tokens), *image);
+  }
 }
 
 void Scheduler::WriteThrough(const Request& r, kv::SeqId seq) {

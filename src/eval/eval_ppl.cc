@@ -12,6 +12,7 @@
 #include "eval/stats.h"
 #include "kv/tier/block_format.h"
 #include "kv/tier/storage_transform.h"
+#include "kv/tier/tier_store.h"
 #include "model/sampler.h"
 #include "util/mmap_file.h"
 #include "util/clock.h"
@@ -59,7 +60,7 @@ struct StorageTrip {
 
 // The full blocks of `session`'s context leave the pool through the tier
 // block format at trip->level and come back as a tier hit loads them
-// (EncodeBlock, DecodeBlock, PrefixImage, ImportSequence, as the scheduler
+// (EncodeBlock, DecodeBlock, LoadImage, ImportSequence, as the scheduler
 // does); the rest of the context is fed again, as after a hit. Returns the
 // session that holds the result (`session` is reset).
 Result<std::unique_ptr<engine::Session>> ThroughStorage(engine::Session& session, std::span<const int32_t> context,
@@ -75,17 +76,17 @@ Result<std::unique_ptr<engine::Session>> ThroughStorage(engine::Session& session
                            std::to_string(kStorageBlockTokens) + " tokens (use a longer --chunk)");
   }
   const std::vector<tier::BlockKey> keys = tier::BlockKeys(space, image.salt, image.tokens);
-  std::vector<tier::ParsedBlock> blocks;
+  tier::TierLoad load;  // blocks 0..n-1
   for (int i = 0; i < n; ++i) {
     KVX_ASSIGN_OR_RETURN(const tier::EncodedBlock b, tier::EncodeBlock(space, image.salt, image, i, {.level = trip->level}));
     trip->bytes += b.bytes.size();
     const tier::BlockRequest q{&space, image.salt, image.tokens, i, keys[i], trip->level};
     KVX_ASSIGN_OR_RETURN(tier::ParsedBlock block,
                          tier::DecodeBlock({reinterpret_cast<const uint8_t*>(b.bytes.data()), b.bytes.size()}, q));
-    blocks.push_back(std::move(block));
+    load.blocks.push_back(std::move(block));
   }
   trip->tokens += static_cast<int64_t>(n) * kStorageBlockTokens;
-  KVX_ASSIGN_OR_RETURN(const kv::KVManager::SequenceImage prefix, tier::PrefixImage(blocks, space, image.salt));
+  KVX_ASSIGN_OR_RETURN(const kv::KVManager::SequenceImage prefix, tier::LoadImage(load, image.tokens, space, image.salt));
   session.Reset();  // the blocks hold copies: the pool's pages go back before the import
   KVX_ASSIGN_OR_RETURN(const kv::SeqId seq, m.ImportSequence(prefix));
   std::unique_ptr<engine::Session> restored = session.engine().AdoptSequence(seq);

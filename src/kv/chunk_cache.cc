@@ -36,6 +36,11 @@ const KVManager::SequenceImage* ChunkCache::Find(const tier::BlockKey& key, std:
   return &found->second->owned.image;
 }
 
+bool ChunkCache::Holds(const tier::BlockKey& key, std::span<const int32_t> tokens) const {
+  const auto found = index_.find(key);
+  return found != index_.end() && std::ranges::equal(found->second->owned.image.tokens, tokens);
+}
+
 const KVManager::SequenceImage* ChunkCache::Insert(const tier::BlockKey& key, const KVManager::SequenceImage& image) {
   if (const auto old = index_.find(key); old != index_.end()) Erase(old->second);
   OwnedSequenceImage owned = CopySequenceImage(image);

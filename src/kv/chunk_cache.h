@@ -54,6 +54,8 @@ class ChunkCache {
   // The entry of `key` if it holds exactly `tokens` (then it becomes the
   // most recently used), else nullptr. Valid until the next Insert.
   const KVManager::SequenceImage* Find(const tier::BlockKey& key, std::span<const int32_t> tokens);
+  // Whether Find would hit, without counting or touching the order.
+  bool Holds(const tier::BlockKey& key, std::span<const int32_t> tokens) const;
   // Keeps `image` (its tokens are the chunk) under `key`, replacing an entry
   // of that key; evicts the least recently used entries until the bytes
   // fit. Returns the kept entry (valid until the next Insert), nullptr when

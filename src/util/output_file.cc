@@ -56,9 +56,9 @@ Status ResolveTarget(const std::string& path, std::string* target, int* keep_mod
   return Status::Ok();
 }
 
-// "dir/.name.kvx-tmp.<pid>.<n>": hidden, in the target's directory (rename()
-// is atomic only within one file system), unique per process and call.
-std::string TempNameFor(const std::string& target) {
+}  // namespace
+
+std::string AtomicWriteTemporaryFor(const std::string& target) {
   static std::atomic<uint64_t> counter{0};
   const size_t slash = target.rfind('/');
   const std::string dir = slash == std::string::npos ? "" : target.substr(0, slash + 1);
@@ -66,14 +66,12 @@ std::string TempNameFor(const std::string& target) {
   return dir + "." + base + ".kvx-tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
 }
 
-}  // namespace
-
 Result<OutputFile> OutputFile::Open(const std::string& path) {
   OutputFile f;
   f.path_ = path;
   int keep_mode = -1;
   KVX_RETURN_IF_ERROR(ResolveTarget(path, &f.target_, &keep_mode));
-  f.temp_ = TempNameFor(f.target_);
+  f.temp_ = AtomicWriteTemporaryFor(f.target_);
   const int fd = ::open(f.temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
   if (fd < 0) {
     const std::string reason = OsError("cannot create", f.temp_);  // before anything can change errno

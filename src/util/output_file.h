@@ -68,6 +68,12 @@ Status CheckOutputFile(const std::string& path);
 // OutputFile::Open, Write, Commit in one call.
 Status WriteFileAtomically(const std::string& path, std::string_view bytes);
 
+// The temporary file a write of `target` goes to before it is renamed over
+// it: "dir/.name.kvx-tmp.<pid>.<n>", hidden, in the target's directory
+// (rename() is atomic only within one file system), unique per process and
+// call. For writers of their own (the disk tier's blocks).
+std::string AtomicWriteTemporaryFor(const std::string& target);
+
 // Whether `name` (a file name, not a path) is a temporary file an OutputFile
 // left behind (a crash between write and rename): directories kvx owns (the
 // disk tier's) remove them when they are opened.

@@ -34,29 +34,26 @@ std::string Hex64(uint64_t v) {
   return buf;
 }
 
-// The pages of one table a block spans.
-int PagesPerBlock(const BlockSpace& s) { return s.block_tokens / s.layout.page_tokens; }
+// The pages of one table a block spans (a chunk's last one partial).
+int PagesPerBlock(const BlockSpace& s) { return (s.block_tokens + s.layout.page_tokens - 1) / s.layout.page_tokens; }
 
 }  // namespace
 
-Result<EncodedBlock> EncodeBlock(const BlockSpace& space, uint64_t salt, const KVManager::SequenceImage& image, int index,
-                                 const BlockEncodeOptions& options) {
+namespace {
+
+void ReserveMore(ByteWriter& w, size_t n) { w.out().reserve(w.out().size() + n); }
+void ReserveMore(AlignedBuffer& w, size_t n) { w.Reserve(w.size() + n); }
+
+// Appends block `index`'s payload (block_format.h) to `w` (a ByteWriter or
+// an AlignedBuffer); `coded` is scratch for one coded table. Returns whether
+// some table was coded (else the block is lossless whatever was asked).
+template <class Writer>
+Result<bool> WritePayload(Writer& w, ByteWriter& coded, const BlockSpace& space, const KVManager::SequenceImage& image,
+                          int index, const BlockEncodeOptions& options) {
   const int B = space.block_tokens, ppb = PagesPerBlock(space);
   const KVLayout& layout = space.layout;
   const size_t end = static_cast<size_t>(index + 1) * B;
-  if (index < 0 || B <= 0 || end > image.tokens.size()) {
-    return InvalidArgument("the sequence holds " + std::to_string(image.tokens.size()) + " tokens, not the whole block " +
-                           std::to_string(index) + " of " + std::to_string(B));
-  }
-  if (image.entries_removed) {
-    return InvalidArgument("a policy removed entries of this sequence: its pages no longer hold exactly its tokens, "
-                           "so its blocks cannot be stored");
-  }
   const size_t n_tables = static_cast<size_t>(layout.n_layers) * layout.n_kv_heads;
-  if (image.tables.size() != n_tables || image.positions.size() != image.tokens.size() ||
-      space.layers.size() != static_cast<size_t>(layout.n_layers)) {
-    return InvalidArgument("the sequence image does not match the block space's layout " + layout.ToString());
-  }
   const int first_page = index * ppb;
   size_t page_bytes = 0;  // to size the payload once (growing it by doubling copied 6 MB blocks twice)
   for (const SequenceKV::TableImage& ti : image.tables) {
@@ -65,21 +62,14 @@ Result<EncodedBlock> EncodeBlock(const BlockSpace& space, uint64_t salt, const K
     }
   }
   const bool lossy = options.level != StorageLevel::kLossless;
-  const bool compact = options.level == StorageLevel::kCompact;
-  const StorageTransform* transform = compact ? space.transform.get() : nullptr;
-  if (compact && (transform == nullptr || transform->tables() != static_cast<int>(layout.n_layers * layout.n_kv_heads) ||
-                  transform->head_dim() != layout.head_dim)) {
-    return InvalidArgument("the compact storage level needs the storage transform calibrated for this model and layout");
-  }
-  ByteWriter w;
-  w.out().reserve(16 + (end + B) * sizeof(int32_t) + n_tables + (lossy ? page_bytes / 2 : page_bytes));
+  const StorageTransform* transform = options.level == StorageLevel::kCompact ? space.transform.get() : nullptr;
+  ReserveMore(w, 16 + (end + B) * sizeof(int32_t) + n_tables + (lossy ? page_bytes / 2 : page_bytes));
   w.U32(static_cast<uint32_t>(end));
   w.Bytes(image.tokens.data(), end * sizeof(int32_t));
   w.Bytes(image.positions.data() + static_cast<size_t>(index) * B, static_cast<size_t>(B) * sizeof(int32_t));
   w.U32(static_cast<uint32_t>(n_tables));
   w.U32(static_cast<uint32_t>(ppb));
   bool coded_any = false;
-  ByteWriter coded;
   for (size_t t = 0; t < n_tables; ++t) {
     const SequenceKV::TableImage& ti = image.tables[t];
     const int layer = static_cast<int>(t / layout.n_kv_heads);
@@ -120,40 +110,32 @@ Result<EncodedBlock> EncodeBlock(const BlockSpace& space, uint64_t salt, const K
     }
     coded_any = coded_any || code;
   }
-
-  EncodedBlock out;
-  out.key = BlockKeys(space, salt, std::span<const int32_t>(image.tokens.data(), end))[index];
-  // The level the bytes have: a block none of whose tables could be coded
-  // (quantized pools) is lossless whatever was asked.
-  const StorageLevel level = coded_any ? options.level : StorageLevel::kLossless;
-  const uint64_t transform_digest = level == StorageLevel::kCompact ? transform->digest() : 0;
-  const BlockHeader header{out.key, space.model_fingerprint, space.spec_fingerprint, SaltDigest(salt), index, B, level,
-                           transform_digest};
-  BlockEncodeOptions frame = options;
-  if (lossy) {
-    frame.compress = true;
-    frame.zstd_level = options.lossy_zstd_level;
-  }
-  KVX_ASSIGN_OR_RETURN(out.bytes, FrameBlock(header, w.out(), frame));
-  out.level = level;
-  return out;
+  return coded_any;
 }
 
-Result<std::string> FrameBlock(const BlockHeader& header, std::string_view payload, const BlockEncodeOptions& options) {
-  std::string stored;
-  uint32_t compression = kNoCompression;
-  if (options.compress) {
-    stored.resize(ZSTD_compressBound(payload.size()));
-    const size_t n = ZSTD_compress(stored.data(), stored.size(), payload.data(), payload.size(), options.zstd_level);
-    if (ZSTD_isError(n)) return Internal(std::string("zstd compression failed: ") + ZSTD_getErrorName(n));
-    stored.resize(n);
-    compression = kZstd;
+// Appends the stored form of `payload` (zstd-compressed when asked) to
+// `out`, which holds the header's room before it.
+Status AppendStored(std::string_view payload, const BlockEncodeOptions& options, AlignedBuffer& out) {
+  if (!options.compress) {
+    out.Bytes(payload.data(), payload.size());
+    return Status::Ok();
   }
-  const std::string_view body = options.compress ? std::string_view(stored) : payload;
+  const size_t at = out.size();
+  out.Resize(at + ZSTD_compressBound(payload.size()));
+  const size_t n = ZSTD_compress(out.data() + at, out.size() - at, payload.data(), payload.size(), options.zstd_level);
+  if (ZSTD_isError(n)) return Internal(std::string("zstd compression failed: ") + ZSTD_getErrorName(n));
+  out.Resize(at + n);
+  return Status::Ok();
+}
+
+// Writes the header into the first kBlockHeaderBytes of `out`, whose stored
+// payload follows them.
+void WriteHeader(const BlockHeader& header, bool compressed, uint64_t payload_bytes, AlignedBuffer& out) {
+  const std::span<const uint8_t> body(out.data() + kBlockHeaderBytes, out.size() - kBlockHeaderBytes);
   ByteWriter h;
   h.Bytes(kMagic, sizeof kMagic);
   h.U32(kBlockFormatVersion);
-  h.U32(compression);
+  h.U32(compressed ? kZstd : kNoCompression);
   h.U64(header.key.lo);
   h.U64(header.key.hi);
   h.U64(header.model_fingerprint);
@@ -164,14 +146,86 @@ Result<std::string> FrameBlock(const BlockHeader& header, std::string_view paylo
   h.U32(static_cast<uint32_t>(header.level));
   h.U32(0);
   h.U64(header.transform_digest);
-  h.U64(payload.size());
+  h.U64(payload_bytes);
   h.U64(body.size());
   h.U64(XXH3_64bits(body.data(), body.size()));
   h.U64(XXH3_64bits(h.out().data(), h.out().size()));
-  std::string out = std::move(h.out());
-  out.reserve(out.size() + body.size());
-  out += body;
-  return out;
+  std::memcpy(out.data(), h.out().data(), kBlockHeaderBytes);
+}
+
+}  // namespace
+
+Status BlockEncoder::Encode(const BlockSpace& space, uint64_t salt, const KVManager::SequenceImage& image, int index,
+                            const BlockEncodeOptions& options) {
+  const int B = space.block_tokens;
+  const KVLayout& layout = space.layout;
+  const size_t end = static_cast<size_t>(index + 1) * B;
+  if (index < 0 || B <= 0 || end > image.tokens.size()) {
+    return InvalidArgument("the sequence holds " + std::to_string(image.tokens.size()) + " tokens, not the whole block " +
+                           std::to_string(index) + " of " + std::to_string(B));
+  }
+  if (image.entries_removed) {
+    return InvalidArgument("a policy removed entries of this sequence: its pages no longer hold exactly its tokens, "
+                           "so its blocks cannot be stored");
+  }
+  const size_t n_tables = static_cast<size_t>(layout.n_layers) * layout.n_kv_heads;
+  if (image.tables.size() != n_tables || image.positions.size() != image.tokens.size() ||
+      space.layers.size() != static_cast<size_t>(layout.n_layers)) {
+    return InvalidArgument("the sequence image does not match the block space's layout " + layout.ToString());
+  }
+  if (space.chunk && options.level != StorageLevel::kLossless) {
+    return InvalidArgument("a chunk is stored at the lossless level (its last page is partial)");
+  }
+  const bool compact = options.level == StorageLevel::kCompact;
+  const StorageTransform* transform = compact ? space.transform.get() : nullptr;
+  if (compact && (transform == nullptr || transform->tables() != static_cast<int>(layout.n_layers * layout.n_kv_heads) ||
+                  transform->head_dim() != layout.head_dim)) {
+    return InvalidArgument("the compact storage level needs the storage transform calibrated for this model and layout");
+  }
+  // Lossy levels always compress (zstd is their entropy coder). An
+  // uncompressed payload is written in place after the header's room.
+  BlockEncodeOptions frame = options;
+  if (options.level != StorageLevel::kLossless) {
+    frame.compress = true;
+    frame.zstd_level = options.lossy_zstd_level;
+  }
+  block_.Clear();
+  block_.Resize(kBlockHeaderBytes);
+  bool coded_any = false;
+  uint64_t payload_bytes = 0;
+  if (frame.compress) {
+    payload_.out().clear();
+    KVX_ASSIGN_OR_RETURN(coded_any, WritePayload(payload_, coded_, space, image, index, options));
+    KVX_RETURN_IF_ERROR(AppendStored(payload_.out(), frame, block_));
+    payload_bytes = payload_.out().size();
+  } else {
+    KVX_ASSIGN_OR_RETURN(coded_any, WritePayload(block_, coded_, space, image, index, options));
+    payload_bytes = block_.size() - kBlockHeaderBytes;
+  }
+  key_ = BlockKeys(space, salt, std::span<const int32_t>(image.tokens.data(), end))[index];
+  // The level the bytes have: a block none of whose tables could be coded
+  // (quantized pools) is lossless whatever was asked.
+  level_ = coded_any ? options.level : StorageLevel::kLossless;
+  const uint64_t transform_digest = level_ == StorageLevel::kCompact ? transform->digest() : 0;
+  const BlockHeader header{key_, space.model_fingerprint, space.spec_fingerprint, SaltDigest(salt), index, B, level_,
+                           transform_digest};
+  WriteHeader(header, frame.compress, payload_bytes, block_);
+  return Status::Ok();
+}
+
+Result<EncodedBlock> EncodeBlock(const BlockSpace& space, uint64_t salt, const KVManager::SequenceImage& image, int index,
+                                 const BlockEncodeOptions& options) {
+  BlockEncoder encoder;
+  KVX_RETURN_IF_ERROR(encoder.Encode(space, salt, image, index, options));
+  return EncodedBlock{encoder.key(), std::string(encoder.bytes()), encoder.level()};
+}
+
+Result<std::string> FrameBlock(const BlockHeader& header, std::string_view payload, const BlockEncodeOptions& options) {
+  AlignedBuffer out;
+  out.Resize(kBlockHeaderBytes);
+  KVX_RETURN_IF_ERROR(AppendStored(payload, options, out));
+  WriteHeader(header, options.compress, payload.size(), out);
+  return std::string(out.view());
 }
 
 Result<ParsedBlock> ParseBlock(std::span<const uint8_t> bytes) {
@@ -348,43 +402,6 @@ Result<ParsedBlock> DecodeBlock(std::span<const uint8_t> bytes, const BlockReque
   }
   KVX_RETURN_IF_ERROR(DecodeCodedTables(s, b));
   return b;
-}
-
-Result<KVManager::SequenceImage> PrefixImage(std::span<const ParsedBlock> blocks, const BlockSpace& space, uint64_t salt) {
-  KVManager::SequenceImage image;
-  image.salt = salt;
-  const KVLayout& l = space.layout;
-  const size_t n_tables = static_cast<size_t>(l.n_layers) * l.n_kv_heads;
-  image.tables.resize(n_tables);
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    const ParsedBlock& b = blocks[i];
-    const size_t end = (i + 1) * static_cast<size_t>(space.block_tokens);
-    if (b.index != static_cast<int>(i) || b.block_tokens != space.block_tokens || b.tokens.size() != end ||
-        b.tables != static_cast<int>(n_tables) || b.pages_per_table != PagesPerBlock(space) ||
-        b.positions.size() != static_cast<size_t>(space.block_tokens) ||
-        std::memcmp(b.tokens.data(), blocks.back().tokens.data(), end * sizeof(int32_t)) != 0) {
-      return InvalidArgument("tier blocks 0.." + std::to_string(blocks.size() - 1) +
-                             " are not consecutive blocks of one prompt (block " + std::to_string(i) + ")");
-    }
-    image.positions.insert(image.positions.end(), b.positions.begin(), b.positions.end());
-    for (size_t t = 0; t < n_tables; ++t) {
-      SequenceKV::TableImage& ti = image.tables[t];
-      ti.length = static_cast<int>(end);
-      for (int p = 0; p < b.pages_per_table; ++p) {
-        const size_t at = t * b.pages_per_table + p;
-        ti.full.push_back(b.full[at]);
-        ti.pages.push_back(b.pages[at]);
-      }
-    }
-  }
-  if (!blocks.empty()) image.tokens = blocks.back().tokens;
-  const size_t T = static_cast<size_t>(l.page_tokens);
-  uint64_t seed = salt;
-  for (size_t start = 0; start + T <= image.tokens.size(); start += T) {
-    seed = BlockHash(seed, std::span<const int32_t>(image.tokens.data() + start, T));
-    image.block_hashes.push_back(seed);
-  }
-  return image;
 }
 
 }  // namespace kvx::kv::tier

@@ -56,6 +56,8 @@
 #include "kv/kv_manager.h"
 #include "kv/tier/block_key.h"
 #include "kv/tier/storage_codec.h"
+#include "util/aligned_buffer.h"
+#include "util/byte_io.h"
 #include "util/status.h"
 
 namespace kvx::kv::tier {
@@ -90,6 +92,28 @@ struct EncodedBlock {
 // f16 staging window of a sealed layer.
 Result<EncodedBlock> EncodeBlock(const BlockSpace& space, uint64_t salt, const KVManager::SequenceImage& image, int index,
                                  const BlockEncodeOptions& options = {});
+
+// EncodeBlock into memory kept from one block to the next (the tier
+// store's writer): no allocation, hence no page faults, once it has held a
+// block of that size, and the bytes start at an address aligned to
+// AlignedBuffer::kAlignment, which the disk tier writes without a copy
+// through the page cache.
+class BlockEncoder {
+ public:
+  // EncodeBlock's work and errors; bytes() hold the block until the next call.
+  Status Encode(const BlockSpace& space, uint64_t salt, const KVManager::SequenceImage& image, int index,
+                const BlockEncodeOptions& options = {});
+  const BlockKey& key() const { return key_; }
+  StorageLevel level() const { return level_; }
+  std::string_view bytes() const { return block_.view(); }
+
+ private:
+  AlignedBuffer block_;  // header, then the stored payload
+  ByteWriter payload_;   // the payload before compression (compressed blocks)
+  ByteWriter coded_;     // one coded table
+  BlockKey key_;
+  StorageLevel level_ = StorageLevel::kLossless;
+};
 
 // What a block's header says besides sizes and checksums.
 struct BlockHeader {
@@ -152,13 +176,5 @@ struct BlockRequest {
 // sound but not this one.
 // REQUIRES: request.space != nullptr, request.index >= 0.
 Result<ParsedBlock> DecodeBlock(std::span<const uint8_t> bytes, const BlockRequest& request);
-
-// The block-level import: the image of a sequence holding blocks 0..n-1
-// (blocks[i] is block i of one prompt, as DecodeBlock returned them), for
-// KVManager::ImportSequence (which checks the pages once more). Its page
-// spans point into `blocks`: keep them alive until the import. The
-// manager's block hashes are recomputed from the tokens and `salt`.
-// InvalidArgument when the blocks are not consecutive or disagree.
-Result<KVManager::SequenceImage> PrefixImage(std::span<const ParsedBlock> blocks, const BlockSpace& space, uint64_t salt);
 
 }  // namespace kvx::kv::tier

@@ -12,6 +12,7 @@
 
 #include "kv/codec/codecs.h"
 #include "kv/tier/storage_transform.h"
+#include "kv/tier/tier_store.h"
 #include "kv/tier/tier_test_util.h"
 
 namespace kvx::kv::tier {
@@ -66,16 +67,16 @@ TEST_P(BlockRoundTrip, IsBitExact) {
   ASSERT_TRUE(image.ok()) << image.status().ToString();
   const int storable = spec.find("kivi") != std::string::npos ? 3 : 4;
   for (bool compress : {false, true}) {
-    std::vector<ParsedBlock> blocks;
+    TierLoad load;  // blocks 0..storable-1, imported as the scheduler imports a lookup's
     for (int i = 0; i < storable; ++i) {
       auto e = EncodeBlock(a.space, salt, *image, i, {.compress = compress});
       ASSERT_TRUE(e.ok()) << e.status().ToString();
       EXPECT_EQ(e->key, BlockKeys(a.space, salt, a.tokens)[i]);
       auto d = DecodeBlock(Bytes(e->bytes), Request(a, salt, i));
       ASSERT_TRUE(d.ok()) << d.status().ToString();
-      blocks.push_back(std::move(d).value());
+      load.blocks.push_back(std::move(d).value());
     }
-    auto prefix = PrefixImage(blocks, a.space, salt);
+    auto prefix = LoadImage(load, a.tokens, a.space, salt);
     ASSERT_TRUE(prefix.ok()) << prefix.status().ToString();
     auto b = MakeManager(spec, a.m->spec().layout, 1024);
     auto imported = b->ImportSequence(*prefix);
@@ -175,23 +176,6 @@ TEST(BlockFormatTest, AnyCorruptionIsDataLoss) {
     EXPECT_EQ(DecodeBlock(Bytes(e->bytes + "x"), q).status().code(), StatusCode::kDataLoss);
   }
 }
-
-TEST(BlockFormatTest, PrefixImageNeedsConsecutiveBlocks) {
-  Filled a = Make("codec=f16", 64, 32, 0);
-  auto image = a.m->ExportSequence(a.seq);
-  ASSERT_TRUE(image.ok());
-  std::vector<ParsedBlock> blocks;
-  for (int i = 0; i < 2; ++i) {
-    auto e = EncodeBlock(a.space, 0, *image, i);
-    ASSERT_TRUE(e.ok());
-    blocks.push_back(*ParseBlock(Bytes(e->bytes)));
-  }
-  std::swap(blocks[0], blocks[1]);
-  EXPECT_EQ(PrefixImage(blocks, a.space, 0).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(PrefixImage(std::span<const ParsedBlock>(&blocks[0], 1), a.space, 0).status().code(),
-            StatusCode::kInvalidArgument);  // block 1 alone
-}
-
 
 // Block `index` of a's sequence (tenant 0) encoded at `level` and decoded
 // by a reader that accepts any level; its size and bytes when asked.

@@ -106,6 +106,10 @@ BlockKey KeyOf(std::string_view domain, const BlockKey& chain, const BlockSpace&
 std::vector<BlockKey> BlockKeys(const BlockSpace& space, uint64_t salt, std::span<const int32_t> tokens) {
   std::vector<BlockKey> keys;
   if (space.block_tokens <= 0) return keys;
+  if (space.chunk) {
+    if (tokens.size() == static_cast<size_t>(space.block_tokens)) keys.push_back(ChunkKey(space, salt, tokens));
+    return keys;
+  }
   const size_t B = static_cast<size_t>(space.block_tokens);
   BlockKey chain;
   for (size_t start = 0; start + B <= tokens.size(); start += B) {
@@ -117,6 +121,17 @@ std::vector<BlockKey> BlockKeys(const BlockSpace& space, uint64_t salt, std::spa
 
 BlockKey ChunkKey(const BlockSpace& space, uint64_t salt, std::span<const int32_t> tokens) {
   return KeyOf(kChunkDomain, ChainLink(BlockKey{}, tokens), space, salt, tokens.size());
+}
+
+Result<BlockSpace> ChunkSpace(const BlockSpace& space, int n_tokens) {
+  if (n_tokens < 1 || n_tokens > kMaxBlockTokens) {
+    return InvalidArgument("a chunk stored in the tiers holds 1.." + std::to_string(kMaxBlockTokens) + " tokens, not " +
+                           std::to_string(n_tokens));
+  }
+  BlockSpace s = space;
+  s.block_tokens = n_tokens;
+  s.chunk = true;
+  return s;
 }
 
 uint64_t SaltDigest(uint64_t salt) { return XXH3_64bits(&salt, sizeof salt); }

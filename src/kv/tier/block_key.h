@@ -75,6 +75,10 @@ struct BlockSpace {
   // (then compact blocks can be neither written nor read). Not in the key:
   // the block header records its digest, like the storage level.
   std::shared_ptr<const StorageTransform> transform;
+  // A chunk's space (ChunkSpace): its one block is the whole chunk, keyed by
+  // ChunkKey, its last page partial when block_tokens is not a whole number
+  // of pages.
+  bool chunk = false;
 };
 
 // The most tokens a block may hold (large blocks make partial hits rare and
@@ -87,7 +91,8 @@ inline constexpr int kMaxBlockTokens = 4096;
 Result<BlockSpace> MakeBlockSpace(const ResolvedKVSpec& spec, uint64_t model_fingerprint, int block_tokens);
 
 // The keys of the full blocks of `tokens` (tokens.size() / block_tokens of
-// them, in order) for tenant `salt`.
+// them, in order) for tenant `salt`; in a chunk's space, ChunkKey of a chunk
+// of exactly block_tokens tokens.
 std::vector<BlockKey> BlockKeys(const BlockSpace& space, uint64_t salt, std::span<const int32_t> tokens);
 
 // The key of a chunk (chunk reuse, kv/chunk_cache.h): the KV of `tokens`
@@ -98,6 +103,12 @@ std::vector<BlockKey> BlockKeys(const BlockSpace& space, uint64_t salt, std::spa
 //                  model fingerprint || spec fingerprint || salt || n)
 // (space.block_tokens is not used: n is the chunk's length).
 BlockKey ChunkKey(const BlockSpace& space, uint64_t salt, std::span<const int32_t> tokens);
+
+// The space in which a chunk of `n_tokens` tokens (its KV computed alone, at
+// positions 0..n-1) is stored as block 0 (chunk reuse in the tiers,
+// docs/kv-reuse.md): `space` with block_tokens = n_tokens, its last page
+// partial. InvalidArgument beyond 1..kMaxBlockTokens tokens.
+Result<BlockSpace> ChunkSpace(const BlockSpace& space, int n_tokens);
 
 // The XXH3-64 digest of a tenant salt as a block header records it.
 uint64_t SaltDigest(uint64_t salt);

@@ -13,12 +13,13 @@ void RamTier::CountSize() {
 }
 
 Status RamTier::Put(const BlockKey& key, std::string_view bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
   if (bytes.size() > index_.max_bytes()) {
     Count([](TierStats& s) { ++s.errors; });
     return ResourceExhausted("a block of " + std::to_string(bytes.size()) + " bytes is larger than the host-RAM tier's " +
                              std::to_string(index_.max_bytes()) + " bytes");
   }
+  auto value = std::make_shared<const std::string>(bytes);  // copied before the lock: lookups need not wait
+  std::lock_guard<std::mutex> lock(mu_);
   if (index_.Remove(key)) values_.erase(key);
   uint64_t pins_broken = 0;
   for (const BlockKey& victim : index_.EvictFor(bytes.size(), &pins_broken)) {
@@ -32,22 +33,26 @@ Status RamTier::Put(const BlockKey& key, std::string_view bytes) {
          std::to_string(pins_broken) + " pin(s), least recently used first (raise --cache-ram-bytes or unpin)");
   }
   index_.Add(key, bytes.size());
-  values_[key] = std::string(bytes);
+  values_[key] = std::move(value);
   CountSize();
   Count([](TierStats& s) { ++s.puts; });
   return Status::Ok();
 }
 
 std::optional<std::string> RamTier::Get(const BlockKey& key) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = values_.find(key);
-  if (it == values_.end()) {
-    Count([](TierStats& s) { ++s.misses; });
-    return std::nullopt;
+  std::shared_ptr<const std::string> value;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = values_.find(key);
+    if (it == values_.end()) {
+      Count([](TierStats& s) { ++s.misses; });
+      return std::nullopt;
+    }
+    index_.Touch(key);
+    value = it->second;
   }
-  index_.Touch(key);
   Count([](TierStats& s) { ++s.hits; });
-  return it->second;
+  return *value;  // copied with the lock released (a Put may replace the value meanwhile: this one stays whole)
 }
 
 void RamTier::Pin(const BlockKey& key, bool on) {

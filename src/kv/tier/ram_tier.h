@@ -12,7 +12,8 @@
 // pin is given back (counted in pins_broken, one logged line per Put that
 // broke pins) — the budget always wins, and a pin never fails a write.
 //
-// Thread-safety: thread-safe (one mutex).
+// Thread-safety: thread-safe (one mutex over the index and the map; values
+// are copied in and out with it released).
 #pragma once
 
 #include <memory>
@@ -46,7 +47,8 @@ class RamTier final : public Tier {
 
   std::mutex mu_;
   LruIndex index_;
-  std::unordered_map<BlockKey, std::string, BlockKeyHash> values_;
+  // Shared so that a Get copies a value out with the lock released.
+  std::unordered_map<BlockKey, std::shared_ptr<const std::string>, BlockKeyHash> values_;
   TierLog log_;
 };
 

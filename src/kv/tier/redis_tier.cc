@@ -122,8 +122,7 @@ Result<std::unique_ptr<RedisTier>> RedisTier::Open(RedisTierOptions options) {
   }
   if (!options.log) options.log = StderrTierLog();
   std::unique_ptr<RedisTier> t(new RedisTier(std::move(options), std::move(address)));
-  std::lock_guard<std::mutex> lock(t->mu_);
-  t->Connection();  // logs when Redis is down; the tier retries later
+  if (redisContext* c = t->Acquire()) t->Release(c);  // logs when Redis is down; the tier retries later
   return t;
 }
 
@@ -131,46 +130,63 @@ RedisTier::RedisTier(RedisTierOptions options, RedisAddress address)
     : options_(std::move(options)), address_(std::move(address)) {}
 
 RedisTier::~RedisTier() {
-  if (ctx_ != nullptr) redisFree(ctx_);
+  for (redisContext* c : idle_) redisFree(c);
 }
 
 bool RedisTier::available() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return ctx_ != nullptr;
+  return available_;
 }
 
-redisContext* RedisTier::Connection() {
-  if (ctx_ != nullptr) return ctx_;
-  const auto now = std::chrono::steady_clock::now();
-  if (now < retry_at_) return nullptr;
-  retry_at_ = now + std::chrono::seconds(options_.retry_seconds);
+redisContext* RedisTier::Acquire() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!idle_.empty()) {
+      redisContext* c = idle_.back();
+      idle_.pop_back();
+      return c;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (!available_) {
+      if (now < retry_at_) return nullptr;
+      retry_at_ = now + std::chrono::seconds(options_.retry_seconds);  // one caller tries; the others miss meanwhile
+    }
+  }
+  // Connected with the lock released: a slow connect holds up no other call.
   redisContext* c = redisConnectWithTimeout(address_.host.c_str(), address_.port, Millis(options_.connect_timeout_ms));
   if (c == nullptr || c->err != 0) {
     const std::string reason = c == nullptr ? "out of memory" : c->errstr;
     if (c != nullptr) redisFree(c);
-    MarkDown("cannot connect: " + reason);
+    MarkDown(nullptr, "cannot connect: " + reason);
     return nullptr;
   }
   redisSetTimeout(c, Millis(options_.command_timeout_ms));
-  ctx_ = c;
   if (address_.db != 0) {
     const std::string db = std::to_string(address_.db);
-    Reply r = Run(ctx_, {"SELECT", db});
+    Reply r = Run(c, {"SELECT", db});
     if (r == nullptr || r->type == REDIS_REPLY_ERROR) {
-      MarkDown("cannot select database " + db + ": " + (r == nullptr ? std::string(ctx_->errstr) : std::string(r->str)));
+      MarkDown(c, "cannot select database " + db + ": " + (r == nullptr ? std::string(c->errstr) : std::string(r->str)));
       return nullptr;
     }
   }
+  std::lock_guard<std::mutex> lock(mu_);
   if (down_logged_) options_.log("redis tier " + options_.url + ": available again");
   down_logged_ = false;
-  return ctx_;
+  available_ = true;
+  return c;
 }
 
-void RedisTier::MarkDown(const std::string& reason) {
-  if (ctx_ != nullptr) {
-    redisFree(ctx_);
-    ctx_ = nullptr;
-  }
+void RedisTier::Release(redisContext* c) {
+  std::lock_guard<std::mutex> lock(mu_);
+  idle_.push_back(c);
+}
+
+void RedisTier::MarkDown(redisContext* c, const std::string& reason) {
+  if (c != nullptr) redisFree(c);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (redisContext* idle : idle_) redisFree(idle);  // the server went away: they are dead too
+  idle_.clear();
+  available_ = false;
   retry_at_ = std::chrono::steady_clock::now() + std::chrono::seconds(options_.retry_seconds);
   if (!down_logged_) {
     options_.log("redis tier " + options_.url + ": unavailable (" + reason + "); local tiers only, retrying every " +
@@ -180,14 +196,14 @@ void RedisTier::MarkDown(const std::string& reason) {
 }
 
 void RedisTier::SetWritesRefused(bool refused, const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
   if (refused == writes_refused_) return;
   writes_refused_ = refused;
   options_.log("redis tier " + options_.url + (refused ? ": writes refused (" + reason + ")" : ": writes accepted again"));
 }
 
 Status RedisTier::Put(const BlockKey& key, std::string_view bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
-  redisContext* c = Connection();
+  redisContext* c = Acquire();
   if (c == nullptr) {
     Count([](TierStats& s) { ++s.errors; });
     return IoError("the Redis tier " + options_.url + " is unavailable");
@@ -195,10 +211,11 @@ Status RedisTier::Put(const BlockKey& key, std::string_view bytes) {
   Reply r = Run(c, {"SET", RedisKey(key), bytes});
   if (r == nullptr) {
     const std::string reason = c->errstr;
-    MarkDown(reason);
+    MarkDown(c, reason);
     Count([](TierStats& s) { ++s.errors; });
     return IoError("the Redis tier " + options_.url + " failed: " + reason);
   }
+  Release(c);
   if (r->type == REDIS_REPLY_ERROR) {  // OOM, READONLY, ...: the connection is fine
     const std::string reason(r->str, r->len);
     SetWritesRefused(true, reason);
@@ -215,15 +232,18 @@ Status RedisTier::Put(const BlockKey& key, std::string_view bytes) {
 }
 
 std::optional<std::string> RedisTier::Get(const BlockKey& key) {
-  std::lock_guard<std::mutex> lock(mu_);
-  redisContext* c = Connection();
+  redisContext* c = Acquire();
   if (c == nullptr) {
     Count([](TierStats& s) { ++s.misses; });
     return std::nullopt;
   }
   Reply r = Run(c, {"GET", RedisKey(key)});
+  if (r == nullptr) {
+    MarkDown(c, c->errstr);
+  } else {
+    Release(c);
+  }
   if (r == nullptr || r->type != REDIS_REPLY_STRING) {
-    if (r == nullptr) MarkDown(c->errstr);
     const bool error = r == nullptr || r->type == REDIS_REPLY_ERROR;
     Count([&](TierStats& s) {
       ++s.misses;
@@ -236,11 +256,14 @@ std::optional<std::string> RedisTier::Get(const BlockKey& key) {
 }
 
 void RedisTier::Erase(const BlockKey& key) {
-  std::lock_guard<std::mutex> lock(mu_);
-  redisContext* c = Connection();
+  redisContext* c = Acquire();
   if (c == nullptr) return;
   Reply r = Run(c, {"DEL", RedisKey(key)});
-  if (r == nullptr) MarkDown(c->errstr);
+  if (r == nullptr) {
+    MarkDown(c, c->errstr);
+  } else {
+    Release(c);
+  }
 }
 
 }  // namespace kvx::kv::tier

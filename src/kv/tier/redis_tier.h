@@ -21,7 +21,9 @@
 // blocked in the calling thread during commands, so it cannot kill the
 // process.
 //
-// Thread-safety: thread-safe; one connection, commands serialized by a mutex.
+// Thread-safety: thread-safe; each call runs its command on a connection of
+// its own (taken from the idle ones, or a new one), with no lock held during
+// network I/O, so a slow Redis holds up only the calls waiting for it.
 #pragma once
 
 #include <chrono>
@@ -29,6 +31,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "kv/tier/tier.h"
 
@@ -75,19 +78,23 @@ class RedisTier final : public Tier {
 
  private:
   RedisTier(RedisTierOptions options, RedisAddress address);
-  // REQUIRES: mu_ held. The connection, connecting when there is none and
-  // the retry interval has passed; nullptr when unavailable.
-  redisContext* Connection();
-  // REQUIRES: mu_ held. Drops the connection after an I/O error and logs the
-  // change once.
-  void MarkDown(const std::string& reason);
-  // REQUIRES: mu_ held. Logs a change of whether writes are refused.
+  // A connection of this caller's own: an idle one, else a new one
+  // (connected with the lock released); nullptr while Redis is unavailable
+  // and the retry interval has not passed.
+  redisContext* Acquire();
+  // Gives back a connection that works, for the next call.
+  void Release(redisContext* c);
+  // Frees `c` (may be null) after an I/O error, and every idle connection
+  // (the server is gone); logs the change once.
+  void MarkDown(redisContext* c, const std::string& reason);
+  // Logs a change of whether writes are refused.
   void SetWritesRefused(bool refused, const std::string& reason);
 
   const RedisTierOptions options_;
   const RedisAddress address_;
-  mutable std::mutex mu_;
-  redisContext* ctx_ = nullptr;
+  mutable std::mutex mu_;  // the state below; never held during a command
+  std::vector<redisContext*> idle_;
+  bool available_ = false;
   bool down_logged_ = false;      // "unavailable" was logged and not yet "available again"
   bool writes_refused_ = false;
   std::chrono::steady_clock::time_point retry_at_{};

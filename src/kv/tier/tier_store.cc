@@ -26,7 +26,7 @@ double ThisThreadCpuSeconds() {
 Result<KVManager::SequenceImage> LoadImage(const TierLoad& load, std::span<const int32_t> tokens,
                                            const BlockSpace& space, uint64_t salt) {
   const KVLayout& l = space.layout;
-  const int B = space.block_tokens, pages_per_block = B / l.page_tokens;
+  const int B = space.block_tokens, pages_per_block = (B + l.page_tokens - 1) / l.page_tokens;  // a chunk's last partial
   const size_t n_tables = static_cast<size_t>(l.n_layers) * l.n_kv_heads;
   const size_t skipped_pages = static_cast<size_t>(load.first_block) * pages_per_block;
   const size_t end = (static_cast<size_t>(load.first_block) + load.blocks.size()) * B;
@@ -46,11 +46,17 @@ Result<KVManager::SequenceImage> LoadImage(const TierLoad& load, std::span<const
   }
   for (size_t i = 0; i < load.blocks.size(); ++i) {
     const ParsedBlock& b = load.blocks[i];
+    const size_t first_token = static_cast<size_t>(b.index) * B;
     if (b.index != load.first_block + static_cast<int>(i) || b.block_tokens != B ||
         b.tables != static_cast<int>(n_tables) || b.pages_per_table != pages_per_block ||
-        b.positions.size() != static_cast<size_t>(B)) {
+        b.positions.size() != static_cast<size_t>(B) || b.model_fingerprint != space.model_fingerprint ||
+        b.spec_fingerprint != space.spec_fingerprint || b.salt_digest != SaltDigest(salt) ||
+        b.tokens.size() != first_token + B ||
+        !std::equal(b.tokens.begin() + static_cast<std::ptrdiff_t>(first_token), b.tokens.end(),
+                    tokens.begin() + static_cast<std::ptrdiff_t>(first_token))) {
       return InvalidArgument("tier block " + std::to_string(b.index) + " is not block " +
-                             std::to_string(load.first_block + static_cast<int>(i)) + " of this block space");
+                             std::to_string(load.first_block + static_cast<int>(i)) +
+                             " of these tokens for this tenant, model and block space");
     }
     image.positions.insert(image.positions.end(), b.positions.begin(), b.positions.end());
     for (size_t t = 0; t < n_tables; ++t) {
@@ -210,7 +216,51 @@ void TierStore::RecordLoad(size_t tier, double seconds, bool hit) {
   m.loads++;
 }
 
+std::optional<ParsedBlock> TierStore::GetBlock(size_t t, const BlockRequest& request, std::string* bytes) {
+  const double ts = util::MonotonicSeconds();
+  std::optional<std::string> got = tiers_[t]->Get(request.key);
+  if (!got) {
+    RecordLoad(t, util::MonotonicSeconds() - ts, false);
+    return std::nullopt;
+  }
+  Result<ParsedBlock> block = DecodeBlock(AsBytes(*got), request);
+  RecordLoad(t, util::MonotonicSeconds() - ts, block.ok());
+  if (!block.ok()) {
+    // Damaged: never served, never read again. Another block (NotFound) or
+    // another version (Unimplemented: an older or newer kvx sharing the
+    // tier) is a miss and stays for its readers.
+    const StatusCode code = block.status().code();
+    if (code != StatusCode::kNotFound && code != StatusCode::kUnimplemented) {
+      tiers_[t]->DropCorrupt(request.key);
+      std::lock_guard<std::mutex> lock(mu_);
+      counters_.corrupt_blocks++;
+    }
+    return std::nullopt;
+  }
+  *bytes = std::move(*got);
+  return std::move(block).value();
+}
+
+void TierStore::RunChunkLookup(const LookupRequest& q, PendingLoad& load) {
+  TierLoad& out = load.result_;
+  const double t0 = util::MonotonicSeconds();
+  out.chunks.resize(q.chunks.size());
+  out.tier_of_chunk.assign(q.chunks.size(), -1);
+  for (size_t c = 0; c < q.chunks.size() && !load.cancelled_.load(std::memory_order_relaxed); ++c) {
+    const Result<BlockSpace> space = ChunkSpace(space_, static_cast<int>(q.chunks[c].size()));
+    if (!space.ok()) continue;
+    const BlockKey key = ChunkKey(*space, q.salt, q.chunks[c]);
+    for (size_t t = 0; t < tiers_.size() && !out.chunks[c]; ++t) {
+      std::string bytes;
+      out.chunks[c] = GetBlock(t, {&*space, q.salt, q.chunks[c], 0, key, level(t)}, &bytes);
+      if (out.chunks[c]) out.tier_of_chunk[c] = static_cast<int>(t);
+    }
+  }
+  out.seconds = util::MonotonicSeconds() - t0;
+}
+
 void TierStore::RunLookup(const LookupRequest& q, PendingLoad& load) {
+  if (!q.chunks.empty()) return RunChunkLookup(q, load);
   TierLoad& out = load.result_;
   const double t0 = util::MonotonicSeconds();
   const int B = space_.block_tokens;
@@ -227,36 +277,18 @@ void TierStore::RunLookup(const LookupRequest& q, PendingLoad& load) {
     }
     bool found = false;
     for (size_t t = 0; t < tiers_.size() && !found; ++t) {
-      const BlockRequest request{&space_, q.salt, q.tokens, i, keys[i], level(t)};
-      const double ts = util::MonotonicSeconds();
-      std::optional<std::string> bytes = tiers_[t]->Get(keys[i]);
-      if (!bytes) {
-        RecordLoad(t, util::MonotonicSeconds() - ts, false);
-        continue;
-      }
-      Result<ParsedBlock> block = DecodeBlock(AsBytes(*bytes), request);
-      RecordLoad(t, util::MonotonicSeconds() - ts, block.ok());
-      if (!block.ok()) {
-        // Damaged: never served, never read again. Another block (NotFound)
-        // or another version (Unimplemented: an older or newer kvx sharing
-        // the tier) is a miss and stays for its readers.
-        const StatusCode code = block.status().code();
-        if (code != StatusCode::kNotFound && code != StatusCode::kUnimplemented) {
-          tiers_[t]->DropCorrupt(keys[i]);
-          std::lock_guard<std::mutex> lock(mu_);
-          counters_.corrupt_blocks++;
-        }
-        continue;
-      }
+      std::string bytes;
+      std::optional<ParsedBlock> block = GetBlock(t, {&space_, q.salt, q.tokens, i, keys[i], level(t)}, &bytes);
+      if (!block) continue;
       found = true;
       const StorageLevel stored = block->level;
-      out.blocks.push_back(std::move(block).value());
+      out.blocks.push_back(std::move(*block));
       out.tier_of_block.push_back(static_cast<int>(t));
       Mark(keys[i], 1u << t, 0);
       uint32_t above = 0;  // the tiers above that serve the block's level get a copy
       for (size_t u = 0; u < t; ++u) above |= AcceptsLevel(level(u), stored) ? 1u << u : 0;
       if (above != 0) {
-        promote.encoded.push_back(EncodedBlock{keys[i], std::move(*bytes), stored});
+        promote.encoded.push_back(EncodedBlock{keys[i], std::move(bytes), stored});
         promote.put_in.push_back(above);
       }
     }
@@ -272,31 +304,47 @@ void TierStore::RunLookup(const LookupRequest& q, PendingLoad& load) {
   }
 }
 
+void TierStore::RunChunkWrite(const WriteJob& job) {
+  const KVManager::SequenceImage& image = job.chunk->image;
+  const Result<BlockSpace> space = ChunkSpace(space_, static_cast<int>(image.tokens.size()));
+  if (!space.ok()) return;
+  BlockEncodeOptions options = options_.encode;
+  options.level = StorageLevel::kLossless;
+  if (!encoder_.Encode(*space, job.lookup.salt, image, 0, options).ok()) return;
+  uint32_t held = 0;
+  for (size_t t = 0; t < tiers_.size(); ++t) held |= tiers_[t]->Put(encoder_.key(), encoder_.bytes()).ok() ? 1u << t : 0;
+  Stored(encoder_.key(), held);
+}
+
 void TierStore::RunWrite(WriteJob& job) {
-  if (job.snapshot) {  // each block once per storage level its tiers write
+  if (job.chunk) return RunChunkWrite(job);
+  if (job.snapshot) {  // each block encoded once per storage level its tiers write, and put at once
     const BlockSnapshot& s = *job.snapshot;
     for (size_t i = 0; i < s.blocks.size(); ++i) {
       ServeQueuedLookups();
-      const size_t before = job.encoded.size();
-      uint32_t encoded_levels = 0;
+      uint32_t levels_done = 0, held = 0;
+      bool encoded = false;
       for (size_t t = 0; t < tiers_.size(); ++t) {
         const StorageLevel l = level(t);
-        if (encoded_levels & (1u << static_cast<int>(l))) continue;
-        encoded_levels |= 1u << static_cast<int>(l);
+        if (levels_done & (1u << static_cast<int>(l))) continue;
+        levels_done |= 1u << static_cast<int>(l);
         BlockEncodeOptions options = options_.encode;
         options.level = l;
-        Result<EncodedBlock> b = EncodeBlock(space_, s.salt, s.image, s.blocks[i], options);
-        if (!b.ok()) break;  // not storable after all (e.g. a staging page): keep the rest
-        uint32_t put_in = 0;
-        for (size_t u = 0; u < tiers_.size(); ++u) put_in |= level(u) == l ? 1u << u : 0;
-        job.encoded.push_back(std::move(b).value());
-        job.put_in.push_back(put_in);
+        if (!encoder_.Encode(space_, s.salt, s.image, s.blocks[i], options).ok()) break;  // not storable after all
+        encoded = true;
+        for (size_t u = 0; u < tiers_.size(); ++u) {
+          if (level(u) == l) held |= tiers_[u]->Put(s.keys[i], encoder_.bytes()).ok() ? 1u << u : 0;
+        }
       }
-      if (job.encoded.size() == before) Mark(s.keys[i], 0, kWriting);  // not storable: forgotten
+      if (encoded) {
+        Stored(s.keys[i], held);
+      } else {
+        Mark(s.keys[i], 0, kWriting);  // not storable (e.g. a staging page): forgotten
+      }
     }
-    job.snapshot.reset();  // the pages' copies go as soon as they are encoded
+    job.snapshot.reset();  // the pages' copies go as soon as they are written
   }
-  // Consecutive encodings of one key are one block: held by the tiers that took one.
+  // Promotions: consecutive encodings of one key are one block, held by the tiers that took one.
   for (size_t i = 0; i < job.encoded.size();) {
     ServeQueuedLookups();
     const BlockKey key = job.encoded[i].key;
@@ -306,13 +354,17 @@ void TierStore::RunWrite(WriteJob& job) {
         if (job.put_in[i] & (1u << t)) held |= tiers_[t]->Put(key, job.encoded[i].bytes).ok() ? 1u << t : 0;
       }
     }
-    Mark(key, held, kWriting);  // no tier has it: forgotten, a later sequence may write it
-    std::lock_guard<std::mutex> lock(mu_);
-    if (held != 0) {
-      counters_.blocks_written++;
-    } else {
-      counters_.write_errors++;
-    }
+    Stored(key, held);
+  }
+}
+
+void TierStore::Stored(const BlockKey& key, uint32_t held) {
+  Mark(key, held, kWriting);  // no tier has it: forgotten, a later sequence may write it
+  std::lock_guard<std::mutex> lock(mu_);
+  if (held != 0) {
+    counters_.blocks_written++;
+  } else {
+    counters_.write_errors++;
   }
 }
 
@@ -436,6 +488,22 @@ void TierStore::Write(BlockSnapshot snapshot) {
   WriteJob job;
   job.bytes = snapshot.bytes;
   job.snapshot = std::move(snapshot);
+  pending_write_bytes_ += job.bytes;
+  writes_.push_back(std::move(job));
+  wake_.notify_all();
+}
+
+void TierStore::WriteChunk(uint64_t salt, const KVManager::SequenceImage& image) {
+  if (image.tokens.empty() || image.tokens.size() > static_cast<size_t>(kMaxBlockTokens) || image.entries_removed) return;
+  WriteJob job;
+  job.lookup.salt = salt;
+  job.chunk = CopySequenceImage(image);
+  job.bytes = job.chunk->page_bytes;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (pending_write_bytes_ + job.bytes > options_.max_pending_write_bytes) {
+    counters_.writes_dropped++;
+    return;
+  }
   pending_write_bytes_ += job.bytes;
   writes_.push_back(std::move(job));
   wake_.notify_all();

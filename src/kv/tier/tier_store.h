@@ -40,6 +40,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kv/chunk_cache.h"
 #include "kv/kv_manager.h"
 #include "kv/tier/block_format.h"
 #include "kv/tier/block_key.h"
@@ -75,6 +76,11 @@ struct TierLoad {
   std::vector<int> tier_of_block;  // per block: the index of the tier it came from
   bool abandoned = false;          // stopped because loading fell behind recomputing
   double seconds = 0;              // the load's wall time
+  // A chunk lookup's (LookupRequest::chunks): per chunk asked, its block
+  // (block 0 of its ChunkSpace, checked by DecodeBlock) or nothing, and the
+  // tier it came from (-1: none).
+  std::vector<std::optional<ParsedBlock>> chunks;
+  std::vector<int> tier_of_chunk;
 };
 
 // A lookup in flight, shared by the I/O thread and the caller.
@@ -106,6 +112,10 @@ struct LookupRequest {
   // request's lookup of the blocks its preemption just wrote), not ahead
   // of them.
   bool after_writes = false;
+  // A chunk lookup instead (chunk reuse, kv/chunk_cache.h): each of these
+  // chunks (1..kMaxBlockTokens tokens) from the first tier that holds it;
+  // `tokens` and the block fields are not used.
+  std::vector<std::vector<int32_t>> chunks;
 };
 
 // The pages of the blocks of one sequence to write (Snapshot): a sequence
@@ -144,9 +154,11 @@ struct TierStoreCounters {
 // and positions, the first `load.first_block` blocks are left empty — the
 // import shares them from the pool's sequence holding them
 // (KVManager::SharedPrefix, which reads nothing of the image there).
-// `tokens`: the prompt the lookup asked for (DecodeBlock compared each
-// block's tokens with it). InvalidArgument when the blocks are not
-// consecutive blocks of this space from first_block, or `tokens` is shorter.
+// `tokens`: the prompt the lookup asked for. The one block-level import:
+// tools that decoded blocks 0..n-1 themselves pass them as a load from
+// block 0. InvalidArgument when the blocks are not consecutive blocks from
+// first_block of these tokens (each block's own tokens are compared), of
+// this space's model and spec, for this tenant, or `tokens` is shorter.
 Result<KVManager::SequenceImage> LoadImage(const TierLoad& load, std::span<const int32_t> tokens,
                                            const BlockSpace& space, uint64_t salt);
 
@@ -183,6 +195,12 @@ class TierStore {
   std::optional<BlockSnapshot> Snapshot(const KVManager& m, SeqId seq);
   // Queues a snapshot for encoding and writing to every tier.
   void Write(BlockSnapshot snapshot);
+  // Queues chunk `image` (a chunk's KV computed alone: KVManager's export of
+  // it, its pages copied here) for tenant `salt`, written to every tier as
+  // block 0 of its ChunkSpace at the lossless level (a chunk's last page is
+  // partial, which the storage codec does not code). No-op for a chunk
+  // beyond kMaxBlockTokens tokens.
+  void WriteChunk(uint64_t salt, const KVManager::SequenceImage& image);
   // Pins (on) or unpins the full blocks of `tokens` for tenant `salt` in the
   // host-RAM tier ("cache": "pin" / "unpin"), on the I/O thread after the
   // writes queued before it; a pinned block the RAM tier lacks is copied up
@@ -202,20 +220,29 @@ class TierStore {
  private:
   struct WriteJob {
     std::optional<BlockSnapshot> snapshot;  // encode, then put in every tier
-    std::vector<EncodedBlock> encoded;      // encoded[i] is put in the tiers of bit mask put_in[i]
+    std::vector<EncodedBlock> encoded;      // promotions: encoded[i] is put in the tiers of bit mask put_in[i]
     std::vector<uint32_t> put_in;
     uint64_t bytes = 0;
     std::shared_ptr<PendingLoad> load;      // or a lookup behind the writes (`lookup`)
     LookupRequest lookup;
     std::optional<bool> pin;                // or a pin (true) / unpin of `lookup`'s tokens
+    std::optional<OwnedSequenceImage> chunk;  // or a chunk (WriteChunk) of tenant `lookup.salt`
   };
   TierStore(BlockSpace space, std::vector<std::unique_ptr<Tier>> tiers, TierStoreOptions options);
   void Loop();
   void RunLookup(const LookupRequest& request, PendingLoad& load);
+  void RunChunkLookup(const LookupRequest& request, PendingLoad& load);
+  // Block `request` from tier t, checked (DecodeBlock); a damaged value is
+  // dropped from the tier and counted, another block or version is a miss
+  // left in place. The stored bytes go to *bytes when found.
+  std::optional<ParsedBlock> GetBlock(size_t t, const BlockRequest& request, std::string* bytes);
   // REQUIRES: mu_ held (unlocked while the lookup runs).
   void ServeLookup(const LookupRequest& request, const std::shared_ptr<PendingLoad>& load,
                    std::unique_lock<std::mutex>& lock);
   void RunWrite(WriteJob& job);
+  void RunChunkWrite(const WriteJob& job);
+  // A write of `key` is over: the tiers of bit mask `held` took it.
+  void Stored(const BlockKey& key, uint32_t held);
   // Serves the lookups queued now (between the blocks of a write).
   void ServeQueuedLookups();
   void RunPin(const LookupRequest& what, bool on);
@@ -231,6 +258,7 @@ class TierStore {
   std::vector<std::string> kinds_;
   const TierStoreOptions options_;
   std::vector<StorageLevel> levels_;  // per tier
+  BlockEncoder encoder_;              // the I/O thread's: its memory is reused block after block
 
   mutable std::mutex mu_;  // the queues, the counters, the metrics
   std::condition_variable wake_, idle_;

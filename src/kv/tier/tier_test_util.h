@@ -99,9 +99,11 @@ inline std::vector<int32_t> Tokens(int n, int offset = 0) {
 // the object dies.
 class TempDir {
  public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string templ = std::string(base != nullptr && *base ? base : "/tmp") + "/kvx-tier-XXXXXX";
+  // Under `under`, else $TMPDIR, else /tmp.
+  explicit TempDir(const std::string& under = "") {
+    const char* env = std::getenv("TMPDIR");
+    const std::string base = !under.empty() ? under : env != nullptr && *env ? env : "/tmp";
+    std::string templ = base + "/kvx-tier-XXXXXX";
     path_ = ::mkdtemp(templ.data()) != nullptr ? templ : std::string();
   }
   ~TempDir() {
