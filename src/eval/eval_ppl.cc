@@ -12,6 +12,7 @@
 #include "eval/stats.h"
 #include "eval/storage_trip.h"
 #include "model/sampler.h"
+#include "util/mmap_file.h"
 #include "util/clock.h"
 
 namespace kvx::eval {
@@ -124,8 +125,9 @@ std::vector<TextTaskResult> RunTextTasks(const model::Model& model, const EvalOp
       kv::tier::ParseStorageLevel(opt.storage_codec).value_or(kv::tier::StorageLevel::kLossless);
   std::vector<std::shared_ptr<const kv::tier::StorageTransform>> transforms(n_runs);
   if (through_storage && storage == kv::tier::StorageLevel::kCompact) {
+    const Result<std::string> text = ReadNonEmptyTextFile(opt.storage_calib);
     const Result<std::vector<int32_t>> calib =
-        StorageCalibrationTokens(model, opt.storage_calib, opt.storage_calib_tokens);
+        text.ok() ? TokenizeCalibrationText(model, *text, opt.storage_calib_tokens) : text.status();
     for (size_t r = 1; r < n_runs; ++r) {
       Result<std::shared_ptr<const kv::tier::StorageTransform>> t =
           calib.ok() ? CalibrateStorage(*runs[r].engine, *calib, chunk_len) : calib.status();

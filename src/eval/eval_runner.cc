@@ -586,14 +586,7 @@ class Runner {
   Status PromptThroughStorage(size_t r, const std::vector<int32_t>& prompt, std::vector<int32_t>* rest,
                               StorageTrip* trip) {
     trip->level = *kv::tier::ParseStorageLevel(opt_.storage_codec);  // checked by Resolve
-    if (trip->level == kv::tier::StorageLevel::kCompact) {
-      if (!storage_transforms_[r]) {
-        Result<std::shared_ptr<const kv::tier::StorageTransform>> t = CalibrateStorageOn(*rts_[r]);
-        if (!t.ok()) return t.status().WithContext("--storage-codec compact");
-        storage_transforms_[r] = *t;
-      }
-      trip->transform = storage_transforms_[r];
-    }
+    trip->transform = storage_transforms_[r];
     const std::span<const int32_t> context = std::span(prompt).first(prompt.size() - 1);
     KVX_RETURN_IF_ERROR(sessions_[r]->Feed(std::span(*rest).first(rest->size() - 1)).status());
     if (opt_.compress != "none") KVX_RETURN_IF_ERROR(sessions_[r]->Compress());
@@ -602,10 +595,18 @@ class Runner {
     return Status::Ok();
   }
 
-  Result<std::shared_ptr<const kv::tier::StorageTransform>> CalibrateStorageOn(engine::Engine& engine) {
+  // The compact level's transform of run r, calibrated once, before its
+  // first prompt (while its session holds no pages).
+  Status CalibrateStorageOnce(size_t r) {
+    if (r == 0 || opt_.storage_codec != "compact" || storage_transforms_[r]) return Status::Ok();
+    sessions_[r]->Reset();
+    KVX_ASSIGN_OR_RETURN(std::string text, ReadNonEmptyTextFile(opt_.storage_calib));
     KVX_ASSIGN_OR_RETURN(const std::vector<int32_t> tokens,
-                         StorageCalibrationTokens(model_, opt_.storage_calib, opt_.storage_calib_tokens));
-    return CalibrateStorage(engine, tokens, opt_.chunk);
+                         TokenizeCalibrationText(model_, std::move(text), opt_.storage_calib_tokens));
+    Result<std::shared_ptr<const kv::tier::StorageTransform>> t = CalibrateStorage(*rts_[r], tokens, opt_.chunk);
+    if (!t.ok()) return t.status().WithContext("--storage-codec compact");
+    storage_transforms_[r] = *t;
+    return Status::Ok();
   }
 
   RetrievalResult RunRetrieval(size_t r, const ProbePlan& plan, const std::string& metric) {
@@ -630,6 +631,10 @@ class Runner {
     const bool values = metric == "values_found";
     std::string so_far;
     const GenItem* current = nullptr;
+    if (const Status calibrated = CalibrateStorageOnce(r); !calibrated.ok()) {
+      res.ok = false;
+      res.error = calibrated.message();
+    }
     // Stop once more tokens cannot change the score: every value found
     // (niah*, vt), or the first integer's digits ended (passkey, lines).
     const bool integer = metric == "first_integer";

@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "kv/tier/block_format.h"
-#include "util/mmap_file.h"
 
 namespace kvx::eval {
 
@@ -39,9 +38,7 @@ Result<std::unique_ptr<engine::Session>> ThroughStorage(engine::Session& session
   return restored;
 }
 
-Result<std::vector<int32_t>> StorageCalibrationTokens(const model::Model& model, const std::string& path,
-                                                      int max_tokens) {
-  KVX_ASSIGN_OR_RETURN(std::string text, ReadNonEmptyTextFile(path));
+Result<std::vector<int32_t>> TokenizeCalibrationText(const model::Model& model, std::string text, int max_tokens) {
   // Far more bytes than the tokens need are not tokenized: the text is cut
   // at a line end (a UTF-8 boundary) past 16 bytes a token.
   const size_t line_end = text.find('\n', static_cast<size_t>(max_tokens) * 16);

@@ -43,9 +43,8 @@ struct StorageTrip {
 Result<std::unique_ptr<engine::Session>> ThroughStorage(engine::Session& session, std::span<const int32_t> context,
                                                         StorageTrip* trip);
 
-// The calibration text's first `max_tokens` tokens (without BOS).
-Result<std::vector<int32_t>> StorageCalibrationTokens(const model::Model& model, const std::string& path,
-                                                      int max_tokens);
+// A calibration text's first `max_tokens` tokens (without BOS).
+Result<std::vector<int32_t>> TokenizeCalibrationText(const model::Model& model, std::string text, int max_tokens);
 
 // The compact level's transform for `engine`'s spec: the PCA of the KV its
 // pool holds for `tokens`, fed in chunks of `chunk` tokens from an empty
