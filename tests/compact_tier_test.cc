@@ -112,10 +112,10 @@ TEST(CompactTierTest, ACompactDiskHitGivesLogitsNearAFreshPrefill) {
   ASSERT_TRUE(prefix.ok());
   auto seq = e.kv_manager().ImportSequence(*prefix);
   ASSERT_TRUE(seq.ok()) << seq.status().ToString();
-  auto restored = e.AdoptSequence(*seq);
+  // The hit's sequence, then the tokens after its blocks, as the scheduler feeds them.
   std::vector<float> hit;
   const std::vector<int32_t> rest(prompt.begin() + 2 * kBlock, prompt.end());
-  ASSERT_TRUE(restored->FeedWithLogits(rest, static_cast<int>(rest.size()) - 1, &hit).ok());
+  ASSERT_TRUE(e.AdoptSequence(*seq)->FeedWithLogits(rest, kPromptTokens - 2 * kBlock - 1, &hit).ok());
 
   ASSERT_EQ(hit.size(), fresh.size());
   EXPECT_NE(hit, fresh);  // lossy

@@ -345,6 +345,16 @@ TEST(EvalTest, StorageCodecSendsRetrievalPromptsThroughTheTierFormat) {
   EXPECT_EQ(trip.kv.peak_tokens, 256);
   ASSERT_TRUE(low.specs[1].passkey->ok) << low.specs[1].passkey->error;
   EXPECT_LT(low.specs[1].passkey->kv.peak_bytes * 3, trip.kv.peak_bytes);
+  // compact: the spec's transform is calibrated (once, before its first
+  // prompt, while its pool is empty) and every prompt goes through it.
+  o.storage_calib = TempDir() + "/eval_retrieval_calib.txt";
+  std::string calib;
+  for (int i = 0; i < 300; ++i) calib += "calibration " + std::to_string(i * 7919 % 97) + " text. ";
+  std::ofstream(o.storage_calib) << calib;
+  o.storage_calib_tokens = 400;
+  const eval::EvalReport compact = run_at("compact");
+  ASSERT_TRUE(compact.specs[1].passkey->ok) << compact.specs[1].passkey->error;
+  EXPECT_EQ(compact.specs[1].passkey->n, base.n);
 }
 
 // --storage-codec compact: each spec's transform is calibrated on
