@@ -18,7 +18,7 @@ LEVELS = ["lossless", "high", "medium", "low", "compact"]
 # compact codes pre-RoPE keys (docs/tiers.md#the-compact-level), against the same f16 baseline.
 LEVEL_SPEC = {level: "codec=f16" for level in LEVELS} | {"compact": "codec=f16,prerope=1"}
 LEVEL_ROW = {level: "f16 pool, tier block `--cache-codec %s`" % level for level in LEVELS} | {
-    "compact": "f16 pool `prerope=1`, tier block at `compact` (eval only)"}
+    "compact": "f16 pool `prerope=1`, tier block at `compact`"}
 
 
 def eval_rows(kvx, model, text, chunks, specs, storage=None):

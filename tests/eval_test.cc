@@ -310,8 +310,51 @@ TEST(EvalTest, StorageCodecSendsTheContextThroughTheTierFormat) {
   EXPECT_EQ(exact.kv.peak_tokens, 256);
   EXPECT_GT(lossy.mean, 0.0);
   EXPECT_LT(lossy.kv.peak_bytes * 3, exact.kv.peak_bytes);
-  o.tasks = {eval::Task::kKld, eval::Task::kPasskey};
+  o.tasks = {eval::Task::kKld, eval::Task::kCopy};
   EXPECT_EQ(eval::RunEval(**model, &threads, o, {}).status().code(), StatusCode::kInvalidArgument);
+}
+
+// --storage-codec on a retrieval task: each prompt but its last token goes
+// through the tier block format and back before the answer, as a tier hit
+// serves it. Lossless restores the pages byte for byte, so every answer is
+// the baseline's (same codec) word for word; its KV bytes are the blocks'
+// (one block of 256 tokens of each 400-token prompt); `low` stores less.
+TEST(EvalTest, StorageCodecSendsRetrievalPromptsThroughTheTierFormat) {
+  auto model = model::Model::Load(SyntheticModel());
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  ThreadPool threads(2);
+  eval::EvalOptions o = StorageCodecOptions();
+  o.tasks = {eval::Task::kPasskey};
+  o.lengths = {400};
+  o.depths = {0.25, 0.75};
+  o.passkey_trials = 2;
+  auto run_at = [&](const char* level) {
+    o.storage_codec = level;
+    auto report = eval::RunEval(**model, &threads, o, {});
+    EXPECT_TRUE(report.ok()) << report.status().ToString();
+    return report.ok() ? *report : eval::EvalReport{};
+  };
+  const eval::EvalReport exact = run_at("lossless"), low = run_at("low");
+  ASSERT_EQ(exact.specs.size(), 2u);
+  const eval::RetrievalResult& base = *exact.specs[0].passkey;
+  const eval::RetrievalResult& trip = *exact.specs[1].passkey;
+  ASSERT_TRUE(trip.ok) << trip.error;
+  ASSERT_EQ(trip.cells.size(), base.cells.size());
+  for (size_t c = 0; c < base.cells.size(); ++c) EXPECT_EQ(trip.cells[c].example, base.cells[c].example) << c;
+  EXPECT_EQ(trip.hits, base.hits);
+  EXPECT_EQ(trip.kv.peak_tokens, 256);
+  ASSERT_TRUE(low.specs[1].passkey->ok) << low.specs[1].passkey->error;
+  EXPECT_LT(low.specs[1].passkey->kv.peak_bytes * 3, trip.kv.peak_bytes);
+  // compact: the spec's transform is calibrated (once, before its first
+  // prompt, while its pool is empty) and every prompt goes through it.
+  o.storage_calib = TempDir() + "/eval_retrieval_calib.txt";
+  std::string calib;
+  for (int i = 0; i < 300; ++i) calib += "calibration " + std::to_string(i * 7919 % 97) + " text. ";
+  std::ofstream(o.storage_calib) << calib;
+  o.storage_calib_tokens = 400;
+  const eval::EvalReport compact = run_at("compact");
+  ASSERT_TRUE(compact.specs[1].passkey->ok) << compact.specs[1].passkey->error;
+  EXPECT_EQ(compact.specs[1].passkey->n, base.n);
 }
 
 // --storage-codec compact: each spec's transform is calibrated on

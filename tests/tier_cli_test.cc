@@ -202,6 +202,60 @@ TEST(TierCliTest, ChunksSurviveARestartAndAreSharedThroughRedis) {
   EXPECT_EQ(shared["text"], first["text"]);
 }
 
+// --cache-codec compact end to end: kvx calibrate-storage writes the
+// transform of a model and --kv; a restarted process with the same file
+// hits the disk blocks the first wrote, one with another calibration's file
+// then misses them (no garbage: the block header's digest), a file of another
+// spec is refused naming both fingerprints. Without a file, the first start
+// calibrates on the bundled text and caches the transform, the next finds it.
+TEST(TierCliTest, CompactBlocksHitOnlyWithTheirTransform) {
+  kv::tier::testing::TempDir dir, cache;
+  const std::string kvx = BinaryDir() + "/kvx", t1 = cache.path() + "/t1.kvxt", t2 = cache.path() + "/t2.kvxt";
+  const std::string other_text = TempDir() + "/tier_other_calib.txt";
+  {
+    std::ofstream f(other_text);
+    for (int i = 0; i < 400; ++i) f << "another " << i * 7919 % 113 << " calibration text, ";
+  }
+  auto calibrate = [&](const std::vector<std::string>& extra) {
+    std::vector<std::string> argv = {kvx, "calibrate-storage", "-m", TinyModel(), "--kv", "codec=f16,page=16", "-c", "1024"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    const auto r = RunCommand(argv);
+    EXPECT_TRUE(r.exited && r.exit_code == 0) << r.Describe() << "\n" << r.output;
+  };
+  calibrate({"-o", t1});
+  calibrate({"-o", t2, "-f", other_text});
+  auto compact = [&](const std::string& file, const std::string& out) {
+    return Batch({"--cache-dir", dir.path(), "--cache-codec", "compact", "--storage-transform", file}, out);
+  };
+  const auto first = compact(t1, TempDir() + "/tier_compact1.jsonl");
+  const auto same = compact(t1, TempDir() + "/tier_compact2.jsonl");
+  const auto other = compact(t2, TempDir() + "/tier_compact3.jsonl");  // (then overwrites them with its own)
+  ASSERT_EQ(first.size(), 2u);
+  ASSERT_EQ(other.size(), 2u);
+  ASSERT_EQ(same.size(), 2u);
+  EXPECT_EQ(FromTier(first[0], "disk"), 0);
+  EXPECT_EQ(FromTier(other[0], "disk"), 0) << other[0].dump();
+  EXPECT_EQ(other[0]["text"], first[0]["text"]);  // recomputed, as the first process did
+  EXPECT_GE(FromTier(same[0], "disk"), 32) << same[0].dump();
+  auto r = RunCommand({kvx, "batch", Requests(), "-m", TinyModel(), "--kv", "codec=f32,page=16", "-c", "1024",
+                       "--cache-dir", dir.path(), "--cache-codec", "compact", "--storage-transform", t1});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("kvx: error: --storage-transform: " + t1 + " is the storage transform of model"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("not of this one, model"), std::string::npos) << r.output;
+  setenv("KVX_TUNE_CACHE", cache.path().c_str(), 1);
+  r = RunCommand({kvx, "batch", Requests(), "-m", TinyModel(), "-c", "1024", "--cache-dir", dir.path(), "--cache-codec",
+                  "compact", "-o", TempDir() + "/tier_compact4.jsonl"});
+  EXPECT_NE(r.output.find("calibrated one on the bundled text"), std::string::npos) << r.output;
+  r = RunCommand({kvx, "batch", Requests(), "-m", TinyModel(), "-c", "1024", "--cache-dir", dir.path(), "--cache-codec",
+                  "compact", "-o", TempDir() + "/tier_compact5.jsonl"});
+  EXPECT_NE(r.output.find("(the cache's for this model and --kv)"), std::string::npos) << r.output;
+  unsetenv("KVX_TUNE_CACHE");
+  r = RunCommand({kvx, "batch", Requests(), "-m", TinyModel(), "--kv", "codec=int8", "--cache-dir", dir.path(),
+                  "--cache-codec", "compact"});
+  EXPECT_NE(r.output.find("kvx: error: --cache-codec compact codes f16 and f32 pools"), std::string::npos) << r.output;
+}
+
 TEST(TierCliTest, BadCacheFlagsAndFieldsAreClearErrors) {
   const std::string pin = TempDir() + "/tier_pin.jsonl";
   std::ofstream(pin) << R"({"prompt": "x", "cache": "pin"})" << "\n";

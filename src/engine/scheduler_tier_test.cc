@@ -16,6 +16,7 @@
 #include "engine/scheduler_test_util.h"
 #include "kv/tier/disk_tier.h"
 #include "kv/tier/ram_tier.h"
+#include "kv/tier/storage_transform.h"
 #include "kv/tier/tier_test_util.h"
 #include "model/fingerprint.h"
 
@@ -554,6 +555,72 @@ TEST(SchedulerTierTest, APreemptedRequestIsSwappedBackInFromTheRamTier) {
   }
   EXPECT_GT(preemptions, 0u);
   EXPECT_GT(swapped_in, 0u);
+}
+
+namespace compact {
+
+// A transform for `engine`'s pool calibrated on the KV of `tokens` (the
+// tools calibrate on a text the same way: eval/storage_transform_cache.h).
+std::shared_ptr<const kv::tier::StorageTransform> Calibrated(Engine& engine, const std::vector<int32_t>& tokens) {
+  kv::tier::TransformCalibration calibration(engine.kv_manager().spec().layout, engine.kv_manager().spec().layers);
+  auto session = engine.NewSession();
+  EXPECT_TRUE(session.ok() && (*session)->Feed(tokens).ok());
+  auto image = engine.kv_manager().ExportSequence((*session)->id());
+  EXPECT_TRUE(image.ok() && calibration.Add(*image).ok());
+  return std::make_shared<const kv::tier::StorageTransform>(calibration.Finish().value());
+}
+
+// A store of one tier at the compact level with `transform`.
+std::shared_ptr<TierStore> CompactStore(const Engine& engine, std::unique_ptr<kv::tier::Tier> tier,
+                                        std::shared_ptr<const kv::tier::StorageTransform> transform) {
+  auto space = kv::tier::MakeBlockSpace(engine.kv_manager().spec(), model::ModelFingerprint(engine.model().file()), kBlock);
+  EXPECT_TRUE(space.ok()) << space.status().ToString();
+  space->transform = std::move(transform);
+  std::vector<std::unique_ptr<kv::tier::Tier>> tiers;
+  tiers.push_back(std::move(tier));
+  kv::tier::TierStoreOptions options;
+  options.tier_levels = {kv::tier::StorageLevel::kCompact};
+  auto store = TierStore::Create(std::move(space).value(), std::move(tiers), options);
+  EXPECT_TRUE(store.ok()) << store.status().ToString();
+  return std::move(store).value();
+}
+
+}  // namespace compact
+
+// The compact level through a disk tier and a Redis tier: a restarted
+// engine with the transform that coded the blocks hits them; one with
+// another transform (another calibration) misses, leaves them, counts
+// nothing corrupt and gives the tokens it gives alone (never a decode with
+// the wrong basis: the block header's digest).
+TEST(SchedulerTierTest, ACompactHitNeedsTheTransformThatCodedIt) {
+  kv::tier::testing::TempDir dir;
+  std::unique_ptr<kv::tier::testing::RedisServer> redis;
+  std::vector<std::string> kinds = {"disk"};
+  if (!kv::tier::testing::FindRedisServer().empty()) {
+    redis = std::make_unique<kv::tier::testing::RedisServer>();
+    ASSERT_TRUE(redis->Start());
+    kinds.push_back("redis");
+  }
+  auto tier = [&](const std::string& kind) { return kind == "disk" ? Disk(dir.path()) : Redis(redis->url()); };
+  auto a = MakeEngine(kSpec, 512);
+  const auto t1 = compact::Calibrated(*a, Tokens(256, 11)), t2 = compact::Calibrated(*a, Tokens(256, 12));
+  ASSERT_NE(t1->digest(), t2->digest());
+  const auto alone = Alone(*a, kPrompt, 6, 7);
+  for (const std::string& kind : kinds) {
+    auto writer = compact::CompactStore(*a, tier(kind), t1);
+    RunOne(*a, writer, FixedLengthRequest(kPrompt, 6, 7));
+    EXPECT_EQ(writer->counters().blocks_written, 4u) << kind;
+    auto b = MakeEngine(kSpec, 512);
+    const Outcome hit = RunOne(*b, compact::CompactStore(*b, tier(kind), t1), FixedLengthRequest(kPrompt, 6, 7));
+    EXPECT_EQ(FromTier(hit, kind), 4 * kBlock) << kind;
+    EXPECT_EQ(hit.finish.at(0).tokens.size(), alone.size()) << kind;
+    auto c = MakeEngine(kSpec, 512);
+    auto other = compact::CompactStore(*c, tier(kind), t2);
+    const Outcome miss = RunOne(*c, other, FixedLengthRequest(kPrompt, 6, 7));
+    EXPECT_EQ(miss.timing.cached_tokens, 0) << kind;
+    EXPECT_EQ(miss.finish.at(0).tokens, alone) << kind;
+    EXPECT_EQ(other->counters().corrupt_blocks, 0u) << kind;
+  }
 }
 
 }  // namespace

@@ -154,10 +154,11 @@ struct EvalOptions {
   // of specs measured in different passes stay comparable).
   bool always_split = false;
   // A tier storage level (kv/tier/storage_codec.h; "" = none): ppl and kld
-  // (only) use the split protocol, and every spec but the baseline sends
-  // its context's full 256-token blocks through the tier block format at
-  // this level and back, as a tier hit would load them, before the rest is
-  // scored. Its KV bytes are then the stored blocks' bytes.
+  // use the split protocol, and every spec but the baseline sends its
+  // context's full 256-token blocks through the tier block format at this
+  // level and back, as a tier hit would load them, before the rest is
+  // scored; on the retrieval tasks, each prompt's but its last token, before
+  // the answer (copy is refused). Its KV bytes are then the stored blocks'.
   std::string storage_codec;
   // The `compact` level's calibration (kv/tier/storage_transform.h): the
   // PCA of each spec's KV over this text's first storage_calib_tokens

@@ -10,9 +10,7 @@
 
 #include "eval/perplexity.h"
 #include "eval/stats.h"
-#include "kv/tier/block_format.h"
-#include "kv/tier/storage_transform.h"
-#include "kv/tier/tier_store.h"
+#include "eval/storage_trip.h"
 #include "model/sampler.h"
 #include "util/mmap_file.h"
 #include "util/clock.h"
@@ -45,88 +43,6 @@ int SplitContext(const EvalOptions& opt, int chunk_len) {
   const int ctx = opt.kld_context >= 1.0 ? static_cast<int>(opt.kld_context)
                                          : static_cast<int>(std::lround(opt.kld_context * chunk_len));
   return std::clamp(ctx, 1, chunk_len - 2);
-}
-
-// EvalOptions::storage_codec: the tokens a tier block holds (--cache-block's default).
-constexpr int kStorageBlockTokens = 256;
-
-// What one run's context went through on its way through the storage codec.
-struct StorageTrip {
-  kv::tier::StorageLevel level = kv::tier::StorageLevel::kLossless;
-  std::shared_ptr<const kv::tier::StorageTransform> transform;  // compact
-  uint64_t bytes = 0;  // the stored blocks' bytes
-  int64_t tokens = 0;  // the tokens they hold
-};
-
-// The full blocks of `session`'s context leave the pool through the tier
-// block format at trip->level and come back as a tier hit loads them
-// (EncodeBlock, DecodeBlock, LoadImage, ImportSequence, as the scheduler
-// does); the rest of the context is fed again, as after a hit. Returns the
-// session that holds the result (`session` is reset).
-Result<std::unique_ptr<engine::Session>> ThroughStorage(engine::Session& session, std::span<const int32_t> context,
-                                                        StorageTrip* trip) {
-  namespace tier = kv::tier;
-  kv::KVManager& m = session.engine().kv_manager();
-  KVX_ASSIGN_OR_RETURN(tier::BlockSpace space, tier::MakeBlockSpace(m.spec(), 0, kStorageBlockTokens));
-  space.transform = trip->transform;
-  KVX_ASSIGN_OR_RETURN(const kv::KVManager::SequenceImage image, m.ExportSequence(session.id()));
-  const int n = static_cast<int>(context.size()) / kStorageBlockTokens;
-  if (n == 0) {
-    return InvalidArgument("--storage-codec: the ppl/kld context holds no full block of " +
-                           std::to_string(kStorageBlockTokens) + " tokens (use a longer --chunk)");
-  }
-  const std::vector<tier::BlockKey> keys = tier::BlockKeys(space, image.salt, image.tokens);
-  tier::TierLoad load;  // blocks 0..n-1
-  for (int i = 0; i < n; ++i) {
-    KVX_ASSIGN_OR_RETURN(const tier::EncodedBlock b, tier::EncodeBlock(space, image.salt, image, i, {.level = trip->level}));
-    trip->bytes += b.bytes.size();
-    const tier::BlockRequest q{&space, image.salt, image.tokens, i, keys[i], trip->level};
-    KVX_ASSIGN_OR_RETURN(tier::ParsedBlock block,
-                         tier::DecodeBlock({reinterpret_cast<const uint8_t*>(b.bytes.data()), b.bytes.size()}, q));
-    load.blocks.push_back(std::move(block));
-  }
-  trip->tokens += static_cast<int64_t>(n) * kStorageBlockTokens;
-  KVX_ASSIGN_OR_RETURN(const kv::KVManager::SequenceImage prefix, tier::LoadImage(load, image.tokens, space, image.salt));
-  session.Reset();  // the blocks hold copies: the pool's pages go back before the import
-  KVX_ASSIGN_OR_RETURN(const kv::SeqId seq, m.ImportSequence(prefix));
-  std::unique_ptr<engine::Session> restored = session.engine().AdoptSequence(seq);
-  const size_t done = static_cast<size_t>(n) * kStorageBlockTokens;
-  if (done < context.size()) KVX_RETURN_IF_ERROR(restored->Feed(context.subspan(done)).status());
-  return restored;
-}
-
-// The compact level's transform for `engine`'s spec (EvalOptions::
-// storage_calib): the PCA of the KV its pool holds for the calibration
-// text's first tokens, fed in chunks of `chunk` tokens from an empty cache
-// (BOS first), as the eval's own chunks are.
-Result<std::shared_ptr<const kv::tier::StorageTransform>> CalibrateStorage(engine::Engine& engine,
-                                                                           std::span<const int32_t> tokens, int chunk) {
-  kv::KVManager& m = engine.kv_manager();
-  kv::tier::TransformCalibration calibration(m.spec().layout, m.spec().layers);
-  const model::Tokenizer& tok = engine.model().tokenizer();
-  for (size_t at = 0; at < tokens.size(); at += static_cast<size_t>(chunk)) {
-    std::vector<int32_t> part(tokens.begin() + static_cast<long>(at),
-                              tokens.begin() + static_cast<long>(std::min(tokens.size(), at + chunk)));
-    if (tok.add_bos() && tok.bos() >= 0) part[0] = tok.bos();
-    KVX_ASSIGN_OR_RETURN(std::unique_ptr<engine::Session> session, engine.NewSession());
-    KVX_RETURN_IF_ERROR(session->Feed(part).status());
-    KVX_ASSIGN_OR_RETURN(const kv::KVManager::SequenceImage image, m.ExportSequence(session->id()));
-    KVX_RETURN_IF_ERROR(calibration.Add(image));
-  }
-  KVX_ASSIGN_OR_RETURN(kv::tier::StorageTransform transform, calibration.Finish());
-  return std::make_shared<const kv::tier::StorageTransform>(std::move(transform));
-}
-
-// The calibration text's first EvalOptions::storage_calib_tokens tokens.
-Result<std::vector<int32_t>> StorageCalibrationTokens(const model::Model& model, const EvalOptions& opt) {
-  KVX_ASSIGN_OR_RETURN(std::string text, ReadNonEmptyTextFile(opt.storage_calib));
-  // Far more bytes than the tokens need are not tokenized: the text is cut
-  // at a line end (a UTF-8 boundary) past 16 bytes a token.
-  const size_t line_end = text.find('\n', static_cast<size_t>(opt.storage_calib_tokens) * 16);
-  if (line_end != std::string::npos) text.resize(line_end);
-  KVX_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, model.tokenizer().Encode(text, false, false));
-  if (tokens.size() > static_cast<size_t>(opt.storage_calib_tokens)) tokens.resize(opt.storage_calib_tokens);
-  return tokens;
 }
 
 // The chunk's logits of rows first..chunk_len-2. Split protocol: prefill
@@ -209,7 +125,9 @@ std::vector<TextTaskResult> RunTextTasks(const model::Model& model, const EvalOp
       kv::tier::ParseStorageLevel(opt.storage_codec).value_or(kv::tier::StorageLevel::kLossless);
   std::vector<std::shared_ptr<const kv::tier::StorageTransform>> transforms(n_runs);
   if (through_storage && storage == kv::tier::StorageLevel::kCompact) {
-    const Result<std::vector<int32_t>> calib = StorageCalibrationTokens(model, opt);
+    const Result<std::string> text = ReadNonEmptyTextFile(opt.storage_calib);
+    const Result<std::vector<int32_t>> calib =
+        text.ok() ? TokenizeCalibrationText(model, *text, opt.storage_calib_tokens) : text.status();
     for (size_t r = 1; r < n_runs; ++r) {
       Result<std::shared_ptr<const kv::tier::StorageTransform>> t =
           calib.ok() ? CalibrateStorage(*runs[r].engine, *calib, chunk_len) : calib.status();

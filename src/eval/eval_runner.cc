@@ -15,6 +15,7 @@
 #include "eval/eval_ppl.h"
 #include "eval/prefill_cache.h"
 #include "eval/ruler.h"
+#include "eval/storage_trip.h"
 #include "eval/text_score.h"
 #include "kv/tier/storage_codec.h"
 #include "model/sampler.h"
@@ -192,9 +193,9 @@ class Runner {
                                " (got '" + o.storage_codec + "')");
       }
       for (Task t : o.tasks) {
-        if (t != Task::kPpl && t != Task::kKld) {
-          return InvalidArgument("--storage-codec applies to the ppl and kld tasks only (drop --tasks " +
-                                 std::string(TaskName(t)) + ", or run it without --storage-codec)");
+        if (t == Task::kCopy) {
+          return InvalidArgument("--storage-codec applies to ppl, kld and the retrieval tasks, not copy (drop --tasks "
+                                 "copy, or run it without --storage-codec)");
         }
       }
     }
@@ -577,6 +578,37 @@ class Runner {
 
   // ---- passkey, lines, needle, niah*, vt ----
 
+  // EvalOptions::storage_codec on a retrieval prompt: all of it but its last
+  // token (*rest: what the session has not been fed yet) is fed, compressed
+  // when the spec compresses, and its full blocks go through the storage
+  // codec and back, as a tier hit of the same prompt would serve them; the
+  // last token is left in *rest for the answer's prefill.
+  Status PromptThroughStorage(size_t r, const std::vector<int32_t>& prompt, std::vector<int32_t>* rest,
+                              StorageTrip* trip) {
+    trip->level = *kv::tier::ParseStorageLevel(opt_.storage_codec);  // checked by Resolve
+    trip->transform = storage_transforms_[r];
+    const std::span<const int32_t> context = std::span(prompt).first(prompt.size() - 1);
+    KVX_RETURN_IF_ERROR(sessions_[r]->Feed(std::span(*rest).first(rest->size() - 1)).status());
+    if (opt_.compress != "none") KVX_RETURN_IF_ERROR(sessions_[r]->Compress());
+    KVX_ASSIGN_OR_RETURN(sessions_[r], ThroughStorage(*sessions_[r], context, trip));
+    rest->assign(prompt.end() - 1, prompt.end());
+    return Status::Ok();
+  }
+
+  // The compact level's transform of run r, calibrated once, before its
+  // first prompt (while its session holds no pages).
+  Status CalibrateStorageOnce(size_t r) {
+    if (r == 0 || opt_.storage_codec != "compact" || storage_transforms_[r]) return Status::Ok();
+    sessions_[r]->Reset();
+    KVX_ASSIGN_OR_RETURN(std::string text, ReadNonEmptyTextFile(opt_.storage_calib));
+    KVX_ASSIGN_OR_RETURN(const std::vector<int32_t> tokens,
+                         TokenizeCalibrationText(model_, std::move(text), opt_.storage_calib_tokens));
+    Result<std::shared_ptr<const kv::tier::StorageTransform>> t = CalibrateStorage(*rts_[r], tokens, opt_.chunk);
+    if (!t.ok()) return t.status().WithContext("--storage-codec compact");
+    storage_transforms_[r] = *t;
+    return Status::Ok();
+  }
+
   RetrievalResult RunRetrieval(size_t r, const ProbePlan& plan, const std::string& metric) {
     RetrievalResult res;
     res.metric = metric;
@@ -599,6 +631,10 @@ class Runner {
     const bool values = metric == "values_found";
     std::string so_far;
     const GenItem* current = nullptr;
+    if (const Status calibrated = CalibrateStorageOnce(r); !calibrated.ok()) {
+      res.ok = false;
+      res.error = calibrated.message();
+    }
     // Stop once more tokens cannot change the score: every value found
     // (niah*, vt), or the first integer's digits ended (passkey, lines).
     const bool integer = metric == "first_integer";
@@ -638,6 +674,12 @@ class Runner {
         rest.erase(rest.begin(), rest.begin() + shared);
         if (g.compress_at > 0) g.compress_at -= shared;
       }
+      std::optional<StorageTrip> trip;
+      if (status.ok() && r > 0 && !opt_.storage_codec.empty()) {
+        trip.emplace();
+        status = PromptThroughStorage(r, item.prompt, &rest, &*trip);
+        if (status.ok()) g.compress_at = -1;  // compressed before the trip
+      }
       engine::Session& session = *sessions_[r];
       if (status.ok()) {
         status = engine::Generate(&session, rest, g, values || integer ? engine::TokenCallback(stop_when_decided) : nullptr,
@@ -650,7 +692,11 @@ class Runner {
         Advance(weight);
         continue;
       }
-      Observe(r, &res.kv);
+      if (trip) {
+        res.kv.Observe(trip->bytes, trip->tokens, report_.model.f16_bytes_per_token);
+      } else {
+        Observe(r, &res.kv);
+      }
       session.Reset();
       const std::string text = tok.Decode(out, /*special=*/false);
       double score = 0;
@@ -696,6 +742,7 @@ class Runner {
   std::vector<CopySequence> copy_random_, copy_text_;
   ProbePlan passkey_, lines_, needle_;
   std::map<Task, ProbePlan> ruler_plans_;  // in task order
+  std::map<size_t, std::shared_ptr<const kv::tier::StorageTransform>> storage_transforms_;  // compact, per run
   PrefillCache prefill_cache_{static_cast<uint64_t>(opt_.prefill_cache_mib) << 20};
   bool lengths_defaulted_ = false;
   int64_t total_items_ = 0;

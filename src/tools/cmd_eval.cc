@@ -251,9 +251,10 @@ void RegisterEval(CLI::App& app, int* exit_code) {
       ->capture_default_str()
       ->check(IntIn(0, kMaxContext));
   cmd->add_option("--storage-codec", o.storage_codec,
-                  "ppl/kld through the KV tiers' storage codec: every spec but the baseline sends its context's "
-                  "256-token blocks through the tier block format at this level (lossless, high, medium, low, "
-                  "compact) and back before the rest is scored; its KV bytes are the stored blocks'")
+                  "ppl/kld and retrieval through the KV tiers' storage codec: every spec but the baseline sends "
+                  "its context's (a retrieval prompt's: all but its last token) 256-token blocks through the tier "
+                  "block format at this level (lossless, high, medium, low, compact) and back, as a tier hit "
+                  "serves them, before the rest is scored or answered; its KV bytes are the stored blocks'")
       ->check(CLI::IsMember({"lossless", "high", "medium", "low", "compact"}));
   cmd->add_option("--storage-calib", o.storage_calib,
                   "--storage-codec compact: the text whose KV calibrates the storage transform (PCA per layer, kv "

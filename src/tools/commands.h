@@ -19,6 +19,7 @@ void RegisterEval(CLI::App& app, int* exit_code);
 void RegisterServe(CLI::App& app, int* exit_code);
 void RegisterBatch(CLI::App& app, int* exit_code);
 void RegisterCalibrateHeads(CLI::App& app, int* exit_code);
+void RegisterCalibrateStorage(CLI::App& app, int* exit_code);
 void RegisterTune(CLI::App& app, int* exit_code);
 
 // Prints "kvx: error: <message>" to stderr and returns 1 (0 when ok).

@@ -1,10 +1,12 @@
 #include "tools/flags.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
+#include "eval/storage_transform_cache.h"
 #include "eval/tune_cache.h"
 #include "gguf/gguf_file.h"
 #include "kv/kv_spec.h"
@@ -242,12 +244,17 @@ void AddCacheFlags(CLI::App* cmd, CacheFlags* flags) {
       ->check(CLI::IsMember({"through", "back"}));
   cmd->add_option("--cache-codec", flags->codec,
                   "Storage codec of the KV tiers: lossless (the pool's pages byte for byte), high, medium or low "
-                  "(CacheGen-style, for f16/f32 pools), for every tier or per tier: disk=high,redis=medium")
+                  "(CacheGen-style, for f16/f32 pools), compact (a calibrated PCA per layer and kv head: "
+                  "--storage-transform), for every tier or per tier: disk=high,redis=medium")
       ->capture_default_str()
       ->check([](const std::string& text) {
         Result<kv::tier::StorageLevels> l = kv::tier::ParseStorageLevels(text);
         return l.ok() ? std::string() : l.status().message();
       });
+  cmd->add_option("--storage-transform", flags->storage_transform,
+                  "--cache-codec compact: the storage transform file (kvx calibrate-storage -o); without it, the one "
+                  "cached for this model and --kv, else one calibrated at start-up on a bundled text and cached")
+      ->check(CLI::ExistingFile);
   cmd->add_option("--cache-block", flags->block_tokens,
                   "Tokens per KV tier block (a multiple of the KV page size, at most 4096)")
       ->capture_default_str()
@@ -263,14 +270,34 @@ void AddCacheFlags(CLI::App* cmd, CacheFlags* flags) {
       ->transform(ByteSizeIn());
 }
 
-Status ApplyCacheFlags(const CacheFlags& flags, const engine::Engine& engine, engine::SchedulerOptions* options) {
+Status ApplyCacheFlags(const CacheFlags& flags, engine::Engine& engine, engine::SchedulerOptions* options) {
   KVX_ASSIGN_OR_RETURN(options->tiers, OpenTiers(flags, engine));
   KVX_ASSIGN_OR_RETURN(options->preempt, engine::ParsePreemptMode(flags.preempt));
   KVX_ASSIGN_OR_RETURN(options->swap_bytes, ParseByteSize(flags.swap_bytes));
   return Status::Ok();
 }
 
-Result<std::shared_ptr<kv::tier::TierStore>> OpenTiers(const CacheFlags& flags, const engine::Engine& engine) {
+namespace {
+
+// The compact level's transform (eval/storage_transform_cache.h), for a pool
+// of float pages (quantized pages stay byte for byte at every level).
+Result<std::shared_ptr<const kv::tier::StorageTransform>> CompactTransform(const CacheFlags& flags, engine::Engine& engine,
+                                                                           const kv::tier::BlockSpace& space) {
+  for (const kv::LayerCodec& lc : space.layers) {
+    if (!kv::tier::HoldsFloatPages(lc)) {
+      return InvalidArgument("--cache-codec compact codes f16 and f32 pools; --kv '" + engine.kv_spec().ToString() +
+                             "' quantizes its pages (use lossless, or codec=f16,prerope=1: compact's measured pool)");
+    }
+  }
+  return eval::FindOrCalibrateStorageTransform(engine, kv::tier::IdentityOf(space), flags.storage_transform,
+                                               eval::TuneCacheDir(), [](const std::string& line) {
+                                                 std::fprintf(stderr, "kvx: %s\n", line.c_str());
+                                               });
+}
+
+}  // namespace
+
+Result<std::shared_ptr<kv::tier::TierStore>> OpenTiers(const CacheFlags& flags, engine::Engine& engine) {
   using namespace kv::tier;
   std::vector<std::unique_ptr<Tier>> tiers;
   KVX_ASSIGN_OR_RETURN(const uint64_t ram_bytes, ParseByteSize(flags.ram_bytes));
@@ -296,6 +323,13 @@ Result<std::shared_ptr<kv::tier::TierStore>> OpenTiers(const CacheFlags& flags, 
   options.write_back = flags.write == "back";
   KVX_ASSIGN_OR_RETURN(const StorageLevels levels, ParseStorageLevels(flags.codec));
   for (const auto& t : tiers) options.tier_levels.push_back(levels.For(t->name().substr(0, t->name().find(' '))));
+  const bool compact = std::find(options.tier_levels.begin(), options.tier_levels.end(), StorageLevel::kCompact) !=
+                       options.tier_levels.end();
+  if (compact) {
+    KVX_ASSIGN_OR_RETURN(space->transform, CompactTransform(flags, engine, *space));
+  } else if (!flags.storage_transform.empty()) {
+    return InvalidArgument("--storage-transform is for --cache-codec compact; no tier here is compact");
+  }
   KVX_ASSIGN_OR_RETURN(auto store, TierStore::Create(std::move(space).value(), std::move(tiers), options));
   return std::shared_ptr<TierStore>(std::move(store));
 }

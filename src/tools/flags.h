@@ -108,14 +108,17 @@ struct CacheFlags {
   int block_tokens = 256;
   std::string write = "through";  // or "back"
   std::string codec = "lossless";  // storage level(s): kv::tier::ParseStorageLevels
+  std::string storage_transform;   // compact: the transform file ("": cached or calibrated, eval/storage_transform_cache.h)
 };
 void AddCacheFlags(CLI::App* cmd, CacheFlags* flags);
 // The tier store the flags ask for, host RAM -> disk -> Redis, for
-// `engine`'s model and KV spec; null when they ask for no tier.
+// `engine`'s model and KV spec; null when they ask for no tier. A tier at
+// the compact level gets the storage transform from --storage-transform,
+// the cache or a calibration on `engine` (eval/storage_transform_cache.h).
 // InvalidArgument naming the flag at fault.
-Result<std::shared_ptr<kv::tier::TierStore>> OpenTiers(const CacheFlags& flags, const engine::Engine& engine);
+Result<std::shared_ptr<kv::tier::TierStore>> OpenTiers(const CacheFlags& flags, engine::Engine& engine);
 // The scheduler options the flags set: the tiers (OpenTiers), the preemption.
-Status ApplyCacheFlags(const CacheFlags& flags, const engine::Engine& engine, engine::SchedulerOptions* options);
+Status ApplyCacheFlags(const CacheFlags& flags, engine::Engine& engine, engine::SchedulerOptions* options);
 
 // Chunk reuse (docs/kv-reuse.md): --chunk-cache-bytes and --chunk-repair
 // (kvx serve, kvx batch).

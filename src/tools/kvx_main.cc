@@ -58,7 +58,7 @@ std::string DescribeException(std::exception_ptr e) {
   std::_Exit(1);
 }
 
-constexpr const char* kCommands[] = {"run", "inspect", "perplexity", "gen-model", "bench", "plan", "eval", "serve", "batch", "calibrate-heads", "tune"};
+constexpr const char* kCommands[] = {"run", "inspect", "perplexity", "gen-model", "bench", "plan", "eval", "serve", "batch", "calibrate-heads", "calibrate-storage", "tune"};
 
 std::string CommandList() {
   std::string out;
@@ -93,6 +93,7 @@ int Main(int argc, char** argv) {
   RegisterServe(app, &exit_code);
   RegisterBatch(app, &exit_code);
   RegisterCalibrateHeads(app, &exit_code);
+  RegisterCalibrateStorage(app, &exit_code);
   RegisterTune(app, &exit_code);
   if (const std::string cmd = UnknownCommand(argc, argv); !cmd.empty()) {
     PrintError("unknown command " + QuotePrintable(cmd, 64) + "; the commands are " + CommandList() +

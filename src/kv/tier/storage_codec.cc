@@ -97,10 +97,6 @@ Result<StorageLevels> ParseStorageLevels(std::string_view text) {
                              ") or TIER=LEVEL with TIER ram, disk or redis, each named once; e.g. "
                              "--cache-codec medium or --cache-codec disk=high,redis=medium");
     }
-    if (*level == StorageLevel::kCompact) {
-      return InvalidArgument("--cache-codec compact needs a calibrated storage transform, which the tiers do not load "
-                             "yet: use lossless, high, medium or low (kvx eval --storage-codec compact measures it)");
-    }
     if (kind.empty()) {
       out.fallback = *level;
       bare = true;

@@ -264,6 +264,25 @@ Result<StorageTransform> TransformCalibration::Finish(const CompactRates& rates)
   return out;
 }
 
+Result<StorageTransform> StorageTransform::FromTensors(int head_dim, std::vector<TensorTransform> tensors) {
+  const size_t d = static_cast<size_t>(head_dim);
+  if (head_dim <= 0 || tensors.empty() || tensors.size() % 2 != 0) {
+    return InvalidArgument("a storage transform needs a positive head dim and K and V tensors for every table");
+  }
+  for (const TensorTransform& t : tensors) {
+    const bool bits_ok = std::all_of(t.bits.begin(), t.bits.end(), [](uint8_t b) { return b <= kMaxComponentBits; });
+    if (t.mean.size() != d || t.basis.size() != d * d || t.variance.size() != d || t.bits.size() != d || !bits_ok) {
+      return InvalidArgument("a storage transform tensor does not have head dim " + std::to_string(head_dim) +
+                             " (mean, basis, variances, bit widths of at most " + std::to_string(kMaxComponentBits) + ")");
+    }
+  }
+  StorageTransform out;
+  out.head_dim_ = head_dim;
+  out.tensors_ = std::move(tensors);
+  out.digest_ = Digest(head_dim, out.tensors_);
+  return out;
+}
+
 std::vector<float> Project(const TensorTransform& t, const float* x, int tokens) {
   const size_t d = t.mean.size();
   std::vector<float> z(static_cast<size_t>(tokens) * d), centred(d);

@@ -63,6 +63,11 @@ class StorageTransform {
   const TensorTransform& tensor(int table, int kv) const { return tensors_[static_cast<size_t>(table) * 2 + kv]; }
   uint64_t digest() const { return digest_; }
 
+  // A transform from its tensors (a transform file's, storage_transform_file.h):
+  // [tables][2] tensors of head_dim components each. InvalidArgument for
+  // sizes that disagree or bit widths beyond kMaxComponentBits.
+  static Result<StorageTransform> FromTensors(int head_dim, std::vector<TensorTransform> tensors);
+
  private:
   friend class TransformCalibration;
   int head_dim_ = 0;

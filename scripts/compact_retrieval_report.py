@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""Retrieval through the `compact` storage level (docs/tiers.md#measurements): reads the --json reports of
+`kvx eval --storage-codec compact` runs (baseline first, the compact spec second) and prints
+  * for passkey reports: a Markdown table of hits with the Wilson 95% intervals and the exact McNemar test
+    the reports carry (same prompts, baseline vs compact);
+  * for needle reports (ROUGE-1 F1; the recall model's answers never reach recall 1, so hits say nothing):
+    each side's mean score with the report's bootstrap interval, and the paired difference over the same
+    prompts with a paired bootstrap 95% interval (10 000 resamples, seed 1) and a sign test.
+The kvx eval commands are in docs/tiers.md.
+
+  scripts/compact_retrieval_report.py --passkey p2048.json p4096.json --needle n2048.json n1536.json
+"""
+import argparse, json, math, random
+
+
+def load(path, task):
+    results = json.load(open(path))["results"]
+    base, spec = results[0], results[1]
+    if not spec.get(task, {}).get("ok"):
+        raise SystemExit("kvx: error: %s: the compact run of %s did not finish (%s)" %
+                         (path, task, spec.get(task, {}).get("error")))
+    return base, spec
+
+
+def rate(r):
+    lo, hi = r["accuracy_ci95"]
+    return "%d/%d = %.0f%% [%.0f, %.0f]" % (r["hits"], r["n"], 100 * r["accuracy"], 100 * lo, 100 * hi)
+
+
+def passkey_table(paths):
+    print("| passkey | baseline | baseline hits [Wilson 95%] | `compact` hits [Wilson 95%] | compact vs f16 (bytes) "
+          "| only baseline / only compact | exact McNemar p |")
+    print("|---|---|---|---|---:|---|---|")
+    for path in paths:
+        base, spec = load(path, "passkey")
+        b, s = base["passkey"], spec["passkey"]
+        v = s["vs_baseline"]
+        length = json.load(open(path))["settings"]["passkey"]["lengths"]
+        print("| %s tokens | `%s` | %s | %s | %.1f× | %d / %d | %.3g (%s) |" %
+              (",".join(map(str, length)), base["spec"], rate(b), rate(s), s["kv"]["compression_vs_f16"],
+               v["baseline_only"], v["spec_only"], v["p"], v["verdict"]))
+
+
+def needle_stats(paths):
+    diffs, lines = [], []
+    for path in paths:
+        base, spec = load(path, "needle")
+        b, s = base["needle"], spec["needle"]
+        d = [x["score"] - y["score"] for x, y in zip(b["prompts"], s["prompts"])]
+        diffs += d
+        lines.append("%s: n = %d, baseline `%s` %.3f [%.2f, %.2f], compact %.3f [%.2f, %.2f] (%.1f× smaller than f16)" %
+                     (path, len(d), base["spec"], b["score"], *b["score_ci95"], s["score"], *s["score_ci95"],
+                      s["kv"]["compression_vs_f16"]))
+    rng = random.Random(1)
+    means = sorted(sum(diffs[rng.randrange(len(diffs))] for _ in diffs) / len(diffs) for _ in range(10000))
+    pos, neg = sum(x > 1e-9 for x in diffs), sum(x < -1e-9 for x in diffs)
+    n, k = pos + neg, min(pos, neg)
+    sign_p = min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n) if n else 1.0
+    for line in lines:
+        print(line)
+    print("paired, all %d prompts: baseline - compact = %.3f, paired bootstrap 95%% [%.3f, %.3f]; compact lower on %d, "
+          "higher on %d, equal on %d; sign test p = %.3g" %
+          (len(diffs), sum(diffs) / len(diffs), means[250], means[9749], pos, neg, len(diffs) - n, sign_p))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--passkey", nargs="*", default=[])
+    ap.add_argument("--needle", nargs="*", default=[])
+    args = ap.parse_args()
+    if args.passkey:
+        passkey_table(args.passkey)
+    if args.needle:
+        needle_stats(args.needle)
+
+
+if __name__ == "__main__":
+    main()
