@@ -19,10 +19,12 @@ TEXT = os.path.join(SHARED, "data/wikitext-2-raw/wiki.test.raw")  # held out of 
 CTX = 4096
 SESSIONS = 8  # a server's case: one session prefills at its peak beside the others' steady state
 F16_BYTES = 4096 * CTX * SESSIONS  # recall: 4 KiB of f16 K+V per token
-RETRIEVAL = ["--tasks", "passkey", "--retrieval-length", "2048", "--retrieval-trials", "4"]  # n = 5 depths x 4 (cost: docs/tune.md)
+RETRIEVAL = ["--tasks", "passkey", "--retrieval-length", "4096", "--retrieval-trials", "10"]  # n = 5 depths x 10 at --ctx (cost: docs/tune.md)
 # The committed head tables (docs/kv-head-typing.md): duo on the copy task over the Jargon File, razor on random tokens.
 HEADS = ["--duo-heads", "docs/results/head_typing/recall-duo.json", "--razor-heads", "docs/results/head_typing/recall-razor.json"]
 BENCH_DEPTH = 8192
+BENCH_ROUNDS = 5  # interleaved rounds of every spec; medians
+TIME_BUDGET = os.environ.get("KVX_TUNE_TIME_BUDGET", "3600")  # seconds per budget (--time-budget)
 BUDGETS = [("4x", F16_BYTES // 4), ("6x", F16_BYTES // 6), ("10x", F16_BYTES // 10)]
 BEGIN, END = "<!-- tune:begin -->", "<!-- tune:end -->"
 
@@ -31,7 +33,7 @@ def start(name, mem):
     """One budget's kvx tune, one thread (the budgets run side by side); its output goes to recall_NAME.log."""
     out = os.path.join(RESULTS, "recall_%s.json" % name)
     cmd = [KVX, "tune", "-m", MODEL, "--mem", str(mem), "--ctx", str(CTX), "--sessions", str(SESSIONS), "-f", TEXT,
-           "-o", out, "--svg", os.path.join(RESULTS, "recall_%s.svg" % name), "-t", "1", "-q", "--time-budget", "3600"] + RETRIEVAL + HEADS
+           "-o", out, "--svg", os.path.join(RESULTS, "recall_%s.svg" % name), "-t", "1", "-q", "--time-budget", TIME_BUDGET] + RETRIEVAL + HEADS
     print("$", " ".join(cmd), flush=True)
     stale = os.path.join(RESULTS, "recall_%s.error" % name)
     if os.path.exists(stale):  # a previous run's error must not outlive this run's result
@@ -59,30 +61,35 @@ def compared_specs(d):
 
 
 def bench():
-    """Decode tok/s at BENCH_DEPTH of f16 and every budget's compared specs, one kvx bench each, in one run."""
+    """Decode tok/s at BENCH_DEPTH of f16 and every budget's compared specs: one kvx bench with every spec as a
+    --kv, decoded in interleaved rounds (A, B, C, A, B, C ...), so each speed is a ratio to f16 inside one run."""
     specs = ["codec=f16"]
     for name, _ in BUDGETS:
         path = os.path.join(RESULTS, "recall_%s.json" % name)
         if os.path.exists(path):
             specs += [c["spec"] for _, c in compared_specs(json.load(open(path))) if c and c["spec"] not in specs]
     out_path = os.path.join(RESULTS, "bench_8k.json")
-    results = json.load(open(out_path)) if os.path.exists(out_path) else {}
-    for spec in specs:
-        if spec in results:
-            continue
-        tmp = os.path.join(RESULTS, "bench_tmp.json")
-        cmd = [KVX, "bench", "-m", MODEL, "--kv", spec, "--depths", str(BENCH_DEPTH), "-t", "2",
-               "-r", "3", "--force", "--json", tmp]
-        print("$", " ".join(cmd), flush=True)
-        subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-        d = json.load(open(tmp))
-        os.remove(tmp)
-        results[spec] = next(x["tok_s"] for x in d["decode"] if x["depth"] == BENCH_DEPTH)
-        json.dump(results, open(out_path, "w"), indent=1)  # kept as it goes
+    cmd = [KVX, "bench", "-m", MODEL, "--depths", str(BENCH_DEPTH), "-t", "2", "-r", str(BENCH_ROUNDS), "--force",
+           "--json", out_path] + [a for spec in specs for a in ("--kv", spec)]
+    print("$", " ".join(cmd), flush=True)
+    subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+
+
+def speeds_of(path):
+    """{spec: (median tok/s, median per-round ratio to f16)} from kvx bench's comparison JSON."""
+    if not os.path.exists(path):
+        return {}
+    d = json.load(open(path))
+    return {r["kv_spec"]: (r["tok_s"], r["vs_first"]) for r in d.get("decode", []) if "vs_first" in r}
 
 
 def kld(m):
     return "%.4f ± %.4f" % (m["kld"], m["kld_stderr"]) if m and "error" not in m else "–"
+
+
+def kld_at(m):
+    """KLD with the chunks it was measured on."""
+    return "%s (%d×%d)" % (kld(m), m["n_chunks"], m["chunk"]) if m and "error" not in m else "–"
 
 
 def best_at_rung0(cands, pick):
@@ -103,9 +110,11 @@ def cpu_time(name):
 
 
 def speed(spec, speeds):
-    if spec not in speeds or "codec=f16" not in speeds:
+    if spec == "codec=f16":
+        spec = "codec=f16,page=16"  # kvx bench prints specs canonical
+    if spec not in speeds:
         return "–"
-    return "%.1f (%.2f×)" % (speeds[spec], speeds[spec] / speeds["codec=f16"])
+    return "%.1f (%.2f×)" % speeds[spec]
 
 
 def compared_rows(d, speeds):
@@ -116,8 +125,8 @@ def compared_rows(d, speeds):
             out.append("| | %s | none fits | | | | | | |" % role)
             continue
         last = c["search"][-1]
-        out.append("| | %s | `%s` | %d (%.2f×) | %s | %s (%d×%d) | %s | %s | %s |" % (
-            role, c["spec"], c["bytes"], c["vs_f16"], kld(c["search"][0]), kld(last), last["n_chunks"], last["chunk"],
+        out.append("| | %s | `%s` | %d (%.2f×) | %s | %s | %s | %s | %s |" % (
+            role, c["spec"], c["bytes"], c["vs_f16"], kld_at(c["search"][0]), kld_at(last),
             kld(c.get("unseen")), retrieval(c), speed(c["spec"], speeds)))
     return out
 
@@ -147,8 +156,8 @@ def render():
             fmt(policy), kld(c["search"][0]), d["seconds"], cpu_time(name) + (", stopped: " + d["stop_reason"] if d["stopped"] else "")))
     text = "\n".join(rows) + "\n"
     speeds_path = os.path.join(RESULTS, "bench_8k.json")
-    speeds = json.load(open(speeds_path)) if os.path.exists(speeds_path) else {}
-    cmp = ["| budget | role | `--kv` | bytes (vs f16) | KLD, rung 0 (1×512) | KLD, deepest rung reached | KLD, unseen text "
+    speeds = speeds_of(speeds_path)
+    cmp = ["| budget | role | `--kv` | bytes (vs f16) | KLD, rung 0 | KLD, deepest rung reached | KLD, unseen text "
            "| retrieval vs f16 (passkey) | decode tok/s at %d (vs f16) |" % BENCH_DEPTH,
            "|---|---|---|---:|---|---|---|---|---:|"]
     for name, mem in BUDGETS:
