@@ -10,12 +10,17 @@
 namespace kvx::eval {
 namespace {
 
-TEST(DecodeCompareTest, RoundsInterleaveTheSpecsInOneRun) {
+// The tiny generated model, written once.
+std::unique_ptr<model::Model> TinyModel() {
   const std::string path = testing::TempDir() + "/decode_compare_tiny.gguf";
   model::SyntheticModelOptions mo;
   mo.shape = "tiny";
-  ASSERT_TRUE(model::WriteSyntheticModel(mo, path).ok());
-  auto model = model::Model::Load(path).value();
+  EXPECT_TRUE(model::WriteSyntheticModel(mo, path).ok());
+  return model::Model::Load(path).value();
+}
+
+TEST(DecodeCompareTest, RoundsInterleaveTheSpecsInOneRun) {
+  auto model = TinyModel();
   ThreadPool threads(2);
   const std::vector<kv::KVSpec> specs = {kv::ParseKVSpec("codec=f16").value(),
                                          kv::ParseKVSpec("codec=int8").value(),
@@ -45,11 +50,7 @@ TEST(DecodeCompareTest, RoundsInterleaveTheSpecsInOneRun) {
 }
 
 TEST(DecodeCompareTest, ASpecThatDoesNotResolveIsAnError) {
-  const std::string path = testing::TempDir() + "/decode_compare_tiny2.gguf";
-  model::SyntheticModelOptions mo;
-  mo.shape = "tiny";
-  ASSERT_TRUE(model::WriteSyntheticModel(mo, path).ok());
-  auto model = model::Model::Load(path).value();
+  auto model = TinyModel();
   ThreadPool threads(1);
   // A head table that does not exist: the spec parses but does not resolve.
   const std::vector<kv::KVSpec> specs = {
