@@ -27,7 +27,7 @@ SEARCH = ["--max-chunk", "2048", "--finalists", "1"]
 # The committed head tables (docs/kv-head-typing.md): duo on the copy task over the Jargon File, razor on random tokens.
 HEADS = ["--duo-heads", "docs/results/head_typing/recall-duo.json", "--razor-heads", "docs/results/head_typing/recall-razor.json"]
 BENCH_DEPTH = 8192
-BENCH_ROUNDS = 5  # interleaved rounds of every spec; medians
+BENCH_ROUNDS = 9  # interleaved rounds of every spec; medians
 THREADS = os.environ.get("KVX_TUNE_THREADS", "1")  # per budget; the budgets run side by side
 TIME_BUDGET = os.environ.get("KVX_TUNE_TIME_BUDGET", "3600")  # seconds per budget (--time-budget)
 BUDGETS = [("4x", F16_BYTES // 4), ("6x", F16_BYTES // 6), ("10x", F16_BYTES // 10)]
@@ -177,13 +177,15 @@ def render():
         if not os.path.exists(path):
             continue
         d = json.load(open(path))
-        if not d.get("retrieval"):
-            cmp.append("| %s | | not measured with retrieval | | | | | | |" % name)
-            continue
-        r = d["retrieval"]
-        f = r["f16"]
-        cmp.append("| %s | f16 | `codec=f16` (%d tokens, %s) | | | | | %d/%d [%.2f, %.2f] | %s |" % (
-            name, r["length"], ",".join(r["tasks"]), f["hits"], f["n"], f["lo95"], f["hi95"], speed("codec=f16", speeds)))
+        r = d.get("retrieval")
+        if r:
+            f = r["f16"]
+            cmp.append("| %s | f16 | `codec=f16` (%d tokens, %s) | | | | | %d/%d [%.2f, %.2f] | %s |" % (
+                name, r["length"], ",".join(r["tasks"]), f["hits"], f["n"], f["lo95"], f["hi95"],
+                speed("codec=f16", speeds)))
+        else:  # the retrieval check did not finish (stopped): the compared specs by tune's rule, no retrieval
+            cmp.append("| %s | f16 | `codec=f16` | | | | | not measured%s | %s |" % (
+                name, " (stopped: %s)" % d["stop_reason"] if d.get("stopped") else "", speed("codec=f16", speeds)))
         cmp += compared_rows(d, speeds)
     text += "\n" + "\n".join(cmp) + "\n"
     if notes:
