@@ -515,6 +515,8 @@ std::vector<Row> Rows() {
       {"BenchDepthsHuge", A("bench -m {tiny} --depths 99999999999 -p 8 -n 2 -r 1"), "--depths"},
       {"BenchDepthsEmpty", A("bench -m {tiny} -p 8 -n 2 -r 1 --depths", ""), "--depths"},
       {"BenchThreadsHuge", A(bench + "-t 5000"), "--threads"},
+      {"BenchSeveralKvWithSeqs", A(bench + "--kv codec=f16 --kv codec=int8 --seqs 2"), "take one --kv"},
+      {"BenchSeveralKvOneUnknown", A(bench + "--kv codec=f16 --kv codec=int3"), "int3"},
       {"PlanCtxZero", A("plan --shape tiny --mem 1G --ctx 0"), "--ctx"},
       {"PlanCtxNegative", A("plan --shape tiny --mem 1G --ctx -5"), "--ctx"},
       {"PlanMemZero", A("plan --shape tiny --mem 0"), "--mem must be a positive size"},

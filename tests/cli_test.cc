@@ -85,6 +85,21 @@ TEST(CliTest, GenModelRunAndInspect) {
   EXPECT_NE(list.output.find("smollm2-135m"), std::string::npos);
 }
 
+// Several --kv: one process decodes each spec in interleaved rounds and
+// prints each spec's median and its ratio to the first spec.
+TEST(CliTest, BenchComparesSeveralSpecsInOneRun) {
+  const std::string json = TempDir() + "/bench-compare.json";
+  const CommandResult bench = RunKvx("bench -m " + TinyModel() +
+                                     " -t 2 --depths 128 -n 2 -r 3 --kv codec=f16 --kv codec=int8 --json " + json);
+  ASSERT_EQ(bench.exit_code, 0) << bench.output;
+  EXPECT_NE(bench.output.find("vs first"), std::string::npos) << bench.output;
+  std::ifstream in(json);
+  const auto j = nlohmann::json::parse(in);
+  ASSERT_EQ(j["decode"].size(), 2u);
+  EXPECT_EQ(j["order"], nlohmann::json({0, 1, 0, 1, 0, 1}));
+  EXPECT_EQ(j["decode"][1]["kv_spec"], "codec=int8,page=16");
+}
+
 // With a policy, bench fills the depth by a real forward pass and compresses
 // once before decoding: the decode runs over (and reports) what was kept.
 TEST(CliTest, BenchWithAPolicyDecodesOverTheCompressedCache) {

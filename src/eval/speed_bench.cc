@@ -17,8 +17,6 @@
 
 namespace kvx::eval {
 
-namespace {
-
 double Median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -26,27 +24,13 @@ double Median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+namespace {
+
 std::vector<int32_t> RandomTokens(int n, int n_vocab, std::mt19937* rng) {
   std::uniform_int_distribution<int32_t> pick(0, n_vocab - 1);
   std::vector<int32_t> t(n);
   for (auto& x : t) x = pick(*rng);
   return t;
-}
-
-// Brings `session` to `depth` cached entries. Without KV policies the
-// entries are synthetic (decode cost depends on the cached bytes, not their
-// values, and an 8k prefill per repetition would dominate the run). With
-// policies the depth is a real forward pass over random tokens, so the
-// scorers see real attention, followed by the explicit compression moment:
-// the decode then runs over what the policy kept (and continuous policies
-// keep acting during it), which is the point of measuring a policy.
-Status FillDepth(engine::Engine* rt, engine::Session* session, int depth, uint64_t seed, std::mt19937* rng) {
-  session->Reset();
-  if (rt->kv_spec().policies.empty()) return session->AppendSyntheticKV(depth, seed);
-  if (depth == 0) return Status::Ok();
-  const auto tokens = RandomTokens(depth, rt->model().config().n_vocab, rng);
-  KVX_RETURN_IF_ERROR(session->Feed(tokens).status());
-  return session->Compress();
 }
 
 // Profiles what runs in its scope when `on` (kvx bench --profile), adding
@@ -69,6 +53,15 @@ class ProfileWindow {
 };
 
 }  // namespace
+
+Status FillDepth(engine::Engine* rt, engine::Session* session, int depth, uint64_t seed, std::mt19937* rng) {
+  session->Reset();
+  if (rt->kv_spec().policies.empty()) return session->AppendSyntheticKV(depth, seed);
+  if (depth == 0) return Status::Ok();
+  const auto tokens = RandomTokens(depth, rt->model().config().n_vocab, rng);
+  KVX_RETURN_IF_ERROR(session->Feed(tokens).status());
+  return session->Compress();
+}
 
 double StepProfileResult::unaccounted_ms() const {
   double sum = 0;

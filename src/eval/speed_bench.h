@@ -31,6 +31,7 @@
 #pragma once
 
 #include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -168,6 +169,18 @@ PlanInputs ModelPlanInputs(const engine::Engine& runtime);
 // Share of the model's per-token matmul multiply-adds (the blk.* attention
 // and FFN projections) whose weights ops/ computes with int8 dot products.
 double Int8MatmulFraction(const model::Model& model);
+
+// Brings `session` to `depth` cached entries. Without KV policies the
+// entries are synthetic (decode cost depends on the cached bytes, not their
+// values, and an 8k prefill per repetition would dominate the run). With
+// policies the depth is a real forward pass over random tokens from `rng`,
+// so the scorers see real attention, followed by the explicit compression
+// moment: the decode then runs over what the policy kept (and continuous
+// policies keep acting during it), which is the point of measuring a policy.
+Status FillDepth(engine::Engine* rt, engine::Session* session, int depth, uint64_t seed, std::mt19937* rng);
+
+// The median of `v` (0 when empty; the mean of the middle two when even).
+double Median(std::vector<double> v);
 
 // Peak resident set size of this process so far (bytes).
 double PeakRssBytes();

@@ -117,7 +117,7 @@ class Tuner {
     if (opt_.sessions < 1) return InvalidArgument("--sessions must be at least 1");
     if (opt_.mem_bytes == 0) return InvalidArgument("--mem must be a positive size, e.g. --mem 64M");
     if (opt_.finalists < 1 || opt_.eta < 2 || opt_.batch < 1 || opt_.first_chunk < 16 ||
-        opt_.max_chunk < opt_.first_chunk) {
+        (opt_.max_chunk > 0 && opt_.max_chunk < opt_.first_chunk)) {
       return InvalidArgument("tune: finalists >= 1, eta >= 2, batch >= 1 and 16 <= first chunk <= max chunk");
     }
     if (opt_.max_kld && !(*opt_.max_kld > 0)) return InvalidArgument("--quality kld<=X needs X > 0");
@@ -182,8 +182,10 @@ class Tuner {
   }
 
   void PlanRungs() {
-    const int last = std::min(opt_.ctx, opt_.max_chunk);
-    for (int c = std::min(opt_.first_chunk, last);; c = std::min(c * 2, last)) {
+    const int last = opt_.LastChunk();
+    std::vector<kv::KVSpec> specs;
+    for (const TuneCandidate& c : result_.candidates) specs.push_back(*kv::ParseKVSpec(c.spec));
+    for (int c = Rung0Chunk(specs, layout_, opt_);; c = std::min(c * 2, last)) {
       rungs_.push_back(Rung{c, rungs_.empty() ? 1 : 2});
       if (c == last) break;
     }
@@ -320,8 +322,12 @@ class Tuner {
     return ba < bb;
   }
 
+  // At the last rung (the final choice; not the halving cuts, which keep
+  // the best point estimates), ties within error go to the smaller spec; a
+  // quality floor already orders those meeting it by bytes.
   void Rank(std::vector<int>* which, size_t r) const {
     std::stable_sort(which->begin(), which->end(), [&](int a, int b) { return Before(a, b, r); });
+    if (!opt_.max_kld && r + 1 == rungs_.size()) PreferSmallerWithinError(which, result_.candidates, r);
   }
 
   // The best candidate of the deepest rung any candidate reached.
@@ -596,8 +602,49 @@ Result<uint64_t> SteadyStateBytes(const kv::KVSpec& spec, const kv::KVLayout& la
 }
 
 int64_t TuneTextTokens(const TuneOptions& options) {
-  const int64_t last = std::min(options.ctx, options.max_chunk);
-  return 4 * last;  // 2 chunks for the search's last rung, 2 unseen
+  return 4 * static_cast<int64_t>(options.LastChunk());  // 2 chunks for the search's last rung, 2 unseen
+}
+
+int Rung0Chunk(std::span<const kv::KVSpec> specs, const kv::KVLayout& layout, const TuneOptions& options) {
+  const int last = options.LastChunk();
+  // Each policy-bearing spec's evicted share of its codec's bytes at
+  // `tokens` (0 when nothing is evicted).
+  std::vector<kv::ResolvedKVSpec> resolved;
+  for (const kv::KVSpec& spec : specs) {
+    if (spec.policies.empty()) continue;
+    Result<kv::ResolvedKVSpec> r = kv::ResolveKVSpec(spec, layout, options.ctx, options.sessions);
+    if (r.ok()) resolved.push_back(std::move(*r));
+  }
+  const auto evicted = [](const kv::ResolvedKVSpec& r, int tokens) {
+    const double codec = static_cast<double>(kv::BytesPerToken(r.layout, r.layers));
+    return 1.0 - kv::SteadyStateBytesPerToken(r, r.policies, tokens) / codec;
+  };
+  int chunk = std::min(options.first_chunk, last);
+  for (; chunk < last; chunk = std::min(chunk * 2, last)) {
+    const bool all_act = std::all_of(resolved.begin(), resolved.end(), [&](const kv::ResolvedKVSpec& r) {
+      return evicted(r, chunk * 3 / 4) >= 0.5 * evicted(r, options.ctx);
+    });
+    if (all_act) break;
+  }
+  return chunk;
+}
+
+void PreferSmallerWithinError(std::vector<int>* ranked, const std::vector<TuneCandidate>& candidates, size_t r) {
+  const auto at = [&](size_t k) -> const TuneCandidate& { return candidates[static_cast<size_t>((*ranked)[k])]; };
+  const auto usable = [&](size_t k) {
+    return at(k).search.size() > r && at(k).search[r].error.empty() && !at(k).Rejected();
+  };
+  for (size_t lead = 0; lead < ranked->size() && usable(lead);) {
+    const TuneMeasure& best = at(lead).search[r];
+    size_t end = lead + 1;
+    for (; end < ranked->size() && usable(end); ++end) {
+      const TuneMeasure& m = at(end).search[r];
+      if (m.kld - best.kld > std::hypot(m.kld_stderr, best.kld_stderr)) break;
+    }
+    std::stable_sort(ranked->begin() + static_cast<long>(lead), ranked->begin() + static_cast<long>(end),
+                     [&](int a, int b) { return candidates[static_cast<size_t>(a)].bytes < candidates[static_cast<size_t>(b)].bytes; });
+    lead = end;
+  }
 }
 
 Result<TuneResult> RunTune(const model::Model& model, ThreadPool* threads, std::span<const int32_t> text,

@@ -39,6 +39,7 @@
 // Thread-safety: RunTune uses the given ThreadPool; one call at a time.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -67,8 +68,12 @@ struct TuneOptions {
   int ctx = 0;             // tokens per session
   int sessions = 1;
   std::optional<double> max_kld;  // a quality floor: the smallest spec whose KLD <= this
-  int first_chunk = 512;          // rung 0's chunk (tokens); each rung doubles it
-  int max_chunk = 2048;           // the last rung's chunk: min(ctx, max_chunk)
+  // Rung 0's chunk (tokens), doubled until every candidate's policies act
+  // in it (Rung0Chunk); each later rung doubles it up to the last rung's
+  // chunk, min(ctx, max_chunk) (0: ctx, the length the budget counts).
+  int first_chunk = 512;
+  int max_chunk = 0;
+  int LastChunk() const { return max_chunk > 0 ? std::min(ctx, max_chunk) : ctx; }
   int finalists = 3;
   int eta = 3;   // each rung keeps the best 1/eta
   int batch = 6; // candidates measured per pass (the stop hook is polled between passes)
@@ -165,6 +170,24 @@ Result<TuneResult> RunTune(const model::Model& model, ThreadPool* threads, std::
 struct ParetoPoint;
 std::vector<ParetoPoint> TuneRung0Points(const TuneResult& result, std::vector<int>* which);
 std::vector<int> TuneFront(const TuneResult& result);
+
+// Rung 0's chunk: the shortest first_chunk x 2^k (at most LastChunk) in
+// which every spec's policies evict at least half the share of their codec's
+// bytes they evict at ctx (kv::SteadyStateBytesPerToken at the 3/4 of the
+// chunk the split protocol prefills), else LastChunk. A fixed window (duo's
+// streaming heads keep 128 sinks + 256 recent tokens) evicts nothing in a
+// chunk shorter than the window, so there every such spec would score like
+// its codec alone; ratio policies evict their share at any length.
+int Rung0Chunk(std::span<const kv::KVSpec> specs, const kv::KVLayout& layout, const TuneOptions& options);
+
+// At the deepest rung, specs whose KLD is within error of the best one left
+// (the difference at most the two standard errors combined, sqrt(a^2 + b^2))
+// tie, and the tie is ordered smallest bytes first: on this evidence they do
+// not differ in quality, and the bytes a smaller one frees hold more
+// sessions. `ranked` (indices into candidates, ordered by KLD at rung r,
+// errors and rejected specs last) is reordered group by group; a group is
+// anchored on its best KLD, so ties do not chain.
+void PreferSmallerWithinError(std::vector<int>* ranked, const std::vector<TuneCandidate>& candidates, size_t r);
 
 // What RunTune needs of the text: tokens for the search and the validation.
 int64_t TuneTextTokens(const TuneOptions& options);

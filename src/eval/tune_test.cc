@@ -68,6 +68,19 @@ class TuneTest : public ::testing::Test {
     return path;
   }
 
+  // A head table for `method` in which only the last layer's last head retrieves.
+  static std::string WriteHeadTable(const std::string& method) {
+    kv::HeadTable table;
+    table.method = method;
+    table.n_layers = model_->config().n_layers;
+    table.n_kv_heads = model_->config().n_kv_heads;
+    table.scores.assign(static_cast<size_t>(table.n_layers * table.n_kv_heads), 0.01);
+    table.scores.back() = 0.9;
+    const std::string path = testing::TempDir() + "/tune_heads_" + method + ".json";
+    EXPECT_TRUE(table.Save(path).ok());
+    return path;
+  }
+
   static const model::Model* model_;
   static ThreadPool* threads_;
 };
@@ -146,17 +159,8 @@ TEST_F(TuneTest, OneSessionCountsThePrefillPeak) {
 TEST_F(TuneTest, HeadTypingFitsABudgetNothingElseFits) {
   TuneOptions o = Options(0);
   o.ctx = 1024;
-  for (const char* method : {"duo", "razor"}) {
-    kv::HeadTable table;
-    table.method = method;
-    table.n_layers = model_->config().n_layers;
-    table.n_kv_heads = model_->config().n_kv_heads;
-    table.scores.assign(static_cast<size_t>(table.n_layers * table.n_kv_heads), 0.01);
-    table.scores.back() = 0.9;  // the last layer's last head retrieves
-    const std::string path = testing::TempDir() + "/tune_heads_" + method + ".json";
-    ASSERT_TRUE(table.Save(path).ok());
-    (table.method == "duo" ? o.heads.duo : o.heads.razor) = path;
-  }
+  o.heads.duo = WriteHeadTable("duo");
+  o.heads.razor = WriteHeadTable("razor");
   const kv::KVLayout layout = model_->KVLayoutFor(16);
   uint64_t smallest_other = std::numeric_limits<uint64_t>::max();
   for (const std::string& s : DefaultTuneSpace()) {
@@ -182,6 +186,51 @@ TEST_F(TuneTest, HeadTypingFitsABudgetNothingElseFits) {
   fill.resize(static_cast<size_t>(o.ctx));
   ASSERT_TRUE(session->Feed(fill).ok());
   EXPECT_LE(engine->pool().bytes_in_use(), chosen.bytes) << chosen.spec;
+}
+
+// Rung 0 sees a fixed-window policy act: duo's streaming heads keep 16
+// sinks + 64 recent tokens, so in a 64-token chunk (the first chunk asked
+// for) nothing is evicted and duo scores exactly as f16; the rung-0 chunk is
+// doubled until the window evicts at least half of what it does at --ctx,
+// and there duo's KLD is above f16's.
+TEST_F(TuneTest, Rung0IsLongEnoughForAFixedWindowToEvict) {
+  TuneOptions o = Options(F16Bytes());
+  o.max_chunk = 0;  // up to --ctx
+  const std::string duo = "codec=f16,page=16;policy=duo,heads=" + WriteHeadTable("duo") + ",retrieval=0.0625,sinks=16,window=64";
+  o.space = {"codec=f16", duo};
+  const std::vector<kv::KVSpec> specs = {kv::ParseKVSpec(o.space[0]).value(), kv::ParseKVSpec(duo).value()};
+  EXPECT_EQ(Rung0Chunk(std::span(specs).first(1), model_->KVLayoutFor(16), o), o.first_chunk)
+      << "nothing to evict: the first chunk asked for";
+  const std::vector<int32_t> text = Text(o);
+  Result<TuneResult> r = RunTune(*model_, threads_, text, o, {});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->candidates.size(), 2u);
+  const TuneMeasure& f16 = r->candidates[0].search.at(0);
+  const TuneMeasure& window = r->candidates[1].search.at(0);
+  EXPECT_GT(window.chunk, 3 * (16 + 64) / 2) << "the prefilled 3/4 holds twice the window";
+  EXPECT_EQ(window.chunk, f16.chunk) << "every candidate on the same rung-0 chunk";
+  EXPECT_GT(window.kld, f16.kld + 3 * window.kld_stderr) << "the window evicted: KLD above f16's";
+}
+
+// Ties within error go to the smaller spec, anchored on the best KLD (no
+// chains); a difference beyond the combined error keeps the KLD order.
+TEST(TuneRankTest, PreferSmallerWithinError) {
+  const auto cand = [](double kld, double se, uint64_t bytes) {
+    TuneCandidate c;
+    TuneMeasure m;
+    m.kld = kld;
+    m.kld_stderr = se;
+    c.search.push_back(m);
+    c.bytes = bytes;
+    return c;
+  };
+  // 0: the best point estimate, 28 MB; 1: within its error at 16 MB;
+  // 2: smaller, just beyond 0's error (no chain through 1); 3: far worse, tiny.
+  const std::vector<TuneCandidate> c = {cand(0.0068, 0.0008, 28), cand(0.0069, 0.0008, 16),
+                                        cand(0.0081, 0.0008, 12), cand(0.05, 0.001, 1)};
+  std::vector<int> ranked = {0, 1, 2, 3};
+  PreferSmallerWithinError(&ranked, c, 0);
+  EXPECT_EQ(ranked, (std::vector<int>{1, 0, 2, 3}));
 }
 
 TEST_F(TuneTest, ImpossibleBudgetNamesTheSmallestSpec) {

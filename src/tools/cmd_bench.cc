@@ -6,7 +6,9 @@
 #include <string>
 
 #include "engine/session.h"
+#include "eval/decode_compare.h"
 #include "eval/speed_bench.h"
+#include "model/model.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
 #include "util/output_file.h"
@@ -18,6 +20,7 @@ namespace {
 
 struct BenchFlags {
   EngineFlags runtime;
+  std::vector<std::string> kvs;  // several: the decode comparison (eval/decode_compare.h)
   std::string depths = "0,1024,4096,8192";
   std::string seqs;
   std::string seq_depths = "0,4096";
@@ -45,9 +48,46 @@ Result<std::vector<int>> ParseList(const std::string& text, const std::string& f
   return out;
 }
 
+// Several --kv: decode of each at --depths in interleaved rounds, one
+// process, so the ratios between specs are ratios inside one run.
+Status RunDecodeComparison(const BenchFlags& flags) {
+  if (!flags.seqs.empty() || flags.bench.profile) {
+    return InvalidArgument("--seqs and --profile take one --kv; several --kv compare decode speed at --depths only");
+  }
+  const engine::EngineOptions& eo = flags.runtime.options;
+  eval::DecodeCompareOptions o;
+  o.depths = flags.bench.depths;
+  o.gen_tokens = flags.bench.gen_tokens;
+  o.rounds = flags.bench.reps;
+  o.seed = flags.bench.seed;
+  std::vector<kv::KVSpec> specs;
+  for (const std::string& text : flags.kvs) {
+    KVX_ASSIGN_OR_RETURN(const std::string kv, ResolveAutoKV(text, eo.model_path));
+    KVX_ASSIGN_OR_RETURN(kv::KVSpec spec, kv::ParseKVSpec(kv));
+    specs.push_back(std::move(spec));
+  }
+  KVX_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> model, model::Model::Load(eo.model_path));
+  ThreadPool threads(eo.n_threads);
+  std::fprintf(stderr, "bench: decode of %zu specs at %zu depths, %d interleaved rounds...\n", specs.size(),
+               o.depths.size(), o.rounds);
+  KVX_ASSIGN_OR_RETURN(eval::DecodeCompareResult r, eval::RunDecodeCompare(*model, &threads, specs, o));
+  std::printf("%s", r.ToTable().c_str());
+  if (!flags.json_path.empty()) {
+    KVX_RETURN_IF_ERROR(WriteFileAtomically(flags.json_path, r.ToJson().dump(1) + "\n"));
+  }
+  return Status::Ok();
+}
+
 Status RunBench(BenchFlags flags) {
   if (!flags.json_path.empty()) KVX_RETURN_IF_ERROR(CheckOutputFile(flags.json_path));
   KVX_ASSIGN_OR_RETURN(flags.bench.depths, ParseList(flags.depths, "--depths"));
+  if (flags.kvs.size() > 1) {
+    int deepest = 0;
+    for (int d : flags.bench.depths) deepest = std::max(deepest, d);
+    KVX_RETURN_IF_ERROR(CheckTrainedContext(flags.runtime.options.model_path, deepest, flags.force, "the deepest context (--depths)"));
+    return RunDecodeComparison(flags);
+  }
+  if (!flags.kvs.empty()) flags.runtime.kv = flags.kvs[0];
   int max_depth = 0;
   for (int d : flags.bench.depths) max_depth = std::max(max_depth, d);
   if (!flags.seqs.empty()) {
@@ -86,7 +126,9 @@ void RegisterBench(CLI::App& app, int* exit_code) {
   auto flags = std::make_shared<BenchFlags>();
   CLI::App* cmd = app.add_subcommand("bench", "Prefill/decode speed at several depths against the measured roofline");
   AddEngineFlags(cmd, &flags->runtime,
-                 ContextFlag{.help = "Context (0: just enough for the depths)", .hint = "0: just enough for the depths"});
+                 ContextFlag{.help = "Context (0: just enough for the depths)", .hint = "0: just enough for the depths"},
+                 &flags->kvs,
+                 "several compare their decode speed at --depths in interleaved rounds (-r rounds of -n tokens)");
   cmd->add_option("--depths", flags->depths, "Context depths for decode, comma-separated")->capture_default_str();
   cmd->add_option("--seqs", flags->seqs, "Also decode N concurrent sequences in batched steps, e.g. 1,2,4,8,16,32");
   cmd->add_option("--seq-depths", flags->seq_depths, "Context depths for --seqs")->capture_default_str();

@@ -267,11 +267,13 @@ void RegisterTune(CLI::App& app, int* exit_code) {
                   "Seconds; past them no new pass starts and the best spec so far is kept (0: none)")
       ->capture_default_str()
       ->check(NumberIn(0, 1e9, false, false));
-  cmd->add_option("--first-chunk", o.first_chunk, "Tokens of the first rung's chunk")->capture_default_str()
-      ->check(IntIn(16, kMaxContext));
-  cmd->add_option("--max-chunk", o.max_chunk, "Tokens of the last rung's chunk (at most --ctx)")
+  cmd->add_option("--first-chunk", o.first_chunk,
+                  "Tokens of the first rung's chunk, doubled until every candidate's policies evict in it")
       ->capture_default_str()
       ->check(IntIn(16, kMaxContext));
+  cmd->add_option("--max-chunk", o.max_chunk, "Tokens of the last rung's chunk (0: --ctx)")
+      ->capture_default_str()
+      ->check(IntIn(0, kMaxContext));
   cmd->add_option("--finalists", o.finalists, "Specs validated on unseen text")->capture_default_str()
       ->check(IntIn(1, 64));
   cmd->add_option("-t,--threads", flags->n_threads, "Threads (0: all cores)")->capture_default_str()

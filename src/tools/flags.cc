@@ -143,12 +143,17 @@ CLI::Option* AddKVFlag(CLI::App* cmd, std::vector<std::string>* texts, const std
       ->transform(SpecFile());
 }
 
-void AddEngineFlags(CLI::App* cmd, EngineFlags* flags, const ContextFlag& ctx) {
+void AddEngineFlags(CLI::App* cmd, EngineFlags* flags, const ContextFlag& ctx, std::vector<std::string>* kv_list,
+                    const std::string& what) {
   engine::EngineOptions& o = flags->options;
   cmd->add_option("-m,--model", o.model_path, "GGUF model file")->required();
   cmd->add_option("-c,--ctx-size", o.n_ctx, ctx.help)->capture_default_str()->check(IntIn(ctx.min, ctx.max, ctx.hint));
   cmd->add_option("-t,--threads", o.n_threads, "Threads (0: all cores)")->capture_default_str()->check(Threads());
-  AddKVFlag(cmd, &flags->kv);
+  if (kv_list) {
+    AddKVFlag(cmd, kv_list, what);
+  } else {
+    AddKVFlag(cmd, &flags->kv);
+  }
 }
 
 void AddForceFlag(CLI::App* cmd, bool* force) {

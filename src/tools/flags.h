@@ -89,8 +89,11 @@ Status CheckTrainedContext(const std::string& model_path, int64_t tokens, bool f
 // when nothing is cached.
 Result<std::string> ResolveAutoKV(const std::string& kv, const std::string& model_path);
 
-// Declares -m/--model (required), -c/--ctx-size, -t/--threads and --kv.
-void AddEngineFlags(CLI::App* cmd, EngineFlags* flags, const ContextFlag& ctx = {});
+// Declares -m/--model (required), -c/--ctx-size, -t/--threads and --kv
+// (with `kv_list`, the repeatable form into it instead of flags->kv, `what`
+// saying what is done with several).
+void AddEngineFlags(CLI::App* cmd, EngineFlags* flags, const ContextFlag& ctx = {},
+                    std::vector<std::string>* kv_list = nullptr, const std::string& what = "");
 // Parses --kv (InvalidArgument naming the bad item), then Engine::Load.
 Result<std::unique_ptr<engine::Engine>> LoadEngine(const EngineFlags& flags);
 
