@@ -396,7 +396,8 @@ def equal_quality_section(data, verdict):
         tests = [v for (mm, rr, _), (_, v) in verdict.items() if mm == m and rr == r]
         if c != ctx or cell["mean"] > EQUAL_KLD or not tests:
             continue
-        entry = "%s (%s, KLD %.4f, passkey %s)" % (m, fmt(bytes_fraction(data, cell, ("kld", ctx))), cell["mean"],
+        name = m.split("+")[0] + " alone" if r == 0 else m  # ratio 0 of a combination is its codec, shared by several
+        entry = "%s (%s, KLD %.4f, passkey %s)" % (name, fmt(bytes_fraction(data, cell, ("kld", ctx))), cell["mean"],
                                                    ", ".join("%s at %d" % (fmt_rate(data["passkey"][(m, r, n)]).rsplit(
                                                        " n=", 1)[0], n) for n in SWEEP_LENGTHS
                                                        if (m, r, n) in data["passkey"]))
@@ -406,12 +407,13 @@ def equal_quality_section(data, verdict):
              "A spec is of equal quality to the full f16 cache only when both hold (issue 37; the serving capacity "
              "goal's bound): mean KLD at %d tokens of context ≤ %g, and passkey not worse than the full cache at "
              "any length measured (exact McNemar, Holm, the tables above). Sorted by bytes held vs f16 (the KLD "
-             "run's). The last column lists the specs the KLD bound alone would have called equal." % (
+             "run's); ratio 0 is a combination's codec alone. The last column lists the specs the KLD bound alone "
+             "would have called equal." % (
                  ctx, EQUAL_KLD), "",
              "| ratio | equal quality | KLD within the bound, retrieval worse |", "|---:|---|---|"]
     for r in sorted(set(equal) | set(kld_only)):
-        lines.append("| %g | %s | %s |" % (r, "; ".join(e for _, e in sorted(equal.get(r, []))) or "none",
-                                           "; ".join(e for _, e in sorted(kld_only.get(r, []))) or "none"))
+        lines.append("| %g | %s | %s |" % (r, "; ".join(e for _, e in sorted(set(equal.get(r, [])))) or "none",
+                                           "; ".join(e for _, e in sorted(set(kld_only.get(r, [])))) or "none"))
     return lines + [""]
 
 

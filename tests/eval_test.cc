@@ -263,6 +263,14 @@ TEST(EvalTest, KldContextInTokensWithScoredCount) {
   ASSERT_TRUE(back.ok());
   EXPECT_EQ(eval::ReportToJson(*back), j);
 
+  o.specs = {"codec=int8"};  // a codec alone: the same scored positions, not the chunk's second half
+  auto codec = eval::RunEval(**model, &threads, o, {});
+  ASSERT_TRUE(codec.ok()) << codec.status().ToString();
+  ASSERT_TRUE(codec->specs[1].kld && codec->specs[1].kld->ok);
+  EXPECT_EQ(codec->specs[1].kld->context, 40);
+  EXPECT_EQ(codec->specs[1].kld->n_positions, 2 * 16);
+
+  o.specs = {"codec=f32;policy=snapkv,ratio=0.5,window=4,sinks=2"};
   o.chunk = 64;  // contradicts 40 + 16 + 1
   EXPECT_EQ(eval::RunEval(**model, &threads, o, {}).status().code(), StatusCode::kInvalidArgument);
   o.chunk = 0;

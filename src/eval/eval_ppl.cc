@@ -29,7 +29,10 @@ bool Has(const std::vector<Task>& tasks, Task t) { return std::find(tasks.begin(
 bool SplitTextChunks(const EvalOptions& opt, std::span<const EvalRun> runs) {
   if (!opt.storage_codec.empty()) return true;
   if (opt.compress == "none") return false;
-  if (opt.always_split) return true;
+  // --kld-score asks for its tokens after the context: a run without a
+  // policy (a codec alone) is scored on the same positions, not on the
+  // second half of each chunk, so its row compares with the policies'.
+  if (opt.always_split || opt.kld_score > 0) return true;
   for (const EvalRun& run : runs) {
     if (!run.engine->kv_manager().policies().empty()) return true;
   }

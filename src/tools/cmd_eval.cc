@@ -246,8 +246,8 @@ void RegisterEval(CLI::App& app, int* exit_code) {
                   "token by token")
       ->capture_default_str();
   cmd->add_option("--kld-score", o.kld_score,
-                  "ppl/kld with --kld-context in tokens: score this many tokens after the context (the chunk "
-                  "becomes context + score + 1 tokens; 0: the rest of --chunk)")
+                  "ppl/kld with --kld-context in tokens: score this many tokens after the context, every spec "
+                  "(a codec alone too) (the chunk becomes context + score + 1 tokens; 0: the rest of --chunk)")
       ->capture_default_str()
       ->check(IntIn(0, kMaxContext));
   cmd->add_option("--storage-codec", o.storage_codec,
