@@ -53,6 +53,21 @@ class ObserverFanOut : public kv::AttentionObserver {
     }
     if (profiling_) util::AddThreadTime(util::SteadyNowNs() - t0);
   }
+  // Column sums when every observer that wants probabilities takes them.
+  bool WantsColumnSums() const override {
+    for (const auto* o : to_) {
+      if (o->WantsProbabilities() && !o->WantsColumnSums()) return false;
+    }
+    return true;
+  }
+  void OnColumnSums(int seq, int layer, int head, const float* sums, const int32_t* positions, int n,
+                    int queries) override {
+    const int64_t t0 = profiling_ ? util::SteadyNowNs() : 0;
+    for (auto* o : to_) {
+      if (o->WantsProbabilities()) o->OnColumnSums(seq, layer, head, sums, positions, n, queries);
+    }
+    if (profiling_) util::AddThreadTime(util::SteadyNowNs() - t0);
+  }
 
  private:
   std::vector<kv::AttentionObserver*> to_;

@@ -28,9 +28,23 @@ struct Scratch {
   std::vector<float> qrot;    // [rows][D] queries rotated back to a page's first position
   std::vector<float> acc;     // [kMaxQueryRows][D] an item's accumulators when it writes the outputs itself
   std::vector<float> qk;      // [rows][key rows] the queries at the table's kept key channels (pruned pages)
+  std::vector<float> tap_w;   // [rows][item entries] an observed item's weights (WeightTap)
+  std::vector<float> tap_ref; // [rows][item entries / group] their reference maxima
+  std::vector<int> run_off;   // item-local index of each page of a fused run (WeightTap::page_offset)
   pruned::Shape pruned;       // the item's pruned pages (when its table has a channel mask)
 };
 thread_local Scratch tls_scratch;
+
+// The column sums of one call (AttentionObserver::WantsColumnSums): per
+// pool thread, per (column-sum job, kv head), [G][slots] floats in the
+// thread's arena, allocated and zeroed when the thread's first item of that
+// head adds to them, so the threads never share an accumulator; summed over
+// threads once per call (DeliverColumnSums).
+struct ColumnSums {
+  int heads = 0;                         // (job, kv head) pairs: job.col_index + h
+  std::vector<std::vector<float>> arena; // [thread]
+  std::vector<int64_t> at;               // [thread * heads + k]: offset in arena[thread], -1 if untouched
+};
 
 // Everything one Attention call shares between its work items.
 struct Job {
@@ -77,6 +91,13 @@ struct Job {
   std::vector<float*> obs_scores;             // [h] -> [(rows_per_head - obs_first_row) * n_h], in tls_obs_scores
   std::vector<size_t> obs_offset;             // [h]: where obs_scores[h] starts in it
   std::vector<std::vector<int32_t>> obs_pos;  // [h][n_h]
+  // Column sums instead of per-row probabilities (several queries and an
+  // observer that takes them): the observed items tap their kernels'
+  // weights (WeightTap) and add them to `cols`. One chunk per head, so that
+  // each item ends with its rows' final max and sum.
+  bool column_sums = false;
+  int col_index = 0;  // this job's kv head h is (job, h) number col_index + h in cols
+  ColumnSums* cols = nullptr;
 };
 
 // max_j x[j], -inf for n == 0 (SIMD when available).
@@ -292,7 +313,51 @@ PageId ChunkFirstPage(const Job& job, int h, int chunk) {
 // of one chunk needs no merge (merging one partial is the identity up to
 // the same division), so the partials and the merge pass are skipped; the
 // observer still goes through the merge, which feeds it.
-bool WritesOutputs(const Job& job, int h) { return job.chunks[h] == 1 && job.observer == nullptr; }
+bool WritesOutputs(const Job& job, int h) {
+  return job.chunks[h] == 1 && (job.observer == nullptr || job.column_sums);
+}
+
+// Thread `tid`'s accumulator of kv head h's column sums, [G][slots], zeroed
+// on first use.
+float* ColumnAccumulator(const Job& job, int h, int tid) {
+  ColumnSums& c = *job.cols;
+  int64_t& at = c.at[static_cast<size_t>(tid) * c.heads + job.col_index + h];
+  std::vector<float>& arena = c.arena[tid];
+  if (at < 0) {
+    at = static_cast<int64_t>(arena.size());
+    arena.resize(arena.size() + static_cast<size_t>(job.G) * job.obs_pos[h].size(), 0.0f);
+  }
+  return arena.data() + at;
+}
+
+// Adds the probabilities of an item's observed rows to their heads' column
+// sums col [G][slots]: p = w exp(ref - mx) / sum, from the weights the
+// kernels tapped (w relative to ref, the row's reference max then; mx and
+// sum the row's final ones, the item covering the whole chain). One exp per
+// row and group of entries, none per entry.
+void AddColumnSums(const Job& job, int h, int row0, int nr, int i0, int i1, const int* sel, const float* mx,
+                   const float* sum, const WeightTap& tap, float* col) {
+  const PageTable& t = job.kv->table(job.layer, h);
+  const int T = job.T, g_stride = tap.stride / tap.group;
+  const size_t n_h = job.obs_pos[h].size();
+  for (int r = std::max(0, job.obs_first_row - row0); r < nr; ++r) {
+    if (mx[r] == kNegInf) continue;  // saw nothing: all 0
+    const float inv = 1.0f / sum[r];
+    float* c = col + static_cast<size_t>((row0 + r) % job.G) * n_h;
+    const float* w = tap.w + static_cast<size_t>(r) * tap.stride;
+    const float* ref = tap.ref + static_cast<size_t>(r) * g_stride;
+    for (int i = i0; i < i1; ++i) {
+      const int p = sel != nullptr ? sel[i] : i, k0 = (i - i0) * T, m = t.EntriesInPage(p, T);
+      float* cp = c + static_cast<size_t>(p) * T;
+      for (int k = 0; k < m; k += tap.group) {
+        const float ref_k = ref[(k0 + k) / tap.group];
+        if (ref_k == kNegInf) continue;  // never visited (a skipped page) or nothing visible then
+        const float f = std::exp(ref_k - mx[r]) * inv;
+        for (int j = k; j < std::min(m, k + tap.group); ++j) cp[j] += f * w[k0 + j];
+      }
+    }
+  }
+}
 
 // o = acc / sum, rotated back (0 where nothing was visible: mx = -inf): the
 // output of one row from its (acc, mx, sum), as MergeBlock writes it.
@@ -313,7 +378,7 @@ void WriteRow(const Job& job, const float* acc, float mx, float sum, float* o) {
 // at 8k context on smollm2-135m) does not start on a cold miss (kv_bench f16
 // 8k all layers: -3.4% on 2 threads, -2% on 1, in alternated pairs).
 template <PageCodec C>
-void RunItem(Job& job, int h, int block, int chunk, PageId after) {
+void RunItem(Job& job, int h, int block, int chunk, PageId after, int tid) {
   const SequenceKV& kv = *job.kv;
   const PageTable& t = kv.table(job.layer, h);
   const BlockPool& pool = kv.pool();
@@ -357,14 +422,28 @@ void RunItem(Job& job, int h, int block, int chunk, PageId after) {
   // (F16Codec::AttendRun, which masks what a row must not see itself).
   // Rows the observer watches in this block (its query window), if any.
   const bool observe = job.observer != nullptr && row0 + nr > job.obs_first_row;
+  // Observed rows of a column-sum job tap the weights of every kernel,
+  // fused or general (WeightTap): every row of the item, its whole chain.
+  const bool tapped = observe && job.column_sums;
+  WeightTap tap;
+  if (tapped) {
+    tap.stride = (i1 - i0) * T;
+    tap.group = std::min(T, 16);
+    s.tap_w.resize(static_cast<size_t>(nr) * tap.stride);
+    s.tap_ref.assign(static_cast<size_t>(nr) * (tap.stride / tap.group), kNegInf);
+    tap.w = s.tap_w.data();
+    tap.ref = s.tap_ref.data();
+  }
   const bool scaled = t.has_entry_scales();  // see "Entry scales" above
-  const bool fused = !job.pre_rope && !observe && !scaled && F16Codec::HasAttendRun(job.lc->params);
+  const bool fused = !job.pre_rope && !scaled &&
+                     (tapped ? F16Codec::HasTappedAttendRun(job.lc->params, qp, nr)
+                             : !observe && F16Codec::HasAttendRun(job.lc->params));
   // Pruned pages (ThinK) take the same fused kernel with their short keys
   // and the gathered queries: in the general loop the softmax step between
   // the separate kernels cost more than the scores, and an attention step
   // over a pruned cache was slower than over the f16 cache it came from,
   // though it read 25% fewer bytes (docs/kv-think.md, "Decode speed").
-  const bool fused_pruned = fused && !kept.empty() && pruned::HasAttendRun(s.pruned);
+  const bool fused_pruned = fused && !observe && !kept.empty() && pruned::HasAttendRun(s.pruned);
   thread_local std::vector<const uint8_t*> run;
 
   // One pass over the chunk, page by page (online softmax): scores of the
@@ -391,6 +470,7 @@ void RunItem(Job& job, int h, int block, int chunk, PageId after) {
     if (f16_run || (fused_pruned && t.format(p) == kPagePruned)) {  // the run of pages P([i, e)) in p's form
       auto same_form = [&](int pe) { return f16_run ? F16Form<C>(t, pe) : t.format(pe) == kPagePruned; };
       run.clear();
+      s.run_off.clear();
       int m_last = T, e = i;
       for (; e < i1 && same_form(P(e)); ++e) {
         const int pe = P(e);
@@ -398,6 +478,7 @@ void RunItem(Job& job, int h, int block, int chunk, PageId after) {
         const int m = t.EntriesInPage(pe, T);
         if (job.skip_future && job.page_min[h][pe] > q_max) continue;
         run.push_back(page);
+        s.run_off.push_back((e - i0) * T);
         m_last = m;
       }
       if (!run.empty()) {
@@ -406,8 +487,9 @@ void RunItem(Job& job, int h, int block, int chunk, PageId after) {
         const size_t next_bytes = next != nullptr ? pool.PageBytesOf(after_run) : 0;
         const int n_run = static_cast<int>(run.size());
         if (f16_run) {
+          tap.page_offset = s.run_off.data();
           F16Codec::AttendRun(job.lc->params, run.data(), n_run, m_last, pool.PageBytesOf(ids[p]), s.q.data(), qp, nr,
-                              mx, sum, acc, next, next_bytes);
+                              mx, sum, acc, next, next_bytes, tapped ? &tap : nullptr);
         } else {
           pruned::AttendRun(static_cast<int>(kept.size()), T, D, run.data(), n_run, m_last, pool.PageBytesOf(ids[p]),
                             s.qk.data(), qp, nr, mx, sum, acc, next, next_bytes);
@@ -425,7 +507,7 @@ void RunItem(Job& job, int h, int block, int chunk, PageId after) {
     int32_t pos_min, pos_max;
     MinMax(pos, m, &pos_min, &pos_max);
     if (pos_min > q_max) {  // after every row: skip
-      if (observe) {  // never computed: -inf for the observer (its matrix is not pre-filled)
+      if (observe && !tapped) {  // never computed: -inf for the observer (its matrix is not pre-filled)
         for (int r = std::max(0, job.obs_first_row - row0); r < nr; ++r) {
           float* o = &job.obs_scores[h][static_cast<size_t>(row0 + r - job.obs_first_row) * n_obs + static_cast<size_t>(p) * T];
           std::fill(o, o + m, kNegInf);
@@ -447,7 +529,7 @@ void RunItem(Job& job, int h, int block, int chunk, PageId after) {
         if (pos[j] > qp[r]) row[j] = kNegInf;
       }
     }
-    if (observe) {
+    if (observe && !tapped) {
       float* obs = job.obs_scores[h];
       for (int r = std::max(0, job.obs_first_row - row0); r < nr; ++r) {
         std::memcpy(&obs[static_cast<size_t>(row0 + r - job.obs_first_row) * n_obs + static_cast<size_t>(p) * T],
@@ -456,6 +538,13 @@ void RunItem(Job& job, int h, int block, int chunk, PageId after) {
     }
     float f[kMaxQueryRows];
     const bool any = SoftmaxStep(sp, T, m, nr, mx, sum, f);
+    if (tapped) {  // the weights, relative to each row's reference max
+      const int k0 = (i - i0) * T;
+      for (int r = 0; r < nr; ++r) {
+        std::memcpy(tap.w + static_cast<size_t>(r) * tap.stride + k0, sp + static_cast<size_t>(r) * T, sizeof(float) * m);
+        for (int k = 0; k < m; k += tap.group) tap.ref[static_cast<size_t>(r) * (tap.stride / tap.group) + (k0 + k) / tap.group] = mx[r];
+      }
+    }
     for (int r = 0; r < nr; ++r) {
       if (f[r] != 1.0f) Scale(acc + static_cast<size_t>(r) * D, D, f[r]);  // what the row has so far, to the new max
     }
@@ -465,6 +554,7 @@ void RunItem(Job& job, int h, int block, int chunk, PageId after) {
     const uint8_t* data = page + PageDataOffset(T);
     FormatAccumulateValues<C>(job, t.format(p), data, m, sp, nr, T, acc);
   }
+  if (tapped) AddColumnSums(job, h, row0, nr, i0, i1, sel, mx, sum, tap, ColumnAccumulator(job, h, tid));
   if (writes_outputs) {
     for (int r = 0; r < nr; ++r) {
       const int row = row0 + r, i = row / G, head = h * G + row % G;
@@ -523,21 +613,54 @@ void MergeBlock(const Job& job, int h, int block, float* out) {
   }
 }
 
-// Runs fn(index, next) for index in [0, n) on the pool, one index per claim
+// Runs fn(index, next, thread) for index in [0, n) on the pool, one index per claim
 // (each index writes only its own outputs, so the order is irrelevant).
 // Claims are cheap since each thread claims from its own share of [0, n)
 // until shares run out (ThreadPool), so one-item claims balance the threads
 // to within an item. `next` is the index the thread most likely runs next
-// (index + 1, n past the end), whose first page is prefetched.
+// (index + 1, n past the end), whose first page is prefetched; `thread`
+// is the pool's index of the thread running it (0 = the caller).
 template <typename Fn>
 void RunAll(size_t n, ThreadPool* pool, const Fn& fn) {
   if (pool == nullptr || pool->size() <= 1 || n <= 1) {
-    for (size_t i = 0; i < n; ++i) fn(i, i + 1);
+    for (size_t i = 0; i < n; ++i) fn(i, i + 1, 0);
     return;
   }
-  pool->ParallelForDynamic(n, 1, [&](size_t begin, size_t end, int) {
-    for (size_t i = begin; i < end; ++i) fn(i, i + 1);
+  pool->ParallelForDynamic(n, 1, [&](size_t begin, size_t end, int thread) {
+    for (size_t i = begin; i < end; ++i) fn(i, i + 1, thread);
   });
+}
+
+// Hands each column-sum job's sums to the observer: per (kv head, query
+// head), the threads' accumulators summed.
+void DeliverColumnSums(const std::vector<Job>& jobs, const ColumnSums& cols, int threads) {
+  std::vector<float> total;
+  for (const Job& job : jobs) {
+    if (!job.column_sums) continue;
+    const int queries = (job.rows_per_head - job.obs_first_row) / job.G;
+    for (int h = 0; h < static_cast<int>(job.obs_pos.size()); ++h) {
+      const size_t n = static_cast<size_t>(job.G) * job.obs_pos[h].size();
+      const float* sums = nullptr;
+      for (int t = 0; t < threads; ++t) {
+        const int64_t at = cols.at[static_cast<size_t>(t) * cols.heads + job.col_index + h];
+        if (at < 0) continue;
+        const float* mine = cols.arena[t].data() + at;
+        if (sums == nullptr) {
+          sums = mine;
+          continue;
+        }
+        if (sums != total.data()) total.assign(sums, sums + n);
+        for (size_t j = 0; j < n; ++j) total[j] += mine[j];
+        sums = total.data();
+      }
+      if (sums == nullptr) total.assign(n, 0.0f), sums = total.data();  // no item ran (no observed row)
+      const int n_h = static_cast<int>(job.obs_pos[h].size());
+      for (int g = 0; g < job.G; ++g) {
+        job.observer->OnColumnSums(job.seq, job.layer, h * job.G + g, sums + static_cast<size_t>(g) * n_h,
+                                   job.obs_pos[h].data(), n_h, queries);
+      }
+    }
+  }
 }
 
 // Quest: sets `job` up to select the pages of each kv head for its one
@@ -594,6 +717,11 @@ void SelectHeadPages(Job& job, int h) {
 
 }  // namespace
 
+std::atomic<bool>& ColumnSumsAllowed() {
+  static std::atomic<bool> allowed{true};
+  return allowed;
+}
+
 void Attention(const SequenceKV& kv, int layer, const float* q, const int32_t* q_pos, int n_q, int n_heads,
                float scale, float* out, ThreadPool* pool, AttentionObserver* observer) {
   const AttentionSeq one{&kv, q, q_pos, n_q, out};
@@ -621,6 +749,7 @@ void AttentionBatch(const AttentionSeq* seqs, int n_seqs, int layer, int n_heads
   std::vector<size_t> part_base(n_seqs, 0);
   size_t n_obs_scores = 0;
   size_t n_parts = 0;
+  int n_col_heads = 0;
   const int window = observer != nullptr ? observer->QueryWindow() : 0;
   for (int si = 0; si < n_seqs; ++si) {
     const AttentionSeq& sq = seqs[si];
@@ -658,6 +787,13 @@ void AttentionBatch(const AttentionSeq* seqs, int n_seqs, int layer, int n_heads
     if (observed) observer->OnQueries(si, layer, sq.q, sq.n_q, n_heads, L.head_dim);
     job.observer = observed && observer->WantsProbabilities() ? observer : nullptr;
     job.obs_first_row = job.observer == nullptr ? 0 : (window > 0 ? std::max(0, sq.n_q - window) : 0) * job.G;
+    job.column_sums = job.observer != nullptr && sq.n_q > 1 && observer->WantsColumnSums() &&
+                      ColumnSumsAllowed().load(std::memory_order_relaxed);
+    if (job.column_sums) {  // one chunk per head (a prompt's row blocks keep the threads busy)
+      job.chunk_pages = std::max(1, max_pages);
+      job.col_index = n_col_heads;
+      n_col_heads += H;
+    }
     job.out = sq.out;
     // Decode's query comes after every entry; a prompt's row blocks skip the
     // pages after all of their rows (half the pages of a causal prompt).
@@ -697,7 +833,7 @@ void AttentionBatch(const AttentionSeq* seqs, int n_seqs, int layer, int n_heads
       for (int h = 0; h < H; ++h) {
         const PageTable& t = kv.table(layer, h);
         job.obs_offset[h] = n_obs_scores;
-        n_obs_scores += static_cast<size_t>(obs_rows) * t.length();
+        if (!job.column_sums) n_obs_scores += static_cast<size_t>(obs_rows) * t.length();
         job.obs_pos[h].resize(t.length());
         for (int p = 0; p < t.num_pages(); ++p) {
           const int32_t* pos = PagePositions(kv.pool().PageData(t.pages()[p]));
@@ -721,7 +857,7 @@ void AttentionBatch(const AttentionSeq* seqs, int n_seqs, int layer, int n_heads
   if (tls_obs_scores.size() < n_obs_scores) tls_obs_scores.resize(n_obs_scores);
   for (int si = 0; si < n_seqs; ++si) {
     Job& job = jobs[si];
-    if (job.observer == nullptr) continue;
+    if (job.observer == nullptr || job.column_sums) continue;
     for (size_t h = 0; h < job.obs_scores.size(); ++h) {
       job.obs_scores[h] = tls_obs_scores.data() + job.obs_offset[h];
       if (job.selecting) {
@@ -731,15 +867,27 @@ void AttentionBatch(const AttentionSeq* seqs, int n_seqs, int layer, int n_heads
     }
   }
 
+  thread_local ColumnSums tls_cols;
+  ColumnSums& cols = tls_cols;
+  const int threads = pool != nullptr ? std::max(1, pool->size()) : 1;
+  if (n_col_heads > 0) {
+    cols.heads = n_col_heads;
+    cols.arena.resize(threads);
+    for (auto& a : cols.arena) a.clear();
+    cols.at.assign(static_cast<size_t>(threads) * n_col_heads, -1);
+    for (Job& job : jobs) job.cols = &cols;
+  }
+
   // Consecutive items mostly share a sequence and codec: dispatch per item
   // (one switch, no virtual call per element).
-  RunAll(items.size(), pool, [&](size_t it, size_t next) {
+  RunAll(items.size(), pool, [&](size_t it, size_t next, int thread) {
     const Item& item = items[it];
     Job& job = jobs[item.seq];
     if (job.selecting) SelectHeadPages(job, item.h);
     PageId after = kNoPage;
     if (next < items.size() && items[next].seq == item.seq) after = ChunkFirstPage(job, items[next].h, items[next].chunk);
-    DispatchCodec(job.lc->id, [&](auto codec) { RunItem<decltype(codec)>(job, item.h, item.block, item.chunk, after); });
+    DispatchCodec(job.lc->id,
+                  [&](auto codec) { RunItem<decltype(codec)>(job, item.h, item.block, item.chunk, after, thread); });
   });
   // The row blocks of the heads whose items did not write their outputs.
   struct Block {
@@ -757,10 +905,11 @@ void AttentionBatch(const AttentionSeq* seqs, int n_seqs, int layer, int n_heads
     }
   }
   const bool merge_parallel = observer != nullptr || merge_work > 16;
-  RunAll(merged.size(), merge_parallel ? pool : nullptr, [&](size_t i, size_t) {
+  RunAll(merged.size(), merge_parallel ? pool : nullptr, [&](size_t i, size_t, int) {
     const Block& b = merged[i];
     MergeBlock(jobs[b.seq], b.h, b.block, jobs[b.seq].out);
   });
+  if (n_col_heads > 0) DeliverColumnSums(jobs, cols, threads);
 }
 
 }  // namespace kvx::kv

@@ -54,6 +54,7 @@
 // pages during the call.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 
 #include "kv/sequence_kv.h"
@@ -118,7 +119,36 @@ class AttentionObserver {
   // slots). The pointers are valid only during the call.
   virtual void OnProbabilities(int seq, int layer, int query_index, int head, int kv_head, const float* probs,
                                const int32_t* positions, int n) = 0;
+  // Whether column sums (OnColumnSums) serve this observer instead of
+  // OnProbabilities for calls of several queries of a sequence (a prompt, a
+  // prefill chunk): what H2O's sums and a SnapKV/TOVA window need. Their
+  // rows then keep the fused kernels, which leave the weights they compute
+  // in a tile, summed per thread and merged once per layer (no per-row
+  // callback, no second exp pass); decode queries still go through
+  // OnProbabilities.
+  virtual bool WantsColumnSums() const { return false; }
+  // Called once per (observed sequence, layer, query head) of such a call,
+  // on the calling thread after the attention: sums[j] = the sum over the
+  // call's `queries` observed queries (the window) of the probability slot j
+  // of (layer, kv head) received (positions[j] its position; 0 for masked
+  // and dead slots), in chain order, n slots. Pointers valid only during
+  // the call.
+  virtual void OnColumnSums(int seq, int layer, int head, const float* sums, const int32_t* positions, int n,
+                            int queries) {
+    (void)seq;
+    (void)layer;
+    (void)head;
+    (void)sums;
+    (void)positions;
+    (void)n;
+    (void)queries;
+  }
 };
+
+// Whether column sums may serve observers that want them (default true);
+// false sends every observed row through OnProbabilities, the reference
+// path tests compare the column sums with.
+std::atomic<bool>& ColumnSumsAllowed();
 
 // Paged attention for one layer.
 //   q     [n_q][n_heads][head_dim], roped; query head h uses kv head h / (n_heads / n_kv_heads)

@@ -137,6 +137,22 @@ inline constexpr int kMaxQueryRows = 8;
 // exp(s - reference) stay below e^8, so sums cannot overflow.
 inline constexpr float kSoftmaxSlack = 8.0f;
 
+// Where attention's kernels also leave the softmax weights they compute, so
+// that an observer's column sums (H2O's, the SnapKV/TOVA window's) come from
+// them without a second exp pass (attention.cc, AddColumnSums): the weight of
+// row r at item-local entry k is w[r * stride + k] = exp(s - ref), relative
+// to the row's reference max at that moment, ref[r * (stride / group) + k /
+// group]; entries of a group share one reference. Refs of groups never
+// visited stay -inf. page_offset[i]: the item-local index of the first entry
+// of the i-th page of a fused run.
+struct WeightTap {
+  float* w = nullptr;
+  float* ref = nullptr;
+  int stride = 0;
+  int group = 16;
+  const int* page_offset = nullptr;
+};
+
 template <class C>
 concept PageCodec = requires(const CodecParams& p, uint8_t* w, const uint8_t* r, int slot, int n, const float* f,
                              float* o) {

@@ -129,13 +129,18 @@ struct F16Codec {
   // (after_bytes long, may be null), the page the caller visits next, during
   // the last but one. Rows of several queries (a prompt's block) take the
   // prompt kernel instead (32 entries per step, no prefetching:
-  // simd_avx512_prompt.h).
-  // REQUIRES: HasAttendRun(p).
+  // simd_avx512_prompt.h), which with `tap` (may be null) also leaves its
+  // weights there for an observer (codec_id.h, WeightTap).
+  // REQUIRES: HasAttendRun(p); with a tap, HasTappedAttendRun(p, qpos, nq).
   static void AttendRun(const CodecParams& p, const uint8_t* const* pages, int n_pages, int m_last, size_t page_bytes,
                         const float* q, const int32_t* qpos, int nq, float* mx, float* sum, float* acc,
-                        const uint8_t* after, size_t after_bytes) {
+                        const uint8_t* after, size_t after_bytes, const WeightTap* tap = nullptr) {
     simd::F16DecodePages(pages, n_pages, m_last, p.page_tokens, p.head_dim, p.head_dim, page_bytes, q, qpos, nq, mx,
-                         sum, acc, after, after_bytes);
+                         sum, acc, after, after_bytes, tap);
+  }
+  // Whether AttendRun can tap these rows' weights (the prompt kernel runs).
+  static bool HasTappedAttendRun(const CodecParams& p, const int32_t* qpos, int nq) {
+    return HasAttendRun(p) && simd::F16PromptPagesApply(p.head_dim, p.head_dim, qpos, nq);
   }
   static void AccumulateValues(const CodecParams& p, const uint8_t* data, int n, const float* w, int nq, int ws,
                                float* acc) {

@@ -34,6 +34,7 @@ struct F16Block {
   const uint16_t* v;
   const int32_t* pos;
   int valid;
+  int tap;  // item-local index of the first entry (WeightTap), when tapped
 };
 
 // Folds NB (1 or 2) blocks into the running (mx, vsum, acc) of NR query rows
@@ -51,10 +52,12 @@ struct F16Block {
 //   * the accumulators are loaded and stored once per step, 32 channels
 //     of 8 rows (16 registers) at a time.
 // Results agree with the decode kernel up to the rounding of the score and
-// weight sums. REQUIRES: d % 32 == 0, T % 16 == 0, NR <= 8, NB in {1, 2}.
-template <int NR, int NB>
+// weight sums. kTap: each block's weights and the row's reference max also
+// go to `tap` (an observed block: codec_id.h, WeightTap; tap->group == 16).
+// REQUIRES: d % 32 == 0, T % 16 == 0, NR <= 8, NB in {1, 2}.
+template <int NR, int NB, bool kTap>
 KVX_KV_AVX512 inline void F16PromptStep(const F16Block (&blk)[NB], int T, int d, const float* q, const int32_t* qp,
-                                        int32_t qp_min, float* mx, float* vsum, float* acc) {
+                                        int32_t qp_min, float* mx, float* vsum, float* acc, const WeightTap* tap) {
   static_assert(NR >= 1 && NR <= 8 && (NB == 1 || NB == 2));
   alignas(64) float w[NR][16 * NB];
   __m512 sc[NB][NR];
@@ -117,6 +120,10 @@ KVX_KV_AVX512 inline void F16PromptStep(const F16Block (&blk)[NB], int T, int d,
     for (int b = 0; b < NB; ++b) {
       const __m512 e = ExpSoftmax16(_mm512_sub_ps(s[b], mv));
       _mm512_store_ps(&w[r][16 * b], e);
+      if constexpr (kTap) {
+        _mm512_storeu_ps(tap->w + static_cast<size_t>(r) * tap->stride + blk[b].tap, e);
+        tap->ref[static_cast<size_t>(r) * (tap->stride / 16) + blk[b].tap / 16] = mx[r];
+      }
       total = _mm512_add_ps(total, e);
     }
     _mm512_store_ps(vs, total);

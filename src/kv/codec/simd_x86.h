@@ -544,37 +544,52 @@ inline bool DotColumnsF16(const uint16_t* kt, int T, int n, int d, const float* 
 inline bool HasF16DecodePages(int T, int d) { return UseAvx512() && T % 16 == 0 && d % 16 == 0; }
 
 // avx512::F16PromptStep over a run of f16 pages (as F16DecodePages), two
-// 16-entry blocks per step, for the nq rows of several queries. No
+// 16-entry blocks per step, for the nq rows of several queries; with `tap`
+// (may be null) the weights go there too (codec_id.h, WeightTap). No
 // prefetching: a prompt's row blocks read the same pages one after the
 // other, mostly from L2, and requesting each page two ahead made kv_bench
 // PrefillAttention f16 512 8-10% slower.
 inline void F16PromptPages(const uint8_t* const* pages, int n_pages, int m_last, int T, int d, const float* q,
-                           const int32_t* qp, int nq, float* mx, float* sum, float* acc) {
+                           const int32_t* qp, int nq, float* mx, float* sum, float* acc, const WeightTap* tap) {
   const size_t data = PageDataOffset(T), values = static_cast<size_t>(T) * d;
   const int32_t qp_min = *std::min_element(qp, qp + nq);
   alignas(64) float vsum[kMaxQueryRows * 16];
   avx512::StartLaneSums(sum, nq, vsum);
-  WithQueryRows(nq, [&](auto rows) {
+  auto pass = [&](auto rows, auto tapped) {
+    constexpr int kRows = decltype(rows)::value;
+    constexpr bool kTap = decltype(tapped)::value;
     avx512::F16Block pair[2];
     int held = 0;
     for (int i = 0; i < n_pages; ++i) {
       const uint16_t* kt = reinterpret_cast<const uint16_t*>(pages[i] + data);
       const int m = i + 1 == n_pages ? m_last : T;
+      const int k0 = kTap ? tap->page_offset[i] : 0;
       for (int j0 = 0; j0 < m; j0 += 16) {
         pair[held++] = {kt + j0, kt + values + static_cast<size_t>(j0) * d, PagePositions(pages[i]) + j0,
-                        std::min(16, m - j0)};
+                        std::min(16, m - j0), k0 + j0};
         if (held == 2) {
-          avx512::F16PromptStep<rows(), 2>(pair, T, d, q, qp, qp_min, mx, vsum, acc);
+          avx512::F16PromptStep<kRows, 2, kTap>(pair, T, d, q, qp, qp_min, mx, vsum, acc, tap);
           held = 0;
         }
       }
     }
     if (held == 1) {
       const avx512::F16Block one[1] = {pair[0]};
-      avx512::F16PromptStep<rows(), 1>(one, T, d, q, qp, qp_min, mx, vsum, acc);
+      avx512::F16PromptStep<kRows, 1, kTap>(one, T, d, q, qp, qp_min, mx, vsum, acc, tap);
     }
+  };
+  WithQueryRows(nq, [&](auto rows) {
+    if (tap != nullptr) return pass(rows, std::true_type{});
+    pass(rows, std::false_type{});
   });
   avx512::FinishLaneSums(vsum, nq, sum);
+}
+
+// Whether F16DecodePages takes F16PromptPages for these rows: several
+// queries' rows (more than 4, not all at one position) of whole f16 pages
+// (dk == d) with d % 32 == 0.
+inline bool F16PromptPagesApply(int dk, int d, const int32_t* qp, int nq) {
+  return dk == d && nq > 4 && d % 32 == 0 && !std::all_of(qp, qp + nq, [&](int32_t p) { return p == qp[0]; });
 }
 
 // F16DecodePages' loop over the pages for rows of one query (below), with
@@ -652,12 +667,14 @@ inline int F16PrefetchLinesPerStep(int T, int dk, size_t page_bytes) {
 // AllLayers f16, 2 threads). Keys of dk channel rows, values of d channels
 // (F16DecodePage): dk = d on f16 pages, fewer on ThinK's pruned pages,
 // whose q is gathered to the kept channels ([nq][dk]) and whose prompt rows
-// take the groups of 4. REQUIRES: HasF16DecodePages(T, d), dk % 4 == 0.
+// take the groups of 4. `tap` (may be null): the prompt kernel's weights
+// (F16PromptPages), for an observer. REQUIRES: HasF16DecodePages(T, d),
+// dk % 4 == 0; with a tap, F16PromptPagesApply(dk, d, qp, nq).
 inline void F16DecodePages(const uint8_t* const* pages, int n_pages, int m_last, int T, int dk, int d,
                            size_t page_bytes, const float* q, const int32_t* qp, int nq, float* mx, float* sum,
-                           float* acc, const uint8_t* after, size_t after_bytes) {
-  if (dk == d && nq > 4 && d % 32 == 0 && !std::all_of(qp, qp + nq, [&](int32_t p) { return p == qp[0]; })) {
-    return F16PromptPages(pages, n_pages, m_last, T, d, q, qp, nq, mx, sum, acc);
+                           float* acc, const uint8_t* after, size_t after_bytes, const WeightTap* tap = nullptr) {
+  if (F16PromptPagesApply(dk, d, qp, nq)) {
+    return F16PromptPages(pages, n_pages, m_last, T, d, q, qp, nq, mx, sum, acc, tap);
   }
   auto run = [&](auto pf) {
     F16DecodeRun<decltype(pf)::value>(pages, n_pages, m_last, T, dk, d, page_bytes, q, qp, nq, mx, sum, acc, after,
@@ -762,8 +779,9 @@ inline bool ScaleQueriesByChannel(const uint16_t*, int, const float*, int, float
 template <int B>
 inline bool DecodeCodeColumns(const uint8_t*, int, const uint16_t*, int, int, float*) { return false; }
 inline bool HasF16DecodePages(int, int) { return false; }
+inline bool F16PromptPagesApply(int, int, const int32_t*, int) { return false; }
 inline void F16DecodePages(const uint8_t* const*, int, int, int, int, int, size_t, const float*, const int32_t*, int,
-                           float*, float*, float*, const uint8_t*, size_t) {}
+                           float*, float*, float*, const uint8_t*, size_t, const WeightTap* = nullptr) {}
 inline void RopeRow(float*, const float*, int, bool, bool) {}
 inline float Max(const float*, int) { return 0; }
 inline void Scale(float*, int, float) {}

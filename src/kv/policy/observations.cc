@@ -69,48 +69,63 @@ void SequenceObservations::Fold(const SequenceObservations& step, const Observat
   }
 }
 
+HeadStats* ProbabilityRecorder::StepHead(int seq, int layer, int head) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& obs = step_[seq];
+  if (obs == nullptr) obs = std::make_unique<SequenceObservations>();
+  obs->NoteHead(head);
+  return &obs->mutable_head(layer, head);  // map nodes stay put
+}
+
+namespace {
+
+// A prompt's chain before any eviction holds positions p0, p0 + 1, ...:
+// then sums are one vectorizable add per entry up to the last one attended
+// (a masked entry adds 0, which changes no sum), not a scattered add behind
+// a branch (a fifth of an H2O prefill). Whether positions[0..last] are such
+// a run, `top` the largest position of a value > 0.
+bool ContiguousUpTo(const int32_t* positions, int last, int32_t top) {
+  if (last < 0 || positions[0] < 0 || positions[last] != positions[0] + last || top != positions[last]) return false;
+  for (int j = 1; j <= last; ++j) {
+    if (positions[j] != positions[0] + j) return false;
+  }
+  return true;
+}
+
+// The largest position whose value is > 0 (-1: none), and the last such slot.
+void LastPositive(const float* x, const int32_t* positions, int n, int32_t* top, int* last, int* count) {
+  *top = -1, *last = -1, *count = 0;
+  for (int j = 0; j < n; ++j) {
+    if (x[j] > 0.0f) {
+      *top = std::max(*top, positions[j]);
+      ++*count;
+      *last = j;
+    }
+  }
+}
+
+}  // namespace
+
 void ProbabilityRecorder::OnProbabilities(int seq, int layer, int /*query_index*/, int head, int /*kv_head*/,
                                           const float* probs, const int32_t* positions, int n) {
-  HeadStats* hs = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto& obs = step_[seq];
-    if (obs == nullptr) obs = std::make_unique<SequenceObservations>();
-    obs->NoteHead(head);
-    hs = &obs->mutable_head(layer, head);  // map nodes stay put
-  }
-  int32_t top = -1;
-  int visible = 0, last = -1;
-  for (int j = 0; j < n; ++j) {
-    if (probs[j] > 0.0f) {
-      top = std::max(top, positions[j]);
-      ++visible;
-      last = j;
-    }
-  }
+  HeadStats* hs = StepHead(seq, layer, head);
+  int32_t top;
+  int visible, last;
+  LastPositive(probs, positions, n, &top, &last, &visible);
   const float low_threshold = visible > 0 ? 1.0f / static_cast<float>(visible) : 0.0f;
-  std::lock_guard<std::mutex> lock(stripes_[(static_cast<size_t>(seq) * 131 + layer * 17 + head) % stripes_.size()]);
-  // A prompt's chain before any eviction holds positions p0, p0 + 1, ...:
-  // then the sums are one vectorizable add per entry up to the last one
-  // attended (a masked entry adds 0, which changes no sum), not a scattered
-  // add behind a branch (a fifth of an H2O prefill). Low hits and entropy
-  // must skip the zeros, so they keep the general loop.
-  if (last >= 0 && !needs_.low_hits && !needs_.entropy && positions[0] >= 0 &&
-      positions[last] == positions[0] + last && top == positions[last]) {
-    bool contiguous = true;
-    for (int j = 1; j <= last; ++j) contiguous &= positions[j] == positions[0] + j;
-    if (contiguous) {
-      Grow(&hs->sum, static_cast<size_t>(top) + 1);
-      float* sum = hs->sum.data() + positions[0];
-      for (int j = 0; j <= last; ++j) sum[j] += probs[j];
-      if (needs_.squares) {
-        Grow(&hs->sq, static_cast<size_t>(top) + 1);
-        float* sq = hs->sq.data() + positions[0];
-        for (int j = 0; j <= last; ++j) sq[j] += probs[j] * probs[j];
-      }
-      hs->queries += 1.0;
-      return;
+  std::lock_guard<std::mutex> lock(Stripe(seq, layer, head));
+  // Low hits and entropy must skip the zeros, so they keep the general loop.
+  if (!needs_.low_hits && !needs_.entropy && ContiguousUpTo(positions, last, top)) {
+    Grow(&hs->sum, static_cast<size_t>(top) + 1);
+    float* sum = hs->sum.data() + positions[0];
+    for (int j = 0; j <= last; ++j) sum[j] += probs[j];
+    if (needs_.squares) {
+      Grow(&hs->sq, static_cast<size_t>(top) + 1);
+      float* sq = hs->sq.data() + positions[0];
+      for (int j = 0; j <= last; ++j) sq[j] += probs[j] * probs[j];
     }
+    hs->queries += 1.0;
+    return;
   }
   const size_t need = static_cast<size_t>(top) + 1;
   Grow(&hs->sum, need);
@@ -128,6 +143,25 @@ void ProbabilityRecorder::OnProbabilities(int seq, int layer, int /*query_index*
   }
   hs->entropy += entropy;
   hs->queries += 1.0;
+}
+
+void ProbabilityRecorder::OnColumnSums(int seq, int layer, int head, const float* sums, const int32_t* positions,
+                                       int n, int queries) {
+  HeadStats* hs = StepHead(seq, layer, head);
+  int32_t top;
+  int count, last;
+  LastPositive(sums, positions, n, &top, &last, &count);
+  std::lock_guard<std::mutex> lock(Stripe(seq, layer, head));
+  Grow(&hs->sum, static_cast<size_t>(top) + 1);
+  if (ContiguousUpTo(positions, last, top)) {
+    float* sum = hs->sum.data() + positions[0];
+    for (int j = 0; j <= last; ++j) sum[j] += sums[j];
+  } else {
+    for (int j = 0; j < n; ++j) {
+      if (sums[j] > 0.0f) hs->sum[positions[j]] += sums[j];  // masked, dead or underflowed: never attended
+    }
+  }
+  hs->queries += queries;
 }
 
 void ProbabilityRecorder::FoldStep(const KVManager& manager, SeqId seq) {

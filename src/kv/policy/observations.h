@@ -19,7 +19,8 @@
 // Per query head, not per kv head, so a scorer can reduce the GQA group as
 // its paper does (mean, max) and CAKE can take variances per head.
 //
-// Thread-safety: OnProbabilities runs concurrently on pool threads (a lock
+// Thread-safety: OnProbabilities (and OnColumnSums, once per head and layer
+// from the attention's calling thread) runs concurrently on pool threads (a lock
 // per (batch sequence, layer, head) stripe guards each accumulation; a
 // short global lock finds the buffers); everything else runs on the
 // manager's thread between steps.
@@ -103,6 +104,11 @@ class ProbabilityRecorder : public AttentionObserver {
   }
   void OnProbabilities(int seq, int layer, int query_index, int head, int kv_head, const float* probs,
                        const int32_t* positions, int n) override;
+  // Sums alone (H2O, SnapKV, TOVA) come as column sums for a prompt's
+  // queries; squares, low hits and entropy need every row.
+  bool WantsColumnSums() const override { return !needs_.squares && !needs_.low_hits && !needs_.entropy; }
+  void OnColumnSums(int seq, int layer, int head, const float* sums, const int32_t* positions, int n,
+                    int queries) override;
 
   // Folds what the last step recorded for `seq` (found through
   // manager.step_requests()) into its statistics; call once per sequence
@@ -124,6 +130,13 @@ class ProbabilityRecorder : public AttentionObserver {
   std::map<int, std::unique_ptr<SequenceObservations>> step_;     // by batch index, this step
   std::array<std::mutex, 64> stripes_;
   std::map<SeqId, SequenceObservations> seqs_;
+
+  // This step's statistics of (batch sequence, layer, head), created on first use.
+  HeadStats* StepHead(int seq, int layer, int head);
+  // The stripe lock guarding them.
+  std::mutex& Stripe(int seq, int layer, int head) {
+    return stripes_[(static_cast<size_t>(seq) * 131 + layer * 17 + head) % stripes_.size()];
+  }
 };
 
 }  // namespace kvx::kv
