@@ -337,7 +337,7 @@ def cost_line(kind, what):
         return ""
     sec, specs, files = costs[kind]
     return ("Machine time of the %s: %.0f min of wall clock for %d specs in %d kvx eval runs (kvx eval's own "
-            "seconds per spec, baseline included), at nice 5 on the shared 2-vCPU AMD EPYC VM while 7 other "
+            "seconds per spec, baseline included), at nice 5-10 on the shared 2-vCPU AMD EPYC VM while 5-7 other "
             "engineers built and tested (load average %s): an idle machine needs a fraction of it." % (
                 what, sec / 60, specs, files,
                 "%.0f–%.0f" % (min(loads), max(loads)) if loads else "13–25 when the runs were started"))
