@@ -90,7 +90,11 @@ Result<std::vector<Item>> ReadItems(const BatchFlags& flags) {
     it.line = line;
     it.max_tokens = flags.max_tokens;
     it.sampling = flags.sampler;
-    for (auto& [key, v] : j.items()) {
+    for (auto& item : j.items()) {
+      // Named references, not a structured binding: the lambda below
+      // captures them, which clang before 16 refuses for bindings.
+      const std::string& key = item.key();
+      json& v = item.value();
       auto want_number = [&](bool integer) -> Status {
         if (!v.is_number() || (integer && !v.is_number_integer())) {
           return InvalidArgument(where + "\"" + key + "\" must be " + (integer ? "an integer" : "a number"));
