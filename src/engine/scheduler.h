@@ -155,6 +155,12 @@ struct SchedulerOptions {
   // own (128 tokens), so a new process's first lookups are not judged by a
   // guess (>= 0).
   double prefill_tokens_per_second = 0;
+  // false: prefill_tokens_per_second stays the speed loads are judged by;
+  // the steps' measurement does not replace it (a deployment that knows its
+  // speed; tests whose hits must not depend on the machine's load: on a
+  // tiny model the measured recompute is microseconds, which a disk read on
+  // a loaded machine can lose).
+  bool measure_prefill = true;
   // Chunk reuse (engine/chunk_assembly.h, docs/kv-reuse.md): the bytes of
   // the chunk cache (0: requests with chunks are refused) and the chunks
   // one request may name (>= 1).
@@ -612,6 +618,9 @@ class Scheduler {
   bool compress_once_ = false;  // the spec has policies that compress once
   std::shared_ptr<kv::tier::TierStore> tiers_;  // null without tiers (or without the prefix cache)
   double prefill_seconds_per_token_ = 0;         // measured (moving average), for abandoning slow loads
+  // The prefill cost tier loads and swaps are judged by: the steps'
+  // measurement, else the options' speed, else 0 (unknown).
+  double PrefillSecondsPerToken() const;
   double copy_bytes_per_second_ = 0;             // measured (moving average over swaps), for the swap cost
   bool CompressesAtBase(const Request& r) const;
   std::unique_ptr<ChunkAssembler> chunker_;  // null: chunk reuse off (chunker_status_ says why)

@@ -93,7 +93,7 @@ bool Scheduler::RunStep() {
     if (CompressesAtBase(*row.r) && now - row.n < moment && now >= moment) reached.push_back(row.s);
   }
   work_.prompt_tokens_computed += prefill_tokens;
-  if (prefill_tokens > 0) {  // the cost a tier load must beat (moving average; decode rows count as tokens)
+  if (prefill_tokens > 0 && options_.measure_prefill) {  // the cost a tier load must beat (moving average; decode rows count as tokens)
     const double per_token = (t1 - t0) / static_cast<double>(prefill_tokens + rows.size());
     prefill_seconds_per_token_ =
         prefill_seconds_per_token_ > 0 ? 0.7 * prefill_seconds_per_token_ + 0.3 * per_token : per_token;

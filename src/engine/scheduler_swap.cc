@@ -79,7 +79,7 @@ bool Scheduler::SwapOut(Request& r) {
   kv::KVManager& m = engine_.kv_manager();
   if (!m.policies().empty()) return false;  // a policy's per-sequence state (scores, tables) is not in an image
   PreemptCost cost{.copy_bytes_per_second = copy_bytes_per_second_,
-                   .prefill_seconds_per_token = prefill_seconds_per_token_};
+                   .prefill_seconds_per_token = PrefillSecondsPerToken()};
   for (const Sample& s : r.samples) {
     if (s.session == nullptr) continue;
     cost.tokens += s.session->n_past();

@@ -55,11 +55,13 @@ std::shared_ptr<TierStore> DiskStore(const Engine& engine, const std::string& di
   return Store(engine, std::move(t), options);
 }
 
-// A scheduler over `engine` with `store` (prefill speed given: no start-up measurement).
+// A scheduler over `engine` with `store` (prefill speed given and kept: no
+// measurement, so a hit does not depend on how loaded the machine is).
 std::unique_ptr<Scheduler> TierScheduler(Engine& engine, std::shared_ptr<TierStore> store, double prefill_tps = 1000) {
   SchedulerOptions o;
   o.tiers = std::move(store);
   o.prefill_tokens_per_second = prefill_tps;
+  o.measure_prefill = false;
   auto sched = Scheduler::Create(engine, o);
   EXPECT_TRUE(sched.ok()) << sched.status().ToString();
   return sched.ok() ? std::move(sched).value() : nullptr;

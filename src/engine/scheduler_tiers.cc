@@ -56,9 +56,7 @@ bool Scheduler::WaitsForTiers(Request& r) {
   q.after_writes = r.started;  // behind the writes of its own preemption
   q.first_block = in_pool.tokens / B;  // what the pool holds is not read again
   q.max_blocks = limit / B;
-  q.recompute_seconds_per_token = prefill_seconds_per_token_ > 0 ? prefill_seconds_per_token_
-                                   : options_.prefill_tokens_per_second > 0 ? 1.0 / options_.prefill_tokens_per_second
-                                                                            : 0;
+  q.recompute_seconds_per_token = PrefillSecondsPerToken();
   r.tier_load = tiers_->Lookup(std::move(q));
   return true;
 }
@@ -144,6 +142,11 @@ void Scheduler::WriteThrough(const Request& r, kv::SeqId seq) {
 void Scheduler::WriteBlocks(kv::SeqId seq) {
   std::optional<kv::tier::BlockSnapshot> snapshot = tiers_->Snapshot(engine_.kv_manager(), seq);
   if (snapshot) tiers_->Write(std::move(*snapshot));
+}
+
+double Scheduler::PrefillSecondsPerToken() const {
+  if (prefill_seconds_per_token_ > 0) return prefill_seconds_per_token_;
+  return options_.prefill_tokens_per_second > 0 ? 1.0 / options_.prefill_tokens_per_second : 0;
 }
 
 }  // namespace kvx::engine
