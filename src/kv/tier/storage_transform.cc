@@ -1,7 +1,9 @@
 #include "kv/tier/storage_transform.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <numeric>
 #include <string>
 
@@ -174,6 +176,36 @@ bool ForEachGrid(const TensorTransform& t, const std::vector<uint16_t>& grid, Fn
 }  // namespace
 
 CompactRates DefaultCompactRates() { return {.k_early = 0.25, .v_early = 0.75, .k_late = 1.75, .v_late = 2.5}; }
+
+Result<CompactRates> ParseCompactRates(std::string_view text) {
+  const auto bad = [&](const std::string& why) {
+    return InvalidArgument("compact rates '" + std::string(text) + "': " + why +
+                           " (give K_EARLY,V_EARLY,K_LATE,V_LATE, average bits a value, e.g. " +
+                           FormatCompactRates(DefaultCompactRates()) + ")");
+  };
+  if (std::count(text.begin(), text.end(), ',') != 3) return bad("four numbers are needed");
+  double values[4] = {};
+  size_t start = 0;
+  for (double& value : values) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    const std::string_view item = text.substr(start, comma - start);
+    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), value);
+    if (item.empty() || ec != std::errc() || end != item.data() + item.size()) {
+      return bad("'" + std::string(item) + "' is not a number");
+    }
+    if (!(value >= 0 && value <= kMaxComponentBits)) {
+      return bad("each rate is in [0, " + std::to_string(kMaxComponentBits) + "]");
+    }
+    start = comma + 1;
+  }
+  return CompactRates{.k_early = values[0], .v_early = values[1], .k_late = values[2], .v_late = values[3]};
+}
+
+std::string FormatCompactRates(const CompactRates& r) {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "%g,%g,%g,%g", r.k_early, r.v_early, r.k_late, r.v_late);
+  return buf;
+}
 
 float GridStep(int bits, float sigma) { return kGaussStep[bits] * sigma; }
 

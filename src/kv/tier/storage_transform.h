@@ -25,6 +25,8 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "kv/codec/codec_config.h"
@@ -43,6 +45,13 @@ struct CompactRates {
 // (docs/tiers.md#the-compact-level: the later layers and their values are
 // the sensitive ones).
 CompactRates DefaultCompactRates();
+// "K_EARLY,V_EARLY,K_LATE,V_LATE" (as `--rates` / `--storage-rates` take
+// them): four numbers in [0, kMaxComponentBits]. InvalidArgument naming
+// what is wrong otherwise. The rates give the bit widths, which the
+// transform's digest covers: a transform of other rates never decodes
+// another's blocks.
+Result<CompactRates> ParseCompactRates(std::string_view text);
+std::string FormatCompactRates(const CompactRates& rates);
 
 // The most bits one component may get.
 inline constexpr int kMaxComponentBits = 8;
