@@ -291,6 +291,14 @@ Result<StorageTransform> TransformCalibration::Finish(const CompactRates& rates)
     }
     KVX_RETURN_IF_ERROR(Eigen(std::move(cov), d, &tt.basis, &tt.variance));
     tt.bits = AllocateBits(tt.variance, keys ? (early ? rates.k_early : rates.k_late) : (early ? rates.v_early : rates.v_late));
+    // A table of no coded component would be an empty coded table, which
+    // the block format reads as damage: refuse such rates here.
+    const auto none = [](const TensorTransform& t) { return std::all_of(t.bits.begin(), t.bits.end(), [](uint8_t b) { return b == 0; }); };
+    if (!keys && none(tt) && none(out.tensors_[i - 1])) {
+      return InvalidArgument("compact rates " + FormatCompactRates(rates) + " give layer " + std::to_string(layer) +
+                             "'s keys and values no bit at all: raise " + (early ? "K_EARLY or V_EARLY" : "K_LATE or V_LATE") +
+                             " (at least 1 / " + std::to_string(2 * d) + " bit a value)");
+    }
   }
   out.digest_ = Digest(d, out.tensors_);
   return out;

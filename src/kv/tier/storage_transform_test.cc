@@ -37,8 +37,8 @@ std::vector<float> Correlated(int tokens, int dim, uint32_t seed) {
   return x;
 }
 
-// A transform of one table (layout 1 layer x 1 head) calibrated on x.
-StorageTransform Calibrated(const std::vector<float>& x, int tokens, int dim, const CompactRates& rates) {
+// The calibration of one table (layout 1 layer x 1 head) on x.
+TransformCalibration CalibrationOn(const std::vector<float>& x, int tokens, int dim) {
   const KVLayout layout{1, 1, dim, 16};
   std::unique_ptr<KVManager> m = testing::MakeManager("codec=f32", layout, tokens + 16);
   EXPECT_NE(m, nullptr);
@@ -58,7 +58,12 @@ StorageTransform Calibrated(const std::vector<float>& x, int tokens, int dim, co
   }
   image.tables[0].length = tokens;
   EXPECT_TRUE(calibration.Add(image).ok());
-  auto t = calibration.Finish(rates);
+  return calibration;
+}
+
+// A transform of one table calibrated on x.
+StorageTransform Calibrated(const std::vector<float>& x, int tokens, int dim, const CompactRates& rates) {
+  auto t = CalibrationOn(x, tokens, dim).Finish(rates);
   EXPECT_TRUE(t.ok()) << t.status().ToString();
   return *t;
 }
@@ -89,6 +94,13 @@ TEST(StorageTransformTest, RatesSetTheBitsAndTheDigest) {
   EXPECT_EQ(spent(base.tensor(0, 1)), std::lround(0.75 * d));
   EXPECT_EQ(spent(other.tensor(0, 1)), 2 * d);
   EXPECT_NE(other.digest(), base.digest());
+  // Rates that leave a table no bit would write an empty coded table, which a reader takes as damage.
+  const Result<CompactRates> nothing = ParseCompactRates("0,0,1.75,2.5");
+  ASSERT_TRUE(nothing.ok());
+  const Result<StorageTransform> refused = CalibrationOn(x, tokens, d).Finish(*nothing);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("no bit at all: raise K_EARLY or V_EARLY"), std::string::npos)
+      << refused.status().message();
   EXPECT_EQ(Calibrated(x, tokens, d, *ParseCompactRates(FormatCompactRates(DefaultCompactRates()))).digest(),
             base.digest())
       << "the default rates' text gives the default transform";
