@@ -25,23 +25,23 @@ def load(path, task):
     return base, spec
 
 
+def task_pair(path, task):
+    """The baseline's and the compact spec's results of `task` in a report, and its lengths as text."""
+    base, spec = load(path, task)
+    return base, base[task], spec[task], ",".join(map(str, json.load(open(path))["settings"][task]["lengths"]))
+
+
 def rate(r):
     lo, hi = r["accuracy_ci95"]
     return "%d/%d = %.0f%% [%.0f, %.0f]" % (r["hits"], r["n"], 100 * r["accuracy"], 100 * lo, 100 * hi)
 
 
-def passkey_table(paths):
-    print("| passkey | baseline | baseline hits [Wilson 95%] | `compact` hits [Wilson 95%] | compact vs f16 (bytes) "
-          "| only baseline / only compact | exact McNemar p |")
-    print("|---|---|---|---|---:|---|---|")
-    for path in paths:
-        base, spec = load(path, "passkey")
-        b, s = base["passkey"], spec["passkey"]
-        v = s["vs_baseline"]
-        length = json.load(open(path))["settings"]["passkey"]["lengths"]
-        print("| %s tokens | `%s` | %s | %s | %.1f× | %d / %d | %.3g (%s) |" %
-              (",".join(map(str, length)), base["spec"], rate(b), rate(s), s["kv"]["compression_vs_f16"],
-               v["baseline_only"], v["spec_only"], v["p"], v["verdict"]))
+def passkey_row(path):
+    base, b, s, length = task_pair(path, "passkey")
+    v = s["vs_baseline"]
+    return "| %s tokens | `%s` | %s | %s | %.1f× | %d / %d | %.3g (%s) |" % (
+        length, base["spec"], rate(b), rate(s), s["kv"]["compression_vs_f16"], v["baseline_only"], v["spec_only"],
+        v["p"], v["verdict"])
 
 
 def paired(diffs):
@@ -54,19 +54,28 @@ def paired(diffs):
     return sum(diffs) / len(diffs), means[250], means[9749], pos, neg, len(diffs) - n, sign_p
 
 
-def probe_table(paths):
-    print("| rates (K early, V early, K late, V late) | tokens | vs f16 (bytes) | f16 | `compact` "
-          "| f16 − compact [paired bootstrap 95%] | lower / higher / equal | sign test p |")
-    print("|---|---:|---:|---:|---:|---|---|---:|")
+def probe_row(path):
+    _, b, s, length = task_pair(path, "needle")
+    rates = path.rsplit("/", 1)[-1][:-len(".json")].split("-")[-1]
+    mean, lo, hi, pos, neg, eq, p = paired([x["score"] - y["score"] for x, y in zip(b["prompts"], s["prompts"])])
+    return "| %s | %s | %.2f× | %.3f | %.3f | %.3f [%.3f, %.3f] | %d / %d / %d | %.2g |" % (
+        rates, length, s["kv"]["compression_vs_f16"], b["score"], s["score"], mean, lo, hi, pos, neg, eq, p)
+
+
+TABLES = {  # the rows of each kind of report: (header, one row of a report)
+    "passkey": ("| passkey | baseline | baseline hits [Wilson 95%] | `compact` hits [Wilson 95%] | compact vs f16 "
+                "(bytes) | only baseline / only compact | exact McNemar p |\n|---|---|---|---|---:|---|---|", passkey_row),
+    "probes": ("| rates (K early, V early, K late, V late) | tokens | vs f16 (bytes) | f16 | `compact` "
+               "| f16 − compact [paired bootstrap 95%] | lower / higher / equal | sign test p |\n"
+               "|---|---:|---:|---:|---:|---|---|---:|", probe_row),
+}
+
+
+def table(kind, paths):
+    header, row = TABLES[kind]
+    print(header)
     for path in paths:
-        base, spec = load(path, "needle")
-        b, s = base["needle"], spec["needle"]
-        length = json.load(open(path))["settings"]["needle"]["lengths"]
-        rates = path.rsplit("/", 1)[-1][:-len(".json")].split("-")[-1]
-        mean, lo, hi, pos, neg, eq, p = paired([x["score"] - y["score"] for x, y in zip(b["prompts"], s["prompts"])])
-        print("| %s | %s | %.2f× | %.3f | %.3f | %.3f [%.3f, %.3f] | %d / %d / %d | %.2g |" %
-              (rates, ",".join(map(str, length)), s["kv"]["compression_vs_f16"], b["score"], s["score"], mean, lo, hi,
-               pos, neg, eq, p))
+        print(row(path))
 
 
 def needle_stats(paths):
@@ -92,11 +101,11 @@ def main():
     ap.add_argument("--probes", nargs="*", default=[])
     args = ap.parse_args()
     if args.passkey:
-        passkey_table(args.passkey)
+        table("passkey", args.passkey)
     if args.needle:
         needle_stats(args.needle)
     if args.probes:
-        probe_table(args.probes)
+        table("probes", args.probes)
 
 
 if __name__ == "__main__":

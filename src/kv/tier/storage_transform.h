@@ -43,7 +43,8 @@ struct CompactRates {
 };
 // The compact level's rates, chosen by measurement on the recall model
 // (docs/tiers.md#the-compact-level: the later layers and their values are
-// the sensitive ones).
+// the sensitive ones). A transform file keeps the bits of the rates it was
+// calibrated at: a new default changes new calibrations only.
 CompactRates DefaultCompactRates();
 // "K_EARLY,V_EARLY,K_LATE,V_LATE" (as `--rates` / `--storage-rates` take
 // them): four numbers in [0, kMaxComponentBits]. InvalidArgument naming

@@ -86,12 +86,12 @@ TEST(StorageTransformTest, RatesSetTheBitsAndTheDigest) {
   const std::vector<float> x = Correlated(tokens, d, 1);
   const StorageTransform base = Calibrated(x, tokens, d, DefaultCompactRates());
   // One table in one layer: the first third of the layers, so K at k_early and V at v_early.
-  const Result<CompactRates> more_values = ParseCompactRates("0.25,2,1.75,2.5");
+  const Result<CompactRates> more_values = ParseCompactRates("0,2,1.75,3.125");
   ASSERT_TRUE(more_values.ok()) << more_values.status().ToString();
   const StorageTransform other = Calibrated(x, tokens, d, *more_values);
   const auto spent = [](const TensorTransform& t) { return std::accumulate(t.bits.begin(), t.bits.end(), 0); };
   EXPECT_EQ(spent(other.tensor(0, 0)), spent(base.tensor(0, 0))) << "keys keep their rate";
-  EXPECT_EQ(spent(base.tensor(0, 1)), std::lround(0.75 * d));
+  EXPECT_EQ(spent(base.tensor(0, 1)), std::lround(DefaultCompactRates().v_early * d));
   EXPECT_EQ(spent(other.tensor(0, 1)), 2 * d);
   EXPECT_NE(other.digest(), base.digest());
   // Rates that leave a table no bit would write an empty coded table, which a reader takes as damage.
