@@ -54,6 +54,7 @@
 #include "eval/progress.h"
 #include "eval/prompts.h"
 #include "eval/stats.h"
+#include "kv/tier/storage_transform.h"
 #include "model/model.h"
 #include "util/status.h"
 #include "util/thread_pool.h"
@@ -166,6 +167,8 @@ struct EvalOptions {
   // task's text (kvx calibrate-heads uses it too).
   std::string storage_calib = "../shared/data/prose/jargon-4.4.7.txt";
   int storage_calib_tokens = 8192;
+  // Its bit rates (--storage-rates; the transform's digest covers the bits).
+  kv::tier::CompactRates storage_rates = kv::tier::DefaultCompactRates();
   // Retrieval prompts: specs of the same codec and page size take the
   // prompt's prefill from the first of them that ran it (a copy of its
   // pages), and run only the prompt's last calls themselves, when their

@@ -133,7 +133,7 @@ std::vector<TextTaskResult> RunTextTasks(const model::Model& model, const EvalOp
         text.ok() ? TokenizeCalibrationText(model, *text, opt.storage_calib_tokens) : text.status();
     for (size_t r = 1; r < n_runs; ++r) {
       Result<std::shared_ptr<const kv::tier::StorageTransform>> t =
-          calib.ok() ? CalibrateStorage(*runs[r].engine, *calib, chunk_len) : calib.status();
+          calib.ok() ? CalibrateStorage(*runs[r].engine, *calib, chunk_len, opt.storage_rates) : calib.status();
       if (t.ok()) {
         transforms[r] = *t;
       } else {

@@ -603,7 +603,7 @@ class Runner {
     KVX_ASSIGN_OR_RETURN(std::string text, ReadNonEmptyTextFile(opt_.storage_calib));
     KVX_ASSIGN_OR_RETURN(const std::vector<int32_t> tokens,
                          TokenizeCalibrationText(model_, std::move(text), opt_.storage_calib_tokens));
-    Result<std::shared_ptr<const kv::tier::StorageTransform>> t = CalibrateStorage(*rts_[r], tokens, opt_.chunk);
+    Result<std::shared_ptr<const kv::tier::StorageTransform>> t = CalibrateStorage(*rts_[r], tokens, opt_.chunk, opt_.storage_rates);
     if (!t.ok()) return t.status().WithContext("--storage-codec compact");
     storage_transforms_[r] = *t;
     return Status::Ok();

@@ -28,11 +28,11 @@ std::string StorageTransformCacheName(const kv::tier::TransformIdentity& identit
   return Hex(identity.model_fingerprint) + "-storage-" + Hex(identity.spec_fingerprint) + ".kvxt";
 }
 
-Result<std::shared_ptr<const kv::tier::StorageTransform>> CalibrateStorageOnText(engine::Engine& engine,
-                                                                                 std::string text) {
+Result<std::shared_ptr<const kv::tier::StorageTransform>> CalibrateStorageOnText(engine::Engine& engine, std::string text,
+                                                                                 const kv::tier::CompactRates& rates) {
   KVX_ASSIGN_OR_RETURN(const std::vector<int32_t> tokens,
                        TokenizeCalibrationText(engine.model(), std::move(text), kStorageCalibTokens));
-  return CalibrateStorage(engine, tokens, std::min(kStorageCalibChunk, engine.n_ctx()));
+  return CalibrateStorage(engine, tokens, std::min(kStorageCalibChunk, engine.n_ctx()), rates);
 }
 
 Result<std::shared_ptr<const kv::tier::StorageTransform>> FindOrCalibrateStorageTransform(

@@ -37,9 +37,9 @@ std::string StorageTransformCacheName(const kv::tier::TransformIdentity& identit
 
 // Calibrates a transform for `engine`'s spec on `text` (its first
 // kStorageCalibTokens tokens, in chunks of min(kStorageCalibChunk, the
-// engine's context)).
-Result<std::shared_ptr<const kv::tier::StorageTransform>> CalibrateStorageOnText(engine::Engine& engine,
-                                                                                 std::string text);
+// engine's context)) at `rates`.
+Result<std::shared_ptr<const kv::tier::StorageTransform>> CalibrateStorageOnText(
+    engine::Engine& engine, std::string text, const kv::tier::CompactRates& rates = kv::tier::DefaultCompactRates());
 
 // The transform for `engine`'s pool, which `identity` describes: from
 // `file` if not empty (its errors are the caller's: a missing, damaged or

@@ -50,7 +50,8 @@ Result<std::vector<int32_t>> TokenizeCalibrationText(const model::Model& model, 
 }
 
 Result<std::shared_ptr<const kv::tier::StorageTransform>> CalibrateStorage(engine::Engine& engine,
-                                                                           std::span<const int32_t> tokens, int chunk) {
+                                                                           std::span<const int32_t> tokens, int chunk,
+                                                                           const kv::tier::CompactRates& rates) {
   kv::KVManager& m = engine.kv_manager();
   kv::tier::TransformCalibration calibration(m.spec().layout, m.spec().layers);
   const model::Tokenizer& tok = engine.model().tokenizer();
@@ -63,7 +64,7 @@ Result<std::shared_ptr<const kv::tier::StorageTransform>> CalibrateStorage(engin
     KVX_ASSIGN_OR_RETURN(const kv::KVManager::SequenceImage image, m.ExportSequence(session->id()));
     KVX_RETURN_IF_ERROR(calibration.Add(image));
   }
-  KVX_ASSIGN_OR_RETURN(kv::tier::StorageTransform transform, calibration.Finish());
+  KVX_ASSIGN_OR_RETURN(kv::tier::StorageTransform transform, calibration.Finish(rates));
   return std::make_shared<const kv::tier::StorageTransform>(std::move(transform));
 }
 

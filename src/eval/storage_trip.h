@@ -48,9 +48,11 @@ Result<std::vector<int32_t>> TokenizeCalibrationText(const model::Model& model, 
 
 // The compact level's transform for `engine`'s spec: the PCA of the KV its
 // pool holds for `tokens`, fed in chunks of `chunk` tokens from an empty
-// cache (BOS first), as an eval's own chunks are. InvalidArgument for a
-// quantized pool or too few tokens (storage_transform.h).
-Result<std::shared_ptr<const kv::tier::StorageTransform>> CalibrateStorage(engine::Engine& engine,
-                                                                           std::span<const int32_t> tokens, int chunk);
+// cache (BOS first), as an eval's own chunks are, with bits at `rates`.
+// InvalidArgument for a quantized pool or too few tokens
+// (storage_transform.h).
+Result<std::shared_ptr<const kv::tier::StorageTransform>> CalibrateStorage(
+    engine::Engine& engine, std::span<const int32_t> tokens, int chunk,
+    const kv::tier::CompactRates& rates = kv::tier::DefaultCompactRates());
 
 }  // namespace kvx::eval

@@ -25,6 +25,7 @@ struct CalibrateStorageFlags {
   EngineFlags runtime;
   std::string text_path;  // "": the bundled text
   std::string out;        // "": the tune cache
+  kv::tier::CompactRates rates = kv::tier::DefaultCompactRates();
 };
 
 Status RunCalibrateStorage(CalibrateStorageFlags flags) {
@@ -52,12 +53,13 @@ Status RunCalibrateStorage(CalibrateStorageFlags flags) {
     if (ec) return InvalidArgument("cannot create the cache directory " + dir + ": " + ec.message() + " (give -o FILE)");
   }
   const double t0 = util::MonotonicSeconds();
-  KVX_ASSIGN_OR_RETURN(auto transform, eval::CalibrateStorageOnText(*engine, std::move(text)));
+  KVX_ASSIGN_OR_RETURN(auto transform, eval::CalibrateStorageOnText(*engine, std::move(text), flags.rates));
   const double seconds = util::MonotonicSeconds() - t0;
   KVX_RETURN_IF_ERROR(kv::tier::WriteTransformFile(out, *transform, identity));
-  std::printf("calibrate-storage (%s, %.1f s): %s, digest %016llx -> %s\n",
-              flags.text_path.empty() ? "the bundled text" : flags.text_path.c_str(), seconds,
-              identity.ToString().c_str(), static_cast<unsigned long long>(transform->digest()), out.c_str());
+  std::printf("calibrate-storage (%s, rates %s, %.1f s): %s, digest %016llx -> %s\n",
+              flags.text_path.empty() ? "the bundled text" : flags.text_path.c_str(),
+              kv::tier::FormatCompactRates(flags.rates).c_str(), seconds, identity.ToString().c_str(),
+              static_cast<unsigned long long>(transform->digest()), out.c_str());
   return Status::Ok();
 }
 
@@ -76,6 +78,7 @@ void RegisterCalibrateStorage(CLI::App& app, int* exit_code) {
   cmd->add_option("-o,--output", flags->out,
                   "Transform file to write (default: the tune cache, where serve and batch find it for this model "
                   "and --kv)");
+  AddCompactRatesOption(cmd, "--rates", &flags->rates);
   cmd->callback([flags, exit_code] { *exit_code = ReportStatus(RunCalibrateStorage(*flags)); });
 }
 

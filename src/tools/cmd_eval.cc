@@ -264,6 +264,7 @@ void RegisterEval(CLI::App& app, int* exit_code) {
                   "--storage-codec compact: tokens of --storage-calib used (in chunks of --chunk)")
       ->capture_default_str()
       ->check(IntIn(128, kMaxContext));
+  AddCompactRatesOption(cmd, "--storage-rates", &o.storage_rates);
   cmd->add_option("--compress", o.compress,
                   "When KV policies compress once (Session::Compress): excluded = after the context, before the "
                   "question (the cache could serve any question); included = after the whole prompt (query-aware); "

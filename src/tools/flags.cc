@@ -68,6 +68,23 @@ CLI::Validator IntIn(int64_t lo, int64_t hi, const std::string& hint) {
       "INT in " + range);
 }
 
+CLI::Option* AddCompactRatesOption(CLI::App* cmd, const std::string& name, kv::tier::CompactRates* rates) {
+  const CLI::Validator valid(
+      [](std::string& text) -> std::string {
+        const Result<kv::tier::CompactRates> r = kv::tier::ParseCompactRates(text);
+        return r.ok() ? "" : r.status().message();
+      },
+      "K_EARLY,V_EARLY,K_LATE,V_LATE");
+  return cmd
+      ->add_option_function<std::string>(
+          name, [rates](const std::string& text) { *rates = *kv::tier::ParseCompactRates(text); },
+          "The compact level's average bits a value: keys and values of the first third of the layers, then of "
+          "the rest (default " +
+              kv::tier::FormatCompactRates(kv::tier::DefaultCompactRates()) +
+              "); the transform's digest covers the bits they give")
+      ->check(valid);
+}
+
 CLI::Validator AllOrAtLeastOne() {
   const std::string range = "1.." + std::to_string(kMaxCount);
   return CLI::Validator(

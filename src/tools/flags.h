@@ -22,6 +22,7 @@
 
 #include "engine/engine.h"
 #include "engine/scheduler.h"
+#include "kv/tier/storage_transform.h"
 #include "kv/tier/tier_store.h"
 #include "util/status.h"
 
@@ -51,6 +52,11 @@ CLI::Validator Finite(const std::string& hint = "");
 // [lo, hi]; a transform: it rewrites the text to plain bytes, so an integer
 // option takes sizes with suffixes too.
 CLI::Validator ByteSizeIn(uint64_t lo = 0, uint64_t hi = UINT64_MAX);
+
+// The compact level's rates, K_EARLY,V_EARLY,K_LATE,V_LATE
+// (kv/tier/storage_transform.h), as `name` (calibrate-storage's --rates,
+// eval's --storage-rates); a bad value is refused before a model loads.
+CLI::Option* AddCompactRatesOption(CLI::App* cmd, const std::string& name, kv::tier::CompactRates* rates);
 
 // --kv, with the one help text; the list form (repeatable) is for commands
 // that size or compare several specs, `what` saying what is done with each.

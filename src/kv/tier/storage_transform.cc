@@ -1,7 +1,9 @@
 #include "kv/tier/storage_transform.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <numeric>
 #include <string>
 
@@ -173,7 +175,40 @@ bool ForEachGrid(const TensorTransform& t, const std::vector<uint16_t>& grid, Fn
 
 }  // namespace
 
-CompactRates DefaultCompactRates() { return {.k_early = 0.25, .v_early = 0.75, .k_late = 1.75, .v_late = 2.5}; }
+// The first third of the layers costs the needle nothing measurable at
+// (almost) no bits; their bits go to the later layers' values, where the
+// needle is lost (docs/tiers.md#measurements: the rate probes).
+CompactRates DefaultCompactRates() { return {.k_early = 0, .v_early = 0.125, .k_late = 1.75, .v_late = 3.125}; }
+
+Result<CompactRates> ParseCompactRates(std::string_view text) {
+  const auto bad = [&](const std::string& why) {
+    return InvalidArgument("compact rates '" + std::string(text) + "': " + why +
+                           " (give K_EARLY,V_EARLY,K_LATE,V_LATE, average bits a value, e.g. " +
+                           FormatCompactRates(DefaultCompactRates()) + ")");
+  };
+  if (std::count(text.begin(), text.end(), ',') != 3) return bad("four numbers are needed");
+  double values[4] = {};
+  size_t start = 0;
+  for (double& value : values) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    const std::string_view item = text.substr(start, comma - start);
+    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), value);
+    if (item.empty() || ec != std::errc() || end != item.data() + item.size()) {
+      return bad("'" + std::string(item) + "' is not a number");
+    }
+    if (!(value >= 0 && value <= kMaxComponentBits)) {
+      return bad("each rate is in [0, " + std::to_string(kMaxComponentBits) + "]");
+    }
+    start = comma + 1;
+  }
+  return CompactRates{.k_early = values[0], .v_early = values[1], .k_late = values[2], .v_late = values[3]};
+}
+
+std::string FormatCompactRates(const CompactRates& r) {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "%g,%g,%g,%g", r.k_early, r.v_early, r.k_late, r.v_late);
+  return buf;
+}
 
 float GridStep(int bits, float sigma) { return kGaussStep[bits] * sigma; }
 
@@ -259,6 +294,14 @@ Result<StorageTransform> TransformCalibration::Finish(const CompactRates& rates)
     }
     KVX_RETURN_IF_ERROR(Eigen(std::move(cov), d, &tt.basis, &tt.variance));
     tt.bits = AllocateBits(tt.variance, keys ? (early ? rates.k_early : rates.k_late) : (early ? rates.v_early : rates.v_late));
+    // A table of no coded component would be an empty coded table, which
+    // the block format reads as damage: refuse such rates here.
+    const auto none = [](const TensorTransform& t) { return std::all_of(t.bits.begin(), t.bits.end(), [](uint8_t b) { return b == 0; }); };
+    if (!keys && none(tt) && none(out.tensors_[i - 1])) {
+      return InvalidArgument("compact rates " + FormatCompactRates(rates) + " give layer " + std::to_string(layer) +
+                             "'s keys and values no bit at all: raise " + (early ? "K_EARLY or V_EARLY" : "K_LATE or V_LATE") +
+                             " (at least 1 / " + std::to_string(2 * d) + " bit a value)");
+    }
   }
   out.digest_ = Digest(d, out.tensors_);
   return out;

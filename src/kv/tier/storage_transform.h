@@ -25,6 +25,8 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "kv/codec/codec_config.h"
@@ -41,8 +43,16 @@ struct CompactRates {
 };
 // The compact level's rates, chosen by measurement on the recall model
 // (docs/tiers.md#the-compact-level: the later layers and their values are
-// the sensitive ones).
+// the sensitive ones). A transform file keeps the bits of the rates it was
+// calibrated at: a new default changes new calibrations only.
 CompactRates DefaultCompactRates();
+// "K_EARLY,V_EARLY,K_LATE,V_LATE" (as `--rates` / `--storage-rates` take
+// them): four numbers in [0, kMaxComponentBits]. InvalidArgument naming
+// what is wrong otherwise. The rates give the bit widths, which the
+// transform's digest covers: a transform of other rates never decodes
+// another's blocks.
+Result<CompactRates> ParseCompactRates(std::string_view text);
+std::string FormatCompactRates(const CompactRates& rates);
 
 // The most bits one component may get.
 inline constexpr int kMaxComponentBits = 8;

@@ -37,8 +37,8 @@ std::vector<float> Correlated(int tokens, int dim, uint32_t seed) {
   return x;
 }
 
-// A transform of one table (layout 1 layer x 1 head) calibrated on x.
-StorageTransform Calibrated(const std::vector<float>& x, int tokens, int dim, const CompactRates& rates) {
+// The calibration of one table (layout 1 layer x 1 head) on x.
+TransformCalibration CalibrationOn(const std::vector<float>& x, int tokens, int dim) {
   const KVLayout layout{1, 1, dim, 16};
   std::unique_ptr<KVManager> m = testing::MakeManager("codec=f32", layout, tokens + 16);
   EXPECT_NE(m, nullptr);
@@ -58,7 +58,12 @@ StorageTransform Calibrated(const std::vector<float>& x, int tokens, int dim, co
   }
   image.tables[0].length = tokens;
   EXPECT_TRUE(calibration.Add(image).ok());
-  auto t = calibration.Finish(rates);
+  return calibration;
+}
+
+// A transform of one table calibrated on x.
+StorageTransform Calibrated(const std::vector<float>& x, int tokens, int dim, const CompactRates& rates) {
+  auto t = CalibrationOn(x, tokens, dim).Finish(rates);
   EXPECT_TRUE(t.ok()) << t.status().ToString();
   return *t;
 }
@@ -71,6 +76,54 @@ TEST(StorageTransformTest, BitsFollowTheVarianceAndSpendTheRate) {
     for (size_t c = 1; c < bits.size(); ++c) EXPECT_GE(bits[c - 1], bits[c]) << rate;
   }
   EXPECT_EQ(AllocateBits(variance, 1.0).back(), 0) << "the smallest component is dropped at 1 bit a value";
+}
+
+// The rates a user gives (--rates, --storage-rates) set the bits of the
+// tensors they name, and the digest changes with them: a block coded at
+// other rates is a miss, never decoded with the wrong widths.
+TEST(StorageTransformTest, RatesSetTheBitsAndTheDigest) {
+  const int tokens = 512, d = 32;
+  const std::vector<float> x = Correlated(tokens, d, 1);
+  const StorageTransform base = Calibrated(x, tokens, d, DefaultCompactRates());
+  // One table in one layer: the first third of the layers, so K at k_early and V at v_early.
+  const Result<CompactRates> more_values = ParseCompactRates("0,2,1.75,3.125");
+  ASSERT_TRUE(more_values.ok()) << more_values.status().ToString();
+  const StorageTransform other = Calibrated(x, tokens, d, *more_values);
+  const auto spent = [](const TensorTransform& t) { return std::accumulate(t.bits.begin(), t.bits.end(), 0); };
+  EXPECT_EQ(spent(other.tensor(0, 0)), spent(base.tensor(0, 0))) << "keys keep their rate";
+  EXPECT_EQ(spent(base.tensor(0, 1)), std::lround(DefaultCompactRates().v_early * d));
+  EXPECT_EQ(spent(other.tensor(0, 1)), 2 * d);
+  EXPECT_NE(other.digest(), base.digest());
+  // Rates that leave a table no bit would write an empty coded table, which a reader takes as damage.
+  const Result<CompactRates> nothing = ParseCompactRates("0,0,1.75,2.5");
+  ASSERT_TRUE(nothing.ok());
+  const Result<StorageTransform> refused = CalibrationOn(x, tokens, d).Finish(*nothing);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("no bit at all: raise K_EARLY or V_EARLY"), std::string::npos)
+      << refused.status().message();
+  EXPECT_EQ(Calibrated(x, tokens, d, *ParseCompactRates(FormatCompactRates(DefaultCompactRates()))).digest(),
+            base.digest())
+      << "the default rates' text gives the default transform";
+}
+
+TEST(StorageTransformTest, BadRatesAreRefusedNamingTheProblem) {
+  const struct {
+    const char* text;
+    const char* why;
+  } cases[] = {{"1,2,3", "four numbers"},         {"1,2,3,4,5", "four numbers"}, {"1,2,x,4", "'x' is not a number"},
+               {"1,,3,4", "'' is not a number"}, {"1,2,3,9", "in [0, 8]"},       {"-1,2,3,4", "in [0, 8]"},
+               {"nan,1,1,1", "in [0, 8]"},         {"1 ,2,3,4", "is not a number"}, {"", "four numbers"}};
+  for (const auto& c : cases) {
+    const Result<CompactRates> r = ParseCompactRates(c.text);
+    ASSERT_FALSE(r.ok()) << c.text;
+    EXPECT_NE(r.status().message().find(c.why), std::string::npos) << c.text << ": " << r.status().message();
+  }
+  const Result<CompactRates> ok = ParseCompactRates("0,0.5,8,2.25");
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(ok->k_early, 0);
+  EXPECT_EQ(ok->v_early, 0.5);
+  EXPECT_EQ(ok->k_late, 8);
+  EXPECT_EQ(ok->v_late, 2.25);
 }
 
 // The basis is orthonormal, the variances decrease, and 4 latent factors
