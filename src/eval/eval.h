@@ -222,6 +222,9 @@ struct KldResult : TaskOutcome {
   double top1 = 0, top1_stderr = 0;  // fraction of positions where the argmax agrees
   int64_t n_positions = 0;
   int context = 0;  // as PplResult::context
+  // Each scored position's KL, in text order: two caches scored on the same
+  // text compare position by position (stats.h PairedBlockDifference).
+  std::vector<float> per_position;
 };
 
 struct CopyDistance {

@@ -226,6 +226,7 @@ std::vector<TextTaskResult> RunTextTasks(const model::Model& model, const EvalOp
       } else {
         MeanAccumulator kl;
         for (double v : s.kl) kl.Add(v);
+        k.per_position.assign(s.kl.begin(), s.kl.end());
         std::sort(s.kl.begin(), s.kl.end());
         k.n_positions = kl.count();
         k.mean = kl.Mean();

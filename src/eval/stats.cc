@@ -102,4 +102,60 @@ const char* VerdictName(PairedVerdict v) {
   return "indistinguishable";
 }
 
+double StudentTTwoSidedP(double t, double df) {
+  if (!(df > 0) || std::isnan(t)) return 1.0;
+  // P(0 <= T <= |t|) = G / sqrt(pi) * integral_0^U cos(u)^(df-1) du with
+  // U = atan(|t| / sqrt(df)) and G = Gamma((df+1)/2) / Gamma(df/2).
+  const double upper = std::atan(std::fabs(t) / std::sqrt(df));
+  const double g = std::exp(std::lgamma((df + 1) / 2) - std::lgamma(df / 2)) / std::sqrt(M_PI);
+  const auto f = [&](double u) {
+    const double c = std::cos(u);
+    return c > 0 ? std::pow(c, df - 1) : (df > 1 ? 0.0 : 1.0);
+  };
+  constexpr int kSteps = 2048;  // even; the integrand is smooth on the whole range
+  const double h = upper / kSteps;
+  double sum = f(0) + f(upper);
+  for (int i = 1; i < kSteps; ++i) sum += f(i * h) * (i % 2 ? 4 : 2);
+  const double half = g * sum * h / 3;  // P(0 <= T <= |t|)
+  return std::clamp(1.0 - 2.0 * half, 0.0, 1.0);
+}
+
+double StudentTCritical(double df, double alpha) {
+  double lo = 0, hi = 1e6;
+  for (int i = 0; i < 200 && hi - lo > 1e-9 * std::max(1.0, lo); ++i) {
+    const double mid = 0.5 * (lo + hi);
+    (StudentTTwoSidedP(mid, df) > alpha ? lo : hi) = mid;
+  }
+  return 0.5 * (lo + hi);
+}
+
+PairedVerdict PairedDifference::Verdict(double alpha) const {
+  if (n_blocks < 2 || p >= alpha) return PairedVerdict::kIndistinguishable;
+  return mean < 0 ? PairedVerdict::kBetter : PairedVerdict::kWorse;
+}
+
+PairedDifference PairedBlockDifference(std::span<const float> a, std::span<const float> b, int block) {
+  PairedDifference d;
+  if (a.size() != b.size() || a.empty() || block < 1) return d;
+  d.n_positions = static_cast<int64_t>(a.size());
+  double total = 0;
+  for (size_t i = 0; i < a.size(); ++i) total += static_cast<double>(b[i]) - a[i];
+  d.mean = total / static_cast<double>(a.size());
+  MeanAccumulator blocks;
+  const size_t bs = static_cast<size_t>(block);
+  for (size_t at = 0; at + bs <= a.size(); at += bs) {
+    double sum = 0;
+    for (size_t i = at; i < at + bs; ++i) sum += static_cast<double>(b[i]) - a[i];
+    blocks.Add(sum / static_cast<double>(bs));
+  }
+  d.n_blocks = blocks.count();
+  if (d.n_blocks < 2) return d;
+  d.mean_stderr = blocks.StdErr();
+  const double df = static_cast<double>(d.n_blocks - 1), m = blocks.Mean();
+  const double half = StudentTCritical(df) * d.mean_stderr;
+  d.ci95 = {m - half, m + half};
+  d.p = d.mean_stderr > 0 ? StudentTTwoSidedP(m / d.mean_stderr, df) : (m == 0 ? 1.0 : 0.0);
+  return d;
+}
+
 }  // namespace kvx::eval

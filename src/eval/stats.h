@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 namespace kvx::eval {
@@ -82,6 +83,32 @@ double McNemarExactP(int64_t only_a, int64_t only_b);
 enum class PairedVerdict { kBetter, kWorse, kIndistinguishable };
 PairedVerdict McNemarVerdict(int64_t only_a, int64_t only_b, double alpha = 0.05);
 const char* VerdictName(PairedVerdict v);  // "better", "worse", "indistinguishable"
+
+// Student's t distribution with `df` (> 0) degrees of freedom: the
+// two-sided tail P(|T| >= |t|), and the quantile q with P(|T| >= q) = alpha.
+// The CDF is integrated (Simpson) after the substitution x = sqrt(df) tan u,
+// under which the density becomes a smooth multiple of cos(u)^(df-1) on
+// [0, pi/2): accurate for every t, heavy tails included.
+double StudentTTwoSidedP(double t, double df);
+double StudentTCritical(double df, double alpha = 0.05);
+
+// The paired difference b - a of two per-position series scored on the same
+// positions (the KLD of two caches against one reference): its mean, and a
+// paired t test on the means of consecutive blocks of `block` positions
+// (batch means: neighbouring positions of a text are correlated, so a
+// per-position standard error would be too small). The last partial block
+// is dropped from the test, not from the mean. Needs a.size() == b.size()
+// and at least two blocks; otherwise n_blocks < 2 and p = 1.
+struct PairedDifference {
+  double mean = 0;      // mean of b - a over every position
+  double mean_stderr = 0;  // of the block means' mean
+  Interval ci95{0, 0};  // mean of the blocks' differences -+ t * stderr
+  double p = 1;         // two-sided, t with n_blocks - 1 degrees of freedom
+  int64_t n_positions = 0, n_blocks = 0;
+  // kBetter when b is significantly lower (a KLD: better), kWorse when higher.
+  PairedVerdict Verdict(double alpha = 0.05) const;
+};
+PairedDifference PairedBlockDifference(std::span<const float> a, std::span<const float> b, int block = 32);
 
 // out[i] = logits[i] - log(sum_j exp(logits[j])), in double.
 void LogSoftmax(const float* logits, int n, double* out);

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <span>
+#include <vector>
 
 #include "eval/text_score.h"
 
@@ -179,6 +181,51 @@ TEST(BootstrapTest, IntervalHoldsTheMeanAndIsReproducible) {
   EXPECT_DOUBLE_EQ(constant.lo, 0.5);
   EXPECT_DOUBLE_EQ(constant.hi, 0.5);
   EXPECT_EQ(BootstrapMeanInterval({}).hi, 0.0);
+}
+
+TEST(StudentTTest, KnownTailsAndQuantiles) {
+  EXPECT_NEAR(StudentTTwoSidedP(1.0, 1.0), 0.5, 1e-6);          // Cauchy: atan(1) = pi/4
+  EXPECT_NEAR(StudentTTwoSidedP(2.228139, 10.0), 0.05, 1e-5);   // the t table's 0.975 quantile at 10 df
+  EXPECT_NEAR(StudentTTwoSidedP(1.959964, 1e7), 0.05, 1e-5);    // the normal limit
+  EXPECT_NEAR(StudentTTwoSidedP(0.0, 5.0), 1.0, 1e-12);
+  EXPECT_NEAR(StudentTTwoSidedP(-2.228139, 10.0), StudentTTwoSidedP(2.228139, 10.0), 1e-12);
+  EXPECT_NEAR(StudentTTwoSidedP(100.0, 1.0), 2 * (0.5 - std::atan(100.0) / M_PI), 1e-6);  // a heavy tail
+  EXPECT_NEAR(StudentTCritical(10.0), 2.228139, 1e-5);
+  EXPECT_NEAR(StudentTCritical(15.0), 2.131450, 1e-5);
+  EXPECT_NEAR(StudentTCritical(63.0), 1.998341, 1e-5);
+}
+
+TEST(PairedDifferenceTest, BlockMeansDecideTheVerdict) {
+  std::vector<float> a(256), b(256), c(256);
+  for (size_t i = 0; i < a.size(); ++i) {
+    a[i] = 0.01f * static_cast<float>((i * 37) % 11);          // noisy, shared by both
+    b[i] = a[i] + 0.002f + 0.001f * static_cast<float>(i % 3);  // always higher: worse
+    c[i] = a[i] + ((i / 32) % 2 ? 0.004f : -0.004f);            // up in one block, down in the next
+  }
+  const PairedDifference same = PairedBlockDifference(a, a);
+  EXPECT_EQ(same.mean, 0.0);
+  EXPECT_EQ(same.p, 1.0);
+  EXPECT_EQ(same.Verdict(), PairedVerdict::kIndistinguishable);
+
+  const PairedDifference worse = PairedBlockDifference(a, b);
+  EXPECT_EQ(worse.n_blocks, 8);
+  EXPECT_EQ(worse.n_positions, 256);
+  EXPECT_NEAR(worse.mean, 0.003, 1e-4);
+  EXPECT_LT(worse.p, 0.001);
+  EXPECT_EQ(worse.Verdict(), PairedVerdict::kWorse);
+  EXPECT_EQ(PairedBlockDifference(b, a).Verdict(), PairedVerdict::kBetter);
+  EXPECT_LT(worse.ci95.lo, worse.mean);
+  EXPECT_GT(worse.ci95.hi, worse.mean);
+
+  // Alternating blocks: the mean is 0 and the blocks disagree, so no verdict.
+  const PairedDifference mixed = PairedBlockDifference(a, c);
+  EXPECT_NEAR(mixed.mean, 0.0, 1e-6);
+  EXPECT_GT(mixed.p, 0.5);
+  EXPECT_EQ(mixed.Verdict(), PairedVerdict::kIndistinguishable);
+
+  // Unequal lengths or fewer than two blocks: no test.
+  EXPECT_EQ(PairedBlockDifference(a, std::span<const float>(b).first(100)).n_blocks, 0);
+  EXPECT_EQ(PairedBlockDifference(std::span<const float>(a).first(40), std::span<const float>(b).first(40)).p, 1.0);
 }
 
 }  // namespace

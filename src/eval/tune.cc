@@ -284,6 +284,7 @@ class Tuner {
           m.top1 = k.top1;
           m.kv_bytes = k.kv.peak_bytes;
           m.kv_tokens = k.kv.peak_tokens;
+          m.kl = k.per_position;
         }
         store(i, m);
         if (hooks_.progress) hooks_.progress->Advance(n_chunks, 0);
@@ -341,7 +342,28 @@ class Tuner {
     if (at.empty()) return;
     Rank(&at, deepest - 1);
     result_.chosen = at.front();
+    CompareWithChosen();
     Notify();
+  }
+
+  // Every other candidate against the chosen one, paired, at the deepest
+  // rung both reached (rung 0 for all: every candidate is measured there).
+  void CompareWithChosen() {
+    const TuneCandidate& chosen = result_.candidates[result_.chosen];
+    for (size_t i = 0; i < result_.candidates.size(); ++i) {
+      TuneCandidate& c = result_.candidates[i];
+      c.vs_chosen.reset();
+      if (static_cast<int>(i) == result_.chosen) continue;
+      for (size_t r = std::min(c.search.size(), chosen.search.size()); r-- > 0;) {
+        const std::optional<PairedDifference> d = PairedKld(chosen.search[r], c.search[r]);
+        if (!d) continue;
+        c.vs_chosen = TunePaired{.rung = static_cast<int>(r), .chunk = c.search[r].chunk,
+                                 .n_chunks = c.search[r].n_chunks, .diff = d->mean, .lo95 = d->ci95.lo,
+                                 .hi95 = d->ci95.hi, .p = d->p, .blocks = d->n_blocks,
+                                 .verdict = VerdictName(d->Verdict())};
+        break;
+      }
+    }
   }
 
   // KVTuner-style: from the best finalist with a quantized codec, each
@@ -639,12 +661,27 @@ void PreferSmallerWithinError(std::vector<int>* ranked, const std::vector<TuneCa
     size_t end = lead + 1;
     for (; end < ranked->size() && usable(end); ++end) {
       const TuneMeasure& m = at(end).search[r];
-      if (m.kld - best.kld > std::hypot(m.kld_stderr, best.kld_stderr)) break;
+      const std::optional<PairedDifference> d = PairedKld(best, m);
+      if (d ? d->Verdict() == PairedVerdict::kWorse : m.kld - best.kld > std::hypot(m.kld_stderr, best.kld_stderr)) {
+        break;
+      }
     }
     std::stable_sort(ranked->begin() + static_cast<long>(lead), ranked->begin() + static_cast<long>(end),
                      [&](int a, int b) { return candidates[static_cast<size_t>(a)].bytes < candidates[static_cast<size_t>(b)].bytes; });
     lead = end;
   }
+}
+
+std::optional<PairedDifference> PairedKld(const TuneMeasure& best, const TuneMeasure& m) {
+  if (best.kl.empty() || best.kl.size() != m.kl.size() || best.chunk != m.chunk || best.n_chunks != m.n_chunks) {
+    return std::nullopt;
+  }
+  // Blocks of 32 positions (batch means), fewer on short measures so that
+  // there are at least 16 blocks where there are 16 positions.
+  const int block = std::clamp(static_cast<int>(best.kl.size() / 16), 1, 32);
+  PairedDifference d = PairedBlockDifference(best.kl, m.kl, block);
+  if (d.n_blocks < 2) return std::nullopt;
+  return d;
 }
 
 Result<TuneResult> RunTune(const model::Model& model, ThreadPool* threads, std::span<const int32_t> text,

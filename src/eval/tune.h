@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "eval/progress.h"
+#include "eval/stats.h"
 #include "eval/tune_retrieval.h"
 #include "kv/kv_spec.h"
 #include "kv/layout.h"
@@ -95,6 +96,22 @@ struct TuneMeasure {
   uint64_t kv_bytes = 0;  // the pool's bytes at the end of a chunk (measured), and its tokens
   int64_t kv_tokens = 0;
   std::string error;  // the spec failed to run (then it ranks last)
+  // Each scored position's KL in text order (not in the JSON): specs
+  // measured on the same chunks compare position by position.
+  std::vector<float> kl{};
+};
+
+// A candidate's KLD against the chosen spec's on the same positions (the
+// deepest rung both reached): diff = candidate - chosen, so > 0 means the
+// chosen spec is better there; a paired t test on blocks of 32 positions
+// (fewer on measures shorter than 512 positions: at least 16 blocks; stats.h
+// PairedBlockDifference); verdict of the candidate against the
+// chosen: "better", "worse" or "indistinguishable".
+struct TunePaired {
+  int rung = 0, chunk = 0, n_chunks = 0;
+  double diff = 0, lo95 = 0, hi95 = 0, p = 1;
+  int64_t blocks = 0;
+  std::string verdict;
 };
 
 struct TuneCandidate {
@@ -106,6 +123,7 @@ struct TuneCandidate {
   std::vector<TuneMeasure> search;     // one per rung reached, on the search text
   std::optional<TuneMeasure> holdout;  // finalists: on the text the search did not see
   std::optional<RetrievalVerdict> retrieval;  // with retrieval tasks: finalists and the compared
+  std::optional<TunePaired> vs_chosen;        // every candidate but the chosen one
   bool Rejected() const { return retrieval && retrieval->verdict == "worse"; }
 };
 
@@ -181,13 +199,19 @@ std::vector<int> TuneFront(const TuneResult& result);
 int Rung0Chunk(std::span<const kv::KVSpec> specs, const kv::KVLayout& layout, const TuneOptions& options);
 
 // At the deepest rung, specs whose KLD is within error of the best one left
-// (the difference at most the two standard errors combined, sqrt(a^2 + b^2))
-// tie, and the tie is ordered smallest bytes first: on this evidence they do
-// not differ in quality, and the bytes a smaller one frees hold more
-// sessions. `ranked` (indices into candidates, ordered by KLD at rung r,
+// tie: a paired t test on the same positions (the measures' per-position KL,
+// stats.h PairedBlockDifference) does not find them worse at the 5% level;
+// measures without positions fall back to the difference being at most the
+// two standard errors combined, sqrt(a^2 + b^2). The tie is ordered
+// smallest bytes first: on this evidence they do not differ in quality, and
+// the bytes a smaller one frees hold more sessions. `ranked` (indices into candidates, ordered by KLD at rung r,
 // errors and rejected specs last) is reordered group by group; a group is
 // anchored on its best KLD, so ties do not chain.
 void PreferSmallerWithinError(std::vector<int>* ranked, const std::vector<TuneCandidate>& candidates, size_t r);
+
+// Candidate m's KLD against `best`'s on the same positions (nullopt when
+// their positions differ or are missing).
+std::optional<PairedDifference> PairedKld(const TuneMeasure& best, const TuneMeasure& m);
 
 // What RunTune needs of the text: tokens for the search and the validation.
 int64_t TuneTextTokens(const TuneOptions& options);

@@ -43,6 +43,12 @@ json CandidateJson(const TuneResult& r, const TuneOptions& o, int i) {
   if (c.bytes > 0) j["vs_f16"] = static_cast<double>(r.f16_bytes) / static_cast<double>(c.bytes);
   for (const TuneMeasure& m : c.search) j["search"].push_back(MeasureJson(m));
   j["unseen"] = c.holdout ? MeasureJson(*c.holdout) : json(nullptr);
+  if (c.vs_chosen) {
+    const TunePaired& d = *c.vs_chosen;
+    j["vs_chosen"] = {{"rung", d.rung}, {"chunk", d.chunk}, {"n_chunks", d.n_chunks}, {"kld_diff", d.diff},
+                      {"lo95", d.lo95}, {"hi95", d.hi95},    {"p", d.p},               {"blocks", d.blocks},
+                      {"verdict", d.verdict}};
+  }
   if (c.retrieval) {
     j["retrieval"] = VerdictJson(*c.retrieval);
     j["equal_quality"] = EqualQuality(c, o);

@@ -99,6 +99,15 @@ TEST_F(TuneTest, ChosenSpecFitsTheBudget) {
   EXPECT_LE(chosen.bytes, o.mem_bytes) << chosen.spec;
   for (const TuneCandidate& c : r->candidates) EXPECT_LE(c.bytes, o.mem_bytes) << c.spec;
   EXPECT_TRUE(chosen.holdout.has_value()) << "the chosen spec is validated on unseen text";
+  // Every other candidate is compared with the chosen one on the same positions.
+  for (size_t i = 0; i < r->candidates.size(); ++i) {
+    const TuneCandidate& c = r->candidates[i];
+    if (static_cast<int>(i) == r->chosen || c.search.empty() || !c.search[0].error.empty()) continue;
+    ASSERT_TRUE(c.vs_chosen.has_value()) << c.spec;
+    EXPECT_NEAR(c.vs_chosen->diff, c.search[c.vs_chosen->rung].kld - chosen.search[c.vs_chosen->rung].kld, 1e-6)
+        << c.spec;
+    EXPECT_LE(c.vs_chosen->lo95, c.vs_chosen->hi95) << c.spec;
+  }
   // The file --kv @FILE reads gives the chosen spec; the chart is well-formed.
   EXPECT_EQ(kv::ExpandKVSpecArg("@" + WriteResult(TuneResultJson(*r, o, "{}"))).value(), chosen.spec);
   std::string xml_error;
@@ -231,6 +240,41 @@ TEST(TuneRankTest, PreferSmallerWithinError) {
   std::vector<int> ranked = {0, 1, 2, 3};
   PreferSmallerWithinError(&ranked, c, 0);
   EXPECT_EQ(ranked, (std::vector<int>{1, 0, 2, 3}));
+}
+
+// With per-position KL the tie is a paired test on the same positions: a
+// spec worse at every position by a hair is not within error even when its
+// unpaired standard errors overlap the best one's; one whose differences
+// swing both ways is.
+TEST(TuneRankTest, PreferSmallerWithinErrorIsPairedWithPositions) {
+  const auto cand = [](const std::vector<float>& kl, uint64_t bytes) {
+    TuneCandidate c;
+    TuneMeasure m;
+    MeanAccumulator acc;
+    for (float v : kl) acc.Add(v);
+    m.kld = acc.Mean();
+    m.kld_stderr = acc.StdErr();
+    m.chunk = 256;
+    m.n_chunks = 1;
+    m.kl = kl;
+    c.search.push_back(m);
+    c.bytes = bytes;
+    return c;
+  };
+  std::vector<float> best(256), hair(256), swing(256);
+  for (size_t i = 0; i < best.size(); ++i) {
+    best[i] = 0.002f + 0.004f * static_cast<float>((i * 53) % 17) / 16;  // spread: unpaired errors are wide
+    hair[i] = best[i] + 0.0001f;                                           // always a hair worse
+    swing[i] = best[i] + ((i / 32) % 2 ? 0.0003f : -0.00028f);             // as often better as worse
+  }
+  const std::vector<TuneCandidate> c = {cand(best, 28), cand(swing, 20), cand(hair, 16)};
+  ASSERT_LT(c[2].search[0].kld - c[0].search[0].kld, std::hypot(c[0].search[0].kld_stderr, c[2].search[0].kld_stderr))
+      << "unpaired, the hair-worse spec would tie";
+  std::vector<int> ranked = {0, 1, 2};
+  PreferSmallerWithinError(&ranked, c, 0);
+  EXPECT_EQ(ranked, (std::vector<int>{1, 0, 2})) << "swing ties with the best and is smaller; hair is worse";
+  ASSERT_TRUE(PairedKld(c[0].search[0], c[2].search[0]).has_value());
+  EXPECT_EQ(PairedKld(c[0].search[0], c[2].search[0])->Verdict(), PairedVerdict::kWorse);
 }
 
 TEST_F(TuneTest, ImpossibleBudgetNamesTheSmallestSpec) {
