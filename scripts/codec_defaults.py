@@ -10,6 +10,7 @@ import json, os, subprocess, sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "docs/results/codec_defaults")
+KVX = os.environ.get("KVX_BIN", os.path.join(ROOT, "build/kvx"))  # a copy keeps a long run safe from rebuilds
 SHARED = os.environ.get("KVX_SHARED", os.path.join(ROOT, "..", "shared"))
 MODEL = os.path.join(SHARED, "models/recall/recall-llama-8L-d512-f16.gguf")
 TEXT = os.path.join(SHARED, "data/wikitext-2-raw/wiki.test.raw")
@@ -27,7 +28,7 @@ CANDIDATES = {"kivi2": KIVI, "kivi4": KIVI, "int2": PER_TOKEN, "int4": PER_TOKEN
 
 def run(codec):
     out = os.path.join(RESULTS, "%s.json" % codec)
-    cmd = [os.path.join(ROOT, "build/kvx"), "eval", "-m", MODEL, "--tasks", "kld", "-f", TEXT, "-c", str(CHUNK),
+    cmd = [KVX, "eval", "-m", MODEL, "--tasks", "kld", "-f", TEXT, "-c", str(CHUNK),
            "--chunks", str(CHUNKS), "-t", "2", "-q", "--json", out]
     for s in CANDIDATES[codec]:
         cmd += ["--kv", "codec=%s,%s" % (codec, s)]
