@@ -47,9 +47,9 @@ bool SpinFor(Pred pred) {
 }
 
 // A share's claim word: | epoch:24 | end:20 | next:20 |, the chunks
-// [next, end) of the share not yet claimed. The owner claims `next` (next+1),
-// a thief the last chunk (end-1), each with a CAS on the whole word, so a
-// late worker can never claim a chunk of a newer job (the epoch would differ).
+// [next, end) of the share not yet claimed. A thread claims `next` (next+1)
+// with a CAS on the whole word, so a late worker can never claim a chunk of a
+// newer job (the epoch would differ).
 constexpr int kFieldBits = 20;
 constexpr uint64_t kFieldMask = (uint64_t{1} << kFieldBits) - 1;
 constexpr uint64_t kMaxChunks = kFieldMask;
@@ -163,9 +163,15 @@ static void RunChunk(const ThreadPool::RangeFn& fn, size_t n, size_t grain, uint
   fn(b, e, thread);
 }
 
-// Claims and runs chunks of job `epoch`: first the thread's own share, front
-// to back, then the other shares' last chunks (back to front, so their owners
-// keep going in order undisturbed). Returns how many this thread ran.
+// Claims and runs chunks of job `epoch`: first the thread's own share, then
+// what is left of the others', each front to back. In increasing order, a
+// thread that takes over a late worker's share runs it as that worker would
+// have: a matmul's chunks continue the weight stream its last chunk
+// prefetched. Taken back to front, each stolen chunk started cold and
+// prefetched the bytes of the chunk just done: on a loaded machine, where the
+// caller takes over most of a step, the caller of a 16-row step spent 1.15x
+// the CPU time of the whole step on one thread, now 0.99x (ops_bench
+// StepAccount, docs/benchmarks.md). Returns how many this thread ran.
 int64_t ThreadPool::RunClaimedChunks(Shared& s, uint32_t epoch, int thread, int n_shares) {
   int64_t ran = 0;
   epoch &= 0xFFFFFF;
@@ -177,9 +183,7 @@ int64_t ThreadPool::RunClaimedChunks(Shared& s, uint32_t epoch, int thread, int 
       if (ClaimEpoch(word) != epoch) return ran;  // the job is over (a newer one may have started)
       const uint64_t next = ClaimNext(word), end = ClaimEnd(word);
       if (next >= end) break;  // this share is done: on to the next
-      const bool own = k == 0;
-      const uint64_t claimed = own ? word + 1 : word - (uint64_t{1} << kFieldBits);
-      if (!claim.compare_exchange_weak(word, claimed, std::memory_order_acq_rel, std::memory_order_acquire)) {
+      if (!claim.compare_exchange_weak(word, word + 1, std::memory_order_acq_rel, std::memory_order_acquire)) {
         continue;  // word was reloaded
       }
       // Only the steady clock here (no system call): a thread that could be
@@ -187,7 +191,7 @@ int64_t ThreadPool::RunClaimedChunks(Shared& s, uint32_t epoch, int thread, int 
       ThreadTimes* mine = s.job_timed ? &s.times[thread] : nullptr;
       const int64_t t0 = mine != nullptr ? NowNs() : 0;
       if (mine != nullptr && mine->first_ns == 0) mine->first_ns = t0;
-      RunChunk(*s.job, s.job_n, s.job_grain, s.job_chunks, own ? next : end - 1, thread);
+      RunChunk(*s.job, s.job_n, s.job_grain, s.job_chunks, next, thread);
       if (mine != nullptr) {
         mine->last_ns = NowNs();
         mine->busy_ns += mine->last_ns - t0;

@@ -18,7 +18,8 @@
 // back, each with a compare-and-swap on a word only it uses until then (no
 // cache-line transfer: 64 one-index claims on 2 threads took ~2 us against
 // ~6 us on one shared word, ops_bench ThreadPoolDynamic/grain:1); when its
-// share is done it takes the last chunks of the others' shares. So a worker
+// share is done it takes what is left of the others' shares, also front to
+// back (a matmul's weight stream stays in order). So a worker
 // that is late (asleep, or descheduled on a loaded machine) simply runs
 // fewer chunks, possibly none, instead of stalling the loop for a whole
 // time slice.
@@ -92,8 +93,8 @@ class ThreadPool {
 
   // Calls fn(begin, end, thread_index) once for each range of `grain`
   // indices (the last may be shorter) covering [0, n); a thread may run
-  // several (its own share's in increasing order, then others' from their
-  // ends). Returns when all ranges are done.
+  // several (its own share's, then others', in increasing order). Returns
+  // when all ranges are done.
   // grain 0 means 1.
   void ParallelForDynamic(size_t n, size_t grain, RangeFn fn);
 

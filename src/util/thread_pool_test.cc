@@ -101,6 +101,30 @@ TEST(ThreadPoolTest, OthersTakeOverTheShareOfABlockedThread) {
   }
 }
 
+TEST(ThreadPoolTest, TakesOverAShareInIncreasingOrder) {
+  // The worker's first chunk blocks until every other chunk has run, so the
+  // caller takes over the rest of the worker's share: in increasing order,
+  // as a matmul's weight stream wants it (or the whole share, if the worker
+  // came late). Every thread's chunks are thus in increasing order.
+  ThreadPool pool(2);
+  const size_t n = 16;
+  std::atomic<size_t> finished{0};
+  std::vector<size_t> caller_order;
+  pool.ParallelForDynamic(n, 1, [&](size_t b, size_t, int t) {
+    if (t == 0) {
+      caller_order.push_back(b);
+    } else {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (finished.load() < n - 1 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+    }
+    finished++;
+  });
+  ASSERT_GE(caller_order.size(), n / 2 + 1) << "the caller took over none of the worker's share";
+  for (size_t i = 1; i < caller_order.size(); ++i) {
+    EXPECT_LT(caller_order[i - 1], caller_order[i]) << "chunk " << caller_order[i] << " after " << caller_order[i - 1];
+  }
+}
+
 TEST(ThreadPoolTest, WakesSleepingWorkers) {
   // After kSpinMicros idle, workers sleep on a futex; the next job must wake
   // them: with 30 ranges of 1 ms, the workers join in well before the end.
