@@ -15,6 +15,10 @@
 //       once per step. pct_peak = GFLOPS against the int8 (quantized types)
 //       or FMA (float types) peak that eval/roofline.h measures in this run
 //       with as many threads.
+//   StepAccount/q8_0_repacked/rows<M>   where a 2-thread step of M rows (the
+//       stack and the head for every row) loses time against half its
+//       1-thread CPU time: serial parts, 2-thread work inflation, and the
+//       pool loops' late starts, claims, imbalance and joins (BM_StepAccount).
 //   .../q8_0_repacked/...       the same with the Q8_0 matrices repacked as the
 //       model loader stores them on AVX3_DL and AVX2 machines (ops/weight_pack.h).
 //   MemRead / MemTriad          STREAM-like probes over 256 MiB arrays.
@@ -32,10 +36,14 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <chrono>
+#include <ctime>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <random>
@@ -57,6 +65,33 @@ namespace kvx::ops {
 namespace {
 
 using gguf::TensorType;
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// CPU time of the calling thread (what it ran, not what it waited or was
+// descheduled).
+int64_t ThreadCpuNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+}
+
+// The time this process's threads spent runnable but waiting for a CPU
+// (/proc/self/task/*/schedstat, second field), summed: what a loaded machine's
+// scheduler took from them. 0 where the kernel does not keep it.
+int64_t RunDelayNs() {
+  int64_t sum = 0;
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    std::ifstream f(task.path() / "schedstat");
+    int64_t cpu = 0, delay = 0;
+    if (f >> cpu >> delay) sum += delay;
+  }
+  return sum;
+}
 
 std::vector<float> Gaussian(int64_t n, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -157,10 +192,19 @@ struct Stack {
     }
     matmul_flops_per_token = 2.0 * kLayers * (kEmbd * (kQ + 2 * kKV) + kQ * kEmbd + 3.0 * kEmbd * kFF);
   }
-  // One forward pass of n tokens through the matmuls (no attention/norms);
-  // the head only for the last token when `head_too`.
-  void Run(int64_t n, bool head_too, ThreadPool* pool, std::vector<float>* buf) const {
-    buf->resize(static_cast<size_t>(n) * (kEmbd + kQ + 2 * kKV + 2 * kFF) + kVocab);
+  // The matmuls of a step by kind, for StepAccount: each kind's wall time
+  // (its calls from entry to return) and its pool loops (ThreadPool::LoopStats).
+  enum Kind { kQkv, kO, kGateUp, kDown, kHead, kKinds };
+  struct KindTimes {
+    int64_t wall_ns = 0;
+    ThreadPool::LoopStats loops;
+  };
+  // One forward pass of n tokens through the matmuls (no attention/norms),
+  // then the head for the last head_rows tokens. With `times` (and a pool),
+  // each call is timed into times[its kind].
+  void Run(int64_t n, int64_t head_rows, ThreadPool* pool, std::vector<float>* buf,
+           KindTimes* times = nullptr) const {
+    buf->resize(static_cast<size_t>(n) * (kEmbd + kQ + 2 * kKV + 2 * kFF) + static_cast<size_t>(head_rows) * kVocab);
     float* x = buf->data();
     float* q = x + n * kEmbd;
     float* k = q + n * kQ;
@@ -168,15 +212,23 @@ struct Stack {
     float* g = v + n * kKV;
     float* u = g + n * kFF;
     float* logits = u + n * kFF;
+    auto timed = [&](Kind kind, auto&& call) {
+      if (times == nullptr || pool == nullptr) return call();
+      pool->set_loop_stats(&times[kind].loops);
+      const int64_t t0 = NowNs();
+      call();
+      times[kind].wall_ns += NowNs() - t0;
+      pool->set_loop_stats(nullptr);
+    };
     for (const Layer& l : layers) {
       const MatMulOutput qkv[] = {{l.q, q}, {l.k, k}, {l.v, v}};
-      MatMulMulti(qkv, x, n, pool);
-      MatMul(l.o, q, n, x, pool);
+      timed(kQkv, [&] { MatMulMulti(qkv, x, n, pool); });
+      timed(kO, [&] { MatMul(l.o, q, n, x, pool); });
       const MatMulOutput gu[] = {{l.gate, g}, {l.up, u}};
-      MatMulMulti(gu, x, n, pool);
-      MatMul(l.down, g, n, x, pool);
+      timed(kGateUp, [&] { MatMulMulti(gu, x, n, pool); });
+      timed(kDown, [&] { MatMul(l.down, g, n, x, pool); });
     }
-    if (head_too) MatMul(head, x + (n - 1) * kEmbd, 1, logits, pool);
+    if (head_rows > 0) timed(kHead, [&] { MatMul(head, x + (n - head_rows) * kEmbd, head_rows, logits, pool); });
   }
 
  private:
@@ -202,10 +254,10 @@ void BM_DecodeSweep(benchmark::State& state, TensorType t, bool repack, int thre
   AddContext();
   const Stack& s = GetStack(t, repack);
   std::vector<float> buf;
-  s.Run(1, true, Pool(threads), &buf);
+  s.Run(1, 1, Pool(threads), &buf);
   std::fill(buf.begin(), buf.end(), 0.01f);
   for (auto _ : state) {
-    s.Run(1, true, Pool(threads), &buf);
+    s.Run(1, 1, Pool(threads), &buf);
     benchmark::DoNotOptimize(buf.data());
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * s.bytes));
@@ -231,11 +283,11 @@ void BM_StackGemm(benchmark::State& state, TensorType t, bool repack, int thread
   AddContext();
   const Stack& s = GetStack(t, repack);
   std::vector<float> buf;
-  s.Run(n, false, Pool(threads), &buf);
+  s.Run(n, 0, Pool(threads), &buf);
   const auto x = Gaussian(n * Stack::kEmbd, 3);
   for (auto _ : state) {
     std::copy(x.begin(), x.end(), buf.begin());  // keep the activations finite
-    s.Run(n, false, Pool(threads), &buf);
+    s.Run(n, 0, Pool(threads), &buf);
     benchmark::DoNotOptimize(buf.data());
   }
   state.counters["GFLOPS"] =
@@ -245,6 +297,85 @@ void BM_StackGemm(benchmark::State& state, TensorType t, bool repack, int thread
   if (peak > 0) {
     state.counters["pct_peak"] = benchmark::Counter(100 * s.matmul_flops_per_token * n * 1e-9 / peak,
                                                     benchmark::Counter::kIsIterationInvariantRate);
+  }
+}
+
+// Where a 2-thread step's time goes beyond its kernels' work. Each
+// iteration runs the step (the layer stack and the head for every row, as an
+// engine step computes every sequence's logits) once on the calling thread
+// alone, timed in thread CPU time (T1: the kernels' work and the activation
+// quantization), and once on the 2-thread pool, timed in wall time (W2), with
+// the pool's loops accounted (ThreadPool::LoopStats). With P = 2 threads,
+//   W2 - T1/P = serial + work_2thr + (late + claims + imbalance + join) / P,
+// every part in ms of the step's wall time:
+//   serial     (P-1)/P of the caller's time outside the loops, when the other
+//              thread waits: activation quantization and call setup (the
+//              MatMul calls' time minus their loops');
+//   work_2thr  (serial + thread time in chunks - T1) / P: what the same work
+//              costs more on two threads (shared memory bandwidth, caches;
+//              on a loaded machine also a thread descheduled inside a chunk);
+//   late       threads waiting for their first chunk (wake-up), / P;
+//   claims     between a thread's chunks, / P;
+//   imbalance  threads done before the last one, / P;
+//   join       the last chunk's end to the caller's return, / P.
+// lost_<kind>: serial + idle time of one kind of matmul (no work_2thr), in ms.
+// On a loaded machine a descheduled thread shows up in these parts (mostly
+// late: the worker was not running when a loop began): sched_wait is the time
+// the threads were runnable but waiting for a CPU during the 2-thread step
+// (/proc schedstat), / P, and thr2_caller_cpu against thr2_wall says how much
+// of the caller's time it did not run. thr1_wall, the 1-thread step's wall
+// time under the same load, is what the second thread is to beat there.
+void BM_StepAccount(benchmark::State& state, int64_t n) {
+  AddContext();
+  const Stack& s = GetStack(TensorType::kQ8_0, true);
+  ThreadPool* pool = Pool(2);
+  constexpr int kP = 2;
+  std::vector<float> buf;
+  const auto x = Gaussian(n * Stack::kEmbd, 3);
+  Stack::KindTimes kinds[Stack::kKinds] = {};
+  s.Run(n, n, pool, &buf);
+  int64_t thr1_cpu = 0, thr1_wall = 0, thr2_wall = 0, thr2_caller_cpu = 0, thr2_run_delay = 0;
+  for (auto _ : state) {
+    std::copy(x.begin(), x.end(), buf.begin());  // keep the activations finite
+    int64_t c0 = ThreadCpuNs();
+    const int64_t w1 = NowNs();
+    s.Run(n, n, nullptr, &buf);
+    thr1_wall += NowNs() - w1;
+    thr1_cpu += ThreadCpuNs() - c0;
+    std::copy(x.begin(), x.end(), buf.begin());
+    const int64_t d0 = RunDelayNs();
+    c0 = ThreadCpuNs();
+    const int64_t w0 = NowNs();
+    s.Run(n, n, pool, &buf, kinds);
+    thr2_wall += NowNs() - w0;
+    thr2_caller_cpu += ThreadCpuNs() - c0;
+    thr2_run_delay += RunDelayNs() - d0;
+    benchmark::DoNotOptimize(buf.data());
+  }
+  ThreadPool::LoopStats all;
+  for (const Stack::KindTimes& k : kinds) all.Add(k.loops);
+  const int64_t serial = thr2_wall - all.wall_ns;  // the caller alone: in the calls and between them
+  auto ms = [&](double total_ns) {  // per step
+    return benchmark::Counter(total_ns * 1e-6, benchmark::Counter::kAvgIterations);
+  };
+  state.counters["thr1_cpu"] = ms(thr1_cpu);
+  state.counters["thr1_wall"] = ms(thr1_wall);
+  state.counters["thr2_wall"] = ms(thr2_wall);
+  state.counters["thr2_caller_cpu"] = ms(thr2_caller_cpu);
+  state.counters["pct_ideal"] = benchmark::Counter(100.0 * thr1_cpu / kP / std::max<int64_t>(thr2_wall, 1));
+  state.counters["loops"] = benchmark::Counter(static_cast<double>(all.loops), benchmark::Counter::kAvgIterations);
+  state.counters["serial"] = ms(serial * (kP - 1.0) / kP);
+  state.counters["work_2thr"] = ms((serial + all.busy_ns - thr1_cpu) / double{kP});
+  state.counters["late"] = ms(all.late_ns / double{kP});
+  state.counters["claims"] = ms(all.claims_ns / double{kP});
+  state.counters["imbalance"] = ms(all.imbalance_ns / double{kP});
+  state.counters["join"] = ms(all.join_ns / double{kP});
+  state.counters["sched_wait"] = ms(thr2_run_delay / double{kP});
+  const char* names[Stack::kKinds] = {"qkv", "o", "gateup", "down", "head"};
+  for (int k = 0; k < Stack::kKinds; ++k) {
+    const Stack::KindTimes& t = kinds[k];
+    const double idle = kP * t.loops.wall_ns - t.loops.busy_ns;
+    state.counters[std::string("lost_") + names[k]] = ms((t.wall_ns - t.loops.wall_ns) * (kP - 1.0) / kP + idle / kP);
   }
 }
 
@@ -491,6 +622,12 @@ int RegisterAll() {
           benchmark::RegisterBenchmark(bm.c_str(), BM_StackGemm, t, repack, threads, rows)
               ->Unit(benchmark::kMillisecond)
               ->UseRealTime();
+          if (repack && threads == 2) {
+            benchmark::RegisterBenchmark(("StepAccount/" + sweep + "/rows" + std::to_string(rows)).c_str(),
+                                         BM_StepAccount, rows)
+                ->Unit(benchmark::kMillisecond)
+                ->UseRealTime();
+          }
         }
       }
     }

@@ -11,6 +11,11 @@
 namespace kvx {
 namespace {
 
+inline int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 inline void CpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
   _mm_pause();
@@ -42,9 +47,9 @@ bool SpinFor(Pred pred) {
 }
 
 // A share's claim word: | epoch:24 | end:20 | next:20 |, the chunks
-// [next, end) of the share not yet claimed. The owner claims `next` (next+1),
-// a thief the last chunk (end-1), each with a CAS on the whole word, so a
-// late worker can never claim a chunk of a newer job (the epoch would differ).
+// [next, end) of the share not yet claimed. A thread claims `next` (next+1)
+// with a CAS on the whole word, so a late worker can never claim a chunk of a
+// newer job (the epoch would differ).
 constexpr int kFieldBits = 20;
 constexpr uint64_t kFieldMask = (uint64_t{1} << kFieldBits) - 1;
 constexpr uint64_t kMaxChunks = kFieldMask;
@@ -61,6 +66,14 @@ struct alignas(64) ThreadPool::ShareWord {
   std::atomic<uint64_t> word{0};
 };
 
+// One thread's chunks in the current loop when it is accounted (LoopStats):
+// written by that thread only, read by the caller once the loop is done.
+struct alignas(64) ThreadPool::ThreadTimes {
+  int64_t first_ns = 0;  // start of its first chunk; 0: none yet
+  int64_t last_ns = 0;   // end of its last chunk
+  int64_t busy_ns = 0;
+};
+
 // Fields written by the caller and read by every worker sit apart from the
 // counters the threads update, so finishing threads do not invalidate the
 // line the idle ones poll.
@@ -72,6 +85,7 @@ struct ThreadPool::Shared {
   size_t job_n = 0;
   size_t job_grain = 0;  // chunk c = [c * grain, ...); 0: equal split into job_chunks
   uint64_t job_chunks = 0;
+  bool job_timed = false;  // fill `times` (set_loop_stats)
   std::atomic<bool> stop{false};
   // Incremented once per job; idle workers wait for it to change.
   alignas(64) std::atomic<uint32_t> epoch{0};
@@ -79,6 +93,7 @@ struct ThreadPool::Shared {
   // One claim word per thread's share of the chunks, each on its own line:
   // until shares run out, a thread's claims touch only its own line.
   std::unique_ptr<ShareWord[]> shares;
+  std::unique_ptr<ThreadTimes[]> times;
   // Chunks done in the current job.
   alignas(64) std::atomic<int64_t> done{0};
   std::atomic<int> caller_sleeping{0};
@@ -88,6 +103,7 @@ ThreadPool::ThreadPool(int n_threads) : shared_(std::make_unique<Shared>()) {
   if (n_threads <= 0) n_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   n_threads_ = n_threads;
   shared_->shares = std::make_unique<ShareWord[]>(static_cast<size_t>(n_threads_));
+  shared_->times = std::make_unique<ThreadTimes[]>(static_cast<size_t>(n_threads_));
   for (int i = 1; i < n_threads_; ++i) {
     try {
       workers_.emplace_back([this, i] { WorkerLoop(i); });
@@ -147,9 +163,15 @@ static void RunChunk(const ThreadPool::RangeFn& fn, size_t n, size_t grain, uint
   fn(b, e, thread);
 }
 
-// Claims and runs chunks of job `epoch`: first the thread's own share, front
-// to back, then the other shares' last chunks (back to front, so their owners
-// keep going in order undisturbed). Returns how many this thread ran.
+// Claims and runs chunks of job `epoch`: first the thread's own share, then
+// what is left of the others', each front to back. In increasing order, a
+// thread that takes over a late worker's share runs it as that worker would
+// have: a matmul's chunks continue the weight stream its last chunk
+// prefetched. Taken back to front, each stolen chunk started cold and
+// prefetched the bytes of the chunk just done: on a loaded machine, where the
+// caller takes over most of a step, the caller of a 16-row step spent 1.15x
+// the CPU time of the whole step on one thread, now 0.99x (ops_bench
+// StepAccount, docs/benchmarks.md). Returns how many this thread ran.
 int64_t ThreadPool::RunClaimedChunks(Shared& s, uint32_t epoch, int thread, int n_shares) {
   int64_t ran = 0;
   epoch &= 0xFFFFFF;
@@ -161,12 +183,19 @@ int64_t ThreadPool::RunClaimedChunks(Shared& s, uint32_t epoch, int thread, int 
       if (ClaimEpoch(word) != epoch) return ran;  // the job is over (a newer one may have started)
       const uint64_t next = ClaimNext(word), end = ClaimEnd(word);
       if (next >= end) break;  // this share is done: on to the next
-      const bool own = k == 0;
-      const uint64_t claimed = own ? word + 1 : word - (uint64_t{1} << kFieldBits);
-      if (!claim.compare_exchange_weak(word, claimed, std::memory_order_acq_rel, std::memory_order_acquire)) {
+      if (!claim.compare_exchange_weak(word, word + 1, std::memory_order_acq_rel, std::memory_order_acquire)) {
         continue;  // word was reloaded
       }
-      RunChunk(*s.job, s.job_n, s.job_grain, s.job_chunks, own ? next : end - 1, thread);
+      // Only the steady clock here (no system call): a thread that could be
+      // preempted between its last chunk and its `done` would delay the join.
+      ThreadTimes* mine = s.job_timed ? &s.times[thread] : nullptr;
+      const int64_t t0 = mine != nullptr ? NowNs() : 0;
+      if (mine != nullptr && mine->first_ns == 0) mine->first_ns = t0;
+      RunChunk(*s.job, s.job_n, s.job_grain, s.job_chunks, next, thread);
+      if (mine != nullptr) {
+        mine->last_ns = NowNs();
+        mine->busy_ns += mine->last_ns - t0;
+      }
       ++ran;
       word = claim.load(std::memory_order_acquire);
     }
@@ -177,6 +206,11 @@ int64_t ThreadPool::RunClaimedChunks(Shared& s, uint32_t epoch, int thread, int 
 void ThreadPool::Run(size_t n, size_t grain, uint64_t n_chunks, RangeFn fn) {
   Shared& s = *shared_;
   const uint32_t epoch = s.epoch.load(std::memory_order_relaxed) + 1;
+  const int64_t start_ns = loop_stats_ != nullptr ? NowNs() : 0;
+  s.job_timed = loop_stats_ != nullptr;
+  if (s.job_timed) {
+    for (int t = 0; t < n_threads_; ++t) s.times[t] = ThreadTimes{};
+  }
   s.job = &fn;
   s.job_n = n;
   s.job_grain = grain;
@@ -206,6 +240,42 @@ void ThreadPool::Run(size_t n, size_t grain, uint64_t n_chunks, RangeFn fn) {
     }
   }
   s.job = nullptr;
+  if (s.job_timed) AccountLoop(start_ns);
+}
+
+// Splits the loop that started at start_ns and is done now into the parts of
+// LoopStats. Every worker that ran a chunk wrote its times before adding to
+// `done`, which the caller read.
+void ThreadPool::AccountLoop(int64_t start_ns) {
+  const int64_t end_ns = NowNs();
+  LoopStats loop;
+  loop.loops = 1;
+  loop.wall_ns = end_ns - start_ns;
+  int64_t last_end = start_ns;
+  for (int t = 0; t < n_threads_; ++t) last_end = std::max(last_end, shared_->times[t].last_ns);
+  for (int t = 0; t < n_threads_; ++t) {
+    const ThreadTimes& tt = shared_->times[t];
+    if (tt.first_ns == 0) {  // ran no chunk
+      loop.late_ns += loop.wall_ns;
+      continue;
+    }
+    loop.busy_ns += tt.busy_ns;
+    loop.late_ns += tt.first_ns - start_ns;
+    loop.imbalance_ns += last_end - tt.last_ns;
+    loop.join_ns += end_ns - last_end;
+  }
+  loop.claims_ns = n_threads_ * loop.wall_ns - loop.busy_ns - loop.late_ns - loop.imbalance_ns - loop.join_ns;
+  loop_stats_->Add(loop);
+}
+
+void ThreadPool::LoopStats::Add(const LoopStats& o) {
+  loops += o.loops;
+  wall_ns += o.wall_ns;
+  busy_ns += o.busy_ns;
+  late_ns += o.late_ns;
+  imbalance_ns += o.imbalance_ns;
+  join_ns += o.join_ns;
+  claims_ns += o.claims_ns;
 }
 
 void ThreadPool::WorkerLoop(int index) {

@@ -18,7 +18,8 @@
 // back, each with a compare-and-swap on a word only it uses until then (no
 // cache-line transfer: 64 one-index claims on 2 threads took ~2 us against
 // ~6 us on one shared word, ops_bench ThreadPoolDynamic/grain:1); when its
-// share is done it takes the last chunks of the others' shares. So a worker
+// share is done it takes what is left of the others' shares, also front to
+// back (a matmul's weight stream stays in order). So a worker
 // that is late (asleep, or descheduled on a loaded machine) simply runs
 // fewer chunks, possibly none, instead of stalling the loop for a whole
 // time slice.
@@ -27,6 +28,10 @@
 //   * ParallelForDynamic: chunks of `grain` indices, for load balancing.
 // Which thread runs which chunk varies from run to run, so use them when each
 // index's result does not depend on that (true for loops that split outputs).
+//
+// Accounting (set_loop_stats): where the threads' time goes inside the
+// loops, for measuring what a parallel step loses beyond its work (ops_bench
+// StepAccount). Off by default, when it costs one test per chunk.
 //
 // Thread-safety: the loops must be called from one thread at a time, and
 // not from inside a loop body (no nesting).
@@ -88,14 +93,36 @@ class ThreadPool {
 
   // Calls fn(begin, end, thread_index) once for each range of `grain`
   // indices (the last may be shorter) covering [0, n); a thread may run
-  // several (its own share's in increasing order, then others' from their
-  // ends). Returns when all ranges are done.
+  // several (its own share's, then others', in increasing order). Returns
+  // when all ranges are done.
   // grain 0 means 1.
   void ParallelForDynamic(size_t n, size_t grain, RangeFn fn);
+
+  // Thread time inside the loops that ran on several threads (a loop run
+  // inline by the caller alone is not counted), in nanoseconds summed over
+  // the loops. Per loop of wall time W, each of the size() threads spends W
+  // as: waiting for its first chunk (late), in chunks (busy), claiming
+  // between chunks (claims), done before the thread that finished last
+  // (imbalance), and from that last chunk's end to the caller's return (join).
+  struct LoopStats {
+    int64_t loops = 0;
+    int64_t wall_ns = 0;       // the caller's time in the loops, publication to return
+    int64_t busy_ns = 0;       // inside fn
+    int64_t late_ns = 0;       // publication to a thread's first chunk (all of W if it ran none)
+    int64_t imbalance_ns = 0;  // a thread's last chunk's end to the last thread's
+    int64_t join_ns = 0;       // the last chunk's end to the caller's return, each thread that ran
+    int64_t claims_ns = 0;     // the rest: between a thread's chunks
+    void Add(const LoopStats& o);
+  };
+  // Adds every following loop to *stats until called with nullptr. Call
+  // between loops, from the thread that runs them.
+  void set_loop_stats(LoopStats* stats) { loop_stats_ = stats; }
 
  private:
   struct Shared;
   struct ShareWord;
+  struct ThreadTimes;
+  void AccountLoop(int64_t start_ns);
   void Run(size_t n, size_t grain, uint64_t n_chunks, RangeFn fn);
   static int64_t RunClaimedChunks(Shared& s, uint32_t epoch, int thread, int n_shares);
   void WorkerLoop(int index);
@@ -103,6 +130,7 @@ class ThreadPool {
   int n_threads_;
   std::unique_ptr<Shared> shared_;
   std::vector<std::thread> workers_;
+  LoopStats* loop_stats_ = nullptr;
 };
 
 }  // namespace kvx

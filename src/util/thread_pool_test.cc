@@ -101,6 +101,30 @@ TEST(ThreadPoolTest, OthersTakeOverTheShareOfABlockedThread) {
   }
 }
 
+TEST(ThreadPoolTest, TakesOverAShareInIncreasingOrder) {
+  // The worker's first chunk blocks until every other chunk has run, so the
+  // caller takes over the rest of the worker's share: in increasing order,
+  // as a matmul's weight stream wants it (or the whole share, if the worker
+  // came late). Every thread's chunks are thus in increasing order.
+  ThreadPool pool(2);
+  const size_t n = 16;
+  std::atomic<size_t> finished{0};
+  std::vector<size_t> caller_order;
+  pool.ParallelForDynamic(n, 1, [&](size_t b, size_t, int t) {
+    if (t == 0) {
+      caller_order.push_back(b);
+    } else {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (finished.load() < n - 1 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+    }
+    finished++;
+  });
+  ASSERT_GE(caller_order.size(), n / 2 + 1) << "the caller took over none of the worker's share";
+  for (size_t i = 1; i < caller_order.size(); ++i) {
+    EXPECT_LT(caller_order[i - 1], caller_order[i]) << "chunk " << caller_order[i] << " after " << caller_order[i - 1];
+  }
+}
+
 TEST(ThreadPoolTest, WakesSleepingWorkers) {
   // After kSpinMicros idle, workers sleep on a futex; the next job must wake
   // them: with 30 ranges of 1 ms, the workers join in well before the end.
@@ -129,6 +153,45 @@ TEST(ThreadPoolTest, AcceptsStdFunctionAndLongBodies) {
   EXPECT_EQ(total.load(), 10u);
   pool.ParallelForDynamic(10, 3, f);
   EXPECT_EQ(total.load(), 20u);
+}
+
+TEST(ThreadPoolTest, LoopStatsSplitEachThreadsTime) {
+  // Two ranges, one 20 ms long and one empty: whichever thread runs the
+  // short one (or none, if it came late) waits ~20 ms, as imbalance or late.
+  // The parts add up to size() x the loop's wall time.
+  ThreadPool pool(2);
+  ThreadPool::LoopStats stats;
+  pool.set_loop_stats(&stats);
+  constexpr int64_t kLongNs = 20'000'000;
+  pool.ParallelFor(2, [&](size_t b, size_t, int) {
+    if (b == 0) std::this_thread::sleep_for(std::chrono::nanoseconds(kLongNs));
+  });
+  pool.ParallelFor(1, [](size_t, size_t, int) {});  // inline on the caller: not a loop
+  pool.set_loop_stats(nullptr);
+  pool.ParallelFor(2, [](size_t, size_t, int) {});  // not accounted
+  EXPECT_EQ(stats.loops, 1);
+  EXPECT_GE(stats.wall_ns, kLongNs);
+  EXPECT_GE(stats.busy_ns, kLongNs);
+  EXPECT_GE(stats.late_ns + stats.imbalance_ns, kLongNs * 9 / 10);
+  for (int64_t part : {stats.busy_ns, stats.late_ns, stats.imbalance_ns, stats.join_ns, stats.claims_ns}) {
+    EXPECT_GE(part, 0);
+  }
+  EXPECT_EQ(stats.busy_ns + stats.late_ns + stats.imbalance_ns + stats.join_ns + stats.claims_ns,
+            2 * stats.wall_ns);
+}
+
+TEST(ThreadPoolTest, LoopStatsCountBusyTimeOfEveryChunk) {
+  // 8 chunks of 2 ms on 2 threads: 16 ms in chunks, whoever runs them.
+  ThreadPool pool(2);
+  ThreadPool::LoopStats stats;
+  pool.set_loop_stats(&stats);
+  for (int i = 0; i < 3; ++i) {
+    pool.ParallelForDynamic(8, 1, [](size_t, size_t, int) { std::this_thread::sleep_for(std::chrono::milliseconds(2)); });
+  }
+  pool.set_loop_stats(nullptr);
+  EXPECT_EQ(stats.loops, 3);
+  EXPECT_GE(stats.busy_ns, 3 * 16'000'000);
+  EXPECT_LE(stats.busy_ns, 2 * stats.wall_ns);
 }
 
 }  // namespace
