@@ -75,7 +75,7 @@ inline constexpr int kMaxPreRopeDim = 256;
 // In-place butterflies (a, b) -> (a + b, a - b) of spans s, 2s, .. (K - 1)s
 // on the K rows x[0], x[s], .. x[(K - 1)s], in registers.
 template <int K>
-KVX_KV_AVX512 inline void ButterflyGroup(__m512* x, int s) {
+KVX_KV_AVX512 __attribute__((always_inline)) inline void ButterflyGroup(__m512* x, int s) {
   __m512 r[K];
   KVX_KV_UNROLL
   for (int k = 0; k < K; ++k) r[k] = x[k * s];
