@@ -129,6 +129,8 @@ KVX_DECODE_BENCH(int4_g64_rot, "codec=int4,group=64,rotate=hadamard");
 KVX_DECODE_BENCH(kivi4_p128, "codec=kivi4,page=128,group=64");
 KVX_DECODE_BENCH(kivi2_p128, "codec=kivi2,page=128,group=64");
 KVX_DECODE_BENCH(f16_prerope, "codec=f16,prerope=1");
+// kivi2's defaults: pre-RoPE keys in the Hadamard basis (kv/prerope_scores.h).
+KVX_DECODE_BENCH(kivi2_default, "codec=kivi2");
 
 // The whole cache of a smollm2-135m-shaped model (30 layers, 3 kv heads, 9
 // query heads, head_dim 64): 8k tokens of f16 are ~180 MiB, far beyond the

@@ -13,6 +13,7 @@
 #include "kv/attention_math.h"
 #include "kv/codec/codecs.h"
 #include "kv/page_selection.h"
+#include "kv/prerope_scores.h"
 #include "kv/pruned_keys.h"
 #include "util/check.h"
 
@@ -25,8 +26,6 @@ using namespace attention_math;  // Max, ExpSum, SoftmaxStep, ... and kNegInf
 struct Scratch {
   std::vector<float> q;       // [rows][D] the block's queries (rotated when the cache is)
   std::vector<float> scores;  // [rows][page entries]
-  std::vector<float> tile;    // [T][D] decoded keys (pre-RoPE path)
-  std::vector<float> qrot;    // [rows][D] queries rotated back to a page's first position
   std::vector<float> acc;     // [kMaxQueryRows][D] an item's accumulators when it writes the outputs itself
   std::vector<float> qk;      // [rows][key rows] the queries at the table's kept key channels (pruned pages)
   std::vector<float> tap_w;   // [rows][item entries] an observed item's weights (WeightTap)
@@ -106,52 +105,8 @@ struct Job {
 template <PageCodec C>
 void PageScores(const Job& job, const CodecParams& params, const uint8_t* page, int m, const float* q, int nr, float* s,
                 int ss) {
-  const uint8_t* data = page + PageDataOffset(job.T);
-  if (!job.pre_rope) {
-    C::Scores(params, data, m, q, nr, s, ss);
-    return;
-  }
-  // Pre-RoPE keys (KVQuant): decode this page's keys to a one-page tile, undo
-  // the rotation (RoPE does not commute with it), rope them, dot. RoPE angles
-  // are linear in the position, R(p0 + t) = R(p0) R(t), and rotations are
-  // orthogonal, so q . R(p0 + t) k = (R(-p0) q) . (R(t) k): the queries are
-  // rotated back once per page by its smallest position p0 and each key by
-  // its offset t = pos - p0, whose cos/sin rows (0..T-1 when the page holds
-  // consecutive positions) stay in cache, instead of one table row per key.
-  const int D = job.D;
-  const int32_t* pos = PagePositions(page);
-  int32_t p0 = pos[0];  // the smallest position (dead slots hold the largest, kDeadPosition)
-  for (int j = 1; j < m; ++j) p0 = std::min(p0, pos[j]);
-  if (p0 == kDeadPosition) return;  // a sink page whose entries all died: masked below
-  const ops::RopeParams& rope = job.kv->rope();
-  const bool simd_rope = simd::UseSimd(D) && (rope.neox ? rope.n_dims % 16 == 0 : rope.n_dims % 8 == 0);
-  auto rotate = [&](float* x, int32_t at, bool inverse) {
-    const float* cs = job.kv->RopeCosSin(at);
-    if (simd_rope) return simd::RopeRow(x, cs, rope.n_dims, rope.neox, inverse);
-    if (!inverse) return ops::RopeApply(x, cs, rope);
-    float neg[2 * kMaxHeadDim];
-    for (int i = 0; i < rope.n_dims; i += 2) neg[i] = cs[i], neg[i + 1] = -cs[i + 1];
-    ops::RopeApply(x, neg, rope);
-  };
-  std::vector<float>& qrot = tls_scratch.qrot;
-  qrot.assign(q, q + static_cast<size_t>(nr) * D);
-  for (int r = 0; r < nr; ++r) rotate(&qrot[static_cast<size_t>(r) * D], p0, /*inverse=*/true);
-  std::vector<float>& tile = tls_scratch.tile;
-  tile.resize(static_cast<size_t>(m) * D);
-  C::DecodeKeys(params, data, m, tile.data());
-  for (int j = 0; j < m; ++j) {
-    float* row = &tile[static_cast<size_t>(j) * D];
-    if (pos[j] == kDeadPosition) continue;  // never attended (masked below), has no RoPE angle
-    if (job.keys_rotated) job.rot->Inverse(row);
-    rotate(row, pos[j] - p0, /*inverse=*/false);
-  }
-  if (simd::UseSimd(D)) {
-    simd::DotRowsQN(simd::F32Rows{tile.data(), D}, m, D, qrot.data(), nr, s, ss);
-    return;
-  }
-  for (int r = 0; r < nr; ++r) {
-    F32Codec::ScoresScalar(tile.data(), D, m, &qrot[static_cast<size_t>(r) * D], s + static_cast<size_t>(r) * ss);
-  }
+  if (job.pre_rope) return prerope::Scores<C>(*job.kv, params, page, m, q, nr, s, ss);
+  C::Scores(params, page + PageDataOffset(job.T), m, q, nr, s, ss);
 }
 
 // --- Pages in a format of their own (page_table.h: MiKV's demoted pages) ---

@@ -34,10 +34,16 @@ class HadamardRotation {
     sign_.resize(head_dim);
     uint64_t state = seed;
     for (int c = 0; c < head_dim; ++c) sign_[c] = (SplitMix64(&state) >> 63) ? -1.0f : 1.0f;
+    inverse_factors_.resize(head_dim);
+    for (int c = 0; c < head_dim; ++c) inverse_factors_[c] = sign_[c] * norm_;
   }
 
   int head_dim() const { return d_; }
   int block() const { return block_; }
+  // [head_dim]: Inverse(x) is the unnormalized butterfly of each block, then
+  // channel c times inverse_factors()[c] (its sign over sqrt(B)), for
+  // kernels that run the butterflies themselves (simd_avx512_prerope.h).
+  const float* inverse_factors() const { return inverse_factors_.data(); }
 
   // x <- Q x  (signs, then the normalized butterfly per block).
   void Forward(float* x) const {
@@ -79,6 +85,7 @@ class HadamardRotation {
   int block_;
   float norm_;
   std::vector<float> sign_;
+  std::vector<float> inverse_factors_;
 };
 
 }  // namespace kvx::kv
