@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "eval/roofline.h"
 #include "kv/attention.h"
 #include "kv/codec/f16_codec.h"
 #include "kv/kv_spec.h"
@@ -169,6 +170,57 @@ BENCHMARK_CAPTURE(BM_DecodeAttentionAllLayersPruned, f16_keep20, 20)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
+// A run of n_pages full f16 pages of one (layer, kv head), 16 entries of
+// head_dim 64 each, consecutive in a BlockPool as a table's pages are, with
+// positions 0, 1, ... and normal keys and values (seeded); empty (and the
+// benchmark skipped) when the pool cannot be made.
+struct F16Run {
+  std::unique_ptr<BlockPool> pool;
+  std::vector<const uint8_t*> pages;
+  CodecParams params;
+  size_t page_bytes = 0;
+};
+F16Run MakeF16Run(benchmark::State& state, int n_pages, uint32_t seed) {
+  F16Run run;
+  const KVLayout layout{1, 1, 64, 16};
+  const int d = layout.head_dim, T = layout.page_tokens;
+  run.params.page_tokens = T;
+  run.params.head_dim = d;
+  run.page_bytes = PageBytes(layout, CodecId::kF16);
+  auto made = BlockPool::Create({.budget_bytes = run.page_bytes * n_pages, .page_bytes = run.page_bytes});
+  if (!made.ok()) {
+    state.SkipWithError(made.status().ToString().c_str());
+    return {};
+  }
+  run.pool = std::move(made).value();
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd;
+  std::vector<float> k(d), v(d);
+  for (PageId prev = kNoPage; static_cast<int>(run.pages.size()) < n_pages;) {
+    const Result<PageId> id = run.pool->AllocateAfter(0, prev);
+    if (!id.ok()) {
+      state.SkipWithError(id.status().ToString().c_str());
+      return {};
+    }
+    prev = *id;
+    uint8_t* page = run.pool->PageData(prev);
+    for (int j = 0; j < T; ++j) {
+      PagePositions(page)[j] = static_cast<int32_t>(run.pages.size()) * T + j;
+      for (int c = 0; c < d; ++c) {
+        k[c] = nd(rng);
+        v[c] = nd(rng);
+      }
+      F16Codec::EncodeRow(run.params, page + PageDataOffset(T), j, k.data(), v.data());
+    }
+    run.pages.push_back(page);
+  }
+  if (!F16Codec::HasAttendRun(run.params)) {
+    state.SkipWithError("the fused kernel does not run on this CPU");
+    return {};
+  }
+  return run;
+}
+
 // The fused f16 decode kernel alone (F16Codec::AttendRun, one smollm2 GQA
 // group of 3 query rows, head_dim 64) over one run of full 16-entry pages,
 // consecutive in a BlockPool as a table's pages are, prefetched two pages
@@ -179,56 +231,23 @@ BENCHMARK_CAPTURE(BM_DecodeAttentionAllLayersPruned, f16_keep20, 20)
 // (page tables, work items, merges, thread sync, the pages' placement).
 void BM_F16DecodeKernel(benchmark::State& state) {
   const int n_pages = static_cast<int>(state.range(0)) / state.threads();
-  const KVLayout layout{1, 1, 64, 16};
-  const int rows = 3, d = layout.head_dim, T = layout.page_tokens;
-  const size_t page_bytes = PageBytes(layout, CodecId::kF16);
-  auto made = BlockPool::Create({.budget_bytes = page_bytes * n_pages, .page_bytes = page_bytes});
-  if (!made.ok()) {
-    state.SkipWithError(made.status().ToString().c_str());
-    return;
-  }
-  std::unique_ptr<BlockPool> pool = std::move(made).value();
-  CodecParams params;
-  params.page_tokens = T;
-  params.head_dim = d;
-  std::mt19937 rng(1 + state.thread_index());
+  const F16Run run = MakeF16Run(state, n_pages, 1 + state.thread_index());
+  if (run.pool == nullptr) return;
+  const int rows = 3, d = run.params.head_dim, T = run.params.page_tokens;
+  std::mt19937 rng(100 + state.thread_index());
   std::normal_distribution<float> nd;
-  std::vector<float> k(d), v(d);
-  std::vector<const uint8_t*> pages;
-  for (PageId prev = kNoPage; static_cast<int>(pages.size()) < n_pages;) {
-    const Result<PageId> id = pool->AllocateAfter(0, prev);
-    if (!id.ok()) {
-      state.SkipWithError(id.status().ToString().c_str());
-      return;
-    }
-    prev = *id;
-    uint8_t* page = pool->PageData(prev);
-    for (int j = 0; j < T; ++j) {
-      PagePositions(page)[j] = static_cast<int32_t>(pages.size()) * T + j;
-      for (int c = 0; c < d; ++c) {
-        k[c] = nd(rng);
-        v[c] = nd(rng);
-      }
-      F16Codec::EncodeRow(params, page + PageDataOffset(T), j, k.data(), v.data());
-    }
-    pages.push_back(page);
-  }
   std::vector<float> q(static_cast<size_t>(rows) * d), acc(q.size());
   for (float& x : q) x = 0.125f * nd(rng);
-  if (!F16Codec::HasAttendRun(params)) {
-    state.SkipWithError("the fused kernel does not run on this CPU");
-    return;
-  }
   const int32_t qpos[rows] = {n_pages * T, n_pages * T, n_pages * T};  // sees every entry
   for (auto _ : state) {
     float mx[rows], sum[rows] = {};
     std::fill(mx, mx + rows, -INFINITY);
     std::fill(acc.begin(), acc.end(), 0.0f);
-    F16Codec::AttendRun(params, pages.data(), n_pages, T, page_bytes, q.data(), qpos, rows, mx, sum, acc.data(),
-                        nullptr, 0);
+    F16Codec::AttendRun(run.params, run.pages.data(), n_pages, T, run.page_bytes, q.data(), qpos, rows, mx, sum,
+                        acc.data(), nullptr, 0);
     benchmark::DoNotOptimize(acc.data());
   }
-  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * n_pages * static_cast<int64_t>(page_bytes));
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * n_pages * static_cast<int64_t>(run.page_bytes));
 }
 BENCHMARK(BM_F16DecodeKernel)
     ->Arg(64)
@@ -238,6 +257,93 @@ BENCHMARK(BM_F16DecodeKernel)
     ->Threads(2)
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
+
+// ---- The attention kernels against the FMA peak (one thread, CPU time). ----
+//
+// Timed in the benchmark thread's CPU time (no UseRealTime: on a shared
+// machine the wall clock also counts the time the thread waits for a core),
+// with pct_peak against one thread's FMA peak measured the same way in this
+// process (eval::MeasurePeakFlopsThreadCpu; KernelVsPeak/fma_peak is that
+// probe). GFLOPS counts 4 head_dim flops (a score's and a value's
+// multiply-adds) per (row, visible key): work a kernel spends on masked
+// entries is not counted.
+//   KernelVsPeak/decode/keys:K    one decode GQA group (smollm2: 3 query rows
+//       of one token, head_dim 64) over the K keys of one (layer, kv head),
+//       F16Codec::AttendRun over K / 16 pages (1024 keys: 260 KB, 4096: 1 MB,
+//       both from L2 after the first pass): the kernel of a batched step at
+//       depth K, per (sequence, layer, kv head).
+//   KernelVsPeak/prompt/tokens:512   the causal attention of a 512-token
+//       prompt for one kv head with the prompt kernel: its 512 x 3 rows
+//       (query i's three heads, consecutive) in blocks of kMaxQueryRows, each
+//       over the pages up to its last row, as attention.cc's row blocks.
+double OneThreadFmaPeakGflops() {
+  static const double peak = eval::MeasurePeakFlopsThreadCpu().gflops;
+  return peak;
+}
+
+void SetKernelCounters(benchmark::State& state, double flops_per_iteration) {
+  state.counters["GFLOPS"] = benchmark::Counter(flops_per_iteration * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["pct_peak"] = benchmark::Counter(100 * flops_per_iteration * 1e-9 / OneThreadFmaPeakGflops(),
+                                                  benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_KernelVsPeakFma(benchmark::State& state) {
+  for (auto _ : state) benchmark::DoNotOptimize(OneThreadFmaPeakGflops());
+  state.counters["GFLOPS"] = OneThreadFmaPeakGflops();
+  state.counters["pct_peak"] = 100;
+}
+BENCHMARK(BM_KernelVsPeakFma)->Name("KernelVsPeak/fma_peak");
+
+void BM_KernelVsPeakDecode(benchmark::State& state) {
+  const int keys = static_cast<int>(state.range(0));
+  const F16Run run = MakeF16Run(state, keys / 16, 1);
+  if (run.pool == nullptr) return;
+  const int rows = 3, d = run.params.head_dim, n_pages = static_cast<int>(run.pages.size());
+  std::mt19937 rng(2);
+  std::normal_distribution<float> nd;
+  std::vector<float> q(static_cast<size_t>(rows) * d), acc(q.size());
+  for (float& x : q) x = 0.125f * nd(rng);
+  const int32_t qpos[rows] = {keys, keys, keys};
+  for (auto _ : state) {
+    float mx[rows], sum[rows] = {};
+    std::fill(mx, mx + rows, -INFINITY);
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    F16Codec::AttendRun(run.params, run.pages.data(), n_pages, run.params.page_tokens, run.page_bytes, q.data(),
+                        qpos, rows, mx, sum, acc.data(), nullptr, 0);
+    benchmark::DoNotOptimize(acc.data());
+  }
+  SetKernelCounters(state, 4.0 * d * rows * keys);
+}
+BENCHMARK(BM_KernelVsPeakDecode)->Name("KernelVsPeak/decode")->ArgName("keys")->Arg(1024)->Arg(4096)->Unit(benchmark::kMicrosecond);
+
+void BM_KernelVsPeakPrompt(benchmark::State& state) {
+  const int n = static_cast<int>(state.range(0)), G = 3;
+  const F16Run run = MakeF16Run(state, (n + 15) / 16, 3);
+  if (run.pool == nullptr) return;
+  const int d = run.params.head_dim, T = run.params.page_tokens, rows = n * G;
+  std::mt19937 rng(4);
+  std::normal_distribution<float> nd;
+  std::vector<float> q(static_cast<size_t>(rows) * d), acc(q.size());
+  for (float& x : q) x = 0.125f * nd(rng);
+  double flops = 0;
+  for (int r = 0; r < rows; ++r) flops += 4.0 * d * (r / G + 1);
+  for (auto _ : state) {
+    for (int r0 = 0; r0 < rows; r0 += kMaxQueryRows) {
+      const int nr = std::min(kMaxQueryRows, rows - r0);
+      int32_t qpos[kMaxQueryRows];
+      for (int r = 0; r < nr; ++r) qpos[r] = (r0 + r) / G;
+      float mx[kMaxQueryRows], sum[kMaxQueryRows] = {};
+      std::fill(mx, mx + nr, -INFINITY);
+      float* a = acc.data() + static_cast<size_t>(r0) * d;
+      std::fill(a, a + static_cast<size_t>(nr) * d, 0.0f);
+      F16Codec::AttendRun(run.params, run.pages.data(), qpos[nr - 1] / T + 1, T, run.page_bytes,
+                          q.data() + static_cast<size_t>(r0) * d, qpos, nr, mx, sum, a, nullptr, 0);
+    }
+    benchmark::DoNotOptimize(acc.data());
+  }
+  SetKernelCounters(state, flops);
+}
+BENCHMARK(BM_KernelVsPeakPrompt)->Name("KernelVsPeak/prompt")->ArgName("tokens")->Arg(512)->Unit(benchmark::kMicrosecond);
 
 // A prefill batch's attention: n tokens appended to an empty cache of one
 // smollm2-135m-shaped layer (3 kv heads, 9 query heads, head_dim 64), then

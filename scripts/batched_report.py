@@ -9,10 +9,11 @@ Usage:
   scripts/batched_report.py --render                                       render from the saved data
   scripts/batched_report.py --check                                        fail if the documents differ
                                                                            from what the saved data renders
-  scripts/batched_report.py --model GGUF --before OLD_KVX --after NEW_KVX [--rounds 3]
+  scripts/batched_report.py --model GGUF --before OLD_KVX --after NEW_KVX [--rounds 3] [--ab-name ab]
       before/after: the two binaries alternate, round after round, on the same model (no llama.cpp);
-      the raw runs go to docs/results/batched/ab.json, the table between <!-- batched-ab:begin -->
-      and <!-- batched-ab:end -->: medians of the rounds and the median of the per-round ratios.
+      the raw runs go to docs/results/batched/NAME.json, the table between <!-- SECTION:begin -->
+      and <!-- SECTION:end --> (AB_SECTIONS: ab -> batched-ab, the step's GEMMs and threading; attn_ab ->
+      attn-ab, attention at depth): medians of the rounds and the median of the per-round ratios.
   --llama-bin DIR   a llama.cpp build's bin/ folder; kvx never builds or ships llama.cpp.
 """
 import argparse, json, os, re, statistics, subprocess, sys
@@ -27,6 +28,8 @@ GEN = 16
 # cell (8 x 4096 ran for over 12 minutes on 2 cores, 1+2+4 x 4096 over 20 on the loaded VM), so at
 # depth 4096 it runs one sequence, as scripts/bench_report.py does.
 LLAMA_SEQS = {0: SEQS, 4096: "1"}
+# The before/after runs (--ab-name) and the section of docs/benchmarks.md each renders into.
+AB_SECTIONS = {"ab": "batched-ab", "attn_ab": "attn-ab"}
 
 
 def run(cmd):
@@ -84,6 +87,8 @@ def measure_ab(args):
     script = "scripts/batched_report.py --model %s --before OLD_KVX --after NEW_KVX --rounds %d --ab-seqs %s " \
              "--ab-depths %s --ab-reps %d --ab-gen %d" % (os.path.basename(args.model), args.rounds, args.ab_seqs,
                                                           args.ab_depths, args.ab_reps, args.ab_gen)
+    if args.ab_name != "ab":
+        script += " --ab-name " + args.ab_name
     for rnd in range(args.rounds):
         # ABBA order: a load that drifts during a round favours neither binary.
         for side in ("before", "after") if rnd % 2 == 0 else ("after", "before"):
@@ -91,7 +96,7 @@ def measure_ab(args):
             r = json.load(open(tmp))
             r["loadavg"] = os.getloadavg()[0]
             runs[side].append(r)
-        with open(os.path.join(DATA, "ab.json"), "w") as f:
+        with open(os.path.join(DATA, args.ab_name + ".json"), "w") as f:
             json.dump({"model": os.path.basename(args.model), "threads": args.threads, "command": cmd,
                        "script": script, "cpu": runs["after"][0].get("cpu", {}).get("brand", ""), "runs": runs},
                       f, indent=1)
@@ -99,8 +104,8 @@ def measure_ab(args):
     os.remove(tmp)
 
 
-def render_ab():
-    path = os.path.join(DATA, "ab.json")
+def render_ab(name="ab"):
+    path = os.path.join(DATA, name + ".json")
     if not os.path.exists(path):
         return "No before/after run saved yet (`scripts/batched_report.py --before ... --after ...`).\n"
     ab = json.load(open(path))
@@ -108,7 +113,7 @@ def render_ab():
     med = statistics.median
     loads = [r["loadavg"] for r in before + after]
     script = ab.get("script", "scripts/batched_report.py --before OLD --after NEW")
-    md = ["Measured by `%s` (raw runs in `docs/results/batched/ab.json`). " % script +
+    md = ["Measured by `%s` (raw runs in `docs/results/batched/%s.json`). " % (script, name) +
           "Before/after on %s, %d threads, CPU %s: `%s`, the two binaries alternating for %d rounds, in ABBA order "
           "(1-minute load average %.1f–%.1f on 2 vCPUs: other engineers' builds ran; read the ratios, "
           "not the absolute figures). Medians of the rounds; after / before is the median of the per-round "
@@ -183,6 +188,8 @@ def main():
     ap.add_argument("--ab-depths", default="0,1024,4096", help="before/after: kvx bench --seq-depths")
     ap.add_argument("--ab-reps", type=int, default=2, help="before/after: kvx bench -r")
     ap.add_argument("--ab-gen", type=int, default=GEN, help="before/after: kvx bench -n")
+    ap.add_argument("--ab-name", default="ab", choices=sorted(AB_SECTIONS),
+                    help="before/after: the saved run and the section it renders into (AB_SECTIONS)")
     args = ap.parse_args()
     if not (args.render or args.check):
         if not args.model:
@@ -197,7 +204,8 @@ def main():
     for doc in ("docs/benchmarks.md",):
         path = os.path.join(ROOT, doc)
         old, new = splice(path, render())
-        _, new = splice(path, render_ab(), "batched-ab", new)
+        for name, section in AB_SECTIONS.items():
+            _, new = splice(path, render_ab(name), section, new)
         if args.check:
             if old != new:
                 stale.append(doc)

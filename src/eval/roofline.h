@@ -62,6 +62,12 @@ struct PeakFlopsResult {
 
 PeakFlopsResult MeasurePeakFlops(ThreadPool* pool, long iters = kPeakProbeIters);
 
+// The same probe on the calling thread alone, timed in that thread's CPU
+// time (best of `reps`): the peak that a one-thread kernel benchmark timed
+// in CPU time divides by (kv_bench's attention kernels), which the time the
+// thread spends descheduled on a loaded machine does not lower.
+PeakFlopsResult MeasurePeakFlopsThreadCpu(long iters = kPeakProbeIters / 10, int reps = 5);
+
 struct PeakInt8Result {
   double gops = 0;         // int8 multiply-accumulates count as 2 ops; 0 when isa == "none"
   std::string isa;         // "avx512vnni", "avxvnni", "avx2", "none"

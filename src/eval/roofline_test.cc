@@ -42,6 +42,17 @@ TEST(RooflineTest, PeakFlopsIsWithinWhatTheIsaCanDo) {
   EXPECT_LE(r.gflops, pool.size() * MaxFlopsPerCycle(r.isa) * kMaxClockHz / 1e9) << r.isa;
 }
 
+// The one-thread probe timed in CPU time: the same instruction set, a rate
+// one core can reach (what the kernel benchmarks divide by).
+TEST(RooflineTest, ThreadCpuFlopsProbeReadsOneCoresPlausibleRate) {
+  ThreadPool pool(1);
+  const PeakFlopsResult all = MeasurePeakFlops(&pool, 100'000);
+  const PeakFlopsResult one = MeasurePeakFlopsThreadCpu(100'000, 3);
+  EXPECT_EQ(one.isa, all.isa);
+  EXPECT_GE(one.gflops, 1.0) << one.isa;
+  EXPECT_LE(one.gflops, MaxFlopsPerCycle(one.isa) * kMaxClockHz / 1e9) << one.isa;
+}
+
 TEST(RooflineTest, BandwidthProbesReadPlausibleRates) {
   ThreadPool pool(2);
   // A 1 MiB array sits in L2/L3: at most 256 bytes per cycle and core (four

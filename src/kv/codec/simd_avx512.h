@@ -365,9 +365,8 @@ KVX_KV_AVX512 inline float ReduceMax(__m512 v) {
 }
 // a * b + c with two roundings, never contracted into one fma (whatever
 // -ffp-contract allows): the softmax running sums of the AVX-512 kernels
-// (SoftmaxStep, F16DecodePage) use it, so that they agree bit for bit by
-// construction rather than by the compiler's choice (the observed and plain
-// attention paths must: attention_test.cc).
+// (SoftmaxStep, F16DecodeStep) use it, so that their rounding is fixed by
+// construction rather than by the compiler's choice.
 KVX_KV_AVX512 inline float MulThenAdd(float a, float b, float c) {
   float p = a * b;
   __asm__("" : "+v"(p));  // opaque: the product is rounded before the add

@@ -1,7 +1,7 @@
 // AVX-512 kernels over channel-major pages: keys stored as columns (one
 // channel of consecutive entries per load), so the scores of 16 entries come
 // out of FMAs as one vector with no horizontal sums. f16 keys (F16Codec:
-// DotColumns, and the fused decode step F16DecodePage) and KIVI's packed
+// DotColumns, and the fused decode step F16DecodeStep) and KIVI's packed
 // key codes (ChannelTensor: DotCodeColumns, ScaleQueriesByChannel,
 // DecodeCodeColumns). The row-major kernels, the softmax pieces and the
 // conversions these build on are in simd_avx512.h.
@@ -23,13 +23,10 @@ namespace kvx::kv::simd::avx512 {
 // out[b][r] = the scores of rows [0, NR) of q against the 16 entries at
 // j0 + 16 b, b < NB (channel loads masked by `load` unless kFullLoad: a
 // page of fewer than 16 entries). Same summation order as the AVX2 and
-// scalar paths. With kPfLines > 0, also prefetches kPfLines consecutive
-// cache lines from pf per step of 4 channels (F16DecodePage's page ahead; a
-// compile-time count, since a runtime loop of prefetches cost 3-7% of the
-// fused kernel's time).
-template <int NR, int NB, bool kFullLoad, int kPfLines = 0>
+// scalar paths (and F16DecodeStep).
+template <int NR, int NB, bool kFullLoad>
 KVX_KV_AVX512 inline void ColumnDots(const uint16_t* kt, int T, int j0, __mmask16 load, int d, const float* q,
-                                     __m512 (&out)[NB][NR], const char* pf = nullptr) {
+                                     __m512 (&out)[NB][NR]) {
   __m512 a[NB][NR][4];
   KVX_KV_UNROLL
   for (int b = 0; b < NB; ++b) {
@@ -40,8 +37,6 @@ KVX_KV_AVX512 inline void ColumnDots(const uint16_t* kt, int T, int j0, __mmask1
     }
   }
   for (int c = 0; c < d; c += 4) {
-    KVX_KV_UNROLL
-    for (int i = 0; i < kPfLines; ++i) _mm_prefetch(pf + (static_cast<size_t>(c / 4) * kPfLines + i) * 64, _MM_HINT_T0);
     KVX_KV_UNROLL
     for (int u = 0; u < 4; ++u) {
       const uint16_t* col = kt + static_cast<size_t>(c + u) * T + j0;
@@ -267,113 +262,175 @@ KVX_KV_AVX512 inline void DecodeCodeColumns(const uint8_t* codes, int cb, const 
   }
 }
 
-// ---- Fused decode step over one f16 page. ----
+// ---- Fused decode step over f16 blocks. ----
 
-// The page's first m entries (keys channel-major kt, values row-major v,
-// positions pos), those visible to each of the NR query rows q (position <=
-// the row's qp) folded into the row's running (mx, sum, acc) 16 entries at
-// a time (an entry a row must not see scores -inf: weight 0): the block's scores stay in registers
-// (ColumnDots), one online-softmax step (the reference max, codec_id.h's
-// kSoftmaxSlack, is reduced only when it rises; a rise rescales the row's
-// sum and accumulator), and the weights go
-// straight into the value FMAs. The same arithmetic as DotColumns +
-// SoftmaxStep + AxpyRowsQ except that the softmax steps over blocks of 16
-// (not whole pages), so results agree with them up to rounding. On
-// 16-entry pages the separate kernels spent as long on the softmax
-// bookkeeping between them as on the scores. The keys have dk channel rows
-// (the queries q are [NR][dk]) and the values d channels: dk = d on f16
-// pages; on ThinK's pruned pages (kv/pruned_keys.h) dk is the kept
-// channels' row count and q the queries gathered to them. REQUIRES:
-// T % 16 == 0, dk % 4 == 0, d % 16 == 0, NR <= 4 (more rows of a prompt:
-// F16PromptStep).
-template <int NR, int kPfPerStep = 4>
-KVX_KV_AVX512 inline void F16DecodePage(const uint16_t* kt, const uint16_t* v, const int32_t* pos, int T, int m,
-                                        int dk, int d, const float* q, const int32_t* qp, float* mx, float* sum,
-                                        float* acc, const uint8_t* next, size_t next_bytes) {
-  static_assert(NR <= 4);
-  alignas(64) float w[NR][16];
-  // `next` (the page two ahead, F16DecodePages) is prefetched kPfPerStep
-  // lines per score step, spread over the page's 16-entry blocks, so its
-  // misses overlap this page's arithmetic: a full f16 page holds 4 T d bytes
-  // of keys and values, 4 lines per step of 4 channels of 16 entries; a
-  // pruned page has fewer steps for as many values, so more lines per step
-  // (F16PrefetchLinesPerStep). What the steps do not cover (the line its
-  // position header adds, or more after a partial page) is requested first.
-  const size_t spread = static_cast<size_t>((m + 15) / 16) * (dk / 4) * kPfPerStep * 64;
-  const char* pf = reinterpret_cast<const char*>(next);
-  for (size_t o = spread; pf != nullptr && o < next_bytes; o += 64) _mm_prefetch(pf + o, _MM_HINT_T0);
-  for (int j0 = 0; j0 < m; j0 += 16) {
-    const int valid = std::min(16, m - j0);
-    __m512 sc[1][NR];
-    if (pf != nullptr) {
-      ColumnDots<NR, 1, true, kPfPerStep>(kt, T, j0, 0xFFFF, dk, q, sc, pf);
-      pf += static_cast<size_t>(dk / 4) * kPfPerStep * 64;
-    } else {
-      ColumnDots<NR, 1, true>(kt, T, j0, 0xFFFF, dk, q, sc);
-    }
-    const __mmask16 live = valid == 16 ? 0xFFFF : static_cast<__mmask16>((1u << valid) - 1);
-    const __m512i pv = _mm512_loadu_si512(pos + j0);  // whole 16-entry blocks: T % 16 == 0
+// One block of up to 16 consecutive entries of an f16 page: keys
+// channel-major (channel c at kt + c * T), values row-major (d per entry),
+// positions; `valid` of them live. Decode: `pf`, the part of the page two
+// ahead that this block's score steps prefetch (always a readable address:
+// the block's own page when there is nothing ahead, so the kernel needs no
+// branch). Prompt: `tap`, the item-local index of the first entry
+// (WeightTap), when tapped.
+struct F16Block {
+  const uint16_t* kt;
+  const uint16_t* v;
+  const int32_t* pos;
+  int valid;
+  int tap;
+  const char* pf = nullptr;
+};
+
+// The NB (1 or 2) blocks' entries visible to each of the NR query rows q of
+// one query (position <= the row's qp) folded into the row's running (mx,
+// sum, acc), in registers: the blocks' scores (ColumnDots' arithmetic, 4
+// partial sums per score, each query broadcast serving both blocks), one
+// online-softmax step per row and block (the reference max, codec_id.h's
+// kSoftmaxSlack, reduced only when it rises; a rise rescales the row's sum
+// and accumulator), and the weights straight into the value FMAs, which
+// load and store the accumulators once for both blocks. The same
+// arithmetic as DotColumns + SoftmaxStep + AxpyRowsQ on 16-entry pages, in
+// the same order, so a decode step gives the same bits whether an observer
+// (the general path) watches or not. Two blocks per step rather than one:
+// kv_bench KernelVsPeak/decode (3 rows, 1024 and 4096 keys, one thread,
+// CPU time) went from 47-50% to 55-60% of the FMA peak on the Zen 5 this
+// was written on (half the query broadcasts, half the accumulator
+// traffic); one softmax step for both blocks read 63% but changes the bits
+// against the general path, and four blocks 65-68% (more registers and
+// tails); a pipelined order (the next block's scores before this one's
+// values) was slower. The keys have dk channel rows (the queries q are [NR][dk]) and the
+// values d channels: dk = d on f16 pages; on ThinK's pruned pages
+// (kv/pruned_keys.h) dk is the kept channels' row count and q the queries
+// gathered to them. Each block prefetches kPfPerStep lines from its pf per
+// score step of 4 channels. REQUIRES: T % 16 == 0, dk % 4 == 0, d % 16 ==
+// 0, NR <= 4 (more rows of a prompt: F16PromptStep).
+template <int NR, int NB, int kPfPerStep>
+KVX_KV_AVX512 inline void F16DecodeStep(const F16Block (&blk)[NB], int T, int dk, int d, const float* q,
+                                        const int32_t* qp, float* mx, float* sum, float* acc) {
+  static_assert(NR <= 4 && (NB == 1 || NB == 2));
+  __m512 a[NB][NR][4];
+  KVX_KV_UNROLL
+  for (int b = 0; b < NB; ++b) {
     KVX_KV_UNROLL
     for (int r = 0; r < NR; ++r) {
+      KVX_KV_UNROLL
+      for (int u = 0; u < 4; ++u) a[b][r][u] = _mm512_setzero_ps();
+    }
+  }
+  // The prefetch pointers in registers, advanced per step (computing them
+  // from blk[b].pf in the loop cost 6% of the kernel).
+  const char* pf[NB];
+  KVX_KV_UNROLL
+  for (int b = 0; b < NB; ++b) pf[b] = blk[b].pf;
+  for (int c = 0; c < dk; c += 4) {
+    KVX_KV_UNROLL
+    for (int b = 0; b < NB; ++b) {
+      KVX_KV_UNROLL
+      for (int i = 0; i < kPfPerStep; ++i) _mm_prefetch(pf[b] + i * 64, _MM_HINT_T0);
+      pf[b] += kPfPerStep * 64;
+    }
+    KVX_KV_UNROLL
+    for (int u = 0; u < 4; ++u) {
+      __m512 x[NB];
+      KVX_KV_UNROLL
+      for (int b = 0; b < NB; ++b) x[b] = CvtPh(blk[b].kt + static_cast<size_t>(c + u) * T);
+      KVX_KV_UNROLL
+      for (int r = 0; r < NR; ++r) {
+        const __m512 qv = _mm512_set1_ps(q[static_cast<size_t>(r) * dk + c + u]);
+        KVX_KV_UNROLL
+        for (int b = 0; b < NB; ++b) a[b][r][u] = _mm512_fmadd_ps(qv, x[b], a[b][r][u]);
+      }
+    }
+  }
+  // One online-softmax step per row and block, in order, as the general
+  // path takes one per 16-entry page: block 0's factor rescales the row's
+  // accumulator before the values, block 1's (f1) between the blocks' values.
+  alignas(64) float w[NR][16 * NB];
+  float f1[NR];
+  KVX_KV_UNROLL
+  for (int r = 0; r < NR; ++r) {
+    KVX_KV_UNROLL
+    for (int b = 0; b < NB; ++b) {
+      const __m512 sc = _mm512_add_ps(_mm512_add_ps(a[b][r][0], a[b][r][1]), _mm512_add_ps(a[b][r][2], a[b][r][3]));
+      const __mmask16 live = blk[b].valid == 16 ? 0xFFFF : static_cast<__mmask16>((1u << blk[b].valid) - 1);
+      const __m512i pv = _mm512_loadu_si512(blk[b].pos);  // whole 16-entry blocks: T % 16 == 0
       const __mmask16 seen = _mm512_mask_cmple_epi32_mask(live, pv, _mm512_set1_epi32(qp[r]));
-      const __m512 x = _mm512_mask_blend_ps(seen, _mm512_set1_ps(-__builtin_inff()), sc[0][r]);
+      const __m512 x = _mm512_mask_blend_ps(seen, _mm512_set1_ps(-__builtin_inff()), sc);
       float f = 1.0f;
       if (_mm512_cmp_ps_mask(x, _mm512_set1_ps(mx[r] + kSoftmaxSlack), _CMP_GT_OQ) != 0) {
         const float mnew = ReduceMax(x);
         if (mx[r] != -__builtin_inff()) f = __builtin_expf(mx[r] - mnew);
         mx[r] = mnew;
       }
+      if (b == 0 && f != 1.0f) {
+        float* ar = acc + static_cast<size_t>(r) * d;
+        const __m512 fv = _mm512_set1_ps(f);
+        for (int c = 0; c < d; c += 16) _mm512_storeu_ps(ar + c, _mm512_mul_ps(_mm512_loadu_ps(ar + c), fv));
+      }
+      if (b == 1) f1[r] = f;
       const __m512 mv = _mm512_set1_ps(mx[r] == -__builtin_inff() ? -__FLT_MAX__ : mx[r]);
       const __m512 e = ExpSoftmax16(_mm512_sub_ps(x, mv));
-      _mm512_store_ps(w[r], e);
-      if (f != 1.0f) {
-        float* a = acc + static_cast<size_t>(r) * d;
-        const __m512 fv = _mm512_set1_ps(f);
-        for (int c = 0; c < d; c += 16) _mm512_storeu_ps(a + c, _mm512_mul_ps(_mm512_loadu_ps(a + c), fv));
-      }
+      _mm512_store_ps(&w[r][16 * b], e);
       // Summed as SoftmaxStep does, so that a decode step gives the same
       // bits whether an observer watches or not.
       sum[r] = MulThenAdd(sum[r], f, ReduceSum(e));
     }
-    // acc[r] += sum_j w[r][j] v_j, 64 channels (4 zmm per row) at a time.
-    const uint16_t* vb = v + static_cast<size_t>(j0) * d;
-    int c = 0;
-    for (; c + 64 <= d; c += 64) {
-      __m512 a[NR][4];
+  }
+  // acc[r] += sum_j w[r][j] v_j, 64 channels (4 zmm per row) at a time.
+  int c = 0;
+  for (; c + 64 <= d; c += 64) {
+    __m512 ac[NR][4];
+    KVX_KV_UNROLL
+    for (int r = 0; r < NR; ++r) {
       KVX_KV_UNROLL
-      for (int r = 0; r < NR; ++r) {
-        KVX_KV_UNROLL
-        for (int u = 0; u < 4; ++u) a[r][u] = _mm512_loadu_ps(acc + static_cast<size_t>(r) * d + c + 16 * u);
-      }
-      for (int j = 0; j < valid; ++j) {
-        __m512 x[4];
-        KVX_KV_UNROLL
-        for (int u = 0; u < 4; ++u) x[u] = CvtPh(vb + static_cast<size_t>(j) * d + c + 16 * u);
+      for (int u = 0; u < 4; ++u) ac[r][u] = _mm512_loadu_ps(acc + static_cast<size_t>(r) * d + c + 16 * u);
+    }
+    KVX_KV_UNROLL
+    for (int b = 0; b < NB; ++b) {
+      if (b == 1) {
         KVX_KV_UNROLL
         for (int r = 0; r < NR; ++r) {
-          const __m512 wr = _mm512_set1_ps(w[r][j]);
+          if (f1[r] == 1.0f) continue;
           KVX_KV_UNROLL
-          for (int u = 0; u < 4; ++u) a[r][u] = _mm512_fmadd_ps(wr, x[u], a[r][u]);
+          for (int u = 0; u < 4; ++u) ac[r][u] = _mm512_mul_ps(ac[r][u], _mm512_set1_ps(f1[r]));
         }
       }
-      KVX_KV_UNROLL
-      for (int r = 0; r < NR; ++r) {
+      const uint16_t* vb = blk[b].v + c;
+      for (int j = 0; j < blk[b].valid; ++j) {
+        __m512 x[4];
         KVX_KV_UNROLL
-        for (int u = 0; u < 4; ++u) _mm512_storeu_ps(acc + static_cast<size_t>(r) * d + c + 16 * u, a[r][u]);
+        for (int u = 0; u < 4; ++u) x[u] = CvtPh(vb + static_cast<size_t>(j) * d + 16 * u);
+        KVX_KV_UNROLL
+        for (int r = 0; r < NR; ++r) {
+          const __m512 wr = _mm512_set1_ps(w[r][16 * b + j]);
+          KVX_KV_UNROLL
+          for (int u = 0; u < 4; ++u) ac[r][u] = _mm512_fmadd_ps(wr, x[u], ac[r][u]);
+        }
       }
     }
-    for (; c < d; c += 16) {
-      __m512 a[NR];
+    KVX_KV_UNROLL
+    for (int r = 0; r < NR; ++r) {
       KVX_KV_UNROLL
-      for (int r = 0; r < NR; ++r) a[r] = _mm512_loadu_ps(acc + static_cast<size_t>(r) * d + c);
-      for (int j = 0; j < valid; ++j) {
-        const __m512 x = CvtPh(vb + static_cast<size_t>(j) * d + c);
-        KVX_KV_UNROLL
-        for (int r = 0; r < NR; ++r) a[r] = _mm512_fmadd_ps(_mm512_set1_ps(w[r][j]), x, a[r]);
-      }
-      KVX_KV_UNROLL
-      for (int r = 0; r < NR; ++r) _mm512_storeu_ps(acc + static_cast<size_t>(r) * d + c, a[r]);
+      for (int u = 0; u < 4; ++u) _mm512_storeu_ps(acc + static_cast<size_t>(r) * d + c + 16 * u, ac[r][u]);
     }
+  }
+  for (; c < d; c += 16) {
+    __m512 ac[NR];
+    KVX_KV_UNROLL
+    for (int r = 0; r < NR; ++r) ac[r] = _mm512_loadu_ps(acc + static_cast<size_t>(r) * d + c);
+    KVX_KV_UNROLL
+    for (int b = 0; b < NB; ++b) {
+      if (b == 1) {
+        KVX_KV_UNROLL
+        for (int r = 0; r < NR; ++r) ac[r] = f1[r] == 1.0f ? ac[r] : _mm512_mul_ps(ac[r], _mm512_set1_ps(f1[r]));
+      }
+      for (int j = 0; j < blk[b].valid; ++j) {
+        const __m512 x = CvtPh(blk[b].v + static_cast<size_t>(j) * d + c);
+        KVX_KV_UNROLL
+        for (int r = 0; r < NR; ++r) ac[r] = _mm512_fmadd_ps(_mm512_set1_ps(w[r][16 * b + j]), x, ac[r]);
+      }
+    }
+    KVX_KV_UNROLL
+    for (int r = 0; r < NR; ++r) _mm512_storeu_ps(acc + static_cast<size_t>(r) * d + c, ac[r]);
   }
 }
 

@@ -1,7 +1,7 @@
 // The fused f16 attention step for a prompt's row blocks: 5-8 query rows
 // that belong to several queries (F16DecodePages' "wide" pass), against
-// two blocks of 16 entries at a time. The decode step (F16DecodePage, up
-// to 4 rows of one query) is in simd_avx512_columns.h.
+// two blocks of 16 entries at a time. The decode step (F16DecodeStep, up
+// to 4 rows of one query) and F16Block are in simd_avx512_columns.h.
 //
 // Included by simd_x86.h right after simd_avx512_columns.h (uses
 // KVX_KV_AVX512 and KVX_KV_UNROLL, then undefines them); include
@@ -26,20 +26,9 @@ KVX_KV_AVX512 inline void FinishLaneSums(const float* vsum, int nr, float* sum) 
   for (int r = 0; r < nr; ++r) sum[r] = ReduceSum(_mm512_load_ps(vsum + 16 * r));
 }
 
-// One block of up to 16 consecutive entries of an f16 page: keys
-// channel-major (channel c at kt + c * T), values row-major (d per entry),
-// positions; `valid` of them live.
-struct F16Block {
-  const uint16_t* kt;
-  const uint16_t* v;
-  const int32_t* pos;
-  int valid;
-  int tap;  // item-local index of the first entry (WeightTap), when tapped
-};
-
 // Folds NB (1 or 2) blocks into the running (mx, vsum, acc) of NR query rows
 // q (row r sees entries at positions <= qp[r]; qp_min = the smallest qp).
-// The arithmetic of F16DecodePage, organised for many rows:
+// The arithmetic of F16DecodeStep, organised for many rows:
 //   * every converted key and value vector serves all NR rows, and each
 //     query broadcast serves both blocks: with one 16-entry block per step
 //     the scores issued a load per FMA (the broadcasts) and took 40% of

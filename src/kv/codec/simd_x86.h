@@ -480,7 +480,7 @@ KVX_KV_AVX2 inline float ExpSum(float* x, int n, float m) {
 
 // The AVX-512 kernels (avx512::DotRowsQ, AxpyRowsQ, DecodeRowsQ) over the row
 // sources above, and the channel-major ones (DotColumns, DotCodeColumns,
-// F16DecodePage...); the dispatchers below pick them when the CPU has AVX-512.
+// F16DecodeStep...); the dispatchers below pick them when the CPU has AVX-512.
 #include "kv/codec/simd_avx512.h"
 #include "kv/codec/simd_avx512_columns.h"
 #include "kv/codec/simd_avx512_prompt.h"
@@ -593,47 +593,62 @@ inline bool F16PromptPagesApply(int dk, int d, const int32_t* qp, int nq) {
 }
 
 // F16DecodePages' loop over the pages for rows of one query (below), with
-// kPfPerStep lines of prefetch per score step.
+// kPfPerStep lines of prefetch per score step: the run's 16-entry blocks
+// in pairs (avx512::F16DecodeStep; a last one alone), each block
+// prefetching its share of the page two ahead of its own (the page's
+// blocks spread that page over their score steps; what the steps do not
+// cover, the position header's line or more after a partial page, is
+// requested when the page's first block is taken).
 template <int kPfPerStep>
 inline void F16DecodeRun(const uint8_t* const* pages, int n_pages, int m_last, int T, int dk, int d,
                          size_t page_bytes, const float* q, const int32_t* qp, int nq, float* mx, float* sum,
                          float* acc, const uint8_t* after, size_t after_bytes) {
   const size_t data = PageDataOffset(T), values = static_cast<size_t>(T) * dk;
+  const size_t block_lines = static_cast<size_t>(dk / 4) * kPfPerStep;  // per 16-entry block
   if (n_pages > 1) {
     for (size_t o = 0; o < page_bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(pages[1]) + o, _MM_HINT_T0);
   }
-  for (int i = 0; i < n_pages; ++i) {
-    const uint8_t* page = pages[i];
-    const uint16_t* kt = reinterpret_cast<const uint16_t*>(page + data);
-    const uint16_t* v = kt + values;
-    const int32_t* pos = PagePositions(page);
-    const int m = i + 1 == n_pages ? m_last : T;
-    const uint8_t* next = i + 2 < n_pages ? pages[i + 2] : i + 2 == n_pages ? after : nullptr;
-    const size_t next_bytes = i + 2 < n_pages ? page_bytes : i + 2 == n_pages ? after_bytes : 0;
+  // The rows in groups of at most 4 (one register set each).
+  auto step = [&](const auto& blk) {
+    constexpr int kBlocks = static_cast<int>(std::extent_v<std::remove_reference_t<decltype(blk)>>);
     for (int r0 = 0; r0 < nq; r0 += 4) {
       const float* qr = q + static_cast<size_t>(r0) * dk;
       float* ar = acc + static_cast<size_t>(r0) * d;
-      const uint8_t* pf = r0 == 0 ? next : nullptr;  // once
-      const int32_t* qpr = qp + r0;
       switch (std::min(4, nq - r0)) {
-        case 1:
-          avx512::F16DecodePage<1, kPfPerStep>(kt, v, pos, T, m, dk, d, qr, qpr, mx + r0, sum + r0, ar, pf, next_bytes);
-          break;
-        case 2:
-          avx512::F16DecodePage<2, kPfPerStep>(kt, v, pos, T, m, dk, d, qr, qpr, mx + r0, sum + r0, ar, pf, next_bytes);
-          break;
-        case 3:
-          avx512::F16DecodePage<3, kPfPerStep>(kt, v, pos, T, m, dk, d, qr, qpr, mx + r0, sum + r0, ar, pf, next_bytes);
-          break;
-        default:
-          avx512::F16DecodePage<4, kPfPerStep>(kt, v, pos, T, m, dk, d, qr, qpr, mx + r0, sum + r0, ar, pf, next_bytes);
-          break;
+        case 1: avx512::F16DecodeStep<1, kBlocks, kPfPerStep>(blk, T, dk, d, qr, qp + r0, mx + r0, sum + r0, ar); break;
+        case 2: avx512::F16DecodeStep<2, kBlocks, kPfPerStep>(blk, T, dk, d, qr, qp + r0, mx + r0, sum + r0, ar); break;
+        case 3: avx512::F16DecodeStep<3, kBlocks, kPfPerStep>(blk, T, dk, d, qr, qp + r0, mx + r0, sum + r0, ar); break;
+        default: avx512::F16DecodeStep<4, kBlocks, kPfPerStep>(blk, T, dk, d, qr, qp + r0, mx + r0, sum + r0, ar); break;
+      }
+    }
+  };
+  avx512::F16Block pair[2];
+  int held = 0;
+  for (int i = 0; i < n_pages; ++i) {
+    const uint8_t* page = pages[i];
+    const uint16_t* kt = reinterpret_cast<const uint16_t*>(page + data);
+    const int m = i + 1 == n_pages ? m_last : T;
+    const uint8_t* next = i + 2 < n_pages ? pages[i + 2] : i + 2 == n_pages ? after : nullptr;
+    const size_t next_bytes = i + 2 < n_pages ? page_bytes : i + 2 == n_pages ? after_bytes : 0;
+    const size_t spread = static_cast<size_t>((m + 15) / 16) * block_lines * 64;
+    const char* pf = reinterpret_cast<const char*>(next != nullptr ? next : page);  // own page: already here
+    for (size_t o = spread; next != nullptr && o < next_bytes; o += 64) _mm_prefetch(pf + o, _MM_HINT_T0);
+    for (int j0 = 0; j0 < m; j0 += 16) {
+      pair[held++] = {kt + j0, kt + values + static_cast<size_t>(j0) * d, PagePositions(page) + j0,
+                      std::min(16, m - j0), 0, next != nullptr ? pf + static_cast<size_t>(j0 / 16) * block_lines * 64 : pf};
+      if (held == 2) {
+        step(pair);
+        held = 0;
       }
     }
   }
+  if (held == 1) {
+    const avx512::F16Block one[1] = {pair[0]};
+    step(one);
+  }
 }
 
-// Cache lines of the page two ahead that F16DecodePage requests per score
+// Cache lines of the page two ahead that F16DecodeStep requests per score
 // step (4 channel rows of 16 entries): enough to cover a page's data in its
 // steps, 4 for an f16 page (4 T d bytes over T d / 64 steps), more for a
 // pruned page, whose T dk / 64 steps must cover 2 T (dk + d) bytes (6 for
@@ -652,9 +667,11 @@ inline int F16PrefetchLinesPerStep(int T, int dk, size_t page_bytes) {
 // every page holds T entries but the last, m_last), for nq <=
 // kMaxQueryRows rows. The rows of several queries (a prompt's row block,
 // 5-8 rows) take F16PromptPages when d % 32 == 0; otherwise
-// avx512::F16DecodePage runs page by page for groups of at most 4 rows,
-// which sum as the general path does, so that a decode step gives the same
-// bits whether an attention observer watches or not. While a page is
+// avx512::F16DecodeStep runs over pairs of 16-entry blocks for groups of
+// at most 4 rows, whose scores sum as the general path's do and whose
+// softmax steps over 32 entries where the general path's steps over a
+// page, so a decode step agrees with an observed one (the general path) up
+// to the rounding of the weights' sums. While a page is
 // computed the one two places on is prefetched: page_bytes of
 // pages[i + 2], or after_bytes of `after` (may be null, the page the
 // caller visits next) during the last but one; pages[1] at the start. (One
@@ -665,7 +682,7 @@ inline int F16PrefetchLinesPerStep(int T, int dk, size_t page_bytes) {
 // checks and dispatch of a single-page step, with the caller's per-page
 // position checks, made decode attention at 8k context ~8% slower (kv_bench
 // AllLayers f16, 2 threads). Keys of dk channel rows, values of d channels
-// (F16DecodePage): dk = d on f16 pages, fewer on ThinK's pruned pages,
+// (F16DecodeStep): dk = d on f16 pages, fewer on ThinK's pruned pages,
 // whose q is gathered to the kept channels ([nq][dk]) and whose prompt rows
 // take the groups of 4. `tap` (may be null): the prompt kernel's weights
 // (F16PromptPages), for an observer. REQUIRES: HasF16DecodePages(T, d),
