@@ -19,11 +19,10 @@ TEXT = os.path.join(SHARED, "data/wikitext-2-raw/wiki.test.raw")  # held out of 
 CTX = 4096
 SESSIONS = 8  # a server's case: one session prefills at its peak beside the others' steady state
 F16_BYTES = 4096 * CTX * SESSIONS  # recall: 4 KiB of f16 K+V per token
-# Retrieval at --ctx (4096 tokens), 5 depths x 4 trials: n = 20 per spec. The issue's n = 50 (trials 10), the
-# search's default last rung (--ctx) and 3 finalists did not fit the loaded machine's CPU share on 2026-11-29
-# (docs/tune.md "Cost"): a single rung of 2048 tokens and one finalist did.
-RETRIEVAL = ["--tasks", "passkey", "--retrieval-length", "4096", "--retrieval-trials", "4"]
-SEARCH = ["--max-chunk", "2048", "--finalists", "1"]
+# Retrieval at --ctx (4096 tokens), 5 depths x 10 trials: n = 50 per spec (the issue's n). The search at its
+# defaults: the last rung at --ctx, 3 finalists.
+RETRIEVAL = ["--tasks", "passkey", "--retrieval-length", "4096", "--retrieval-trials", "10"]
+SEARCH = []
 # The committed head tables (docs/kv-head-typing.md): duo on the copy task over the Jargon File, razor on random tokens.
 HEADS = ["--duo-heads", "docs/results/head_typing/recall-duo.json", "--razor-heads", "docs/results/head_typing/recall-razor.json"]
 BENCH_DEPTH = 8192
@@ -129,17 +128,28 @@ def speed(spec, speeds):
     return "%.1f (%.2f×)" % speeds[spec]
 
 
+def paired(c):
+    """The candidate's KLD minus the tuned spec's on the same positions (tune's paired t test on blocks of 32
+    positions, at the deepest rung both reached), and what it says of the tuned spec."""
+    v = c.get("vs_chosen") if c else None
+    if not v:
+        return "–"
+    says = {"worse": "tuned better", "better": "tuned worse"}.get(v["verdict"], "tie")
+    return "%+.5f [%+.5f, %+.5f] p = %.2g (%d×%d): **%s**" % (
+        v["kld_diff"], v["lo95"], v["hi95"], v["p"], v["n_chunks"], v["chunk"], says)
+
+
 def compared_rows(d, speeds):
     """The chosen spec and the best single-family specs it is compared with (tune's retrieval check)."""
     out = []
     for role, c in compared_specs(d):
         if not c:
-            out.append("| | %s | none fits | | | | | | |" % role)
+            out.append("| | %s | none fits | | | | | | | |" % role)
             continue
         last = c["search"][-1]
-        out.append("| | %s | `%s` | %d (%.2f×) | %s | %s | %s | %s | %s |" % (
+        out.append("| | %s | `%s` | %d (%.2f×) | %s | %s | %s | %s | %s | %s |" % (
             role, c["spec"], c["bytes"], c["vs_f16"], kld_at(c["search"][0]), kld_at(last),
-            kld(c.get("unseen")), retrieval(c), speed(c["spec"], speeds)))
+            kld(c.get("unseen")), "" if role == "tuned" else paired(c), retrieval(c), speed(c["spec"], speeds)))
     return out
 
 
@@ -170,8 +180,8 @@ def render():
     speeds_path = os.path.join(RESULTS, "bench_8k.json")
     speeds = speeds_of(speeds_path)
     cmp = ["| budget | role | `--kv` | bytes (vs f16) | KLD, rung 0 | KLD, deepest rung reached | KLD, unseen text "
-           "| retrieval vs f16 (passkey) | decode tok/s at %d (vs f16) |" % BENCH_DEPTH,
-           "|---|---|---|---:|---|---|---|---|---:|"]
+           "| KLD − tuned's, paired [95%%] | retrieval vs f16 (passkey) | decode tok/s at %d (vs f16) |" % BENCH_DEPTH,
+           "|---|---|---|---:|---|---|---|---|---|---:|"]
     for name, mem in BUDGETS:
         path = os.path.join(RESULTS, "recall_%s.json" % name)
         if not os.path.exists(path):
@@ -180,11 +190,11 @@ def render():
         r = d.get("retrieval")
         if r:
             f = r["f16"]
-            cmp.append("| %s | f16 | `codec=f16` (%d tokens, %s) | | | | | %d/%d [%.2f, %.2f] | %s |" % (
+            cmp.append("| %s | f16 | `codec=f16` (%d tokens, %s) | | | | | | %d/%d [%.2f, %.2f] | %s |" % (
                 name, r["length"], ",".join(r["tasks"]), f["hits"], f["n"], f["lo95"], f["hi95"],
                 speed("codec=f16", speeds)))
         else:  # the retrieval check did not finish (stopped): the compared specs by tune's rule, no retrieval
-            cmp.append("| %s | f16 | `codec=f16` | | | | | not measured%s | %s |" % (
+            cmp.append("| %s | f16 | `codec=f16` | | | | | | not measured%s | %s |" % (
                 name, " (stopped: %s)" % d["stop_reason"] if d.get("stopped") else "", speed("codec=f16", speeds)))
         cmp += compared_rows(d, speeds)
     text += "\n" + "\n".join(cmp) + "\n"
