@@ -302,7 +302,7 @@ def render(out):
            "(two pmaddubsw halves on AVX2) and each 32-block is summed in int32; one aligned stream; all matrices in one buffer on transparent huge pages; "
            "`src/ops/weight_pack.h`). DecodeAttentionAllLayers reads a whole smollm2-135m-shaped KV cache of 8k tokens from DRAM; "
            "DecodeAttention one layer's, from cache. f16 pages go through the fused decode kernel (channel-major keys, "
-           "scores + online softmax + values per 16 entries in registers, the page two ahead prefetched across the score "
+           "scores + online softmax + values of two 16-entry blocks per step in registers, the page two ahead prefetched across the score "
            "steps, one call per run of pages: `F16Codec::AttendRun`); KIVI scores its channel-major key codes 16 entries per vector (`ChannelTensor::Dot`); the per-token codecs (int8/int4) use the general row-major kernels. "
            "PrefillAttention is a 512-token prompt's causal attention over itself (one smollm2-135m layer, every "
            "query at once; GFLOPS counts 4 head_dim flops per visible query-key pair); on f16 pages its blocks of 8 "
