@@ -556,14 +556,19 @@ std::vector<std::string> DefaultTuneSpace(const TuneHeadTables& heads) {
   }
   // Head typing: the retrieval heads keep every token, the streaming ones
   // sinks + a recent window (continuous, so no prefill peak). Fractions from
-  // one head in 16 up; duo's own window (128 + 256) and one half as long.
+  // one head in 16 up; duo's own window (128 + 256), one half and one twice
+  // as long. The streaming heads' window sets most of duo's KLD at 4096
+  // tokens (halving it about doubles the KLD), and a quantized codec pays for a
+  // longer one: int8 + 1/16 with 256 + 512 is 7.15x smaller than f16 at KLD
+  // 0.0064, f16 + 1/16 at duo's own window 6.39x at 0.0126. A longer window
+  // (384 + 768) would make rung 0 4096 tokens (Rung0Chunk).
   const char* head_codecs[] = {"codec=f16", "codec=int8", "codec=int4",
                                "codec=kivi4,page=128,group=64,prerope=1,residual=0",
                                "codec=kivi2,page=128,group=64,residual=0,rotate=hadamard"};
   if (!heads.duo.empty()) {
     for (const char* codec : head_codecs) {
       for (const char* retrieval : {"0.0625", "0.125", "0.25"}) {
-        for (const char* window : {"", ",sinks=64,window=128"}) {
+        for (const char* window : {"", ",sinks=64,window=128", ",sinks=256,window=512"}) {
           s.push_back(std::string(codec) + ";policy=duo,heads=" + heads.duo + ",retrieval=" + retrieval + window);
         }
       }
