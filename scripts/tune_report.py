@@ -21,7 +21,7 @@ SESSIONS = 8  # a server's case: one session prefills at its peak beside the oth
 F16_BYTES = 4096 * CTX * SESSIONS  # recall: 4 KiB of f16 K+V per token
 # Retrieval at --ctx (4096 tokens), 5 depths x 10 trials: n = 50 per spec (the n). The search at its
 # defaults: the last rung at --ctx, 3 finalists.
-RETRIEVAL = ["--tasks", "passkey", "--retrieval-length", "4096", "--retrieval-trials", "10"]
+RETRIEVAL = ["--tasks", "passkey", "--retrieval-length", "4096", "--retrieval-trials", "10", "--retrieval-compare"]
 SEARCH = []
 # The committed head tables (docs/kv-head-typing.md): duo on the copy task over the Jargon File, razor on random tokens.
 HEADS = ["--duo-heads", "docs/results/head_typing/recall-duo.json", "--razor-heads", "docs/results/head_typing/recall-razor.json"]

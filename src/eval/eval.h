@@ -359,6 +359,10 @@ struct EvalHooks {
   // there, and the report comes back with complete == false (kvx tune's
   // Ctrl-C during its retrieval check).
   std::function<bool()> cancelled;
+  // After every retrieval prompt a spec answered: the spec (0: the
+  // baseline) and the outcome, in the order the prompts run (the same for
+  // every spec and every run of the same options: kvx tune pairs hits by it).
+  std::function<void(size_t spec, const PromptOutcome&)> on_prompt;
 };
 
 // Validates the options (every spec parses, the grids fit in the context,

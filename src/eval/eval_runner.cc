@@ -723,6 +723,7 @@ class Runner {
       res.hits += hit ? 1 : 0;
       res.score_sum += score;
       res.prompts.push_back({static_cast<int>(&item - plan.items.data()), item.cell, hit, score});
+      if (hooks_.on_prompt) hooks_.on_prompt(r, res.prompts.back());
       Advance(weight);
     }
     res.seconds = util::MonotonicSeconds() - t0;

@@ -200,10 +200,13 @@ class Tuner {
       items += static_cast<int64_t>(n) * r.n_chunks;
       n = std::max<size_t>(opt_.finalists, (n + opt_.eta - 1) / opt_.eta);
     }
-    // Retrieval: every prompt for f16, the finalists (and the descent's
-    // result) and the three compared specs, the actual sum set once it runs.
+    // Retrieval: every prompt for f16 and the finalist that holds (one more
+    // for one rejected), or with compare_retrieval the finalists (and the
+    // descent's result) and the three compared specs; the actual sum set as
+    // each spec runs.
     if (!opt_.retrieval.tasks.empty()) {
-      const int64_t prompts = static_cast<int64_t>(opt_.retrieval.Prompts()) * (opt_.finalists + 5);
+      const int specs = opt_.compare_retrieval ? opt_.finalists + 5 : 3;
+      const int64_t prompts = static_cast<int64_t>(opt_.retrieval.Prompts()) * specs;
       items += prompts;
       weight += static_cast<double>(prompts) * opt_.retrieval.length;
     }
@@ -465,41 +468,66 @@ class Tuner {
     return best;
   }
 
-  // The finalists and the best of each single family answer the retrieval
-  // prompts beside f16; the verdicts re-rank the finalists.
+  // Retrieval (tune.h, step 5): f16 answers every prompt; then the
+  // best-ranked finalist without a verdict, each stopped as soon as it is
+  // worse whatever its remaining prompts give, until the best-ranked one
+  // holds (or all are worse). With compare_retrieval, every finalist and
+  // the best of each single family answer every prompt.
   Status Retrieve(std::vector<int>* alive) {
     TuneRetrieval tr;
     tr.length = opt_.retrieval.length;
     tr.compared = {{"codec only", BestOf([](const TuneCandidate& c) { return c.family == "codec"; })},
                    {"policy only", BestOf([](const TuneCandidate& c) { return c.family == "policy"; })},
                    {"defaults", BestOf([](const TuneCandidate& c) { return c.defaults; })}};
-    std::vector<int> which = *alive;
-    for (const auto& [role, i] : tr.compared) {
-      if (i >= 0 && std::find(which.begin(), which.end(), i) == which.end()) which.push_back(i);
-    }
-    std::vector<std::string> specs;
-    for (int i : which) specs.push_back(result_.candidates[i].spec);
     if (hooks_.progress) hooks_.progress->SetLabel("retrieval");
     const double t0 = util::MonotonicSeconds();
     const RetrievalScorer score =
         hooks_.retrieval ? hooks_.retrieval
                          : ModelRetrievalScorer(model_, threads_, opt_.retrieval, hooks_.progress, [this] { return Stopped(); });
-    Result<RetrievalScores> scores = score(specs);
-    if (!scores.ok()) return scores.status().WithContext("tune retrieval");
-    // Stopped during the prompts: nothing judged, the choice on KLD stands.
-    if (scores->stopped) return Status::Ok();
-    tr.seconds = util::MonotonicSeconds() - t0;
-    tr.n = static_cast<int>(scores->f16.size());
-    for (uint8_t h : scores->f16) tr.hits += h ? 1 : 0;
-    tr.interval = WilsonInterval(tr.hits, tr.n);
-    for (size_t k = 0; k < which.size(); ++k) {
-      const std::vector<uint8_t> none;
-      RetrievalVerdict v = JudgeRetrieval(scores->f16, k < scores->specs.size() ? scores->specs[k] : none);
-      if (k < scores->errors.size() && !scores->errors[k].empty()) v.error = scores->errors[k], v.verdict = "worse";
-      result_.candidates[which[k]].retrieval = std::move(v);
+    Result<RetrievalRun> f16 = score("codec=f16", nullptr);
+    if (!f16.ok()) return f16.status().WithContext("tune retrieval");
+    // Stopped during f16's prompts: nothing judged, the choice on KLD stands.
+    if (f16->stopped) return Status::Ok();
+    if (!f16->error.empty() || f16->hits.empty()) {
+      return Internal("tune retrieval: the f16 cache failed on the retrieval prompts: " + f16->error);
     }
+    tr.n = static_cast<int>(f16->hits.size());
+    for (uint8_t h : f16->hits) tr.hits += h ? 1 : 0;
+    tr.interval = WilsonInterval(tr.hits, tr.n);
     result_.retrieval = std::move(tr);
-    if (result_.rungs > 0) Rank(alive, result_.rungs - 1);
+    // Judges candidate i; false when the stop hook ended its run.
+    const auto judge = [&](int i, bool early_stop) -> Result<bool> {
+      TuneCandidate& c = result_.candidates[static_cast<size_t>(i)];
+      RetrievalGiveUp give_up;
+      if (early_stop) give_up = [&](std::span<const uint8_t> so_far) { return CertainlyWorse(f16->hits, so_far); };
+      Result<RetrievalRun> run = score(c.spec, give_up);
+      if (!run.ok()) return run.status().WithContext("tune retrieval");
+      if (run->stopped) return false;
+      RetrievalVerdict v = JudgeRetrieval(f16->hits, run->hits);
+      if (!run->error.empty()) v.error = run->error, v.verdict = "worse";
+      c.retrieval = std::move(v);
+      return true;
+    };
+    const size_t r = static_cast<size_t>(std::max(result_.rungs - 1, 0));
+    bool going = true;
+    if (opt_.compare_retrieval) {
+      std::vector<int> which = *alive;
+      for (const auto& [role, i] : result_.retrieval->compared) {
+        if (i >= 0 && std::find(which.begin(), which.end(), i) == which.end()) which.push_back(i);
+      }
+      for (size_t k = 0; k < which.size() && going; ++k) {
+        KVX_ASSIGN_OR_RETURN(going, judge(which[k], false));
+      }
+    } else {
+      // Each pass judges a new spec, so this ends within alive->size() passes.
+      while (going) {
+        Rank(alive, r);
+        if (result_.candidates[static_cast<size_t>(alive->front())].retrieval) break;
+        KVX_ASSIGN_OR_RETURN(going, judge(alive->front(), true));
+      }
+    }
+    result_.retrieval->seconds = util::MonotonicSeconds() - t0;
+    Rank(alive, r);
     Choose();
     return Status::Ok();
   }

@@ -22,11 +22,14 @@
 //      the spec still fits (or its predicted KLD still meets the floor);
 //   4. the finalists are measured again on text the search did not see (the
 //      end of the text), and both figures are reported;
-//   5. with retrieval tasks (TuneOptions::retrieval), the finalists and the
-//      best spec of each single family (codec only, policy only, a codec at
-//      its defaults) answer retrieval prompts beside an f16 cache
-//      (tune_retrieval.h); a finalist whose retrieval is worse than f16's
-//      ranks below every other, so it is chosen only when all are worse.
+//   5. with retrieval tasks (TuneOptions::retrieval), an f16 cache answers
+//      the retrieval prompts, then the best-ranked finalist (tune_retrieval.h);
+//      one worse than f16 ranks below every other, and the next best is
+//      checked, until one holds or all are worse. A finalist's run stops as
+//      soon as it is worse whatever its other prompts give. With
+//      compare_retrieval every finalist and the best spec of each single
+//      family (codec only, policy only, a codec at its defaults) answer
+//      every prompt (the comparison docs/tune.md reports).
 // Between passes (a few candidates at a time) the stop hook is polled: a
 // stopped search (Ctrl-C, --time-budget) returns the best candidate of the
 // deepest rung reached.
@@ -83,6 +86,9 @@ struct TuneOptions {
   // Retrieval tasks (none: KLD only); length 0: --ctx, at most the model's
   // trained context.
   RetrievalSettings retrieval;
+  // Every finalist and the compared specs answer every retrieval prompt,
+  // instead of the finalists one at a time until one holds.
+  bool compare_retrieval = false;
   // "Equal quality" (issue 37): KLD on unseen text within this bound (the
   // quality floor when there is one) and retrieval not worse than f16's.
   double equal_kld = 0.01;
@@ -122,7 +128,7 @@ struct TuneCandidate {
   uint64_t bytes = 0;  // steady-state: SteadyStateBytes
   std::vector<TuneMeasure> search;     // one per rung reached, on the search text
   std::optional<TuneMeasure> holdout;  // finalists: on the text the search did not see
-  std::optional<RetrievalVerdict> retrieval;  // with retrieval tasks: finalists and the compared
+  std::optional<RetrievalVerdict> retrieval;  // with retrieval tasks: those checked
   std::optional<TunePaired> vs_chosen;        // every candidate but the chosen one
   bool Rejected() const { return retrieval && retrieval->verdict == "worse"; }
 };

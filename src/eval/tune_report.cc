@@ -33,6 +33,7 @@ json VerdictJson(const RetrievalVerdict& v) {
   j["mcnemar_p"] = v.mcnemar_p;
   j["verdict"] = v.verdict;
   if (!v.error.empty()) j["error"] = v.error;
+  if (v.skipped > 0) j["skipped"] = v.skipped;  // stopped early: worse whatever these prompts gave
   return j;
 }
 
@@ -81,10 +82,12 @@ json RetrievalJson(const TuneResult& r, const TuneOptions& o) {
 
 std::string Retrieval(const std::optional<RetrievalVerdict>& v) {
   if (!v) return "–";
-  char buf[96];
+  char buf[128];
   std::snprintf(buf, sizeof(buf), "%d/%d [%.2f, %.2f] %s", v->hits, v->n, v->interval.lo, v->interval.hi,
                 v->verdict.c_str());
-  return buf;
+  std::string s = buf;
+  if (v->skipped > 0) s += " (stopped: " + std::to_string(v->skipped) + " prompts could not change it)";
+  return s;
 }
 
 std::string Ratio(const TuneResult& r, uint64_t bytes) {

@@ -353,6 +353,39 @@ TEST_F(TuneTest, StopDuringRetrievalKeepsTheBestSpecSoFar) {
   EXPECT_NE(TuneResultJson(*r, o, "{}").find("\"stopped\": true"), std::string::npos);
 }
 
+// The real scorer (kvx eval's passkey prompts on the model): one hit per
+// prompt in the order they ran, the same order on every run, and a give_up
+// that says stop ends the run there without marking it stopped.
+TEST_F(TuneTest, ModelScorerStopsWhereGiveUpSays) {
+  RetrievalSettings rs;
+  rs.tasks = {Task::kPasskey};
+  rs.length = 256;
+  rs.trials = 1;
+  const RetrievalScorer score = ModelRetrievalScorer(*model_, threads_, rs, nullptr);
+  Result<RetrievalRun> all = score("codec=f16", nullptr);
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  EXPECT_FALSE(all->stopped);
+  EXPECT_TRUE(all->error.empty()) << all->error;
+  ASSERT_EQ(all->hits.size(), static_cast<size_t>(rs.Prompts()));
+  int asked = 0;
+  Result<RetrievalRun> part = score("codec=int8", [&](std::span<const uint8_t> so_far) {
+    ++asked;
+    return so_far.size() >= 2;
+  });
+  ASSERT_TRUE(part.ok()) << part.status().ToString();
+  EXPECT_FALSE(part->stopped) << "given up, not stopped";
+  EXPECT_TRUE(part->error.empty()) << part->error;
+  EXPECT_EQ(part->hits.size(), 2u);
+  EXPECT_GE(asked, 2);
+  Result<RetrievalRun> again = score("codec=f16", nullptr);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->hits, all->hits) << "the same prompts in the same order";
+  const RetrievalScorer stopped = ModelRetrievalScorer(*model_, threads_, rs, nullptr, [] { return true; });
+  Result<RetrievalRun> none = stopped("codec=f16", nullptr);
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->stopped);
+}
+
 TEST_F(TuneTest, QualityFloorPicksTheSmallestSpecMeetingIt) {
   TuneOptions o = Options(F16Bytes());
   o.max_kld = 0.001;
@@ -389,44 +422,82 @@ TEST_F(TuneTest, RetrievalVerdictRejectsASpecThatLosesTheNeedle) {
 
   o.retrieval.tasks = {Task::kPasskey};
   constexpr int kPrompts = 50;
-  std::vector<std::vector<std::string>> asked;
+  std::vector<std::string> asked;
   TuneHooks hooks;
-  hooks.retrieval = [&](const std::vector<std::string>& specs) -> Result<RetrievalScores> {
-    asked.push_back(specs);
-    RetrievalScores s;
-    s.f16.assign(kPrompts, 1);
-    for (const std::string& spec : specs) {
-      s.specs.push_back(std::vector<uint8_t>(kPrompts, spec.find("streamingllm") == std::string::npos ? 1 : 0));
-      s.errors.push_back("");
+  // f16 and the others answer every prompt, the window none; like the real
+  // scorer, a run ends when give_up says so.
+  hooks.retrieval = [&](const std::string& spec, const RetrievalGiveUp& give_up) -> Result<RetrievalRun> {
+    asked.push_back(spec);
+    RetrievalRun run;
+    for (int i = 0; i < kPrompts; ++i) {
+      run.hits.push_back(spec.find("streamingllm") == std::string::npos ? 1 : 0);
+      if (give_up && give_up(run.hits)) break;
     }
-    return s;
+    return run;
   };
   Result<TuneResult> r = RunTune(*model_, threads_, text, o, hooks);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
-  ASSERT_EQ(asked.size(), 1u) << "one retrieval run for the finalists and the compared specs";
+  // f16, then the best-ranked finalist (the window: the smallest meeting
+  // the floor), stopped at its 4th miss (46/50 would be below f16's
+  // interval [0.93, 1]), then the next, which holds: nothing else runs.
+  ASSERT_EQ(asked.size(), 3u);
+  EXPECT_EQ(asked[0], "codec=f16");
+  EXPECT_EQ(asked[1], canonical_window);
   ASSERT_TRUE(r->retrieval.has_value());
   EXPECT_EQ(r->retrieval->n, kPrompts);
   const TuneCandidate& chosen = r->candidates[r->chosen];
+  EXPECT_EQ(chosen.spec, asked[2]);
   EXPECT_NE(chosen.spec, canonical_window) << "rejected by retrieval though its KLD passes";
   ASSERT_TRUE(chosen.retrieval.has_value());
   EXPECT_EQ(chosen.retrieval->verdict, "indistinguishable");
+  EXPECT_EQ(chosen.retrieval->n, kPrompts);
   EXPECT_TRUE(EqualQuality(chosen, o));
-  bool judged_window = false;
-  for (const TuneCandidate& c : r->candidates) {
-    if (c.spec != canonical_window) continue;
-    judged_window = true;
-    ASSERT_TRUE(c.retrieval.has_value());
-    EXPECT_EQ(c.retrieval->verdict, "worse");
-    EXPECT_EQ(c.retrieval->hits, 0);
-    EXPECT_FALSE(EqualQuality(c, o));
-  }
-  EXPECT_TRUE(judged_window);
+  const auto window_verdict = [&](const TuneResult& result) -> std::optional<RetrievalVerdict> {
+    for (const TuneCandidate& c : result.candidates) {
+      if (c.spec == canonical_window) return c.retrieval;
+    }
+    return std::nullopt;
+  };
+  std::optional<RetrievalVerdict> w = window_verdict(*r);
+  ASSERT_TRUE(w.has_value());
+  EXPECT_EQ(w->verdict, "worse");
+  EXPECT_EQ(w->hits, 0);
+  EXPECT_EQ(w->n, 4);
+  EXPECT_EQ(w->skipped, kPrompts - 4);
   EXPECT_EQ(r->candidates[r->finalists.back()].spec, canonical_window) << "ranked below every finalist";
+  for (int i : r->finalists) {
+    if (r->candidates[i].spec != canonical_window && i != r->chosen) {
+      EXPECT_FALSE(r->candidates[i].retrieval) << "not run";
+    }
+  }
   // The JSON carries the rate, its interval and the verdict per finalist.
-  const std::string json = TuneResultJson(*r, o, "{}");
+  std::string json = TuneResultJson(*r, o, "{}");
   EXPECT_NE(json.find("\"verdict\": \"worse\""), std::string::npos);
+  EXPECT_NE(json.find("\"skipped\": 46"), std::string::npos);
   EXPECT_NE(json.find("\"lo95\""), std::string::npos);
   EXPECT_NE(json.find("\"equal_quality\": true"), std::string::npos);
+
+  // --retrieval-compare: every finalist and the compared specs answer every prompt.
+  asked.clear();
+  o.compare_retrieval = true;
+  r = RunTune(*model_, threads_, text, o, hooks);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  std::vector<std::string> expected = {"codec=f16"};
+  for (int i : r->finalists) expected.push_back(r->candidates[i].spec);
+  for (const auto& [role, i] : r->retrieval->compared) {
+    if (i >= 0 && std::find(expected.begin(), expected.end(), r->candidates[i].spec) == expected.end()) {
+      expected.push_back(r->candidates[i].spec);
+    }
+  }
+  std::sort(expected.begin(), expected.end());
+  std::sort(asked.begin(), asked.end());
+  EXPECT_EQ(asked, expected);
+  w = window_verdict(*r);
+  ASSERT_TRUE(w.has_value());
+  EXPECT_EQ(w->n, kPrompts) << "not stopped early";
+  EXPECT_EQ(w->skipped, 0);
+  EXPECT_EQ(w->verdict, "worse");
+  EXPECT_NE(r->candidates[r->chosen].spec, canonical_window);
 }
 
 TEST(RetrievalVerdictTest, IntervalAndPairedTest) {
@@ -453,6 +524,32 @@ TEST(RetrievalVerdictTest, IntervalAndPairedTest) {
   for (int i = 25; i < 33; ++i) more[i] = 1;
   EXPECT_EQ(JudgeRetrieval(half, more).verdict, "better");
   EXPECT_EQ(JudgeRetrieval(f16, std::vector<uint8_t>(10, 1)).verdict, "worse") << "unpaired sizes";
+  EXPECT_FALSE(JudgeRetrieval(f16, std::vector<uint8_t>(10, 1)).error.empty());
+  EXPECT_FALSE(JudgeRetrieval(f16, std::vector<uint8_t>(51, 1)).error.empty());
+}
+
+// A run stopped early: with f16 at 50/50 (interval [0.93, 1]) three misses
+// can still end indistinguishable (47/50, McNemar p = 0.25), a fourth
+// cannot (46/50 < 0.93), wherever the misses fall.
+TEST(RetrievalVerdictTest, CertainlyWorseOnAPrefix) {
+  const std::vector<uint8_t> f16(50, 1);
+  std::vector<uint8_t> so_far = {1, 0, 1, 0, 0};
+  EXPECT_FALSE(CertainlyWorse(f16, so_far));
+  so_far.push_back(0);
+  EXPECT_TRUE(CertainlyWorse(f16, so_far));
+  const RetrievalVerdict v = JudgeRetrieval(f16, so_far);
+  EXPECT_EQ(v.verdict, "worse");
+  EXPECT_TRUE(v.error.empty());
+  EXPECT_EQ(v.n, 6);
+  EXPECT_EQ(v.hits, 2);
+  EXPECT_EQ(v.skipped, 44);
+  EXPECT_EQ(v.only_f16, 4);
+  // Where f16 missed, the spec's misses cost nothing.
+  std::vector<uint8_t> f16_missing = f16;
+  for (int i = 0; i < 4; ++i) f16_missing[static_cast<size_t>(i)] = 0;
+  EXPECT_FALSE(CertainlyWorse(f16_missing, std::vector<uint8_t>(4, 0)));
+  EXPECT_TRUE(CertainlyWorse(f16, std::vector<uint8_t>(4, 0)));
+  EXPECT_FALSE(CertainlyWorse(f16, {}));
 }
 
 }  // namespace

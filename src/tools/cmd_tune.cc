@@ -253,6 +253,10 @@ void RegisterTune(CLI::App& app, int* exit_code) {
                   "Retrieval prompts per depth (5 depths, 0 to 1) and task")
       ->capture_default_str()
       ->check(IntIn(1, kMaxCount));
+  cmd->add_flag("--retrieval-compare", o.compare_retrieval,
+               "With --tasks: every finalist and the best spec of each single family (codec only, policy only, "
+               "defaults) answer every prompt (default: the finalists one at a time, best first, until one is not "
+               "worse than f16; each stopped once it is worse whatever its other prompts give)");
   cmd->add_option("-o,--output", flags->out_file, "Write the result here (JSON; --kv @FILE reads it)");
   cmd->add_option("--svg", flags->svg_file, "Write the Pareto chart (bytes vs KLD) here");
   cmd->add_option("--duo-heads", flags->duo_heads,
