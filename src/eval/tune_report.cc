@@ -151,6 +151,26 @@ std::string TuneParetoSvg(const TuneResult& r) {
   }
   for (ParetoPoint& p : panel.points) p.series = series[static_cast<size_t>(p.series)];
   chart.panels.push_back(std::move(panel));
+  // The specs the retrieval check judged, at their hit rate (f16's beside
+  // the title): the front of bytes against retrieval.
+  if (r.retrieval) {
+    ParetoPanel hits;
+    char title[96];
+    std::snprintf(title, sizeof(title), "retrieval hit rate (f16: %d/%d)", r.retrieval->hits, r.retrieval->n);
+    hits.title = title;
+    hits.higher_is_better = true;
+    hits.percent = true;
+    for (int i : which) {
+      const TuneCandidate& c = r.candidates[static_cast<size_t>(i)];
+      if (c.retrieval && c.retrieval->n > 0) {
+        hits.points.push_back(ParetoPoint{series[static_cast<size_t>(i)], static_cast<double>(c.bytes), c.retrieval->Rate()});
+      }
+    }
+    if (!hits.points.empty()) {
+      chart.title = "kvx tune: steady-state KV bytes vs KLD (rung 0) and retrieval";
+      chart.panels.push_back(std::move(hits));
+    }
+  }
   return RenderParetoSvg(chart);
 }
 

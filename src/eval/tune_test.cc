@@ -476,6 +476,11 @@ TEST_F(TuneTest, RetrievalVerdictRejectsASpecThatLosesTheNeedle) {
   EXPECT_NE(json.find("\"skipped\": 46"), std::string::npos);
   EXPECT_NE(json.find("\"lo95\""), std::string::npos);
   EXPECT_NE(json.find("\"equal_quality\": true"), std::string::npos);
+  // The chart has a second panel: bytes against the judged specs' hit rates.
+  const std::string svg = TuneParetoSvg(*r);
+  std::string xml_error;
+  EXPECT_TRUE(XmlWellFormed(svg, &xml_error)) << xml_error;
+  EXPECT_NE(svg.find("retrieval hit rate (f16: 50/50)"), std::string::npos);
 
   // --retrieval-compare: every finalist and the compared specs answer every prompt.
   asked.clear();
