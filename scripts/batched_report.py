@@ -20,14 +20,14 @@ import argparse, json, os, re, statistics, subprocess, sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "docs/results/batched")
-SEQS = "1,2,4,8,16,32"
-DEPTHS = [0, 4096]
+SEQS = "1,2,4,8,16,32,64"
+DEPTHS = [0, 1024, 4096]
 GEN = 16
 # llama-batched-bench really prefills every sequence's context: 32 + 16 sequences of 4096 tokens
 # are 200k prompt tokens, and its one KV buffer for all sequences makes each prompt attend over every
 # cell (8 x 4096 ran for over 12 minutes on 2 cores, 1+2+4 x 4096 over 20 on the loaded VM), so at
-# depth 4096 it runs one sequence, as scripts/bench_report.py does.
-LLAMA_SEQS = {0: SEQS, 4096: "1"}
+# depth 4096 it runs one sequence, as scripts/bench_report.py does, and at 1024 up to 8.
+LLAMA_SEQS = {0: SEQS, 1024: "1,2,4,8", 4096: "1"}
 # The before/after runs (--ab-name) and the section of docs/benchmarks.md each renders into.
 AB_SECTIONS = {"ab": "batched-ab", "attn_ab": "attn-ab"}
 
@@ -41,15 +41,24 @@ def run(cmd):
 
 
 def measure(args):
+    """--rounds rounds, each one kvx bench run (every sequence count and depth) then llama-batched-bench at every
+    depth; kvx.json and llama_batched_bench.json are rewritten after every round, so an interrupted run keeps its
+    complete rounds."""
     os.makedirs(DATA, exist_ok=True)
     kvx = os.path.join(ROOT, "build/kvx")
-    out = os.path.join(DATA, "kvx.json")
-    if not args.skip_kvx:
-        run([kvx, "bench", "-m", args.model, "-t", str(args.threads), "--kv", "codec=f16", "--depths", "0",
-             "--seqs", SEQS, "--seq-depths", ",".join(map(str, DEPTHS)), "-r", "2", "-n", str(GEN), "--json", out])
-    rows = []
-    if args.llama_bin:
-        for depth in DEPTHS:
+    tmp = os.path.join(DATA, "kvx_round.json")
+    kvx_runs, rows = [], []
+    for rnd in range(args.rounds):
+        if not args.skip_kvx:
+            run([kvx, "bench", "-m", args.model, "-t", str(args.threads), "--kv", "codec=f16", "--depths", "0",
+                 "--seqs", SEQS, "--seq-depths", ",".join(map(str, DEPTHS)), "-r", "1", "-n", str(GEN), "--json", tmp])
+            r = json.load(open(tmp))
+            r["loadavg"] = os.getloadavg()[0]
+            kvx_runs.append(r)
+            with open(os.path.join(DATA, "kvx.json"), "w") as f:
+                json.dump({"rounds": kvx_runs}, f, indent=1)
+                f.write("\n")
+        for depth in DEPTHS if args.llama_bin else []:
             most = max(int(n) for n in LLAMA_SEQS[depth].split(","))
             # llama-batched-bench decodes after a prompt of npp tokens per sequence (npp >= 1).
             npp = max(depth, 1)
@@ -60,12 +69,15 @@ def measure(args):
             for line in text.splitlines():
                 if line.startswith("{"):
                     row = json.loads(line)
-                    row["depth"] = depth
+                    row["depth"], row["round"] = depth, rnd
                     rows.append(row)
-    with open(os.path.join(DATA, "llama_batched_bench.json"), "w") as f:
-        json.dump({"model": os.path.basename(args.model), "threads": args.threads, "rows": rows}, f, indent=1)
-        f.write("\n")
-    meta = {"model": os.path.basename(args.model), "threads": args.threads, "kv": "codec=f16", "gen_tokens": GEN}
+        with open(os.path.join(DATA, "llama_batched_bench.json"), "w") as f:
+            json.dump({"model": os.path.basename(args.model), "threads": args.threads, "rows": rows}, f, indent=1)
+            f.write("\n")
+    if os.path.exists(tmp):
+        os.remove(tmp)
+    meta = {"model": os.path.basename(args.model), "threads": args.threads, "kv": "codec=f16", "gen_tokens": GEN,
+            "rounds": args.rounds}
     with open(os.path.join(DATA, "meta.json"), "w") as f:
         json.dump(meta, f, indent=1)
         f.write("\n")
@@ -137,31 +149,55 @@ def render_ab(name="ab"):
     return "\n".join(md) + "\n"
 
 
+def spread(values, fmt="%.1f"):
+    """The median and, with several rounds, (min–max)."""
+    m = fmt % statistics.median(values)
+    return m if len(values) < 2 else "%s (%s–%s)" % (m, fmt % min(values), fmt % max(values))
+
+
 def render():
-    kvx = json.load(open(os.path.join(DATA, "kvx.json")))
+    saved = json.load(open(os.path.join(DATA, "kvx.json")))
+    rounds = saved.get("rounds", [saved])  # one run before rounds were kept
     ll = json.load(open(os.path.join(DATA, "llama_batched_bench.json")))
     meta = json.load(open(os.path.join(DATA, "meta.json")))
-    llama = {(r["depth"], r["pl"]): r["speed_tg"] for r in ll["rows"]}
-    single = {d["depth"]: d["tok_s"] for d in kvx["decode"]}
-    md = ["Measured by `scripts/batched_report.py` (raw data in `docs/results/batched/`): %s, %d threads, "
-          "f16 KV on both sides, %d decoded tokens per sequence after a context of `depth` tokens each. kvx: "
-          "`kvx bench --seqs %s --seq-depths %s` (one batched engine step decodes one token of every sequence; "
-          "contexts filled with random K/V); llama.cpp: `llama-batched-bench -npp depth -ntg %d -npl %s` "
-          "(its prompts really prefilled; at depth 4096 only %s sequence: its prefill of 8 x 4096 tokens into one shared KV buffer ran for over 12 minutes on 2 cores). The bound is a step's roofline: the decode weights once plus every "
-          "sequence's KV bytes at the measured bandwidth, or the tokens' ops at the measured peaks, whichever is "
-          "slower." % (meta["model"], meta["threads"], meta["gen_tokens"], SEQS,
-                       ",".join(map(str, DEPTHS)), meta["gen_tokens"], SEQS, LLAMA_SEQS[4096].split(",")[-1]), "",
+    llama = {}  # (depth, sequences) -> total tok/s per round
+    for r in ll["rows"]:
+        llama.setdefault((r["depth"], r["pl"]), {})[r.get("round", 0)] = r["speed_tg"]
+    seqs = ",".join(str(b["seqs"]) for b in rounds[0]["batch"] if b["depth"] == rounds[0]["batch"][0]["depth"])
+    depths = sorted({b["depth"] for b in rounds[0]["batch"]})
+    llama_seqs = {d: ",".join(str(n) for (dd, n) in sorted(llama) if dd == d) for d in depths}
+    loads = [r["loadavg"] for r in rounds if "loadavg" in r]
+    bw = [r["bound"]["read_gbps"] for r in rounds]
+    peak = [r["bound"]["matmul_peak_gops"] for r in rounds]
+    md = ["Measured by `scripts/batched_report.py --rounds %d` (raw data in `docs/results/batched/`): %s, %d threads, "
+          "f16 KV on both sides, %d decoded tokens per sequence after a context of `depth` tokens each, CPU %s. "
+          "Each round runs kvx then llama.cpp; every cell is the median of the %d rounds (min–max beside it), "
+          "kvx / llama.cpp the median of the per-round ratios. kvx: `kvx bench --seqs %s --seq-depths %s -r 1` "
+          "(one batched engine step decodes one token of every sequence; contexts filled with random K/V); "
+          "llama.cpp: `llama-batched-bench -npp depth -ntg %d -npl N` (its prompts really prefilled, into one shared "
+          "KV buffer: %s). The bound is a step's roofline: the decode weights once plus every sequence's KV bytes at "
+          "the measured bandwidth, or the tokens' ops at the measured peaks, whichever is slower; each round divides "
+          "by its own probes (read bandwidth %s GB/s, int8 peak %s G ops/s over the rounds)%s." % (
+              len(rounds), meta["model"], meta["threads"], meta["gen_tokens"],
+              rounds[0].get("cpu", {}).get("brand", "?"), len(rounds), seqs, ",".join(map(str, depths)),
+              meta["gen_tokens"], "; ".join("N = %s at depth %d" % (llama_seqs[d], d) for d in depths if llama_seqs[d]),
+              spread(bw), spread(peak, "%.0f"),
+              "; 1-minute load average %.1f–%.1f" % (min(loads), max(loads)) if loads else ""), "",
           "| sequences | depth | kvx total tok/s | kvx per-sequence tok/s | bound tok/s (by) | kvx % of bound | "
           "llama.cpp total tok/s | kvx / llama.cpp |",
           "|---|---|---|---|---|---|---|---|"]
-    for b in kvx["batch"]:
-        lt = llama.get((b["depth"], b["seqs"]))
-        md.append("| %d | %d | %.1f | %.1f | %.1f (%s) | %.1f%% | %s | %s |" % (
-            b["seqs"], b["depth"], b["total_tok_s"], b["per_seq_tok_s"], b["bound_tok_s"], b["bound_kind"],
-            b["pct_of_bound"], "%.1f" % lt if lt else "–", "%.2f" % (b["total_tok_s"] / lt) if lt else "–"))
+    for i, b in enumerate(rounds[0]["batch"]):
+        per = [r["batch"][i] for r in rounds]
+        lt = llama.get((b["depth"], b["seqs"]), {})
+        ratios = [p["total_tok_s"] / lt[k] for k, p in enumerate(per) if lt.get(k)]
+        md.append("| %d | %d | %s | %s | %s (%s) | %s%% | %s | %s |" % (
+            b["seqs"], b["depth"], spread([p["total_tok_s"] for p in per]), spread([p["per_seq_tok_s"] for p in per]),
+            spread([p["bound_tok_s"] for p in per]), b["bound_kind"], spread([p["pct_of_bound"] for p in per]),
+            spread(list(lt.values())) if lt else "–", "%.2f" % statistics.median(ratios) if ratios else "–"))
+    single = [d["tok_s"] for r in rounds for d in r["decode"] if d["depth"] == 0]
     if single:
-        md += ["", "The single-sequence path in the same run (`kvx bench --depths 0`, one session, no batching): "
-               "%.1f tok/s at depth 0." % single.get(0, 0)]
+        md += ["", "The single-sequence path in the same runs (`kvx bench --depths 0`, one session, no batching): "
+               "%s tok/s at depth 0." % spread(single)]
     return "\n".join(md) + "\n"
 
 
