@@ -77,7 +77,7 @@ def measure(args):
     if os.path.exists(tmp):
         os.remove(tmp)
     meta = {"model": os.path.basename(args.model), "threads": args.threads, "kv": "codec=f16", "gen_tokens": GEN,
-            "rounds": args.rounds}
+            "rounds": args.rounds, "reps": 1}
     with open(os.path.join(DATA, "meta.json"), "w") as f:
         json.dump(meta, f, indent=1)
         f.write("\n")
@@ -172,14 +172,14 @@ def render():
     md = ["Measured by `scripts/batched_report.py --rounds %d` (raw data in `docs/results/batched/`): %s, %d threads, "
           "f16 KV on both sides, %d decoded tokens per sequence after a context of `depth` tokens each, CPU %s. "
           "Each round runs kvx then llama.cpp; every cell is the median of the %d rounds (min–max beside it), "
-          "kvx / llama.cpp the median of the per-round ratios. kvx: `kvx bench --seqs %s --seq-depths %s -r 1` "
+          "kvx / llama.cpp the median of the per-round ratios. kvx: `kvx bench --seqs %s --seq-depths %s -r %d` "
           "(one batched engine step decodes one token of every sequence; contexts filled with random K/V); "
           "llama.cpp: `llama-batched-bench -npp depth -ntg %d -npl N` (its prompts really prefilled, into one shared "
           "KV buffer: %s). The bound is a step's roofline: the decode weights once plus every sequence's KV bytes at "
           "the measured bandwidth, or the tokens' ops at the measured peaks, whichever is slower; each round divides "
           "by its own probes (read bandwidth %s GB/s, int8 peak %s G ops/s over the rounds)%s." % (
               len(rounds), meta["model"], meta["threads"], meta["gen_tokens"],
-              rounds[0].get("cpu", {}).get("brand", "?"), len(rounds), seqs, ",".join(map(str, depths)),
+              rounds[0].get("cpu", {}).get("brand", "?"), len(rounds), seqs, ",".join(map(str, depths)), meta.get("reps", 1),
               meta["gen_tokens"], "; ".join("N = %s at depth %d" % (llama_seqs[d], d) for d in depths if llama_seqs[d]),
               spread(bw), spread(peak, "%.0f"),
               "; 1-minute load average %.1f–%.1f" % (min(loads), max(loads)) if loads else ""), "",
