@@ -74,8 +74,16 @@ double ProgressBar::Now() const {
 }
 
 void ProgressBar::SetTotal(int64_t items, double weight) {
-  state_.total_items = items;
-  state_.total_weight = weight;
+  state_.total_items = items + pending_items_;
+  state_.total_weight = weight + pending_weight_;
+  Draw(false);
+}
+
+void ProgressBar::SetPending(int64_t items, double weight) {
+  state_.total_items += items - pending_items_;
+  state_.total_weight += weight - pending_weight_;
+  pending_items_ = items;
+  pending_weight_ = weight;
   Draw(false);
 }
 

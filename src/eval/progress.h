@@ -51,6 +51,10 @@ class ProgressBar {
   ~ProgressBar();
 
   void SetTotal(int64_t items, double weight);
+  // Work expected after what SetTotal counts (a caller that runs several
+  // RunEvals, each setting the total to its own work): the totals shown and
+  // the ETA include it until it is set again (0 when none).
+  void SetPending(int64_t items, double weight);
   void SetLabel(std::string label);
   void Advance(int64_t items, double weight);
   // Prints `line` (plus newline) above the bar.
@@ -70,6 +74,8 @@ class ProgressBar {
   ProgressState state_;
   double start_ = 0;
   double last_draw_ = -1e30;
+  int64_t pending_items_ = 0;
+  double pending_weight_ = 0;
   bool drawn_ = false;
 };
 

@@ -93,5 +93,23 @@ TEST(ProgressTest, DisabledBarPrintsNothingAndEnabledBarRedraws) {
   free(buf);
 }
 
+// Pending work stays in the totals when a later SetTotal counts only its
+// own (kvx tune's retrieval: one RunEval per spec, more specs to come).
+TEST(ProgressTest, PendingWorkStaysInTheTotals) {
+  ProgressBar::Options o;
+  o.enabled = false;
+  ProgressBar bar(o);
+  bar.SetTotal(10, 100);
+  bar.SetPending(20, 200);
+  EXPECT_EQ(bar.state().total_items, 30);
+  EXPECT_DOUBLE_EQ(bar.state().total_weight, 300);
+  bar.Advance(10, 100);
+  bar.SetTotal(bar.state().done_items + 10, bar.state().done_weight + 100);  // the next run's own work
+  EXPECT_EQ(bar.state().total_items, 40);
+  bar.SetPending(0, 0);
+  EXPECT_EQ(bar.state().total_items, 20);
+  EXPECT_DOUBLE_EQ(bar.state().total_weight, 200);
+}
+
 }  // namespace
 }  // namespace kvx::eval

@@ -484,7 +484,20 @@ class Tuner {
     const RetrievalScorer score =
         hooks_.retrieval ? hooks_.retrieval
                          : ModelRetrievalScorer(model_, threads_, opt_.retrieval, hooks_.progress, [this] { return Stopped(); });
+    // Each scorer call sets the bar's total to its own prompts: the specs
+    // expected after it are pending work, so the ETA covers them too.
+    const auto expect_after = [&](size_t specs) {
+      if (!hooks_.progress) return;
+      const int64_t prompts = static_cast<int64_t>(opt_.retrieval.Prompts()) * static_cast<int64_t>(specs);
+      hooks_.progress->SetPending(prompts, static_cast<double>(prompts) * opt_.retrieval.length);
+    };
+    std::vector<int> compared = *alive;
+    for (const auto& [role, i] : tr.compared) {
+      if (i >= 0 && std::find(compared.begin(), compared.end(), i) == compared.end()) compared.push_back(i);
+    }
+    expect_after(opt_.compare_retrieval ? compared.size() : 1);
     Result<RetrievalRun> f16 = score("codec=f16", nullptr);
+    if (!f16.ok() || f16->stopped) expect_after(0);
     if (!f16.ok()) return f16.status().WithContext("tune retrieval");
     // Stopped during f16's prompts: nothing judged, the choice on KLD stands.
     if (f16->stopped) return Status::Ok();
@@ -511,21 +524,20 @@ class Tuner {
     const size_t r = static_cast<size_t>(std::max(result_.rungs - 1, 0));
     bool going = true;
     if (opt_.compare_retrieval) {
-      std::vector<int> which = *alive;
-      for (const auto& [role, i] : result_.retrieval->compared) {
-        if (i >= 0 && std::find(which.begin(), which.end(), i) == which.end()) which.push_back(i);
-      }
-      for (size_t k = 0; k < which.size() && going; ++k) {
-        KVX_ASSIGN_OR_RETURN(going, judge(which[k], false));
+      for (size_t k = 0; k < compared.size() && going; ++k) {
+        expect_after(compared.size() - k - 1);
+        KVX_ASSIGN_OR_RETURN(going, judge(compared[k], false));
       }
     } else {
       // Each pass judges a new spec, so this ends within alive->size() passes.
+      expect_after(0);  // the hope: this one holds
       while (going) {
         Rank(alive, r);
         if (result_.candidates[static_cast<size_t>(alive->front())].retrieval) break;
         KVX_ASSIGN_OR_RETURN(going, judge(alive->front(), true));
       }
     }
+    expect_after(0);
     result_.retrieval->seconds = util::MonotonicSeconds() - t0;
     Rank(alive, r);
     Choose();
