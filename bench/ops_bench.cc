@@ -14,7 +14,9 @@
 //       the small-M GEMMs of kvx bench --seqs. The weights stream from DRAM
 //       once per step. pct_peak = GFLOPS against the int8 (quantized types)
 //       or FMA (float types) peak that eval/roofline.h measures in this run
-//       with as many threads.
+//       with as many threads; pct_peak_cpu (1 thread, quantized types) the
+//       same in the thread's CPU time against one thread's int8 peak timed
+//       in CPU time (what to judge the kernels by on a loaded machine).
 //   StepAccount/q8_0_repacked/rows<M>   where a 2-thread step of M rows (the
 //       stack and the head for every row) loses time against half its
 //       1-thread CPU time: serial parts, 2-thread work inflation, and the
@@ -279,16 +281,46 @@ double MatmulPeakGops(TensorType t, int threads) {
   return it->second;
 }
 
+// One thread's int8 peak in its own CPU time (G ops/s; best of 5 runs of the
+// probe eval/roofline.h times in wall time), measured once: what a 1-thread
+// kernel timed in CPU time divides by, which a thread descheduled on a loaded
+// machine does not lower. 0 without an int8 dot product.
+double ThreadCpuInt8PeakGops() {
+  static const double peak = [] {
+    const std::string isa = eval::Int8ProbeIsa();
+    const int64_t macs = eval::Int8ProbeMacsPerIter(isa);
+    if (macs == 0) return 0.0;
+    constexpr long kIters = eval::kPeakProbeIters / 10;
+    double best = 0;
+    for (int rep = 0; rep < 5; ++rep) {
+      const int64_t c0 = ThreadCpuNs();
+      benchmark::DoNotOptimize(eval::RunInt8ProbeKernel(isa, kIters));
+      best = std::max(best, 2.0 * static_cast<double>(macs) * kIters / static_cast<double>(ThreadCpuNs() - c0));
+    }
+    return best;
+  }();
+  return peak;
+}
+
 void BM_StackGemm(benchmark::State& state, TensorType t, bool repack, int threads, int64_t n) {
   AddContext();
   const Stack& s = GetStack(t, repack);
   std::vector<float> buf;
   s.Run(n, 0, Pool(threads), &buf);
   const auto x = Gaussian(n * Stack::kEmbd, 3);
+  const int64_t cpu0 = ThreadCpuNs();
   for (auto _ : state) {
     std::copy(x.begin(), x.end(), buf.begin());  // keep the activations finite
     s.Run(n, 0, Pool(threads), &buf);
     benchmark::DoNotOptimize(buf.data());
+  }
+  const double cpu_ns = static_cast<double>(ThreadCpuNs() - cpu0);
+  // pct_peak_cpu: one thread's ops per second of its CPU time against one
+  // thread's int8 peak in CPU time (the figure to judge kernels by on a
+  // shared machine, where the wall-clock pct_peak also measures the load).
+  if (threads == 1 && eval::UsesInt8Dot(t) && ThreadCpuInt8PeakGops() > 0 && cpu_ns > 0) {
+    const double ops = s.matmul_flops_per_token * static_cast<double>(n) * static_cast<double>(state.iterations());
+    state.counters["pct_peak_cpu"] = benchmark::Counter(100 * ops / cpu_ns / ThreadCpuInt8PeakGops());
   }
   state.counters["GFLOPS"] =
       benchmark::Counter(s.matmul_flops_per_token * n * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
