@@ -36,9 +36,11 @@ def run(codec):
     subprocess.run(cmd, check=True)
 
 
-# The settings a bare codec=X gets (kv::DefaultsOf), as its canonical form.
+# The settings a bare codec=X gets (kv::DefaultsOf), as the canonical form of the candidate that names them.
 DEFAULTS = {"kivi2": "codec=kivi2,page=128,group=64,residual=0,rotate=hadamard,prerope=1",
-            "kivi4": "codec=kivi4,page=128,group=64,residual=0,prerope=1"}
+            "kivi4": "codec=kivi4,page=128,group=64,residual=0,rotate=hadamard,prerope=1",
+            "int8": "codec=int8,page=16,group=32", "int4": "codec=int4,page=16,group=32,rotate=hadamard",
+            "int2": "codec=int2,page=16,group=32,clip=1"}
 
 
 def table():

@@ -173,7 +173,7 @@ METHODS = {
         "Per-token int8 KV, then SnapKV.",
         "kvx's int8 codec with snapkv-maxpool."),
     "int4+mikv": (
-        lambda r, n: "codec=int4" + ("" if r == 0 else ";policy=mikv,ratio=%g,mode=once" % r),
+        lambda r, n: "codec=int4,rotate=none" + ("" if r == 0 else ";policy=mikv,ratio=%g,mode=once" % r),
         "Per-token int4 KV (llama.cpp q4_0's counterpart), then MiKV: the important entries stay at 4 bits, "
         "the evicted are demoted to 2 bits.",
         "kvx's int4 codec with mikv above (demotion codec int2)."),
@@ -330,7 +330,7 @@ def page_group(method):
 
 def group_baseline(group):
     return {"f16": "codec=f16", "prerope": "codec=f16,prerope=1", "kivi4": "codec=kivi4,page=32",
-            "kivi2": "codec=kivi2,page=32", "int8": "codec=int8", "int4": "codec=int4"}[group]
+            "kivi2": "codec=kivi2,page=32", "int8": "codec=int8", "int4": "codec=int4,rotate=none"}[group]
 
 
 def sweep_path(kind, length, ratios, group):

@@ -34,13 +34,13 @@ MODELS = [
 BEST4 = "codec=kivi4,page=256,group=64,prerope=1,residual=0"
 BEST2 = "codec=kivi2,page=128,group=64,prerope=1"
 BEST2_R0 = BEST2 + ",residual=0"
-INT2 = "codec=int2"
+INT2 = "codec=int2,clip=0"
 SPECS = [
     ("f16", "codec=f16", "baseline"),
     ("int8", "codec=int8", "per-token int8, scale + zero point per 32 channels"),
     ("int8 sym (≈ q8_0)", "codec=int8,sym=1", "llama.cpp q8_0 counterpart: scale only"),
-    ("int4", "codec=int4", "per-token int4, scale + zero point per 32 channels"),
-    ("int4 sym (≈ q4_0)", "codec=int4,sym=1", "llama.cpp q4_0 counterpart: scale only"),
+    ("int4", "codec=int4,rotate=none", "per-token int4, scale + zero point per 32 channels"),
+    ("int4 sym (≈ q4_0)", "codec=int4,sym=1,rotate=none", "llama.cpp q4_0 counterpart: scale only"),
     ("int4 + Hadamard", "codec=int4,group=64,sym=1,rotate=hadamard", "QuaRot: rotate, then per-token 4-bit"),
     ("KIVI-4 (G=R=32)", "codec=kivi4,page=32", "KIVI paper setting"),
     ("KIVI-4 + pre-RoPE (G=R=32)", "codec=kivi4,page=32,prerope=1", "KVQuant's pre-RoPE keys"),
@@ -48,7 +48,7 @@ SPECS = [
     ("int2", INT2, "plain per-token int2 (the 2-bit reference)"),
     ("int2 + MSE clip", "codec=int2,clip=1", "range search per group"),
     ("int2 + Hadamard", "codec=int2,rotate=hadamard", "RotateKV-style rotation"),
-    ("int2 + 1% outliers", "codec=int2,outliers=0.01", "KVQuant dense-and-sparse"),
+    ("int2 + 1% outliers", "codec=int2,outliers=0.01,clip=0", "KVQuant dense-and-sparse"),
     ("KIVI-2 (G=R=32)", "codec=kivi2,page=32", "KIVI paper setting"),
     ("KIVI-2 + pre-RoPE (G=R=32)", "codec=kivi2,page=32,prerope=1", "KVQuant's pre-RoPE keys"),
     ("KIVI-2 + pre-RoPE, G=128, R=0", BEST2_R0, "no residual window"),
@@ -58,15 +58,15 @@ SPECS = [
     ("… R=0, layer 0 at k8v4", BEST2_R0 + ",bits.0=k8v4", "KVTuner-style per-layer bits"),
     ("KIVI k4v2 + pre-RoPE", "codec=kivi4,page=128,group=64,prerope=1,residual=0,bits=k4v2", "keys need more bits"),
 ]
-QUICK = {"codec=f16", "codec=int8", "codec=int4", INT2, BEST4, BEST2, BEST2_R0}
+QUICK = {"codec=f16", "codec=int8", "codec=int4,rotate=none", INT2, BEST4, BEST2, BEST2_R0}
 
 # kvx perplexity on probe_val against llama.cpp's quantized KV caches.
 LLAMA_PPL = [  # (ctx, kvx spec, llama.cpp kv_cache label or None)
     (512, "codec=f16", "f16/f16"),
     (512, "codec=int8,sym=1", "q8_0/q8_0"),
     (512, "codec=int8", "q8_0/q8_0"),
-    (512, "codec=int4,sym=1", "q4_0/q4_0"),
-    (512, "codec=int4", "q4_0/q4_0"),
+    (512, "codec=int4,sym=1,rotate=none", "q4_0/q4_0"),
+    (512, "codec=int4,rotate=none", "q4_0/q4_0"),
     (512, BEST4, "q4_0/q4_0"),
     (1024, "codec=f16", "f16/f16"),
     (1024, "codec=int8,sym=1", "q8_0/q8_0"),
@@ -74,7 +74,7 @@ LLAMA_PPL = [  # (ctx, kvx spec, llama.cpp kv_cache label or None)
 
 SPEED_SHAPES = ["smollm2-135m", "qwen2.5-0.5b"]
 FAST4 = "codec=kivi4,page=128,group=64,sym=1"  # the recommended fastest 4-bit cache (no pre-RoPE)
-SPEED_SPECS = ["codec=f16", "codec=int8", "codec=int4", FAST4, BEST4, "codec=kivi2,page=128,group=64", BEST2]
+SPEED_SPECS = ["codec=f16", "codec=int8", "codec=int4,rotate=none", FAST4, BEST4, "codec=kivi2,page=128,group=64", BEST2]
 # A speed goal is judged on the median of at least this many runs of one report.
 MIN_RUNS = 3
 
@@ -262,8 +262,8 @@ def goals(models):
         r = rows.get(spec)
         if r and base and r["kld"] is not None and base["kld"] and r["x_measured"]:
             ok = r["x_measured"] >= 6 and r["kld"] <= 0.5 * base["kld"]
-            out.append("| best 2-bit ≥ 6× smaller (measured), KLD ≤ ½ int2's | `%s` | measured %s (asymptotic: %.2f× / "
-                       "%.2f×); KLD %.4g = %.2f × int2's %.4g | %s |" % (
+            out.append("| best 2-bit ≥ 6× smaller (measured), KLD ≤ ½ int2's (`%s`) | `%s` | measured %s (asymptotic: "
+                       "%.2f× / %.2f×); KLD %.4g = %.2f × int2's %.4g | %s |" % (INT2,
                            spec, measured_x(r), r["x_kvx"], r["x_dense"], r["kld"], r["kld"] / base["kld"],
                            base["kld"], "yes" if ok else "no"))
     # Speed: the recommended fast 4-bit cache against f16 at depth 8192, per shape, on the per-run
@@ -302,8 +302,8 @@ def recommended(models):
                      for shape in sorted({r["shape"] for r in speed}) if run_ratios(speed, shape, FAST4, 8192))
     lines = ["| want | `--kv` | probe model, vs f16 |", "|---|---|---|",
              "| closest to f16 at half the bytes | `codec=int8` | %s |" % quality("codec=int8"),
-             "| the llama.cpp `q8_0` / `q4_0` counterparts | `codec=int8,sym=1` / `codec=int4,sym=1` | %s / %s |" % (
-                 quality("codec=int8,sym=1"), quality("codec=int4,sym=1")),
+             "| the llama.cpp `q8_0` / `q4_0` counterparts | `codec=int8,sym=1` / `codec=int4,sym=1,rotate=none` | %s / %s |" % (
+                 quality("codec=int8,sym=1"), quality("codec=int4,sym=1,rotate=none")),
              "| best 4-bit | `%s` | %s |" % (BEST4, quality(BEST4)),
              "| best 2-bit (plus a fixed f16 residual window) | `%s` | %s |" % (BEST2, quality(BEST2)),
              "| best 2-bit, no window | `%s` | %s |" % (BEST2_R0, quality(BEST2_R0)),
@@ -336,8 +336,8 @@ def llama_table():
     own_f16 = {r["ctx"]: r["ppl"] for r in rows if r["spec"] == "codec=f16"}
     lines = ["| ctx | kvx `--kv` | kvx PPL | Δ vs kvx f16 | llama.cpp cache | llama.cpp PPL | Δ vs llama.cpp f16 |",
              "|---:|---|---:|---:|---|---:|---:|"]
-    label = {"codec=int8,sym=1": "q8_0/q8_0", "codec=int8": "q8_0/q8_0", "codec=int4,sym=1": "q4_0/q4_0",
-             "codec=int4": "q4_0/q4_0", BEST4: "q4_0/q4_0", "codec=f16": "f16/f16"}
+    label = {"codec=int8,sym=1": "q8_0/q8_0", "codec=int8": "q8_0/q8_0", "codec=int4,sym=1,rotate=none": "q4_0/q4_0",
+             "codec=int4,rotate=none": "q4_0/q4_0", BEST4: "q4_0/q4_0", "codec=f16": "f16/f16"}
     for r in rows:
         lc = label.get(r["spec"])
         lp = ref.get((r["ctx"], lc))

@@ -57,7 +57,7 @@ def main():
         table.append("| %s | %.0f | %.2f× | %s | %s | %s |" %
                      (LEVEL_ROW[level], F16_BYTES_PER_TOKEN / ratio, ratio, mean, p99, top1))
     for spec, ratio, mean, p99, top1 in eval_rows(args.kvx, args.model, args.text, args.chunks,
-                                                   ["codec=kivi4,page=16", "codec=int4"]):
+                                                   ["codec=kivi4,page=16", "codec=int4,rotate=none"]):
         table.append("| pool pages `%s` (no tier) | %.0f | %.2f× | %s | %s | %s |" %
                      (spec, F16_BYTES_PER_TOKEN / ratio, ratio, mean, p99, top1))
     text = "\n".join(table)

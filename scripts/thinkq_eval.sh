@@ -16,9 +16,9 @@ $KVX eval -m "$M" -q --tasks ppl,kld -f ../shared/golden/recall_val.txt -c 2048 
   --kv "codec=f16;policy=snapkv,ratio=0.5;policy=think,lambda=0.5" \
   --kv "codec=int8" \
   --kv "codec=int8;policy=think,lambda=0.5" \
-  --kv "codec=int4" \
-  --kv "codec=int4;policy=think,lambda=0.5" \
-  --kv "codec=int4;policy=snapkv,ratio=0.5" \
-  --kv "codec=int4;policy=snapkv,ratio=0.5;policy=think,lambda=0.5" \
+  --kv "codec=int4,rotate=none" \
+  --kv "codec=int4,rotate=none;policy=think,lambda=0.5" \
+  --kv "codec=int4,rotate=none;policy=snapkv,ratio=0.5" \
+  --kv "codec=int4,rotate=none;policy=snapkv,ratio=0.5;policy=think,lambda=0.5" \
   --report docs/results/think/thinkq-excluded
 python3 scripts/splice_table.py thinkq

@@ -43,7 +43,8 @@ TEST(EvalPrefillShareTest, ReportsAreTheSameWithAndWithoutTheSharedPrefill) {
   // Not shared: h2o (sums over every query), int4 (the first int4 spec). (A
   // continuous policy is not shared either: PrefillCacheTest pins which.)
   o.specs = {"codec=f16;policy=snapkv,ratio=0.5", "codec=f16;policy=think,lambda=0.5", "codec=f16;policy=quest,budget=256",
-             "codec=f16;policy=h2o,ratio=0.5,mode=once", "codec=int4", "codec=int4;policy=tova,ratio=0.5,mode=once",
+             "codec=f16;policy=h2o,ratio=0.5,mode=once", "codec=int4,rotate=none",
+             "codec=int4,rotate=none;policy=tova,ratio=0.5,mode=once",
              // KIVI with pre-RoPE keys: sealed pages and f16 staging pages in the copy
              "codec=kivi2,page=32,prerope=1,sinks=1;policy=snapkv,ratio=0.75", "codec=kivi2,page=32,prerope=1,sinks=1"};
   const std::vector<bool> reused = {false, true, true, true, false, false, true, false, true};

@@ -7,9 +7,10 @@
 //                                  q8_0, q4_0) and tests/data/golden/
 //                                  recall_perplexity_f32.json (f32)
 // llama.cpp's q8_0/q4_0 caches are compared with their kvx counterparts
-// `codec=int8,sym=1` / `codec=int4,sym=1` (the same 32-value blocks with one
-// f16 scale; llama.cpp also rounds the query to q8_0 for their dot products,
-// kvx does not, hence a wider tolerance).
+// `codec=int8,sym=1` / `codec=int4,sym=1,rotate=none` (the same 32-value
+// blocks with one f16 scale, unrotated: a bare int4 is Hadamard-rotated;
+// llama.cpp also rounds the query to q8_0 for their dot products, kvx does
+// not, hence a wider tolerance).
 //
 // Each case runs the first `chunks` chunks and compares kvx's running PPL
 // with llama.cpp's after each chunk from `from` on (printed with 4 decimals,
@@ -139,7 +140,7 @@ const PplCase kCases[] = {
      "probe__probe_val__c512__q8_0-q8_0", 32, 16, kTolQuant},
     {"probe_val_c1024_q8_0", kProbe, "probe_val", 1024, "codec=int8,sym=1", Source::kProbeLog,
      "probe__probe_val__c1024__q8_0-q8_0", 4, 1, kTolQuant},
-    {"probe_val_c512_q4_0", kProbe, "probe_val", 512, "codec=int4,sym=1", Source::kProbeLog,
+    {"probe_val_c512_q4_0", kProbe, "probe_val", 512, "codec=int4,sym=1,rotate=none", Source::kProbeLog,
      "probe__probe_val__c512__q4_0-q4_0", 64, 32, kTolQuant},
     // recall: llamacpp.json's runs (f16, q8_0, q4_0) and the f32 runs.
     {"recall_c512_f32", kRecall, "recall_val", 512, "codec=f32", Source::kRecallF32, "512", 4, 1, kTolF32},
@@ -149,8 +150,8 @@ const PplCase kCases[] = {
     {"recall_c8192_f16", kRecall, "recall_val", 8192, "codec=f16", Source::kRecallJson, "ppl_c8192_f16", 1, 1, kTolF16},
     {"recall_c2048_q8_0", kRecall, "recall_val", 2048, "codec=int8,sym=1", Source::kRecallJson, "ppl_c2048_q8_0", 1, 1,
      kTolQuant},
-    {"recall_c2048_q4_0", kRecall, "recall_val", 2048, "codec=int4,sym=1", Source::kRecallJson, "ppl_c2048_q4_0", 1, 1,
-     kTolRecallQ4},
+    {"recall_c2048_q4_0", kRecall, "recall_val", 2048, "codec=int4,sym=1,rotate=none", Source::kRecallJson,
+     "ppl_c2048_q4_0", 1, 1, kTolRecallQ4},
 };
 
 std::vector<double> GoldenRunningPpl(const PplCase& c) {

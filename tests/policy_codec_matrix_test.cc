@@ -47,7 +47,7 @@ TEST(PolicyCodecMatrixTest, EveryCombinationRunsAndFreesOrIsRefusedUpFront) {
   ASSERT_TRUE(heads.Save(heads_path).ok());
 
   const std::vector<std::string> codecs = {
-      "codec=f32", "codec=f16", "codec=int8", "codec=int4", "codec=int2", "codec=kivi4,page=32",
+      "codec=f32", "codec=f16", "codec=int8", "codec=int4,rotate=none", "codec=int2,clip=0", "codec=kivi4,page=32",
       "codec=kivi2,page=32", "codec=kivi4,page=64,group=64,prerope=1", "codec=int4,residual=32",
       "codec=int2,outliers=0.01", "codec=int4,rotate=hadamard", "codec=kivi2,page=32,prerope=1,sinks=1"};
   // Budgets sized for the 320-token prompt: each policy removes about half.

@@ -564,10 +564,12 @@ class Tuner {
 }  // namespace
 
 std::vector<std::string> DefaultTuneSpace(const TuneHeadTables& heads) {
-  std::vector<std::string> s = {"codec=f16",         "codec=int8",          "codec=int8,sym=1",
-                                "codec=int4",        "codec=int4,sym=1",    "codec=int4,group=64",
-                                "codec=int4,rotate=hadamard", "codec=int2", "codec=int2,rotate=hadamard",
-                                "codec=kivi4",       "codec=kivi2"};
+  // A bare codec=X is its default setting (kv::DefaultsOf: int4 rotated, int2 clipped); the unrotated
+  // int4 and unclipped int2 it meant before are named beside it.
+  std::vector<std::string> s = {"codec=f16", "codec=int8", "codec=int8,sym=1",
+                                "codec=int4", "codec=int4,rotate=none", "codec=int4,sym=1,rotate=none",
+                                "codec=int4,group=64", "codec=int2", "codec=int2,clip=0", "codec=int2,rotate=hadamard",
+                                "codec=kivi4", "codec=kivi2"};
   for (const char* codec : {"kivi4", "kivi2"}) {
     for (int page : {32, 128}) {
       for (int group : {32, 64}) {

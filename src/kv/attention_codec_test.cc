@@ -183,13 +183,13 @@ std::vector<Case> Cases() {
     out.push_back({"codec=f32,prerope=1", dim, 1.5e-6, 4.5e-6});    // 1.04e-6 / 3.2e-6
     out.push_back({"codec=int8", dim, 0.008, 0.0095});              // 0.0061 / 0.0070
     out.push_back({"codec=int8,group=64", dim, 0.0085, 0.012});     // 0.0063 / 0.0089
-    out.push_back({"codec=int4", dim, 0.135, 0.18});                // 0.104 / 0.137
+    out.push_back({"codec=int4,rotate=none", dim, 0.135, 0.18});    // 0.104 / 0.137
     out.push_back({"codec=int4,group=64,rotate=hadamard", dim, 0.155, 0.165});  // 0.118 / 0.125
-    out.push_back({"codec=int4,outliers=0.02", dim, 0.11, 0.11});   // 0.085 / 0.084
-    out.push_back({"codec=int4,sym=1", dim, 0.165, 0.25});          // 0.126 / 0.192
+    out.push_back({"codec=int4,outliers=0.02,rotate=none", dim, 0.11, 0.11});  // 0.085 / 0.084
+    out.push_back({"codec=int4,sym=1,rotate=none", dim, 0.165, 0.25});         // 0.126 / 0.192
     out.push_back({"codec=kivi4,page=32,sym=1,group=64", dim, 0.13, 0.19});  // 0.101 / 0.145
     out.push_back({"codec=int4,residual=20,sinks=3", dim, 0.125, 0.165});    // 0.095 / 0.124
-    out.push_back({"codec=int2", dim, 0.7, 0});                     // 0.549 / (0.824)
+    out.push_back({"codec=int2,clip=0", dim, 0.7, 0});              // 0.549 / (0.824)
     out.push_back({"codec=int2,rotate=hadamard", dim, 0.7, 0});     // 0.537 / (0.806)
     out.push_back({"codec=kivi2,page=32,rotate=values,prerope=1", dim, 0.54, 0});  // 0.415 / (0.880)
     out.push_back({"codec=kivi4,page=32", dim, 0.1, 0.2});          // 0.078 / 0.154
@@ -266,7 +266,8 @@ TEST(AttentionCodecTest2, QualityOrdering) {
     Attention(kv, 0, q.data(), &q_pos, 1, n_heads, 0.125f, out.data(), nullptr);
     return RelError(out, ref);
   };
-  const double int8 = error("codec=int8"), int4 = error("codec=int4"), int2 = error("codec=int2");
+  const double int8 = error("codec=int8"), int4 = error("codec=int4,rotate=none"),
+               int2 = error("codec=int2,clip=0");
   EXPECT_LT(int8, int4);
   EXPECT_LT(int4, int2);
   EXPECT_LT(error("codec=kivi2,page=32,residual=0"), int2);

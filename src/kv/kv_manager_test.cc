@@ -329,7 +329,8 @@ TEST(KVManagerTest, ForkPrefixSharesPagesAndCopiesOnWrite) {
 // hashes, and the copy is independent of the original; pages an image
 // cannot describe (demoted ones) are refused, naming the way out.
 TEST(KVManagerTest, ExportedSequencesImportUnchangedIntoAnotherManager) {
-  for (const std::string spec : {"codec=f16,page=16", "codec=kivi4,page=8,residual=8", "codec=int4,page=16"}) {
+  for (const std::string spec : {"codec=f16,page=16", "codec=kivi4,page=8,residual=8", "codec=int4,page=16",
+                                 "codec=int4,page=16,rotate=hadamard"}) {
     SCOPED_TRACE(spec);
     auto a = MakeManager(spec), b = MakeManager(spec);
     std::mt19937 rng(8);

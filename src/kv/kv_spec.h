@@ -14,13 +14,16 @@
 //             of llama.cpp's q8_0/q4_0. kivi4/kivi2: KIVI — keys per channel
 //             over each page's tokens, values per token (use page=32..128).
 //   page      tokens per page, a power of two in 1..256              default 16
-//             A codec named alone (none of page, group, residual, rotate,
-//             prerope given) takes its own setting of the five: kivi2
-//             page=128,group=64,residual=0,rotate=hadamard,prerope=1, kivi4
-//             the same without rotate (docs/kv-quantization.md, "Codec
-//             defaults"); naming any of them keeps these per-key defaults for
-//             the others, and every canonical form names page, so a string
-//             means what it meant when it was written.
+//             A codec named without page, group, residual, rotate and
+//             prerope takes its own default setting for every key not named:
+//             kivi2 and kivi4 page=128,group=64,residual=0,rotate=hadamard,
+//             prerope=1, int4 rotate=hadamard, int2 clip=1
+//             (docs/kv-quantization.md, "Codec defaults"); a default
+//             rotate=hadamard or prerope=1 is left out when a policy prunes
+//             key channels (think). Naming any of the five keeps the per-key
+//             defaults below for the others (codec=int4,rotate=none is the
+//             plain per-token int4), and every canonical form names page, so a
+//             string means what it meant when it was written.
 //   budget    pool bytes: integer with optional suffix K, M, G (binary, also
 //             KiB, MiB, GiB; case-insensitive; B = bytes: ParseByteSize,
 //             util/byte_size.h, as every size kvx reads). 0 = size the pool
@@ -38,7 +41,7 @@
 //             per group; KIVI keys stay asymmetric per channel)     default 0
 //   clip      0 | 1: MSE-optimal clipping — each group's range is searched
 //             (shrunk by up to 40%) for the least squared error; costs no
-//             bytes, only encoding time                              default 0
+//             bytes, only encoding time        default 0 (int2 alone: 1)
 //   residual  newest tokens per head kept in f16 before their page is sealed
 //             (KIVI's residual window; pages seal whole)  default 32 for kivi*, else 0
 //   sinks     first tokens kept in f16 for ever (attention sinks), rounded up
@@ -49,7 +52,7 @@
 // Any codec:
 //   rotate    none | hadamard | values: randomized Hadamard rotation of K and V
 //             (values: V only) per head before encoding (QuaRot/RotateKV)
-//                                                                  default none
+//                                    default none (int4, kivi* alone: hadamard)
 //   prerope   0 | 1: cache keys before RoPE, apply it on read (KVQuant)   default 0
 // Example: "codec=kivi2,page=128,group=64,residual=32;budget=256M".
 // Policy groups: policy=NAME configures an eviction/merging policy

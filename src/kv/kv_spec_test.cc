@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <utility>
 
 #include "kv/resolved_spec.h"
 #include "kv/sequence_kv.h"
@@ -41,13 +42,14 @@ TEST(KVSpecTest, EmptyIsDefaults) {
   EXPECT_EQ(KVSpec{}.ToString(), "codec=f16,page=16");
 }
 
-// A codec named alone takes its setting (DefaultsOf); a spec naming any of
-// page, group, residual, rotate or prerope keeps the per-key defaults, so
-// every canonical form (it names page) means what it meant when written.
+// A codec named alone takes its setting (DefaultsOf) for every key it does
+// not name; a spec naming any of page, group, residual, rotate or prerope
+// keeps the per-key defaults, so every canonical form (it names page) means
+// what it meant when written.
 TEST(KVSpecTest, CodecDefaultsApplyToACodecNamedAlone) {
   EXPECT_EQ(MustParse("codec=kivi2").ToString(), "codec=kivi2,page=128,group=64,residual=0,rotate=hadamard,prerope=1");
   EXPECT_EQ(MustParse("codec=kivi4;policy=snapkv,ratio=0.5").ToString(),
-            "codec=kivi4,page=128,group=64,residual=0,prerope=1;policy=snapkv,ratio=0.5");
+            "codec=kivi4,page=128,group=64,residual=0,rotate=hadamard,prerope=1;policy=snapkv,ratio=0.5");
   for (const char* named : {"codec=kivi2,page=16", "codec=kivi2,rotate=none", "codec=kivi2,prerope=0",
                             "codec=kivi2,residual=32", "codec=kivi2,group=32"}) {
     const KVSpec s = MustParse(named);
@@ -57,10 +59,16 @@ TEST(KVSpecTest, CodecDefaultsApplyToACodecNamedAlone) {
     EXPECT_EQ(s.codec.rotation, Rotation::kNone) << named;
     EXPECT_FALSE(s.codec.pre_rope) << named;
   }
-  for (const char* other : {"codec=int4", "codec=int8", "codec=int2", "codec=f16"}) {
+  EXPECT_EQ(MustParse("codec=int4").ToString(), "codec=int4,page=16,rotate=hadamard");
+  EXPECT_EQ(MustParse("codec=int2").ToString(), "codec=int2,page=16,clip=1");
+  for (const char* other : {"codec=int8", "codec=f16"}) {
     EXPECT_EQ(MustParse(other).ToString(), std::string(other) + ",page=16") << other;
   }
-  for (const char* s : {"codec=kivi2", "codec=kivi4", "codec=kivi2,page=16", "codec=kivi2,rotate=none"}) {
+  // Keys outside the five keep the setting (codec=int4,sym=1 is rotated).
+  EXPECT_EQ(MustParse("codec=int4,sym=1").ToString(), "codec=int4,page=16,sym=1,rotate=hadamard");
+  EXPECT_EQ(MustParse("codec=int2,outliers=0.01").ToString(), "codec=int2,page=16,clip=1,outliers=0.01");
+  for (const char* s : {"codec=kivi2", "codec=kivi4", "codec=int4", "codec=int2", "codec=kivi2,page=16",
+                        "codec=kivi2,rotate=none"}) {
     EXPECT_EQ(MustParse(MustParse(s).ToString()), MustParse(s)) << s;
   }
   // Issue 41: kivi2 at its defaults is at least 6x smaller than f16 (the
@@ -71,6 +79,42 @@ TEST(KVSpecTest, CodecDefaultsApplyToACodecNamedAlone) {
     return static_cast<double>(BytesForContext(r.layout, r.layers, 4096));
   };
   EXPECT_GE(bytes("codec=f16") / bytes("codec=kivi2"), 6.0);
+}
+
+// The settings a bare codec meant before its defaults changed stay
+// expressible, and their canonical forms are the ones stored reports hold
+// (scripts/pin_default_specs.py rewrites bare strings into these).
+TEST(KVSpecTest, ExplicitOldSettingsRoundTrip) {
+  const std::pair<const char*, const char*> old_settings[] = {
+      {"codec=int4,rotate=none", "codec=int4,page=16"},
+      {"codec=int2,clip=0", "codec=int2,page=16"},
+      {"codec=int2,sym=1,clip=0", "codec=int2,page=16,sym=1"},
+      {"codec=int4,sym=1,rotate=none;policy=snapkv,ratio=0.5", "codec=int4,page=16,sym=1;policy=snapkv,ratio=0.5"},
+      {"codec=kivi4,page=128,group=64,residual=0,prerope=1", "codec=kivi4,page=128,group=64,residual=0,prerope=1"},
+  };
+  for (const auto& [pinned, canonical] : old_settings) {
+    const KVSpec s = MustParse(pinned);
+    EXPECT_EQ(s.ToString(), canonical) << pinned;
+    EXPECT_EQ(MustParse(s.ToString()), s) << pinned;
+    EXPECT_EQ(MustParse(canonical), s) << pinned;
+  }
+}
+
+// A policy that prunes key channels (think) takes a codec's defaults without
+// the ones that mix key channels; named explicitly they stay (and ThinK's
+// CheckSpec refuses them: think_test.cc).
+TEST(KVSpecTest, KeyChannelPruningDropsDefaultKeyMixing) {
+  const KVSpec int4 = MustParse("codec=int4;policy=think,lambda=0.5");
+  EXPECT_EQ(int4.codec.rotation, Rotation::kNone);
+  EXPECT_EQ(int4.ToString(), "codec=int4,page=16;policy=think,lambda=0.5");
+  EXPECT_EQ(MustParse(int4.ToString()), int4);
+  const KVSpec kivi2 = MustParse("codec=kivi2;policy=snapkv,ratio=0.5;policy=think");
+  EXPECT_EQ(kivi2.codec.rotation, Rotation::kNone);
+  EXPECT_FALSE(kivi2.codec.pre_rope);
+  EXPECT_EQ(kivi2.page_tokens, 128);  // the rest of the setting stays
+  EXPECT_EQ(MustParse("codec=int4;policy=snapkv,ratio=0.5").codec.rotation, Rotation::kHadamard);
+  EXPECT_EQ(MustParse("codec=int4,rotate=hadamard;policy=think").codec.rotation, Rotation::kHadamard);
+  EXPECT_TRUE(MustParse("codec=kivi4,page=128,prerope=1;policy=think").codec.pre_rope);
 }
 
 TEST(KVSpecTest, FullSpecWithGroupsAndWhitespace) {
@@ -120,7 +164,7 @@ TEST(KVSpecTest, QuantizationKeys) {
             "codec=kivi2,page=128,group=64,residual=64,sinks=4,rotate=hadamard,prerope=1,outliers=0.01");
   EXPECT_EQ(MustParse(s.ToString()), s);
 
-  KVSpec b = MustParse("codec=int4,bits=k8v4,bits.0=k16v16,bits.2-3=2;budget=1M");
+  KVSpec b = MustParse("codec=int4,bits=k8v4,bits.0=k16v16,bits.2-3=2,rotate=none;budget=1M");
   EXPECT_EQ(b.codec.k_bits, 8);
   EXPECT_EQ(b.codec.v_bits, 4);
   ASSERT_EQ(b.codec.layer_bits.size(), 2u);
@@ -132,13 +176,11 @@ TEST(KVSpecTest, QuantizationKeys) {
   // Any codec may rotate or cache pre-RoPE keys; defaults print nothing.
   EXPECT_EQ(MustParse("codec=f16,rotate=none,prerope=0").ToString(), "codec=f16,page=16");
   EXPECT_TRUE(MustParse("codec=f32,prerope=true").codec.pre_rope);
-  for (std::string_view c : {"int8", "int4", "int2"}) {  // kivi*: CodecDefaultsApplyToACodecNamedAlone
-    EXPECT_EQ(MustParse("codec=" + std::string(c)).ToString(), "codec=" + std::string(c) + ",page=16");
-  }
+  EXPECT_EQ(MustParse("codec=int8").ToString(), "codec=int8,page=16");  // others: CodecDefaultsApply...
   EXPECT_EQ(KVSpec{}.codec, CodecId::kF16);  // a CodecId is a complete config
   EXPECT_EQ(MustParse("codec=kivi4,page=32").codec.EffectiveResidual(), CodecConfig::kDefaultKiviResidual);
   EXPECT_EQ(MustParse("codec=int4").codec.EffectiveResidual(), 0);
-  EXPECT_EQ(MustParse("codec=int4,outliers=0.005").codec.ToString(), "codec=int4,outliers=0.005");
+  EXPECT_EQ(MustParse("codec=int4,outliers=0.005,page=16").codec.ToString(), "codec=int4,outliers=0.005");
   EXPECT_EQ(MustParse("codec=int4,sym=1,group=64").ToString(), "codec=int4,page=16,group=64,sym=1");
   ExpectError("codec=f16,sym=1", {"'sym' needs a quantized codec"});
 }

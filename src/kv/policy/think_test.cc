@@ -240,6 +240,12 @@ TEST(ThinKTest, RejectsWhatItCannotPrune) {
   EXPECT_NE(err("codec=int2;policy=think").find("saves no bytes with int2"), std::string::npos);
   EXPECT_NE(err("codec=int2;policy=think").find("use codec=f16"), std::string::npos);
   EXPECT_NE(err("codec=kivi4;policy=think").find("int4"), std::string::npos);
+  // int4's default rotation gives way to ThinK (kv_spec.h); named, it is refused with the fix.
+  EXPECT_EQ(err("codec=int4;policy=think,lambda=0.5"), "ok");
+  EXPECT_NE(err("codec=int4,rotate=hadamard;policy=think,lambda=0.5").find("rotate=hadamard mixes them: use "
+                                                                           "rotate=none"),
+            std::string::npos);
+  EXPECT_NE(err("codec=kivi2;policy=think").find("no pruned page format for kivi2"), std::string::npos);
   EXPECT_NE(err("codec=int4,outliers=0.01;policy=think").find("outliers"), std::string::npos);
   EXPECT_NE(err("codec=f16,prerope=1;policy=think").find("prerope"), std::string::npos);
   EXPECT_NE(err("codec=f16;policy=think,mode=continuous").find("mode=once"), std::string::npos);

@@ -79,7 +79,7 @@ TEST(BlockKeyTest, EveryIngredientChangesTheKey) {
   distinct(BlockKeys(Space("codec=f16", 0x1235), 7, t)[1], "the model fingerprint");
   distinct(BlockKeys(base, 8, t)[1], "the tenant salt");
   distinct(BlockKeys(Space("codec=f16", 0x1234, 16), 7, t)[3], "the block size");
-  for (const char* spec : {"codec=f32", "codec=int8", "codec=int4", "codec=int4,bits=k4v2", "codec=int4,group=16",
+  for (const char* spec : {"codec=f32", "codec=int8", "codec=int4,rotate=none", "codec=int4,bits=k4v2", "codec=int4,group=16",
                            "codec=int4,sym=1", "codec=int4,clip=1", "codec=kivi4,page=16", "codec=kivi4,residual=64",
                            "codec=kivi4,prerope=1", "codec=f16,prerope=1", "codec=int4,rotate=hadamard",
                            "codec=int4,rotate=values", "codec=int4,sinks=16", "codec=int4,outliers=0.01",
@@ -100,7 +100,7 @@ TEST(BlockKeyTest, EveryIngredientChangesTheKey) {
 
 TEST(BlockKeyTest, TwoSpellingsOfOneSpecGiveOneFingerprint) {
   const uint64_t int4 = Space("codec=int4").spec_fingerprint;
-  EXPECT_EQ(Space("codec=int4,bits=k4v4,group=32").spec_fingerprint, int4);
+  EXPECT_EQ(Space("codec=int4,bits=k4v4,group=32,rotate=hadamard").spec_fingerprint, int4);
   EXPECT_EQ(Space("codec=int4,bits=4;budget=64M").spec_fingerprint, int4);          // the budget stores nothing
   EXPECT_EQ(Space("codec=int4;policy=h2o,budget=256").spec_fingerprint, int4);      // policies choose, not encode
   EXPECT_EQ(Space("codec=kivi4,page=16,residual=32").spec_fingerprint, Space("codec=kivi4,page=16").spec_fingerprint);
