@@ -495,9 +495,15 @@ class Tuner {
     for (const auto& [role, i] : tr.compared) {
       if (i >= 0 && std::find(compared.begin(), compared.end(), i) == compared.end()) compared.push_back(i);
     }
+    // Whatever way this ends, no pending work is left in the bar.
+    struct ClearPending {
+      ProgressBar* bar;
+      ~ClearPending() {
+        if (bar) bar->SetPending(0, 0);
+      }
+    } clear_pending{hooks_.progress};
     expect_after(opt_.compare_retrieval ? compared.size() : 1);
     Result<RetrievalRun> f16 = score("codec=f16", nullptr);
-    if (!f16.ok() || f16->stopped) expect_after(0);
     if (!f16.ok()) return f16.status().WithContext("tune retrieval");
     // Stopped during f16's prompts: nothing judged, the choice on KLD stands.
     if (f16->stopped) return Status::Ok();
@@ -537,7 +543,6 @@ class Tuner {
         KVX_ASSIGN_OR_RETURN(going, judge(alive->front(), true));
       }
     }
-    expect_after(0);
     result_.retrieval->seconds = util::MonotonicSeconds() - t0;
     Rank(alive, r);
     Choose();

@@ -89,6 +89,7 @@ RetrievalScorer ModelRetrievalScorer(const model::Model& model, ThreadPool* thre
       run.stopped = true;
       return run;
     }
+    run.error = report.specs[0].error;  // the spec failed to run at all
     for (Task t : settings.tasks) {
       const std::optional<RetrievalResult>& r = *report.specs[0].Retrieval(t);
       if (r && !r->ok && !gave_up && run.error.empty()) run.error = std::string(TaskName(t)) + ": " + r->error;
