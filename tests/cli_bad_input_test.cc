@@ -321,6 +321,8 @@ std::string Fixture(const std::string& name) {
                                                   kF32Nan); }},
       {"empty.txt", FileWith(dir, "empty.txt", "")},
       {"requests.jsonl", FileWith(dir, "requests.jsonl", "{\"prompt\": \"the cat\"}\n")},
+      {"three_requests.jsonl", FileWith(dir, "three_requests.jsonl",
+                                        "{\"prompt\": \"the cat\"}\n{\"prompt\": \"a dog\"}\n{\"prompt\": \"hi\"}\n")},
       // Output targets kvx must neither write through nor replace.
       {"fifo", [dir] {
          ::mkfifo((dir + "/a_fifo").c_str(), 0644);
@@ -642,6 +644,24 @@ TEST_P(CliBadInputTest, Rejects) {
 }
 
 std::string RowName(const ::testing::TestParamInfo<Row>& info) { return info.param.name; }
+
+// Several sequences in one step (kvx batch prefills the three prompts
+// together): the engine checks their logits row by row on the pool, and each
+// request fails with the culprit's token id.
+TEST(CliBadInputBatchTest, NonFiniteLogitsFailEveryRequestOfTheStep) {
+  const std::vector<std::string> argv = {BinaryDir() + "/kvx", "batch", Fixture("three_requests.jsonl"),
+                                         "-m", Fixture("nan_logit_row"), "-n", "4", "-t", "2"};
+  const CommandOutcome r = RunCommand(argv, 120);
+  SCOPED_TRACE(r.output);
+  ASSERT_TRUE(r.exited) << r.Describe();
+  EXPECT_EQ(r.exit_code, 1);
+  size_t failed = 0;
+  for (size_t at = 0; (at = r.output.find("\"error\":\"internal error: the model computed a NaN or infinite logit "
+                                           "(token id 5)", at)) != std::string::npos; ++at) {
+    ++failed;
+  }
+  EXPECT_EQ(failed, 3u);
+}
 
 INSTANTIATE_TEST_SUITE_P(BadInput, CliBadInputTest, ::testing::ValuesIn(Rows()), RowName);
 

@@ -1,6 +1,8 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstring>
 
 #include "engine/session.h"
 #include "kv/policy/policy.h"
@@ -187,21 +189,53 @@ Status Engine::Step(std::span<const StepInput> inputs) {
   // 4. Commit (then the policies), and hand out the logits. Logits that
   // are not finite would be sampled or scored as garbage (a NaN argmax is
   // token 0, a NaN perplexity prints as a number): the step is an error.
-  // One pass over the rows, next to the output matmul that made them.
   const Status committed = kv_->CommitStep();
-  if (const int64_t at = FirstNonFinite(logits_.data(), logits_.size()); at >= 0) {
-    return Internal("the model computed a NaN or infinite logit (token id " + std::to_string(at % n_vocab) +
-                    "): its weights or activations overflow, so its output would be garbage");
+  KVX_RETURN_IF_ERROR(HandOutLogits(inputs));
+  return committed;
+  return committed;
+}
+
+int64_t CopyRowsCheckingFinite(const float* src, std::span<float* const> dst, size_t n, ThreadPool* pool) {
+  std::atomic<int64_t> first_bad{-1};
+  auto copy_rows = [&](size_t r0, size_t r1, int) {
+    for (size_t r = r0; r < r1; ++r) {
+      std::memcpy(dst[r], src + r * n, n * sizeof(float));
+      const int64_t at = FirstNonFinite(dst[r], n);
+      if (at < 0) continue;
+      const int64_t here = static_cast<int64_t>(r * n) + at;
+      int64_t seen = first_bad.load(std::memory_order_relaxed);
+      while ((seen < 0 || here < seen) && !first_bad.compare_exchange_weak(seen, here)) {
+      }
+    }
+  };
+  if (dst.size() > 1 && pool != nullptr && pool->size() > 1) {
+    pool->ParallelFor(dst.size(), copy_rows);
+  } else {
+    copy_rows(0, dst.size(), 0);
   }
-  size_t row = 0;
+  return first_bad.load();
+}
+
+// The vectors keep their storage across steps (callers reuse them), so the
+// resize below is normally a no-op. On a non-finite logit the vectors hold
+// what was copied (the step is an error).
+Status Engine::HandOutLogits(std::span<const StepInput> inputs) {
+  const size_t n_vocab = static_cast<size_t>(model_->config().n_vocab);
+  std::vector<float*>& dst = logit_dst_;  // per logit row
+  dst.clear();
   for (const StepInput& in : inputs) {
     if (in.logits == nullptr) continue;
-    const int n = static_cast<int>(in.tokens.size());
-    const size_t rows = in.first_logit_row < 0 ? 1 : static_cast<size_t>(n - in.first_logit_row);
-    in.logits->assign(logits_.begin() + row * n_vocab, logits_.begin() + (row + rows) * n_vocab);
-    row += rows;
+    const size_t rows = in.first_logit_row < 0 ? 1 : in.tokens.size() - static_cast<size_t>(in.first_logit_row);
+    if (in.logits->size() != rows * n_vocab) in.logits->resize(rows * n_vocab);
+    for (size_t r = 0; r < rows; ++r) dst.push_back(in.logits->data() + r * n_vocab);
   }
-  return committed;
+  KVX_CHECK(dst.size() * n_vocab == logits_.size());
+  if (const int64_t at = CopyRowsCheckingFinite(logits_.data(), dst, n_vocab, threads_); at >= 0) {
+    return Internal("the model computed a NaN or infinite logit (token id " +
+                    std::to_string(at % static_cast<int64_t>(n_vocab)) +
+                    "): its weights or activations overflow, so its output would be garbage");
+  }
+  return Status::Ok();
 }
 
 }  // namespace kvx::engine

@@ -59,6 +59,14 @@ struct StepInput {
   model::RowRecompute* recompute = nullptr;
 };
 
+// Copies row r of `src` (rows of n floats) to dst[r] for every r, over
+// `pool` (may be null), checking each row for NaN and infinity while it is
+// in cache; returns the index into src of the first such value, or -1. One
+// pass over a step's logits: a separate check of the whole buffer and then a
+// copy on the caller alone took 1.0 ms of an 11 ms 32-sequence step
+// (smollm2's 49152-entry rows, 6.3 MB), the check reading at 8 GB/s.
+int64_t CopyRowsCheckingFinite(const float* src, std::span<float* const> dst, size_t n, ThreadPool* pool);
+
 class Engine {
  public:
   // Checks the options, loads the model, makes the threads, resolves the
@@ -100,6 +108,8 @@ class Engine {
  private:
   Engine() = default;
   Status Init(const EngineOptions& options);
+  // Step's last part: each input's logits from logits_, checked finite.
+  Status HandOutLogits(std::span<const StepInput> inputs);
 
   std::unique_ptr<model::Model> own_model_;
   std::unique_ptr<ThreadPool> own_threads_;
@@ -111,6 +121,7 @@ class Engine {
   model::ForwardScratch scratch_;
   model::ForwardBatch batch_;
   std::vector<float> logits_;
+  std::vector<float*> logit_dst_;  // HandOutLogits' destination of each row
 };
 
 }  // namespace kvx::engine

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
@@ -103,6 +104,28 @@ TEST(EngineTest, RecomputingEveryRowIsThePlainForwardPass) {
   EveryRow grows(static_cast<int>(tokens.size()), c.n_kv_heads * c.head_dim, true);
   StepInput g{fresh->get(), tokens, -1, &got, &grows};
   EXPECT_FALSE(e.Step({&g, 1}).ok());
+}
+
+// A step's logits are copied to their inputs and checked row by row over the
+// pool: a NaN or infinity in any row is found, the first (in row order) is
+// reported, and every row is copied whole.
+TEST(EngineTest, CopyRowsCheckingFiniteChecksEveryRow) {
+  constexpr size_t kRows = 9, kN = 1000;
+  std::vector<float> src(kRows * kN);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = 0.001f * static_cast<float>(i % 977);
+  std::vector<std::vector<float>> out(kRows, std::vector<float>(kN, -1.0f));
+  std::vector<float*> dst;
+  for (auto& row : out) dst.push_back(row.data());
+  for (int threads : {1, 2}) {
+    ThreadPool pool(threads);
+    EXPECT_EQ(CopyRowsCheckingFinite(src.data(), dst, kN, &pool), -1);
+    for (size_t r = 0; r < kRows; ++r) EXPECT_TRUE(std::equal(out[r].begin(), out[r].end(), src.begin() + r * kN));
+    std::vector<float> bad = src;
+    bad[7 * kN + 3] = std::numeric_limits<float>::infinity();  // the last rows only: one pool thread's share
+    bad[8 * kN + 1] = std::numeric_limits<float>::quiet_NaN();
+    EXPECT_EQ(CopyRowsCheckingFinite(bad.data(), dst, kN, &pool), static_cast<int64_t>(7 * kN + 3)) << threads;
+    EXPECT_EQ(CopyRowsCheckingFinite(bad.data() + 8 * kN, {&dst[0], 1}, kN, nullptr), 1);
+  }
 }
 
 }  // namespace
