@@ -69,11 +69,12 @@ struct Prefetch {
 // One pass over a group (decode, a step of a few rows): its own stream,
 // kStreamAheadBytes ahead, a unit per chunk. 8 KiB, not 4: with two threads
 // streaming, 4 KiB ahead left each short of requests in flight (AMD EPYC
-// Zen 5 VM, idle, interleaved rounds: ops_bench DecodeSweep/q8_0_repacked/thr2
-// 4.2-4.3 -> 3.4-3.8 ms in the slow-bandwidth state, StepGemm rows8/thr2 ~7%
-// faster; kvx bench, 4 ABBA rounds: 4 and 8 sequences per step 1.14x and
-// 1.10x in every round, one sequence 1.02-1.04x, one thread unchanged). 16 KiB
-// made one thread 5-10% slower; 6 and 12 KiB were within the noise of 8.
+// Zen 5 VM, idle; the same binary with either distance in 10 ABBA rounds of
+// kvx bench --seqs 1,4,8: 4 and 8 sequences per step 1.05x and 1.04x in the
+// median, 0.99-1.14x by round, in both of the machine's bandwidth states; one
+// sequence 1.01x; ops_bench DecodeSweep/q8_0_repacked/thr2 4.2 -> 3.6 ms in
+// the slow state, one thread unchanged). 16 KiB made one thread 5-10%
+// slower; 6 and 12 KiB were within the noise of 8.
 constexpr int64_t kStreamAheadBytes = 8192;
 inline Prefetch StreamAhead(const Interleaved16& g, int64_t group) {
   return {g.Unit(group, 0) + kStreamAheadBytes, Prefetch::kUnitLines};
