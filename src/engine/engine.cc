@@ -168,10 +168,7 @@ Status Engine::Step(std::span<const StepInput> inputs) {
   // 2. Reserve every page of the step (all or nothing).
   KVX_RETURN_IF_ERROR(kv_->BeginStep(requests));
   // 3. The batched forward pass, with the policies' observers.
-  std::vector<kv::AttentionObserver*> observers;
-  for (const auto& p : kv_->policies()) {
-    if (p->observer() != nullptr) observers.push_back(p->observer());
-  }
+  const std::vector<kv::AttentionObserver*> observers = Observers();
   ObserverFanOut fan_out(observers);
   // One observer is called directly, unless the profile times it.
   const bool direct = observers.size() == 1 && !util::StepProfileEnabled();
@@ -193,6 +190,20 @@ Status Engine::Step(std::span<const StepInput> inputs) {
   KVX_RETURN_IF_ERROR(HandOutLogits(inputs));
   return committed;
   return committed;
+}
+
+std::vector<kv::AttentionObserver*> Engine::Observers() const {
+  std::vector<kv::AttentionObserver*> observers;
+  for (const auto& p : kv_->policies()) {
+    if (p->observer() != nullptr) observers.push_back(p->observer());
+  }
+  return observers;
+}
+
+std::string Engine::PromptArithmeticKey(int n_q) const {
+  const std::vector<kv::AttentionObserver*> observers = Observers();
+  const ObserverFanOut fan_out(observers);  // what Step hands the forward pass (or its one observer: the same answers)
+  return kv::Participation(observers.empty() ? nullptr : &fan_out, 0, n_q).ArithmeticKey();
 }
 
 int64_t CopyRowsCheckingFinite(const float* src, std::span<float* const> dst, size_t n, ThreadPool* pool) {

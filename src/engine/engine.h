@@ -104,12 +104,19 @@ class Engine {
   kv::BlockPool& pool() { return kv_->pool(); }
   int n_ctx() const { return kv_->spec().n_ctx; }
   int n_batch() const { return options_.n_batch; }
+  // How this engine's policies take part in the attention of a prompt call
+  // of n_q queries (kv::ObserverParticipation::ArithmeticKey): engines with
+  // the same KV pages and equal keys compute such a call bit for bit alike,
+  // which eval's prefill cache relies on (eval/prefill_cache.h).
+  std::string PromptArithmeticKey(int n_q) const;
 
  private:
   Engine() = default;
   Status Init(const EngineOptions& options);
   // Step's last part: each input's logits from logits_, checked finite.
   Status HandOutLogits(std::span<const StepInput> inputs);
+  // The policies' attention observers (those that have one).
+  std::vector<kv::AttentionObserver*> Observers() const;
 
   std::unique_ptr<model::Model> own_model_;
   std::unique_ptr<ThreadPool> own_threads_;

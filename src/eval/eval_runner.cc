@@ -620,7 +620,10 @@ class Runner {
     }
     const model::Tokenizer& tok = model_.tokenizer();
     const std::optional<int> prompt_window = rts_[r]->kv_manager().PromptWindow();
-    const std::string page_key = PrefillCache::PageKey(rts_[r]->kv_spec());
+    // The pages, and how the policies' observers take part in a prompt call
+    // (their arithmetic: prefill_cache.h).
+    const std::string page_key =
+        PrefillCache::PageKey(rts_[r]->kv_spec()) + "|" + rts_[r]->PromptArithmeticKey(opt_.n_batch);
     engine::GenerateOptions g;
     g.sampler.temperature = 0;  // greedy
     g.sampler.repeat_penalty = 1.0f;

@@ -21,6 +21,14 @@
 // earlier calls left. The spec's attention then reads the same bytes in the
 // same order as with its own prefill: results are identical, not close
 // (eval_prefill_share_test checks a report with and without the cache).
+// Only if the early calls ran the same arithmetic: an observer changes it
+// (kv::ObserverParticipation: a column-sum call runs each head's chain as
+// one chunk, a probability call sends its window's rows through the general
+// path), so the key holds Engine::PromptArithmeticKey beside the pages. A
+// SnapKV or TOVA spec then shares with the other column-sum specs of its
+// codec, not with the codec's spec without a policy: the two prefills
+// differ in the last bits, and TOVA at ratio 0.5 on rotated int4 kept other
+// entries after taking the unobserved prefill.
 //
 // Thread-safety: none (the eval runner's thread).
 #pragma once
@@ -48,7 +56,8 @@ class PrefillCache {
   explicit PrefillCache(uint64_t budget_bytes) : budget_bytes_(budget_bytes) {}
 
   // Which prompt: the spec's pages (its KV spec without policies and
-  // budget), the probe plan, the item, and the prefix length.
+  // budget, then "|" and its prompt calls' arithmetic), the probe plan,
+  // the item, and the prefix length.
   using Key = std::tuple<std::string, const void*, size_t, int>;
   static std::string PageKey(const kv::KVSpec& spec);
 

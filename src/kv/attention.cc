@@ -591,6 +591,22 @@ std::atomic<bool>& ColumnSumsAllowed() {
   return allowed;
 }
 
+std::string ObserverParticipation::ArithmeticKey() const {
+  if (!probabilities) return "none";
+  if (column_sums) return "column-sums";
+  return "probabilities,window=" + std::to_string(window);
+}
+
+ObserverParticipation Participation(const AttentionObserver* observer, int seq, int n_q) {
+  ObserverParticipation p;
+  p.observed = observer != nullptr && observer->Observes(seq, n_q);
+  p.probabilities = p.observed && observer->WantsProbabilities();
+  p.column_sums = p.probabilities && n_q > 1 && observer->WantsColumnSums() &&
+                  ColumnSumsAllowed().load(std::memory_order_relaxed);
+  p.window = p.probabilities ? observer->QueryWindow() : 0;
+  return p;
+}
+
 void Attention(const SequenceKV& kv, int layer, const float* q, const int32_t* q_pos, int n_q, int n_heads,
                float scale, float* out, ThreadPool* pool, AttentionObserver* observer) {
   const AttentionSeq one{&kv, q, q_pos, n_q, out};
@@ -652,12 +668,11 @@ void AttentionBatch(const AttentionSeq* seqs, int n_seqs, int layer, int n_heads
     job.rot = kv.rotation();
     job.keys_rotated = kv.keys_rotated();
     job.pre_rope = kv.keys_pre_rope();
-    const bool observed = observer != nullptr && observer->Observes(si, sq.n_q);
-    if (observed) observer->OnQueries(si, layer, sq.q, sq.n_q, n_heads, L.head_dim);
-    job.observer = observed && observer->WantsProbabilities() ? observer : nullptr;
+    const ObserverParticipation part = Participation(observer, si, sq.n_q);
+    if (part.observed) observer->OnQueries(si, layer, sq.q, sq.n_q, n_heads, L.head_dim);
+    job.observer = part.probabilities ? observer : nullptr;
     job.obs_first_row = job.observer == nullptr ? 0 : (window > 0 ? std::max(0, sq.n_q - window) : 0) * job.G;
-    job.column_sums = job.observer != nullptr && sq.n_q > 1 && observer->WantsColumnSums() &&
-                      ColumnSumsAllowed().load(std::memory_order_relaxed);
+    job.column_sums = part.column_sums;
     if (job.column_sums) {  // one chunk per head (a prompt's row blocks keep the threads busy)
       job.chunk_pages = std::max(1, max_pages);
       job.col_index = n_col_heads;

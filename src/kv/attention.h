@@ -56,6 +56,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <string>
 
 #include "kv/sequence_kv.h"
 #include "util/thread_pool.h"
@@ -149,6 +150,24 @@ class AttentionObserver {
 // false sends every observed row through OnProbabilities, the reference
 // path tests compare the column sums with.
 std::atomic<bool>& ColumnSumsAllowed();
+
+// How an observer takes part in a call of n_q queries of batch sequence
+// `seq`, as AttentionBatch decides it. The observer changes the arithmetic,
+// not only what is reported: a column-sum call runs each kv head's chain as
+// one chunk (its taps need the rows' final maxima), and a probability call
+// sends its observed rows (the last QueryWindow() queries) through the
+// general path instead of the fused kernels. Two calls on the same cache
+// with equal Participation give bit-identical outputs; eval's prefill cache
+// shares a prefill only between specs whose prompt calls agree here.
+struct ObserverParticipation {
+  bool observed = false;       // OnQueries is called
+  bool probabilities = false;  // OnProbabilities or OnColumnSums is called
+  bool column_sums = false;    // ... as column sums
+  int window = 0;              // the observed queries (0 = all) when probabilities
+  // "none", "column-sums" or "probabilities,window=W": what the arithmetic depends on.
+  std::string ArithmeticKey() const;
+};
+ObserverParticipation Participation(const AttentionObserver* observer, int seq, int n_q);
 
 // Paged attention for one layer.
 //   q     [n_q][n_heads][head_dim], roped; query head h uses kv head h / (n_heads / n_kv_heads)

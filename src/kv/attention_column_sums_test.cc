@@ -159,5 +159,25 @@ TEST(AttentionColumnSumsTest, SwitchSendsRowsThroughOnProbabilities) {
   EXPECT_EQ(obs.column_calls, 0);
 }
 
+// What an observer changes in a call's arithmetic, as AttentionBatch
+// decides it (eval's prefill cache keys on it).
+TEST(AttentionColumnSumsTest, ParticipationSaysHowACallIsComputed) {
+  EXPECT_EQ(Participation(nullptr, 0, 256).ArithmeticKey(), "none");
+  SumObserver columns(true, 1), rows(false, 32);
+  EXPECT_EQ(Participation(&columns, 0, 256).ArithmeticKey(), "column-sums");
+  EXPECT_EQ(Participation(&columns, 0, 1).ArithmeticKey(), "probabilities,window=1");  // decode: no column sums
+  EXPECT_EQ(Participation(&rows, 0, 256).ArithmeticKey(), "probabilities,window=32");
+  ColumnSumsAllowed() = false;
+  EXPECT_EQ(Participation(&columns, 0, 256).ArithmeticKey(), "probabilities,window=1");
+  ColumnSumsAllowed() = true;
+  struct QueriesOnly : AttentionObserver {
+    bool WantsProbabilities() const override { return false; }
+    void OnProbabilities(int, int, int, int, int, const float*, const int32_t*, int) override {}
+  } queries;
+  const ObserverParticipation q = Participation(&queries, 0, 256);
+  EXPECT_TRUE(q.observed);
+  EXPECT_EQ(q.ArithmeticKey(), "none");
+}
+
 }  // namespace
 }  // namespace kvx::kv
