@@ -189,7 +189,6 @@ Status Engine::Step(std::span<const StepInput> inputs) {
   const Status committed = kv_->CommitStep();
   KVX_RETURN_IF_ERROR(HandOutLogits(inputs));
   return committed;
-  return committed;
 }
 
 std::vector<kv::AttentionObserver*> Engine::Observers() const {

@@ -635,7 +635,6 @@ void AttentionBatch(const AttentionSeq* seqs, int n_seqs, int layer, int n_heads
   size_t n_obs_scores = 0;
   size_t n_parts = 0;
   int n_col_heads = 0;
-  const int window = observer != nullptr ? observer->QueryWindow() : 0;
   for (int si = 0; si < n_seqs; ++si) {
     const AttentionSeq& sq = seqs[si];
     const SequenceKV& kv = *sq.kv;
@@ -671,7 +670,7 @@ void AttentionBatch(const AttentionSeq* seqs, int n_seqs, int layer, int n_heads
     const ObserverParticipation part = Participation(observer, si, sq.n_q);
     if (part.observed) observer->OnQueries(si, layer, sq.q, sq.n_q, n_heads, L.head_dim);
     job.observer = part.probabilities ? observer : nullptr;
-    job.obs_first_row = job.observer == nullptr ? 0 : (window > 0 ? std::max(0, sq.n_q - window) : 0) * job.G;
+    job.obs_first_row = part.window > 0 ? std::max(0, sq.n_q - part.window) * job.G : 0;
     job.column_sums = part.column_sums;
     if (job.column_sums) {  // one chunk per head (a prompt's row blocks keep the threads busy)
       job.chunk_pages = std::max(1, max_pages);
